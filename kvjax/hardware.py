@@ -1,0 +1,215 @@
+"""Chips: peak FLOP/s per dtype (dense), memory bandwidth and capacity, with their source.
+
+Rates are decimal (1 TB/s = 1e12 B/s) as the vendors state them; capacities are the vendors'
+decimal GB. Nothing here is measured: measured ceilings become a `ChipSpec` too (timing issue).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvjax.config import canonical_dtype
+from kvjax.errors import KvjaxError, unknown_name_error
+
+TERA = 1e12
+GIGA = 1e9
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """One accelerator (or a CPU, when measured). `peak_flops_per_s` is keyed by dtype name."""
+
+    name: str
+    peak_flops_per_s: dict[str, float]
+    bandwidth_bytes_per_s: float
+    memory_bytes: float | None = None
+    source: str = ""
+    date: str = ""
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.peak_flops_per_s:
+            raise KvjaxError(f"chip {self.name!r}: peak_flops_per_s needs at least one dtype")
+        canonical = {}
+        for dtype, value in self.peak_flops_per_s.items():
+            _check_positive(f"chip {self.name!r}: peak_flops_per_s[{dtype!r}]", value)
+            canonical[canonical_dtype(dtype, "peak_flops_per_s dtype")] = float(value)
+        object.__setattr__(self, "peak_flops_per_s", canonical)
+        _check_positive(f"chip {self.name!r}: bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
+        if self.memory_bytes is not None:
+            _check_positive(f"chip {self.name!r}: memory_bytes", self.memory_bytes)
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for matrix work in `dtype`."""
+        key = canonical_dtype(dtype)
+        if key not in self.peak_flops_per_s:
+            raise KvjaxError(
+                f"chip {self.name!r} has no peak FLOP/s for dtype={dtype!r}; "
+                f"known: {', '.join(self.peak_flops_per_s)}"
+            )
+        return self.peak_flops_per_s[key]
+
+    def ridge(self, dtype: str) -> float:
+        """I* = peak / bandwidth, in FLOPs per byte."""
+        return self.peak(dtype) / self.bandwidth_bytes_per_s
+
+    def with_overrides(
+        self,
+        peak_flops_per_s: float | None = None,
+        bandwidth_bytes_per_s: float | None = None,
+        memory_bytes: float | None = None,
+        dtype: str = "bf16",
+    ) -> ChipSpec:
+        """Replace numbers (as the CLI's --peak-flops / --bandwidth do); the name records it."""
+        peaks = dict(self.peak_flops_per_s)
+        changed = []
+        if peak_flops_per_s is not None:
+            peaks[canonical_dtype(dtype)] = peak_flops_per_s
+            changed.append("peak")
+        spec = dataclasses.replace(
+            self,
+            peak_flops_per_s=peaks,
+            bandwidth_bytes_per_s=bandwidth_bytes_per_s or self.bandwidth_bytes_per_s,
+            memory_bytes=memory_bytes if memory_bytes is not None else self.memory_bytes,
+        )
+        if bandwidth_bytes_per_s is not None:
+            changed.append("bandwidth")
+        if memory_bytes is not None:
+            changed.append("memory")
+        if changed:
+            spec = dataclasses.replace(spec, name=f"{self.name} ({', '.join(changed)} overridden)")
+        return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_positive(what: str, value: Any) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise KvjaxError(f"{what}={value!r} must be a positive number")
+
+
+def chip_from_numbers(
+    peak_flops_per_s: float,
+    bandwidth_bytes_per_s: float,
+    memory_bytes: float | None = None,
+    dtype: str = "bf16",
+    name: str = "custom",
+) -> ChipSpec:
+    """A chip given by numbers alone."""
+    return ChipSpec(
+        name=name,
+        peak_flops_per_s={dtype: peak_flops_per_s},
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        memory_bytes=memory_bytes,
+        source="given on the command line",
+    )
+
+
+CHIPS: dict[str, ChipSpec] = {}
+
+
+def _chip(spec: ChipSpec) -> ChipSpec:
+    CHIPS[spec.name] = spec
+    return spec
+
+
+# Datasheets state sparse tensor-core rates ("with sparsity"); these are the dense halves.
+_chip(
+    ChipSpec(
+        name="h100-sxm",
+        peak_flops_per_s={
+            "bf16": 989 * TERA,  # the seed's number; datasheet 1979 sparse / 2
+            "f16": 989 * TERA,
+            "fp8": 1979 * TERA,
+            "int8": 1979 * TERA,
+            "f32": 67 * TERA,  # non-tensor FP32; TF32 tensor is 494.7
+        },
+        bandwidth_bytes_per_s=3.35 * TERA,
+        memory_bytes=80 * GIGA,
+        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5); seed text",
+        date="2023",
+    )
+)
+_chip(
+    ChipSpec(
+        name="h200",
+        peak_flops_per_s={
+            "bf16": 989 * TERA,
+            "f16": 989 * TERA,
+            "fp8": 1979 * TERA,
+            "int8": 1979 * TERA,
+            "f32": 67 * TERA,
+        },
+        bandwidth_bytes_per_s=4.8 * TERA,
+        memory_bytes=141 * GIGA,
+        source="NVIDIA H200 Tensor Core GPU datasheet (SXM)",
+        date="2024",
+    )
+)
+_chip(
+    ChipSpec(
+        name="a100-80gb",
+        peak_flops_per_s={
+            "bf16": 312 * TERA,
+            "f16": 312 * TERA,
+            "int8": 624 * TERA,
+            "f32": 19.5 * TERA,  # non-tensor FP32; TF32 tensor is 156
+        },
+        bandwidth_bytes_per_s=2.039 * TERA,
+        memory_bytes=80 * GIGA,
+        source="NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)",
+        date="2021",
+    )
+)
+_chip(
+    ChipSpec(
+        name="tpu-v5e",
+        peak_flops_per_s={"bf16": 197 * TERA, "int8": 394 * TERA},
+        bandwidth_bytes_per_s=819 * GIGA,
+        memory_bytes=16 * GIGA,
+        source="Google Cloud TPU v5e documentation (system architecture)",
+        date="2023",
+    )
+)
+_chip(
+    ChipSpec(
+        name="tpu-v5p",
+        peak_flops_per_s={"bf16": 459 * TERA, "int8": 918 * TERA},
+        bandwidth_bytes_per_s=2765 * GIGA,
+        memory_bytes=95 * GIGA,
+        source="Google Cloud TPU v5p documentation (system architecture)",
+        date="2023",
+    )
+)
+_chip(
+    ChipSpec(
+        name="mi300x",
+        peak_flops_per_s={
+            "bf16": 1307.4 * TERA,
+            "f16": 1307.4 * TERA,
+            "fp8": 2614.9 * TERA,
+            "int8": 2614.9 * TERA,
+            "f32": 163.4 * TERA,
+        },
+        bandwidth_bytes_per_s=5.3 * TERA,
+        memory_bytes=192 * GIGA,
+        source="AMD Instinct MI300X accelerator datasheet",
+        date="2023",
+    )
+)
+
+
+def get_chip(name: str) -> ChipSpec:
+    if name not in CHIPS:
+        raise unknown_name_error("chip", name, CHIPS)
+    return CHIPS[name]
