@@ -356,7 +356,7 @@ _HF_ACTIVATIONS = {
 _HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma")
 
 
-def _read_hf_json(path: Path) -> dict[str, Any]:
+def read_hf_json(path: Path) -> dict[str, Any]:
     if path.is_dir():
         path = path / "config.json"
     try:
@@ -376,7 +376,7 @@ def _read_hf_json(path: Path) -> dict[str, Any]:
 
 def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     path = Path(path)
-    data = _read_hf_json(path)
+    data = read_hf_json(path)
     model_type = data.get("model_type", "llama")
     if model_type not in _HF_MODEL_TYPES:
         raise KvjaxError(

@@ -1,0 +1,129 @@
+"""Grouped-query attention with an explicit group axis: q is [B, T, K, G, H] and K/V are never
+repeated to N heads (gemma, penzai). MHA is G = 1, MQA is K = 1."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kvjax.config import ModelConfig
+from kvjax.nn.layers import act_dtype, apply_rope, param, read, rope_tables, weight_dtype
+
+NEG_INF = -1e30  # finite, so a fully masked row never produces NaN
+
+
+class Attention(nnx.Module):
+    """The projections of one layer; the attention itself is `attend_causal` / `attend_cache`."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = param(rngs, (D, N, H), D, cfg)
+        self.k_proj = param(rngs, (D, K, H), D, cfg)
+        self.v_proj = param(rngs, (D, K, H), D, cfg)
+        self.o_proj = param(rngs, (N, H, D), N * H, cfg)
+        if cfg.qkv_bias:
+            self.q_bias = nnx.Param(jnp.zeros((N, H), weight_dtype(cfg)))
+            self.k_bias = nnx.Param(jnp.zeros((K, H), weight_dtype(cfg)))
+            self.v_bias = nnx.Param(jnp.zeros((K, H), weight_dtype(cfg)))
+
+    def project(self, x_BTD: jax.Array, positions_BT: jax.Array):
+        """q [B, T, K, G, H] (RoPE applied), k [B, T, K, H] (RoPE applied), v [B, T, K, H]."""
+        cfg = self.cfg
+        B, T, _ = x_BTD.shape
+        with jax.named_scope("attn/q_proj"):
+            q_BTNH = jnp.einsum("BTD,DNH->BTNH", x_BTD, read(self.q_proj, cfg))
+            if cfg.qkv_bias:
+                q_BTNH = q_BTNH + read(self.q_bias, cfg)
+        with jax.named_scope("attn/k_proj"):
+            k_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, read(self.k_proj, cfg))
+            if cfg.qkv_bias:
+                k_BTKH = k_BTKH + read(self.k_bias, cfg)
+        with jax.named_scope("attn/v_proj"):
+            v_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, read(self.v_proj, cfg))
+            if cfg.qkv_bias:
+                v_BTKH = v_BTKH + read(self.v_bias, cfg)
+        with jax.named_scope("attn/rope"):
+            cos, sin = rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta)
+            q_BTNH = apply_rope(q_BTNH, cos, sin)
+            k_BTKH = apply_rope(k_BTKH, cos, sin)
+        q_BTKGH = q_BTNH.reshape(B, T, cfg.num_kv_heads, cfg.group_size, cfg.head_dim)
+        return q_BTKGH, k_BTKH, v_BTKH
+
+    def output(self, o_BTKGH: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        with jax.named_scope("attn/o_proj"):
+            w_KGHD = read(self.o_proj, cfg).reshape(
+                cfg.num_kv_heads, cfg.group_size, cfg.head_dim, cfg.d_model
+            )
+            return jnp.einsum("BTKGH,KGHD->BTD", o_BTKGH, w_KGHD)
+
+
+def attend_causal(q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array) -> jax.Array:
+    """Full causal attention of T queries over the same T positions (forward and prefill)."""
+    T, H = q_BTKGH.shape[1], q_BTKGH.shape[-1]
+    dtype = q_BTKGH.dtype
+    with jax.named_scope("attn/scores"):
+        s_BKGTS = jnp.einsum(
+            "BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32
+        )
+    with jax.named_scope("attn/softmax"):
+        causal_TS = jnp.tril(jnp.ones((T, T), jnp.bool_))
+        s_BKGTS = jnp.where(causal_TS, s_BKGTS * (1.0 / math.sqrt(H)), NEG_INF)
+        p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(dtype)
+    with jax.named_scope("attn/av"):
+        o_BTKGH = jnp.einsum(
+            "BKGTS,BSKH->BTKGH", p_BKGTS, v_BSKH.astype(dtype), preferred_element_type=jnp.float32
+        )
+    return o_BTKGH.astype(dtype)
+
+
+def attend_cache(
+    q_BKGH: jax.Array,
+    k_new_BKH: jax.Array,
+    v_new_BKH: jax.Array,
+    k_cache_BKSH: jax.Array,
+    v_cache_BKSH: jax.Array,
+    pos_B: jax.Array,
+) -> jax.Array:
+    """One new query per sequence over its cached positions [0, pos) and its own new k, v.
+
+    The cache is only read here: the new row is written by `KVCache.append` in a separate,
+    donated step (DESIGN.md: on XLA:CPU writing and attending in one jit copied the cache).
+    The softmax is written out so the new token's score joins the cached ones without a concat.
+    """
+    S, H = k_cache_BKSH.shape[2], q_BKGH.shape[-1]
+    dtype = q_BKGH.dtype
+    with jax.named_scope("attn/scores"):
+        s_BKGS = jnp.einsum(
+            "BKGH,BKSH->BKGS",
+            q_BKGH,
+            k_cache_BKSH.astype(dtype),
+            preferred_element_type=jnp.float32,
+        )
+        s_self_BKG = jnp.einsum(
+            "BKGH,BKH->BKG", q_BKGH, k_new_BKH, preferred_element_type=jnp.float32
+        )
+    with jax.named_scope("attn/softmax"):
+        scale = 1.0 / math.sqrt(H)
+        valid_BS = jnp.arange(S)[None, :] < pos_B[:, None]
+        s_BKGS = jnp.where(valid_BS[:, None, None, :], s_BKGS * scale, NEG_INF)
+        s_self_BKG = s_self_BKG * scale
+        m_BKG = jnp.maximum(jnp.max(s_BKGS, axis=-1), s_self_BKG)
+        e_BKGS = jnp.exp(s_BKGS - m_BKG[..., None])
+        e_self_BKG = jnp.exp(s_self_BKG - m_BKG)
+        inv_BKG = 1.0 / (jnp.sum(e_BKGS, axis=-1) + e_self_BKG)
+        p_BKGS = (e_BKGS * inv_BKG[..., None]).astype(dtype)
+        p_self_BKG = e_self_BKG * inv_BKG
+    with jax.named_scope("attn/av"):
+        o_BKGH = jnp.einsum(
+            "BKGS,BKSH->BKGH",
+            p_BKGS,
+            v_cache_BKSH.astype(dtype),
+            preferred_element_type=jnp.float32,
+        )
+        o_BKGH = o_BKGH + p_self_BKG[..., None] * v_new_BKH[:, :, None, :].astype(jnp.float32)
+    return o_BKGH.astype(dtype)

@@ -1,0 +1,83 @@
+"""Building blocks of the decoder: dtypes, parameter init, RMSNorm, embedding, RoPE.
+
+Shape suffixes (nanodo): B batch, T query length, S key length, D d_model, N query heads,
+K kv heads, G = N/K, H head dim, F d_ff, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kvjax.analytic import compute_dtype
+from kvjax.config import ModelConfig
+
+JNP_DTYPES = {
+    "f32": jnp.float32,
+    "bf16": jnp.bfloat16,
+    "f16": jnp.float16,
+    "fp8": jnp.float8_e4m3fn,
+    "int8": jnp.int8,
+}
+
+
+def weight_dtype(cfg: ModelConfig):
+    return JNP_DTYPES[cfg.weight_dtype]
+
+
+def act_dtype(cfg: ModelConfig):
+    """Activations run in the closed form's compute dtype (bf16 for 1-byte weights)."""
+    return JNP_DTYPES[compute_dtype(cfg)]
+
+
+def kv_dtype(cfg: ModelConfig):
+    return JNP_DTYPES[cfg.kv_dtype]
+
+
+def param(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, cfg: ModelConfig) -> nnx.Param:
+    """Normal(0, 1/fan_in) weights, stored in the config's weight dtype."""
+    w = jax.random.normal(rngs.params(), shape, jnp.float32) / math.sqrt(fan_in)
+    if cfg.weight_dtype == "int8":
+        w = jnp.clip(jnp.round(w * 127), -127, 127)
+    return nnx.Param(w.astype(weight_dtype(cfg)))
+
+
+def read(w: nnx.Param, cfg: ModelConfig) -> jax.Array:
+    """A weight in the compute dtype (1-byte weights are widened on read)."""
+    value = w[...]
+    return value if value.dtype == act_dtype(cfg) else value.astype(act_dtype(cfg))
+
+
+class RMSNorm(nnx.Module):
+    """x * rsqrt(mean(x^2) + eps) * w, reduced in f32 (as Hugging Face's LlamaRMSNorm)."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+        self.scale = nnx.Param(jnp.ones((cfg.d_model,), weight_dtype(cfg)))
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        x = x_BTD.astype(jnp.float32)
+        inv = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.cfg.norm_eps)
+        return (x * inv).astype(x_BTD.dtype) * read(self.scale, self.cfg)
+
+
+def rope_tables(
+    positions_BT: jax.Array, head_dim: int, theta: float
+) -> tuple[jax.Array, jax.Array]:
+    """cos and sin of shape [B, T, H/2] for integer positions."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+    return jnp.cos(angles_BTh), jnp.sin(angles_BTh)
+
+
+def apply_rope(x_BT_H: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> jax.Array:
+    """Rotate-half RoPE (Hugging Face Llama layout) on x [B, T, ..., H]; heads broadcast."""
+    extra = x_BT_H.ndim - 3  # head axes between T and H
+    shape = cos_BTh.shape[:2] + (1,) * extra + cos_BTh.shape[2:]
+    cos = cos_BTh.reshape(shape).astype(x_BT_H.dtype)
+    sin = sin_BTh.reshape(shape).astype(x_BT_H.dtype)
+    x1, x2 = jnp.split(x_BT_H, 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)

@@ -1,0 +1,247 @@
+"""The Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU (or GeGLU / plain) MLP.
+
+Layers are an `nnx.List` iterated by a Python loop, so XLA's cost analysis of a step counts every
+layer (a scanned body would be counted once). Every kernel runs under the DESIGN.md names:
+`embed`, `layer{i}/norm/attn`, `layer{i}/attn/q_proj` ... `layer{i}/mlp/down`, `norm/final`,
+`lm_head`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
+from kvjax.nn.attention import Attention, attend_cache, attend_causal
+from kvjax.nn.kv_cache import KVCache
+from kvjax.nn.layers import RMSNorm, act_dtype, kv_dtype, param, read
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        D, F = cfg.d_model, cfg.d_ff
+        if cfg.gated_mlp:
+            self.gate_up = param(rngs, (D, 2, F), D, cfg)  # [:, 0] gate, [:, 1] up
+        else:
+            self.up = param(rngs, (D, F), D, cfg)
+        self.down = param(rngs, (F, D), F, cfg)
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        act = jax.nn.silu if cfg.mlp_activation == "silu" else _gelu_tanh
+        if cfg.gated_mlp:
+            with jax.named_scope("mlp/gate_up"):
+                gu_BTCF = jnp.einsum("BTD,DCF->BTCF", x_BTD, read(self.gate_up, cfg))
+            with jax.named_scope("mlp/act"):
+                h_BTF = act(gu_BTCF[:, :, 0]) * gu_BTCF[:, :, 1]
+        else:
+            with jax.named_scope("mlp/up"):
+                u_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, read(self.up, cfg))
+            with jax.named_scope("mlp/act"):
+                h_BTF = act(u_BTF)
+        with jax.named_scope("mlp/down"):
+            return jnp.einsum("BTF,FD->BTD", h_BTF, read(self.down, cfg))
+
+
+def _gelu_tanh(x: jax.Array) -> jax.Array:
+    return jax.nn.gelu(x, approximate=True)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x_BTD, positions_BT, attend):
+        """`attend(q_BTKGH, k_BTKH, v_BTKH) -> o_BTKGH` is the only difference between the
+        uncached forward, prefill and decode."""
+        with jax.named_scope("norm/attn"):
+            h_BTD = self.attn_norm(x_BTD)
+        q_BTKGH, k_BTKH, v_BTKH = self.attn.project(h_BTD, positions_BT)
+        o_BTKGH = attend(q_BTKGH, k_BTKH, v_BTKH)
+        a_BTD = self.attn.output(o_BTKGH)
+        with jax.named_scope("residual/attn"):
+            x_BTD = x_BTD + a_BTD
+        with jax.named_scope("norm/mlp"):
+            h_BTD = self.mlp_norm(x_BTD)
+        m_BTD = self.mlp(h_BTD)
+        with jax.named_scope("residual/mlp"):
+            return x_BTD + m_BTD
+
+
+class Transformer(nnx.Module):
+    """A decoder for any `num_kv_heads` dividing `num_heads` (MHA, GQA, MQA)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        if not isinstance(cfg, ModelConfig):
+            raise KvjaxError(f"Transformer needs a ModelConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.embed = param(rngs, (cfg.vocab_size, cfg.d_model), 1, cfg)
+        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg)
+        self.lm_head = (
+            None
+            if cfg.tied_embeddings
+            else param(rngs, (cfg.d_model, cfg.vocab_size), cfg.d_model, cfg)
+        )
+
+    # -- pieces shared by every path ---------------------------------------------------------
+    def _embed(self, tokens_BT: jax.Array) -> jax.Array:
+        with jax.named_scope("embed"):
+            return jnp.take(read(self.embed, self.cfg), tokens_BT, axis=0)
+
+    def _head(self, x_BTD: jax.Array) -> jax.Array:
+        with jax.named_scope("norm/final"):
+            x_BTD = self.final_norm(x_BTD)
+        with jax.named_scope("lm_head"):
+            if self.lm_head is None:
+                w_VD = read(self.embed, self.cfg)
+                return jnp.einsum("BTD,VD->BTV", x_BTD, w_VD, preferred_element_type=jnp.float32)
+            w_DV = read(self.lm_head, self.cfg)
+            return jnp.einsum("BTD,DV->BTV", x_BTD, w_DV, preferred_element_type=jnp.float32)
+
+    def _check_tokens(self, tokens: jax.Array, ndim: int, name: str) -> None:
+        if tokens.ndim != ndim:
+            raise KvjaxError(f"{name} must have {ndim} dimensions, got shape {tuple(tokens.shape)}")
+        if not jnp.issubdtype(tokens.dtype, jnp.integer):
+            raise KvjaxError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
+        values = _concrete(tokens)
+        if (
+            values is not None
+            and values.size
+            and (values.min() < 0 or values.max() >= self.cfg.vocab_size)
+        ):
+            raise KvjaxError(
+                f"{name} holds ids in [{values.min()}, {values.max()}]; "
+                f"allowed: 0 .. vocab_size-1 = {self.cfg.vocab_size - 1}"
+            )
+
+    # -- public API ----------------------------------------------------------------------------
+    def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+        """The full causal forward, no cache: logits [B, T, V] in f32."""
+        self._check_tokens(tokens_BT, 2, "tokens_BT")
+        logits_BTV, _ = self._forward(tokens_BT)
+        return logits_BTV
+
+    def _forward(self, tokens_BT):
+        B, T = tokens_BT.shape
+        positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        x_BTD = self._embed(tokens_BT)
+        kvs = []
+
+        def attend(q, k, v):
+            kvs.append((k, v))
+            return attend_causal(q, k, v)
+
+        for i, layer in enumerate(self.layers):
+            with jax.named_scope(f"layer{i}"):
+                x_BTD = layer(x_BTD, positions_BT, attend)
+        return self._head(x_BTD), kvs
+
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty cache: per layer K and V [B, K, max_len, H] in the KV dtype, positions 0."""
+        cfg = self.cfg
+        return KVCache.zeros(
+            cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim, kv_dtype(cfg)
+        )
+
+    def prefill(self, tokens_BT: jax.Array, cache: KVCache, lengths_B: jax.Array | None = None):
+        """Run the prompt into an empty cache: (logits [B, T, V], cache).
+
+        Prompts of different lengths are right-padded to T and given as `lengths_B`; each
+        sequence's position becomes its length, so decode overwrites the padding.
+        """
+        self._check_tokens(tokens_BT, 2, "tokens_BT")
+        B, T = tokens_BT.shape
+        if B != cache.batch_size:
+            raise KvjaxError(
+                f"tokens_BT has batch {B} but the cache was made for batch_size={cache.batch_size}"
+            )
+        if T > cache.max_len:
+            raise KvjaxError(
+                f"a prompt of T={T} tokens does not fit the cache's max_len={cache.max_len}; "
+                f"make the cache with max_len >= {T}"
+            )
+        if lengths_B is None:
+            lengths_B = jnp.full((B,), T, jnp.int32)
+        else:
+            lengths_B = jnp.asarray(lengths_B, jnp.int32)
+            if lengths_B.shape != (B,):
+                raise KvjaxError(f"lengths_B must have shape ({B},), got {tuple(lengths_B.shape)}")
+            lens = _concrete(lengths_B)
+            if lens is not None and (lens.min() < 1 or lens.max() > T):
+                raise KvjaxError(f"lengths_B must lie in 1 .. T={T}, got {lens.tolist()}")
+        logits_BTV, kvs = self._forward(tokens_BT)
+        for i, (k_BTKH, v_BTKH) in enumerate(kvs):
+            cache = cache.write_prefix(i, k_BTKH, v_BTKH)
+        return logits_BTV, cache.with_positions(lengths_B)
+
+    def decode_logits(self, tokens_B: jax.Array, cache: KVCache):
+        """Attend one new token per sequence over the cache, which is only read.
+
+        Returns (logits [B, V], new k rows, new v rows) with rows [B, K, H] per layer, to be
+        written by `cache.append`. Jitting this and the append separately (the cache donated to
+        the append) keeps XLA:CPU from copying the cache; `decode` does both.
+        """
+        self._check_tokens(tokens_B, 1, "tokens_B")
+        B = tokens_B.shape[0]
+        if B != cache.batch_size:
+            raise KvjaxError(
+                f"tokens_B has batch {B} but the cache was made for batch_size={cache.batch_size}"
+            )
+        pos = _concrete(cache.pos)
+        if pos is not None and pos.max() >= cache.max_len:
+            seq = int(pos.argmax())
+            raise KvjaxError(
+                f"cannot decode past max_len={cache.max_len}: sequence {seq} is at position "
+                f"{int(pos[seq])}; make the cache with a larger max_len"
+            )
+        positions_BT = cache.pos[:, None]
+        x_BTD = self._embed(tokens_B[:, None])
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+
+            def attend(q_BTKGH, k_BTKH, v_BTKH, i=i):
+                new_k.append(k_BTKH[:, 0])
+                new_v.append(v_BTKH[:, 0])
+                o_BKGH = attend_cache(
+                    q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], cache.k[i], cache.v[i], cache.pos
+                )
+                return o_BKGH[:, None]
+
+            with jax.named_scope(f"layer{i}"):
+                x_BTD = layer(x_BTD, positions_BT, attend)
+        return self._head(x_BTD)[:, 0], tuple(new_k), tuple(new_v)
+
+    def decode(self, tokens_B: jax.Array, cache: KVCache):
+        """One new token per sequence: (logits [B, V], cache advanced by one position)."""
+        logits_BV, new_k, new_v = self.decode_logits(tokens_B, cache)
+        return logits_BV, cache.append(new_k, new_v)
+
+
+def _concrete(x) -> np.ndarray | None:
+    """The value of `x` if it is concrete (not a tracer), for checks before any computation."""
+    try:
+        return np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+def abstract_model(cfg: ModelConfig) -> Transformer:
+    """The model with `ShapeDtypeStruct` leaves: no weights allocated (a 70B model costs nothing)."""
+    return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+
+
+def param_count(model: Transformer) -> int:
+    """Parameters of a real or abstract model."""
+    state = nnx.state(model, nnx.Param)
+    return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state))
+
+
+__all__ = ["Transformer", "abstract_model", "param_count", "act_dtype"]
