@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kvjax.config import ModelConfig
-from kvjax.nn.layers import act_dtype, apply_rope, param, read, rope_tables, weight_dtype
+from kvjax.nn.layers import apply_rope, param, read, rope_tables, weight_dtype
 
 NEG_INF = -1e30  # finite, so a fully masked row never produces NaN
 

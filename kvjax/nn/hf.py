@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kvjax.config import ModelConfig, read_hf_json, from_hf_config
+from kvjax.config import ModelConfig, from_hf_config, read_hf_json
 from kvjax.errors import KvjaxError
 from kvjax.nn.layers import weight_dtype
 from kvjax.nn.transformer import Transformer
@@ -44,7 +44,8 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
     model_type = read_hf_json(folder).get("model_type", "llama")
     if model_type not in SUPPORTED:
         raise KvjaxError(
-            f"checkpoint model_type={model_type!r} is not supported; allowed: {', '.join(SUPPORTED)}"
+            f"checkpoint model_type={model_type!r} is not supported; "
+            f"allowed: {', '.join(SUPPORTED)}"
         )
     tensors = _read_safetensors(folder)
     return from_hf_tensors(cfg, tensors)

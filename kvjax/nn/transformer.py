@@ -234,7 +234,7 @@ def _concrete(x) -> np.ndarray | None:
 
 
 def abstract_model(cfg: ModelConfig) -> Transformer:
-    """The model with `ShapeDtypeStruct` leaves: no weights allocated (a 70B model costs nothing)."""
+    """The model with `ShapeDtypeStruct` leaves: no weights allocated, so 70B costs nothing."""
     return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
 
 
