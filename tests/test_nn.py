@@ -47,9 +47,9 @@ def numpy_forward(model: Transformer, toks: np.ndarray) -> np.ndarray:
         for layer in model.layers:
             a = layer.attn
             h = rms(x, f(layer.attn_norm.scale))
-            q = np.einsum("td,dnh->tnh", h, f(a.q_proj))
-            k = np.einsum("td,dkh->tkh", h, f(a.k_proj))
-            v = np.einsum("td,dkh->tkh", h, f(a.v_proj))
+            q = np.einsum("td,nhd->tnh", h, f(a.q_proj))
+            k = np.einsum("td,khd->tkh", h, f(a.k_proj))
+            v = np.einsum("td,khd->tkh", h, f(a.v_proj))
             q, k = rope(q, pos), rope(k, pos)
             k = np.repeat(k, N // K, axis=1)  # query head n uses kv head n // G
             v = np.repeat(v, N // K, axis=1)
@@ -58,13 +58,13 @@ def numpy_forward(model: Transformer, toks: np.ndarray) -> np.ndarray:
             p = np.exp(s - s.max(-1, keepdims=True))
             p /= p.sum(-1, keepdims=True)
             o = np.einsum("nts,snh->tnh", p, v)
-            x = x + np.einsum("tnh,nhd->td", o, f(a.o_proj))
+            x = x + np.einsum("tnh,dnh->td", o, f(a.o_proj))
             h = rms(x, f(layer.mlp_norm.scale))
-            gu = np.einsum("td,dcf->tcf", h, f(layer.mlp.gate_up))
+            gu = np.einsum("td,cfd->tcf", h, f(layer.mlp.gate_up))
             g, u = gu[:, 0], gu[:, 1]
-            x = x + np.einsum("tf,fd->td", g / (1 + np.exp(-g)) * u, f(layer.mlp.down))
+            x = x + np.einsum("tf,df->td", g / (1 + np.exp(-g)) * u, f(layer.mlp.down))
         x = rms(x, f(model.final_norm.scale))
-        out.append(x @ f(model.lm_head))
+        out.append(x @ f(model.lm_head).T)
     return np.stack(out)
 
 
@@ -82,8 +82,8 @@ def test_gqa_equals_mha_with_kv_heads_tied_in_groups():
     for lg, lm in zip(gqa.layers, mha.layers, strict=True):
         lm.attn.q_proj[...] = lg.attn.q_proj[...]
         lm.attn.o_proj[...] = lg.attn.o_proj[...]
-        lm.attn.k_proj[...] = jnp.repeat(lg.attn.k_proj[...], G, axis=1)
-        lm.attn.v_proj[...] = jnp.repeat(lg.attn.v_proj[...], G, axis=1)
+        lm.attn.k_proj[...] = jnp.repeat(lg.attn.k_proj[...], G, axis=0)
+        lm.attn.v_proj[...] = jnp.repeat(lg.attn.v_proj[...], G, axis=0)
         lm.mlp.gate_up[...] = lg.mlp.gate_up[...]
         lm.mlp.down[...] = lg.mlp.down[...]
     mha.embed[...] = gqa.embed[...]
@@ -180,7 +180,7 @@ def test_abstract_model_allocates_nothing():
     model = abstract_model(get_model_config("llama-2-70b"))
     leaves = jax.tree_util.tree_leaves(nnx.state(model))
     assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
-    assert model.layers[0].attn.k_proj.shape == (8192, 8, 128)
+    assert model.layers[0].attn.k_proj.shape == (8, 128, 8192)  # (K, H, D): (out, in)
 
 
 def test_cache_layout_and_dtype():

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kvjax.config import ModelConfig
-from kvjax.nn.layers import apply_rope, param, read, rope_tables, weight_dtype
+from kvjax.nn.layers import apply_rope, linear, param, read, rope_tables, weight_dtype
 
 NEG_INF = -1e30  # finite, so a fully masked row never produces NaN
 
@@ -21,10 +21,11 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = param(rngs, (D, N, H), D, cfg)
-        self.k_proj = param(rngs, (D, K, H), D, cfg)
-        self.v_proj = param(rngs, (D, K, H), D, cfg)
-        self.o_proj = param(rngs, (N, H, D), N * H, cfg)
+        # Weights stored (out, in) with the head axes explicit: (N, H, D), (K, H, D), (D, N, H).
+        self.q_proj = param(rngs, (N, H, D), D, cfg)
+        self.k_proj = param(rngs, (K, H, D), D, cfg)
+        self.v_proj = param(rngs, (K, H, D), D, cfg)
+        self.o_proj = param(rngs, (D, N, H), N * H, cfg)
         if cfg.qkv_bias:
             self.q_bias = nnx.Param(jnp.zeros((N, H), weight_dtype(cfg)))
             self.k_bias = nnx.Param(jnp.zeros((K, H), weight_dtype(cfg)))
@@ -35,31 +36,31 @@ class Attention(nnx.Module):
         cfg = self.cfg
         B, T, _ = x_BTD.shape
         with jax.named_scope("attn/q_proj"):
-            q_BTNH = jnp.einsum("BTD,DNH->BTNH", x_BTD, read(self.q_proj, cfg))
+            q_BTNH = linear(x_BTD, read(self.q_proj, cfg))
             if cfg.qkv_bias:
                 q_BTNH = q_BTNH + read(self.q_bias, cfg)
         with jax.named_scope("attn/k_proj"):
-            k_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, read(self.k_proj, cfg))
+            k_BTKH = linear(x_BTD, read(self.k_proj, cfg))
             if cfg.qkv_bias:
                 k_BTKH = k_BTKH + read(self.k_bias, cfg)
         with jax.named_scope("attn/v_proj"):
-            v_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, read(self.v_proj, cfg))
+            v_BTKH = linear(x_BTD, read(self.v_proj, cfg))
             if cfg.qkv_bias:
                 v_BTKH = v_BTKH + read(self.v_bias, cfg)
         with jax.named_scope("attn/rope"):
             cos, sin = rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta)
             q_BTNH = apply_rope(q_BTNH, cos, sin)
             k_BTKH = apply_rope(k_BTKH, cos, sin)
+        # Query head n = k * G + g uses kv head k (Hugging Face's repeat_kv order).
         q_BTKGH = q_BTNH.reshape(B, T, cfg.num_kv_heads, cfg.group_size, cfg.head_dim)
         return q_BTKGH, k_BTKH, v_BTKH
 
     def output(self, o_BTKGH: jax.Array) -> jax.Array:
         cfg = self.cfg
+        B, T = o_BTKGH.shape[:2]
         with jax.named_scope("attn/o_proj"):
-            w_KGHD = read(self.o_proj, cfg).reshape(
-                cfg.num_kv_heads, cfg.group_size, cfg.head_dim, cfg.d_model
-            )
-            return jnp.einsum("BTKGH,KGHD->BTD", o_BTKGH, w_KGHD)
+            o_BTNH = o_BTKGH.reshape(B, T, cfg.num_heads, cfg.head_dim)
+            return linear(o_BTNH, read(self.o_proj, cfg), num_in=2)
 
 
 def attend_causal(q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array) -> jax.Array:

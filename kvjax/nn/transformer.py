@@ -17,34 +17,35 @@ from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.nn.attention import Attention, attend_cache, attend_causal
 from kvjax.nn.kv_cache import KVCache
-from kvjax.nn.layers import RMSNorm, act_dtype, kv_dtype, param, read
+from kvjax.nn.layers import RMSNorm, act_dtype, kv_dtype, linear, param, read
 
 
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         D, F = cfg.d_model, cfg.d_ff
+        # (out, in) layout: gate_up (2, F, D) with [0] gate and [1] up; up (F, D); down (D, F).
         if cfg.gated_mlp:
-            self.gate_up = param(rngs, (D, 2, F), D, cfg)  # [:, 0] gate, [:, 1] up
+            self.gate_up = param(rngs, (2, F, D), D, cfg)
         else:
-            self.up = param(rngs, (D, F), D, cfg)
-        self.down = param(rngs, (F, D), F, cfg)
+            self.up = param(rngs, (F, D), D, cfg)
+        self.down = param(rngs, (D, F), F, cfg)
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         cfg = self.cfg
         act = jax.nn.silu if cfg.mlp_activation == "silu" else _gelu_tanh
         if cfg.gated_mlp:
             with jax.named_scope("mlp/gate_up"):
-                gu_BTCF = jnp.einsum("BTD,DCF->BTCF", x_BTD, read(self.gate_up, cfg))
+                gu_BTCF = linear(x_BTD, read(self.gate_up, cfg))
             with jax.named_scope("mlp/act"):
                 h_BTF = act(gu_BTCF[:, :, 0]) * gu_BTCF[:, :, 1]
         else:
             with jax.named_scope("mlp/up"):
-                u_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, read(self.up, cfg))
+                u_BTF = linear(x_BTD, read(self.up, cfg))
             with jax.named_scope("mlp/act"):
                 h_BTF = act(u_BTF)
         with jax.named_scope("mlp/down"):
-            return jnp.einsum("BTF,FD->BTD", h_BTF, read(self.down, cfg))
+            return linear(h_BTF, read(self.down, cfg))
 
 
 def _gelu_tanh(x: jax.Array) -> jax.Array:
@@ -88,7 +89,7 @@ class Transformer(nnx.Module):
         self.lm_head = (
             None
             if cfg.tied_embeddings
-            else param(rngs, (cfg.d_model, cfg.vocab_size), cfg.d_model, cfg)
+            else param(rngs, (cfg.vocab_size, cfg.d_model), cfg.d_model, cfg)
         )
 
     # -- pieces shared by every path ---------------------------------------------------------
@@ -100,11 +101,8 @@ class Transformer(nnx.Module):
         with jax.named_scope("norm/final"):
             x_BTD = self.final_norm(x_BTD)
         with jax.named_scope("lm_head"):
-            if self.lm_head is None:
-                w_VD = read(self.embed, self.cfg)
-                return jnp.einsum("BTD,VD->BTV", x_BTD, w_VD, preferred_element_type=jnp.float32)
-            w_DV = read(self.lm_head, self.cfg)
-            return jnp.einsum("BTD,DV->BTV", x_BTD, w_DV, preferred_element_type=jnp.float32)
+            w_VD = read(self.embed if self.lm_head is None else self.lm_head, self.cfg)
+            return linear(x_BTD, w_VD, out_dtype=jnp.float32)
 
     def _check_tokens(self, tokens: jax.Array, ndim: int, name: str) -> None:
         if tokens.ndim != ndim:
