@@ -47,9 +47,9 @@ def numpy_forward(model: Transformer, toks: np.ndarray) -> np.ndarray:
         for layer in model.layers:
             a = layer.attn
             h = rms(x, f(layer.attn_norm.scale))
-            q = np.einsum("td,nhd->tnh", h, f(a.q_proj))
-            k = np.einsum("td,khd->tkh", h, f(a.k_proj))
-            v = np.einsum("td,khd->tkh", h, f(a.v_proj))
+            q = (h @ f(a.q_proj).T).reshape(T, N, H)
+            k = (h @ f(a.k_proj).T).reshape(T, K, H)
+            v = (h @ f(a.v_proj).T).reshape(T, K, H)
             q, k = rope(q, pos), rope(k, pos)
             k = np.repeat(k, N // K, axis=1)  # query head n uses kv head n // G
             v = np.repeat(v, N // K, axis=1)
@@ -58,11 +58,11 @@ def numpy_forward(model: Transformer, toks: np.ndarray) -> np.ndarray:
             p = np.exp(s - s.max(-1, keepdims=True))
             p /= p.sum(-1, keepdims=True)
             o = np.einsum("nts,snh->tnh", p, v)
-            x = x + np.einsum("tnh,dnh->td", o, f(a.o_proj))
+            x = x + o.reshape(T, N * H) @ f(a.o_proj).T
             h = rms(x, f(layer.mlp_norm.scale))
-            gu = np.einsum("td,cfd->tcf", h, f(layer.mlp.gate_up))
-            g, u = gu[:, 0], gu[:, 1]
-            x = x + np.einsum("tf,df->td", g / (1 + np.exp(-g)) * u, f(layer.mlp.down))
+            gu = h @ f(layer.mlp.gate_up).T
+            g, u = gu[:, : cfg.d_ff], gu[:, cfg.d_ff :]
+            x = x + (g / (1 + np.exp(-g)) * u) @ f(layer.mlp.down).T
         x = rms(x, f(model.final_norm.scale))
         out.append(x @ f(model.lm_head).T)
     return np.stack(out)
@@ -82,8 +82,10 @@ def test_gqa_equals_mha_with_kv_heads_tied_in_groups():
     for lg, lm in zip(gqa.layers, mha.layers, strict=True):
         lm.attn.q_proj[...] = lg.attn.q_proj[...]
         lm.attn.o_proj[...] = lg.attn.o_proj[...]
-        lm.attn.k_proj[...] = jnp.repeat(lg.attn.k_proj[...], G, axis=0)
-        lm.attn.v_proj[...] = jnp.repeat(lg.attn.v_proj[...], G, axis=0)
+        H, D = gqa.cfg.head_dim, gqa.cfg.d_model
+        for name in ("k_proj", "v_proj"):  # each kv head's (H, D) block repeated G times
+            w_KHD = getattr(lg.attn, name)[...].reshape(-1, H, D)
+            getattr(lm.attn, name)[...] = jnp.repeat(w_KHD, G, axis=0).reshape(-1, D)
         lm.mlp.gate_up[...] = lg.mlp.gate_up[...]
         lm.mlp.down[...] = lg.mlp.down[...]
     mha.embed[...] = gqa.embed[...]
@@ -180,7 +182,7 @@ def test_abstract_model_allocates_nothing():
     model = abstract_model(get_model_config("llama-2-70b"))
     leaves = jax.tree_util.tree_leaves(nnx.state(model))
     assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
-    assert model.layers[0].attn.k_proj.shape == (8, 128, 8192)  # (K, H, D): (out, in)
+    assert model.layers[0].attn.k_proj.shape == (8 * 128, 8192)  # (K*H, D): (out, in)
 
 
 def test_cache_layout_and_dtype():

@@ -21,46 +21,47 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        # Weights stored (out, in) with the head axes explicit: (N, H, D), (K, H, D), (D, N, H).
-        self.q_proj = param(rngs, (N, H, D), D, cfg)
-        self.k_proj = param(rngs, (K, H, D), D, cfg)
-        self.v_proj = param(rngs, (K, H, D), D, cfg)
-        self.o_proj = param(rngs, (D, N, H), N * H, cfg)
+        # Weights stored 2-D, (out, in): q (N*H, D), k and v (K*H, D), o (D, N*H).
+        self.q_proj = param(rngs, (N * H, D), D, cfg)
+        self.k_proj = param(rngs, (K * H, D), D, cfg)
+        self.v_proj = param(rngs, (K * H, D), D, cfg)
+        self.o_proj = param(rngs, (D, N * H), N * H, cfg)
         if cfg.qkv_bias:
-            self.q_bias = nnx.Param(jnp.zeros((N, H), weight_dtype(cfg)))
-            self.k_bias = nnx.Param(jnp.zeros((K, H), weight_dtype(cfg)))
-            self.v_bias = nnx.Param(jnp.zeros((K, H), weight_dtype(cfg)))
+            self.q_bias = nnx.Param(jnp.zeros((N * H,), weight_dtype(cfg)))
+            self.k_bias = nnx.Param(jnp.zeros((K * H,), weight_dtype(cfg)))
+            self.v_bias = nnx.Param(jnp.zeros((K * H,), weight_dtype(cfg)))
 
     def project(self, x_BTD: jax.Array, positions_BT: jax.Array):
         """q [B, T, K, G, H] (RoPE applied), k [B, T, K, H] (RoPE applied), v [B, T, K, H]."""
         cfg = self.cfg
         B, T, _ = x_BTD.shape
+        K, G, H = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
         with jax.named_scope("attn/q_proj"):
-            q_BTNH = linear(x_BTD, read(self.q_proj, cfg))
+            q_BTE = linear(x_BTD, read(self.q_proj, cfg))
             if cfg.qkv_bias:
-                q_BTNH = q_BTNH + read(self.q_bias, cfg)
+                q_BTE = q_BTE + read(self.q_bias, cfg)
         with jax.named_scope("attn/k_proj"):
-            k_BTKH = linear(x_BTD, read(self.k_proj, cfg))
+            k_BTE = linear(x_BTD, read(self.k_proj, cfg))
             if cfg.qkv_bias:
-                k_BTKH = k_BTKH + read(self.k_bias, cfg)
+                k_BTE = k_BTE + read(self.k_bias, cfg)
         with jax.named_scope("attn/v_proj"):
-            v_BTKH = linear(x_BTD, read(self.v_proj, cfg))
+            v_BTE = linear(x_BTD, read(self.v_proj, cfg))
             if cfg.qkv_bias:
-                v_BTKH = v_BTKH + read(self.v_bias, cfg)
+                v_BTE = v_BTE + read(self.v_bias, cfg)
         with jax.named_scope("attn/rope"):
-            cos, sin = rope_tables(positions_BT, cfg.head_dim, cfg.rope_theta)
-            q_BTNH = apply_rope(q_BTNH, cos, sin)
+            # Query head n = k * G + g uses kv head k (Hugging Face's repeat_kv order).
+            q_BTKGH = q_BTE.reshape(B, T, K, G, H)
+            k_BTKH = k_BTE.reshape(B, T, K, H)
+            cos, sin = rope_tables(positions_BT, H, cfg.rope_theta)
+            q_BTKGH = apply_rope(q_BTKGH, cos, sin)
             k_BTKH = apply_rope(k_BTKH, cos, sin)
-        # Query head n = k * G + g uses kv head k (Hugging Face's repeat_kv order).
-        q_BTKGH = q_BTNH.reshape(B, T, cfg.num_kv_heads, cfg.group_size, cfg.head_dim)
-        return q_BTKGH, k_BTKH, v_BTKH
+        return q_BTKGH, k_BTKH, v_BTE.reshape(B, T, K, H)
 
     def output(self, o_BTKGH: jax.Array) -> jax.Array:
         cfg = self.cfg
         B, T = o_BTKGH.shape[:2]
         with jax.named_scope("attn/o_proj"):
-            o_BTNH = o_BTKGH.reshape(B, T, cfg.num_heads, cfg.head_dim)
-            return linear(o_BTNH, read(self.o_proj, cfg), num_in=2)
+            return linear(o_BTKGH.reshape(B, T, cfg.q_dim), read(self.o_proj, cfg))
 
 
 def attend_causal(q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array) -> jax.Array:

@@ -1,7 +1,7 @@
 """Load a local Hugging Face Llama / Mistral / Qwen2 checkpoint (config.json + *.safetensors).
 
-Nothing is downloaded. Hugging Face stores linear weights as [out, in], as kvjax does; only the
-head axes are made explicit here (reshapes, no transposes).
+Nothing is downloaded. Hugging Face stores linear weights as [out, in], as kvjax does, so the
+tensors are taken as they are (gate and up are concatenated into gate_up).
 """
 
 from __future__ import annotations
@@ -73,17 +73,17 @@ def from_hf_tensors(cfg: ModelConfig, tensors: dict[str, np.ndarray]) -> Transfo
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         a = layer.attn
-        put(a.q_proj, get(p + "self_attn.q_proj.weight", (N * H, D)).reshape(N, H, D))
-        put(a.k_proj, get(p + "self_attn.k_proj.weight", (K * H, D)).reshape(K, H, D))
-        put(a.v_proj, get(p + "self_attn.v_proj.weight", (K * H, D)).reshape(K, H, D))
-        put(a.o_proj, get(p + "self_attn.o_proj.weight", (D, N * H)).reshape(D, N, H))
+        put(a.q_proj, get(p + "self_attn.q_proj.weight", (N * H, D)))
+        put(a.k_proj, get(p + "self_attn.k_proj.weight", (K * H, D)))
+        put(a.v_proj, get(p + "self_attn.v_proj.weight", (K * H, D)))
+        put(a.o_proj, get(p + "self_attn.o_proj.weight", (D, N * H)))
         if cfg.qkv_bias:
-            put(a.q_bias, get(p + "self_attn.q_proj.bias", (N * H,)).reshape(N, H))
-            put(a.k_bias, get(p + "self_attn.k_proj.bias", (K * H,)).reshape(K, H))
-            put(a.v_bias, get(p + "self_attn.v_proj.bias", (K * H,)).reshape(K, H))
+            put(a.q_bias, get(p + "self_attn.q_proj.bias", (N * H,)))
+            put(a.k_bias, get(p + "self_attn.k_proj.bias", (K * H,)))
+            put(a.v_bias, get(p + "self_attn.v_proj.bias", (K * H,)))
         gate = get(p + "mlp.gate_proj.weight", (F, D))
         up = get(p + "mlp.up_proj.weight", (F, D))
-        put(layer.mlp.gate_up, np.stack([gate, up], axis=0))
+        put(layer.mlp.gate_up, np.concatenate([gate, up], axis=0))
         put(layer.mlp.down, get(p + "mlp.down_proj.weight", (D, F)))
         put(layer.attn_norm.scale, get(p + "input_layernorm.weight", (D,)))
         put(layer.mlp_norm.scale, get(p + "post_attention_layernorm.weight", (D,)))

@@ -24,21 +24,22 @@ class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         D, F = cfg.d_model, cfg.d_ff
-        # (out, in) layout: gate_up (2, F, D) with [0] gate and [1] up; up (F, D); down (D, F).
+        # Weights stored 2-D, (out, in): gate_up (2F, D) = [gate; up], up (F, D), down (D, F).
         if cfg.gated_mlp:
-            self.gate_up = param(rngs, (2, F, D), D, cfg)
+            self.gate_up = param(rngs, (2 * F, D), D, cfg)
         else:
             self.up = param(rngs, (F, D), D, cfg)
         self.down = param(rngs, (D, F), F, cfg)
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         cfg = self.cfg
+        F = cfg.d_ff
         act = jax.nn.silu if cfg.mlp_activation == "silu" else _gelu_tanh
         if cfg.gated_mlp:
             with jax.named_scope("mlp/gate_up"):
-                gu_BTCF = linear(x_BTD, read(self.gate_up, cfg))
+                gu_BTE = linear(x_BTD, read(self.gate_up, cfg))
             with jax.named_scope("mlp/act"):
-                h_BTF = act(gu_BTCF[:, :, 0]) * gu_BTCF[:, :, 1]
+                h_BTF = act(gu_BTE[..., :F]) * gu_BTE[..., F:]
         else:
             with jax.named_scope("mlp/up"):
                 u_BTF = linear(x_BTD, read(self.up, cfg))
