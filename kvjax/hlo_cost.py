@@ -7,9 +7,10 @@ every instruction with the rules of XLA's HloCostAnalysis, and groups instructio
 own whole-module figure (`kvjax.cost`), so a rule that drifted from XLA's shows up at once.
 
 The rules (xla/service/hlo_cost_analysis.cc), for the opcodes a jax decoder lowers to:
-- bytes accessed: operands + output, except: parameter, constant, get-tuple-element, tuple,
-  bitcast: 0; slice: 2 x output; dynamic-slice: 2 x output + indices; dynamic-update-slice:
-  2 x update + indices; gather: 2 x output + indices; scatter: 3 x updates + indices;
+- bytes accessed: operands + output, except: parameter, constant, get-tuple-element, bitcast,
+  transpose: 0; tuple: 8 bytes (a pointer) per element; slice: 2 x output; dynamic-slice:
+  2 x output + indices; dynamic-update-slice: 2 x update + indices (distinct index operands);
+  gather: 2 x output + indices; scatter: 3 x updates + indices;
   call: the callee's own total.
 - flops: elementwise ops one per output element (transcendental opcodes count as
   transcendentals instead); dot 2 x output elements x contracted elements; reduce: the
@@ -93,7 +94,8 @@ ELEMENTWISE = TRANSCENDENTAL | {
     "is-finite",
     "exponential-minus-one",
 }
-ZERO_BYTES = {"parameter", "constant", "get-tuple-element", "bitcast", "after-all"}
+# XLA counts a transpose as a bitcast, no bytes (checked in tests/test_hlo_cost.py).
+ZERO_BYTES = {"parameter", "constant", "get-tuple-element", "bitcast", "after-all", "transpose"}
 POINTER_BYTES = 8  # a tuple is counted as one pointer per element
 
 
@@ -237,11 +239,11 @@ class CostModel:
             c.flops, c.transcendentals = sub.flops * count, sub.transcendentals * count
         elif op == "slice":
             c.bytes = 2 * out_bytes
-        elif op == "dynamic-slice":
-            c.bytes = 2 * out_bytes + sum(self._bytes(o) for o in ins.operands[1:])
+        elif op == "dynamic-slice":  # start indices counted once per distinct operand
+            c.bytes = 2 * out_bytes + sum(self._bytes(o) for o in dict.fromkeys(ins.operands[1:]))
         elif op == "dynamic-update-slice":
             update = self._bytes(ins.operands[1])
-            c.bytes = 2 * update + sum(self._bytes(o) for o in ins.operands[2:])
+            c.bytes = 2 * update + sum(self._bytes(o) for o in dict.fromkeys(ins.operands[2:]))
         elif op == "gather":
             c.bytes = 2 * out_bytes + self._bytes(ins.operands[1])
         elif op == "scatter":

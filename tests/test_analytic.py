@@ -79,22 +79,25 @@ def test_decode_intensity_tends_to_batch_as_kv_cache_vanishes(batch, num_kv_head
     assert step.intensity >= batch * (1 - 1e-3 * batch) * 0.99
 
 
-@given(
-    configs(),
-    st.integers(1, 10**5),
-    st.integers(1, 10**5),
-    st.integers(1, 256),
-    st.integers(1, 256),
-)
-def test_attention_intensity_is_independent_of_context_and_batch(cfg, s1, s2, b1, b2):
-    def seed_attention_intensity(s, b):
+@given(configs(), st.integers(10**4, 10**6), st.integers(10**4, 10**6), st.integers(1, 256))
+def test_attention_intensity_is_independent_of_context_and_batch(cfg, s1, s2, b):
+    # The seed's formula for any cache dtype; the kernels checked with the cache in the compute
+    # dtype (a wider or narrower cache adds convert FLOPs to the kernels).
+    assert analytic.attention_intensity(cfg) == pytest.approx(
+        2 * cfg.num_heads / (cfg.num_kv_heads * DTYPE_BYTES[cfg.kv_dtype])
+    )
+    cfg = cfg.replace(kv_dtype=analytic.compute_dtype(cfg))
+
+    def kernel_attention_intensity(s, b):
         ks = analytic.layer_kernels(cfg, Workload("decode", b, s))
         flops = ks["attn/scores"].flops + ks["attn/av"].flops
         return flops / (ks["attn/scores"].kv_bytes + ks["attn/av"].kv_bytes)
 
     i = analytic.attention_intensity(cfg)
-    assert seed_attention_intensity(s1, b1) == pytest.approx(i, rel=1e-12)
-    assert seed_attention_intensity(s2, b2) == pytest.approx(i, rel=1e-12)
+    # The kernels' matmul FLOPs over cache bytes tend to the seed's value as S grows (the new
+    # token's own k, v are not read from the cache): within 1e-3 from S = 10^4 on.
+    assert kernel_attention_intensity(s1, b) == pytest.approx(i, rel=1e-3)
+    assert kernel_attention_intensity(s2, 1) == pytest.approx(i, rel=1e-3)
     # 4*N*H*S FLOPs over 2*K*H*S*bytes = 2N / (K * bytes): h/h_kv for a 2-byte cache.
     assert i == pytest.approx(2 * cfg.num_heads / (cfg.num_kv_heads * DTYPE_BYTES[cfg.kv_dtype]))
     if DTYPE_BYTES[cfg.kv_dtype] == 2:
@@ -103,20 +106,21 @@ def test_attention_intensity_is_independent_of_context_and_batch(cfg, s1, s2, b1
 
 # ---- Per-kernel values derived by hand on the tiny GQA config -------------------------------
 def test_tiny_gqa_decode_kernels_by_hand():
-    cfg = get_model_config("tiny-gqa")  # L=2 D=40 N=12 K=3 H=8 F=56 V=97, f32
-    B, S = 5, 11
+    cfg = get_model_config("tiny-gqa")  # L=2 D=40 N=12 K=3 G=4 H=8 F=56 V=97, f32
+    B, S = 5, 11  # 10 cached positions + the new token
     ks = analytic.layer_kernels(cfg, Workload("decode", B, S))
     # q_proj: 2*B*D*N*H FLOPs; weights D*N*H*4 + x B*D*4 + q B*N*H*4 bytes.
     assert ks["attn/q_proj"].flops == 2 * 5 * 40 * 96
     assert ks["attn/q_proj"].bytes == 4 * (40 * 96 + 5 * 40 + 5 * 96)
     assert ks["attn/k_proj"].flops == 2 * 5 * 40 * 24
     assert ks["attn/k_proj"].weight_bytes == 4 * 40 * 24
-    # scores: 2*B*N*S*H FLOPs; reads q (B*N*H) and the K cache (B*S*K*H), writes B*N*S in f32.
+    # scores: q . K_cache over 10 rows (2*B*N*10*H) and q . k_new (2*B*N*H): 2*B*N*S*H.
     assert ks["attn/scores"].flops == 2 * 5 * 12 * 11 * 8
-    assert ks["attn/scores"].bytes == 4 * (5 * 96 + 5 * 11 * 24 + 5 * 12 * 11)
-    assert ks["attn/scores"].kv_bytes == 4 * 5 * 11 * 24
-    assert ks["attn/softmax"].bytes == 2 * 4 * 5 * 12 * 11
-    assert ks["attn/av"].flops == ks["attn/scores"].flops
+    # bytes: q twice (B*N*H), the K cache (B*10*K*H), k_new (B*K*H), f32 scores (B*N*S).
+    assert ks["attn/scores"].bytes == 4 * (2 * 5 * 96 + 5 * 10 * 24 + 5 * 24 + 5 * 12 * 11)
+    assert ks["attn/scores"].kv_bytes == 4 * 5 * 10 * 24
+    # av: P . V_cache (2*B*N*10*H), p_self x v_new (2*B*N*H), their sum (B*N*H).
+    assert ks["attn/av"].flops == 2 * 5 * 12 * 10 * 8 + 2 * 5 * 12 * 8 + 5 * 12 * 8
     assert ks["kv_cache/write"].kv_bytes == 2 * 5 * 24 * 4
     # gate_up: 2*B*D*2F; down 2*B*F*D.
     assert ks["mlp/gate_up"].flops == 2 * 5 * 40 * 112

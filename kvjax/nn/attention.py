@@ -60,27 +60,27 @@ class Attention(nnx.Module):
     def output(self, o_BTKGH: jax.Array) -> jax.Array:
         cfg = self.cfg
         B, T = o_BTKGH.shape[:2]
+        o_BTE = o_BTKGH.reshape(B, T, cfg.q_dim)  # outside the kernel: a bitcast once compiled
         with jax.named_scope("attn/o_proj"):
-            return linear(o_BTKGH.reshape(B, T, cfg.q_dim), read(self.o_proj, cfg))
+            return linear(o_BTE, read(self.o_proj, cfg))
 
 
 def attend_causal(q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array) -> jax.Array:
     """Full causal attention of T queries over the same T positions (forward and prefill)."""
     T, H = q_BTKGH.shape[1], q_BTKGH.shape[-1]
     dtype = q_BTKGH.dtype
+    q_BKGTH = jnp.transpose(q_BTKGH, (0, 2, 3, 1, 4))  # outside the kernels: a layout change
     with jax.named_scope("attn/scores"):
         s_BKGTS = jnp.einsum(
-            "BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32
+            "BKGTH,BSKH->BKGTS", q_BKGTH, k_BSKH, preferred_element_type=jnp.float32
         )
     with jax.named_scope("attn/softmax"):
         causal_TS = jnp.tril(jnp.ones((T, T), jnp.bool_))
         s_BKGTS = jnp.where(causal_TS, s_BKGTS * (1.0 / math.sqrt(H)), NEG_INF)
         p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(dtype)
     with jax.named_scope("attn/av"):
-        o_BTKGH = jnp.einsum(
-            "BKGTS,BSKH->BTKGH", p_BKGTS, v_BSKH.astype(dtype), preferred_element_type=jnp.float32
-        )
-    return o_BTKGH.astype(dtype)
+        o_BKGTH = jnp.einsum("BKGTS,BSKH->BKGTH", p_BKGTS, v_BSKH.astype(dtype))
+    return jnp.transpose(o_BKGTH, (0, 3, 1, 2, 4))  # to BTKGH, outside the kernels
 
 
 def attend_cache(
@@ -119,13 +119,8 @@ def attend_cache(
         e_self_BKG = jnp.exp(s_self_BKG - m_BKG)
         inv_BKG = 1.0 / (jnp.sum(e_BKGS, axis=-1) + e_self_BKG)
         p_BKGS = (e_BKGS * inv_BKG[..., None]).astype(dtype)
-        p_self_BKG = e_self_BKG * inv_BKG
+        p_self_BKG = (e_self_BKG * inv_BKG).astype(dtype)
     with jax.named_scope("attn/av"):
-        o_BKGH = jnp.einsum(
-            "BKGS,BKSH->BKGH",
-            p_BKGS,
-            v_cache_BKSH.astype(dtype),
-            preferred_element_type=jnp.float32,
-        )
-        o_BKGH = o_BKGH + p_self_BKG[..., None] * v_new_BKH[:, :, None, :].astype(jnp.float32)
-    return o_BKGH.astype(dtype)
+        # Two products (cache and self) and one add: no broadcasts in the lowered module.
+        o_BKGH = jnp.einsum("BKGS,BKSH->BKGH", p_BKGS, v_cache_BKSH.astype(dtype))
+        return o_BKGH + jnp.einsum("BKG,BKH->BKGH", p_self_BKG, v_new_BKH)

@@ -53,9 +53,12 @@ class KVCache:
 
     def write_prefix(self, layer: int, k_BTKH: jax.Array, v_BTKH: jax.Array) -> KVCache:
         """Prefill: rows 0..T-1 of one layer (positions are set by `with_positions`)."""
+        with jax.named_scope(f"layer{layer}"):  # a layout change, outside the kernel
+            k_BKTH = jnp.swapaxes(k_BTKH, 1, 2)
+            v_BKTH = jnp.swapaxes(v_BTKH, 1, 2)
         with jax.named_scope(f"layer{layer}/kv_cache/write"):
-            k_BKTH = jnp.swapaxes(k_BTKH, 1, 2).astype(self.k[layer].dtype)
-            v_BKTH = jnp.swapaxes(v_BTKH, 1, 2).astype(self.v[layer].dtype)
+            k_BKTH = k_BKTH.astype(self.k[layer].dtype)
+            v_BKTH = v_BKTH.astype(self.v[layer].dtype)
             k = jax.lax.dynamic_update_slice(self.k[layer], k_BKTH, (0, 0, 0, 0))
             v = jax.lax.dynamic_update_slice(self.v[layer], v_BKTH, (0, 0, 0, 0))
         return dataclasses.replace(
