@@ -271,6 +271,195 @@ def _json_default(x: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
+# kvjax trace
+# ---------------------------------------------------------------------------------------------
+def trace_report(args: argparse.Namespace) -> dict[str, Any]:
+    """The traced view beside the closed form, as the JSON `kvjax trace --json` prints."""
+    import time
+
+    from kvjax import roofline
+    from kvjax.cost import compare, trace_step
+
+    cfg, wl = resolve_model(args), resolve_workload(args)
+    chip = resolve_chip(args, cfg)
+    peak, bw = chip.peak(analytic.compute_dtype(cfg)), chip.bandwidth_bytes_per_s
+    t0 = time.perf_counter()
+    with _progress(f"lowering {cfg.name} ({cfg.num_layers} layers, tracing {args.trace_layers})"):
+        trace = trace_step(
+            cfg,
+            wl.phase,
+            wl.batch,
+            wl.context,
+            stage=args.stage,
+            layers=args.trace_layers,
+            roofline=args.roofline,
+        )
+    closed = analytic.step_cost(cfg, wl)
+    kernels = []
+    if trace.stage == "lowered":
+        for r in compare(trace):
+            kernels.append(
+                {
+                    "name": r.name,
+                    "closed_flops": r.closed_flops,
+                    "traced_flops": r.traced_flops,
+                    "flops_ratio": _finite(r.flops_ratio),
+                    "closed_bytes": r.closed_bytes,
+                    "traced_bytes": r.traced_bytes,
+                    "bytes_ratio": _finite(r.bytes_ratio),
+                    "closed_transcendentals": r.closed_transcendentals,
+                    "traced_transcendentals": r.traced_transcendentals,
+                    "intensity": _finite(roofline.intensity(r.traced_flops, r.traced_bytes)),
+                    "bound_s": roofline.bound_time_s(r.traced_flops, r.traced_bytes, peak, bw),
+                    "bound": roofline.bound_side(r.traced_flops, r.traced_bytes, peak, bw),
+                    "explanation": r.explanation,
+                }
+            )
+    return {
+        "model": cfg.to_dict(),
+        "workload": {"phase": wl.phase, "batch": wl.batch, "context": wl.context},
+        "chip": {"name": chip.name, "peak_flops_per_s": peak, "bandwidth_bytes_per_s": bw},
+        "stage": trace.stage,
+        "backend": trace.backend,
+        "layers_traced": trace.layers_traced,
+        "kernels": kernels,
+        "total": {
+            "closed_flops": closed.flops,
+            "traced_flops": trace.total.flops,
+            "flops_ratio": trace.total.flops / closed.flops,
+            "closed_bytes": closed.bytes,
+            "traced_bytes": trace.total.bytes,
+            "bytes_ratio": trace.total.bytes / closed.bytes,
+            "traced_transcendentals": trace.total.transcendentals,
+            "intensity": roofline.intensity(trace.total.flops, trace.total.bytes),
+            "bound_s": roofline.bound_time_s(trace.total.flops, trace.total.bytes, peak, bw),
+            "closed_bound_s": roofline.bound_time_s(closed.flops, closed.bytes, peak, bw),
+        },
+        "xla_module": {
+            k: v
+            for k, v in trace.xla.items()
+            if k in ("flops", "bytes accessed", "transcendentals")
+        },
+        "roofline_opinion": trace.roofline,
+        "notes": trace.notes,
+        "trace_seconds": trace.trace_seconds,
+        "command_seconds": time.perf_counter() - t0,
+    }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+class _progress:
+    """A spinner on stderr while a large model lowers (silent when stderr is not a terminal)."""
+
+    def __init__(self, message: str):
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        self.status = self.console.status(message) if self.console.is_terminal else None
+
+    def __enter__(self):
+        if self.status:
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.status:
+            self.status.__exit__(*exc)
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _print_trace(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(highlight=False, soft_wrap=True)
+    if not con.is_terminal:
+        con = Console(highlight=False, soft_wrap=True, width=200)
+    m, wl = report["model"], report["workload"]
+    con.print(
+        f"[bold]{m['name']}[/bold] num_kv_heads={m['num_kv_heads']} | {wl['phase']} | "
+        f"B={wl['batch']:,} | S={wl['context']:,} | XLA {report['stage']} stage on "
+        f"{report['backend']} ({report['layers_traced']} layer(s) traced) | chip "
+        f"{report['chip']['name']} | traced in {report['trace_seconds']:.1f} s"
+    )
+    if report["kernels"]:
+        t = Table(title="per kernel, summed over layers: closed form vs XLA (lowered stage)")
+        for col in (
+            "kernel",
+            "closed FLOPs",
+            "traced FLOPs",
+            "ratio",
+            "closed bytes",
+            "traced bytes",
+            "ratio",
+            "FLOP/byte",
+            "bound",
+            "side",
+            "note",
+        ):
+            t.add_column(col, justify="left" if col in ("kernel", "side", "note") else "right")
+        for k in report["kernels"]:
+            note = ""
+            if k["explanation"] and (k["bytes_ratio"] is None or abs(k["bytes_ratio"] - 1) > 0.05):
+                note = k["explanation"].split(":")[0]
+            t.add_row(
+                k["name"],
+                fmt_count(k["closed_flops"]) if k["closed_flops"] else "0",
+                fmt_count(k["traced_flops"]) if k["traced_flops"] else "0",
+                _ratio(k["flops_ratio"]),
+                fmt_rate(k["closed_bytes"], "B"),
+                fmt_rate(k["traced_bytes"], "B"),
+                _ratio(k["bytes_ratio"]),
+                sig(k["intensity"]) if k["intensity"] is not None else "-",
+                fmt_seconds(k["bound_s"]),
+                k["bound"],
+                note,
+            )
+        con.print(t)
+    tot = report["total"]
+    con.print(
+        f"  step        FLOPs closed {fmt_count(tot['closed_flops'])} / traced "
+        f"{fmt_count(tot['traced_flops'])} (x{tot['flops_ratio']:.4f}); bytes closed "
+        f"{fmt_rate(tot['closed_bytes'], 'B')} / traced {fmt_rate(tot['traced_bytes'], 'B')} "
+        f"(x{tot['bytes_ratio']:.3f}); traced intensity {sig(tot['intensity'])} FLOP/byte; "
+        f"bound {fmt_seconds(tot['bound_s'])} (closed form {fmt_seconds(tot['closed_bound_s'])})"
+    )
+    xla = report["xla_module"]
+    if xla:
+        con.print(
+            f"  XLA module  flops {fmt_count(xla.get('flops', 0))}, bytes accessed "
+            f"{fmt_rate(xla.get('bytes accessed', 0), 'B')} "
+            f"({report['stage']}; the kernels sum to it)"
+        )
+    op = report["roofline_opinion"]
+    if op:
+        if "error" in op:
+            con.print(f"  jax.experimental.roofline: no opinion ({op['error']})")
+        else:
+            con.print(
+                f"  jax.experimental.roofline: {fmt_count(op['flops'])}FLOP unfused, "
+                f"{fmt_rate(op['unfused_hbm_bytes'], 'B')} unfused HBM bytes"
+            )
+    for note in report["notes"]:
+        con.print(f"  note: {note}")
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    report = trace_report(args)
+    if args.json:
+        print(json.dumps(report, indent=2, default=_json_default))
+    else:
+        _print_trace(report)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvjax",
@@ -288,6 +477,31 @@ def build_parser() -> argparse.ArgumentParser:
     calc.add_argument("--variants", action="store_true", help="add the MHA/GQA/MQA table")
     calc.add_argument("--json", action="store_true", help="print one JSON object")
     calc.set_defaults(func=cmd_calc)
+
+    trace = sub.add_parser(
+        "trace",
+        help="XLA's cost analysis of the real Flax model, per kernel, beside the closed form",
+        description="Trace one step of the Flax model from abstract shapes (no weights allocated) "
+        "and compare XLA's per-kernel FLOPs and bytes with the closed form.",
+    )
+    add_model_args(trace)
+    add_workload_args(trace)
+    add_chip_args(trace)
+    trace.add_argument(
+        "--stage",
+        choices=("lowered", "compiled"),
+        default="lowered",
+        help="lowered: pre-optimization, per kernel (default); compiled: after fusion, totals",
+    )
+    trace.add_argument(
+        "--trace-layers",
+        choices=("all", "one"),
+        default="all",
+        help="trace every layer (default) or one layer times num_layers (identical layers)",
+    )
+    trace.add_argument("--roofline", action="store_true", help="add jax.experimental.roofline")
+    trace.add_argument("--json", action="store_true", help="print one JSON object")
+    trace.set_defaults(func=cmd_trace)
     return parser
 
 

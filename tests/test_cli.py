@@ -149,3 +149,46 @@ def test_incomplete_config_json_exit_2(tmp_path):
     )
     assert proc.returncode == 2 and "is incomplete: missing 'num_hidden_layers'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_trace_json(capsys):
+    assert main(["trace", "--json", "--model", "tiny-gqa", "--batch", "2", "--context", "32"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stage"] == "lowered" and out["backend"] == "cpu" and out["trace_seconds"] > 0
+    names = [k["name"] for k in out["kernels"]]
+    assert names[0] == "embed" and "attn/scores" in names and names[-1] == "other"
+    for k in out["kernels"]:
+        assert {
+            "name",
+            "closed_flops",
+            "traced_flops",
+            "closed_bytes",
+            "traced_bytes",
+            "intensity",
+        } <= k.keys()
+        if k["name"] != "other":
+            assert k["flops_ratio"] == pytest.approx(1.0, abs=1e-9)
+    assert out["total"]["traced_flops"] == out["xla_module"]["flops"]
+    assert out["total"]["traced_bytes"] == out["xla_module"]["bytes accessed"]
+
+
+def test_trace_compiled_and_one_layer(capsys):
+    assert main(["trace", "--json", "--model", "tiny-mqa", "--stage", "compiled"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stage"] == "compiled" and out["kernels"] == [] and out["notes"]
+    argv = ["trace", "--json", "--model", "llama-3-8b", "--trace-layers", "one", "--context", "256"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layers_traced"] == 1
+    assert out["total"]["flops_ratio"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_trace_bad_context_is_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvjax", "trace", "--model", "tiny-gqa", "--context", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "needs context >= 2" in proc.stderr
+    assert "Traceback" not in proc.stderr
