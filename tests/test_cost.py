@@ -146,3 +146,13 @@ def test_roofline_third_opinion_agrees_on_flops():
 def test_bad_trace_requests(kwargs, message):
     with pytest.raises(KvjaxError, match=message):
         trace_step(get_model_config("tiny-gqa"), **kwargs)
+
+
+def test_fused_step_moves_what_the_closed_form_says():
+    # The explanation of the elementwise kernels (unfused in the lowered module) checked: once
+    # XLA fuses them (compiled, f32 on CPU), a decode step moves the closed form's bytes.
+    cfg = get_model_config("llama-3-8b", num_layers=2, weight_dtype="f32", kv_dtype="f32")
+    compiled = trace_step(cfg, "decode", 1, 1024, stage="compiled")
+    closed = analytic.step_cost(cfg, compiled.workload)
+    assert compiled.total.bytes == pytest.approx(closed.bytes, rel=0.05)
+    assert compiled.total.flops == pytest.approx(closed.flops, rel=0.01)
