@@ -77,7 +77,8 @@ _SIZE_FLAGS = {
 }
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False) -> None:
+    """Model options; with `kv_heads_sweep`, --kv-heads takes a list (1,2,4,8) to sweep."""
     g = parser.add_argument_group("model")
     g.add_argument(
         "--model",
@@ -85,6 +86,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         help=f"preset name or path to a Hugging Face config.json (default {DEFAULT_MODEL})",
     )
     for flag, field in _SIZE_FLAGS.items():
+        if flag == "kv_heads" and kv_heads_sweep:
+            g.add_argument(
+                "--kv-heads", dest=flag, type=_kv_heads_list, help="num_kv_heads to sweep: 1,2,4,8"
+            )
+            continue
         g.add_argument(
             f"--{flag.replace('_', '-')}", dest=flag, type=positive_int, help=f"override {field}"
         )
@@ -124,6 +130,8 @@ def resolve_model(args: argparse.Namespace) -> ModelConfig:
         for flag, field in _SIZE_FLAGS.items()
         if getattr(args, flag, None) is not None
     }
+    if isinstance(changes.get("num_kv_heads"), list):  # a sweep: the first value is the base
+        changes["num_kv_heads"] = changes["num_kv_heads"][0]
     if getattr(args, "weight_dtype", None):
         changes["weight_dtype"] = args.weight_dtype
     if getattr(args, "kv_dtype", None):
@@ -460,6 +468,122 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# kvjax ceilings / kvjax bench
+# ---------------------------------------------------------------------------------------------
+def cmd_ceilings(args: argparse.Namespace) -> int:
+    from kvjax.timing import ceilings_cache_path, load_or_measure_ceilings
+
+    with _progress("measuring matmul and bandwidth ceilings"):
+        spec = load_or_measure_ceilings(refresh=args.refresh, quick=args.quick)
+    if args.json:
+        print(json.dumps(spec.to_dict(), indent=2, default=_json_default))
+        return 0
+    print(f"{spec.name} ({spec.date}; cached in {ceilings_cache_path()})")
+    for dtype, peak in spec.peak_flops_per_s.items():
+        print(f"  matmul {dtype:<5} {fmt_rate(peak, 'FLOP/s')}")
+    print(f"  read bandwidth    {fmt_rate(spec.bandwidth_bytes_per_s, 'B/s')}")
+    update = spec.extra.get("update_bandwidth_bytes_per_s")
+    if update:
+        print(f"  update bandwidth  {fmt_rate(update, 'B/s')} (read + write, donated in place)")
+    print(f"  ridge (f32)       {sig(spec.ridge('f32'))} FLOP/byte")
+    return 0
+
+
+def _kv_heads_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of integers, e.g. 1,2,4,8"
+        ) from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r} must list positive integers, e.g. 1,2,4,8")
+    return values
+
+
+def bench_report(args: argparse.Namespace) -> dict[str, Any]:
+    from rich.progress import Progress
+
+    from kvjax.bench import bench_point
+    from kvjax.timing import device_name, load_or_measure_ceilings
+
+    base, wl = resolve_model(args), resolve_workload(args)
+    kv_heads = args.kv_heads or [base.num_kv_heads]
+    cfgs = [base.replace(num_kv_heads=k) for k in kv_heads]  # validated before any timing
+    chip = resolve_chip(args, base) if (args.chip or args.peak_flops or args.bandwidth) else None
+    with _progress("measuring ceilings (cached per device)"):
+        ceilings = load_or_measure_ceilings(refresh=args.refresh_ceilings)
+    kernels = args.kernels.split(",") if args.kernels else None
+    points: list[dict[str, Any]] = []
+    with Progress(transient=True, disable=args.json) as progress:
+        task = progress.add_task("timing", total=len(cfgs))
+        for cfg in cfgs:
+            points += bench_point(
+                cfg,
+                wl,
+                ceilings,
+                kernels=kernels,
+                include_step=not args.no_step,
+                budget_s=args.budget_s,
+                chip=chip,
+            )
+            progress.advance(task)
+    return {
+        "device": device_name(),
+        "model": base.to_dict(),
+        "workload": {"phase": wl.phase, "batch": wl.batch, "context": wl.context},
+        "ceilings": {
+            "peak_flops_per_s": ceilings.peak(analytic.compute_dtype(base)),
+            "bandwidth_bytes_per_s": ceilings.bandwidth_bytes_per_s,
+            "date": ceilings.date,
+            "all": ceilings.to_dict(),
+        },
+        "chip": None if chip is None else chip.name,
+        "points": points,
+    }
+
+
+def _print_bench(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(highlight=False, soft_wrap=True)
+    if not con.is_terminal:
+        con = Console(highlight=False, soft_wrap=True, width=200)
+    c, wl = report["ceilings"], report["workload"]
+    con.print(
+        f"[bold]{report['model']['name']}[/bold] | {wl['phase']} | B={wl['batch']:,} | "
+        f"S={wl['context']:,} | {report['device']}: {fmt_rate(c['peak_flops_per_s'], 'FLOP/s')}, "
+        f"{fmt_rate(c['bandwidth_bytes_per_s'], 'B/s')} measured {c['date']}"
+    )
+    t = Table(title="measured kernels (one layer each; step = the whole decode step)")
+    cols = ("h_kv", "kernel", "bound", "closed bytes", "median", "IQR", "achieved", "of bound")
+    for col in cols:
+        t.add_column(col, justify="left" if col == "kernel" else "right")
+    for p in report["points"]:
+        t.add_row(
+            str(p["num_kv_heads"]),
+            p["kernel"],
+            f"{fmt_seconds(p['bound_s'])} {p['bound'][:3]}",
+            fmt_rate(p["closed_bytes"], "B"),
+            fmt_seconds(p["median_s"]),
+            fmt_seconds(p["iqr_s"]) if p["iqr_s"] > 0 else "0",
+            fmt_rate(p["achieved_bytes_per_s"], "B/s"),
+            f"{100 * p['fraction_of_bound']:.0f}%",
+        )
+    con.print(t)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    report = bench_report(args)
+    if args.json:
+        print(json.dumps(report, indent=2, default=_json_default))
+    else:
+        _print_bench(report)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvjax",
@@ -502,6 +626,38 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--roofline", action="store_true", help="add jax.experimental.roofline")
     trace.add_argument("--json", action="store_true", help="print one JSON object")
     trace.set_defaults(func=cmd_trace)
+
+    ceilings = sub.add_parser(
+        "ceilings",
+        help="measured matmul FLOP/s and memory bandwidth of this device (cached)",
+        description="Measure (or read from the per-device cache) the roofline of this device.",
+    )
+    ceilings.add_argument("--refresh", action="store_true", help="measure again")
+    ceilings.add_argument("--quick", action="store_true", help="small sizes (tests)")
+    ceilings.add_argument("--json", action="store_true")
+    ceilings.set_defaults(func=cmd_ceilings)
+
+    bench = sub.add_parser(
+        "bench",
+        help="time the traced kernels and the decode step on this device, against its roofline",
+        description="Time each kernel of one layer (jitted alone, random inputs rotated past the "
+        "cache) and the whole decode step, against the measured ceilings of this device.",
+    )
+    add_model_args(bench, kv_heads_sweep=True)
+    add_workload_args(bench)
+    add_chip_args(bench)
+    bench.add_argument(
+        "--kv-heads-sweep",
+        dest="kv_heads",
+        type=_kv_heads_list,
+        help="sweep num_kv_heads, e.g. 1,2,4,8,32",
+    )
+    bench.add_argument("--kernels", help="comma-separated kernel names (default: all), or step")
+    bench.add_argument("--no-step", action="store_true", help="skip the whole decode step")
+    bench.add_argument("--budget-s", type=positive_float, default=1.0, help="seconds per kernel")
+    bench.add_argument("--refresh-ceilings", action="store_true")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

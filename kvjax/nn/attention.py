@@ -83,6 +83,37 @@ def attend_causal(q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array) -> j
     return jnp.transpose(o_BKGTH, (0, 3, 1, 2, 4))  # to BTKGH, outside the kernels
 
 
+def decode_scores(q_BKGH, k_new_BKH, k_cache_BKSH):
+    """q . K_cache (f32) and the new token's own score q . k_new."""
+    dtype = q_BKGH.dtype
+    s_BKGS = jnp.einsum(
+        "BKGH,BKSH->BKGS", q_BKGH, k_cache_BKSH.astype(dtype), preferred_element_type=jnp.float32
+    )
+    s_self_BKG = jnp.einsum("BKGH,BKH->BKG", q_BKGH, k_new_BKH, preferred_element_type=jnp.float32)
+    return s_BKGS, s_self_BKG
+
+
+def decode_softmax(s_BKGS, s_self_BKG, pos_B, head_dim: int, dtype):
+    """Softmax over the valid cached positions [0, pos) and the new token, written out so the
+    new score joins the cached ones without a concat."""
+    S = s_BKGS.shape[-1]
+    scale = 1.0 / math.sqrt(head_dim)
+    valid_BS = jnp.arange(S)[None, :] < pos_B[:, None]
+    s_BKGS = jnp.where(valid_BS[:, None, None, :], s_BKGS * scale, NEG_INF)
+    s_self_BKG = s_self_BKG * scale
+    m_BKG = jnp.maximum(jnp.max(s_BKGS, axis=-1), s_self_BKG)
+    e_BKGS = jnp.exp(s_BKGS - m_BKG[..., None])
+    e_self_BKG = jnp.exp(s_self_BKG - m_BKG)
+    inv_BKG = 1.0 / (jnp.sum(e_BKGS, axis=-1) + e_self_BKG)
+    return (e_BKGS * inv_BKG[..., None]).astype(dtype), (e_self_BKG * inv_BKG).astype(dtype)
+
+
+def decode_av(p_BKGS, p_self_BKG, v_new_BKH, v_cache_BKSH):
+    """P . V_cache + p_self x v_new: two products and one add, no broadcasts."""
+    o_BKGH = jnp.einsum("BKGS,BKSH->BKGH", p_BKGS, v_cache_BKSH.astype(p_BKGS.dtype))
+    return o_BKGH + jnp.einsum("BKG,BKH->BKGH", p_self_BKG, v_new_BKH)
+
+
 def attend_cache(
     q_BKGH: jax.Array,
     k_new_BKH: jax.Array,
@@ -95,32 +126,13 @@ def attend_cache(
 
     The cache is only read here: the new row is written by `KVCache.append` in a separate,
     donated step (DESIGN.md: on XLA:CPU writing and attending in one jit copied the cache).
-    The softmax is written out so the new token's score joins the cached ones without a concat.
+    The three kernels are separate functions so `kvjax.bench` can time each alone.
     """
-    S, H = k_cache_BKSH.shape[2], q_BKGH.shape[-1]
-    dtype = q_BKGH.dtype
     with jax.named_scope("attn/scores"):
-        s_BKGS = jnp.einsum(
-            "BKGH,BKSH->BKGS",
-            q_BKGH,
-            k_cache_BKSH.astype(dtype),
-            preferred_element_type=jnp.float32,
-        )
-        s_self_BKG = jnp.einsum(
-            "BKGH,BKH->BKG", q_BKGH, k_new_BKH, preferred_element_type=jnp.float32
-        )
+        s_BKGS, s_self_BKG = decode_scores(q_BKGH, k_new_BKH, k_cache_BKSH)
     with jax.named_scope("attn/softmax"):
-        scale = 1.0 / math.sqrt(H)
-        valid_BS = jnp.arange(S)[None, :] < pos_B[:, None]
-        s_BKGS = jnp.where(valid_BS[:, None, None, :], s_BKGS * scale, NEG_INF)
-        s_self_BKG = s_self_BKG * scale
-        m_BKG = jnp.maximum(jnp.max(s_BKGS, axis=-1), s_self_BKG)
-        e_BKGS = jnp.exp(s_BKGS - m_BKG[..., None])
-        e_self_BKG = jnp.exp(s_self_BKG - m_BKG)
-        inv_BKG = 1.0 / (jnp.sum(e_BKGS, axis=-1) + e_self_BKG)
-        p_BKGS = (e_BKGS * inv_BKG[..., None]).astype(dtype)
-        p_self_BKG = (e_self_BKG * inv_BKG).astype(dtype)
+        p_BKGS, p_self_BKG = decode_softmax(
+            s_BKGS, s_self_BKG, pos_B, q_BKGH.shape[-1], q_BKGH.dtype
+        )
     with jax.named_scope("attn/av"):
-        # Two products (cache and self) and one add: no broadcasts in the lowered module.
-        o_BKGH = jnp.einsum("BKGS,BKSH->BKGH", p_BKGS, v_cache_BKSH.astype(dtype))
-        return o_BKGH + jnp.einsum("BKG,BKH->BKGH", p_self_BKG, v_new_BKH)
+        return decode_av(p_BKGS, p_self_BKG, v_new_BKH, v_cache_BKSH)

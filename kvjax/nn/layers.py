@@ -70,9 +70,13 @@ class RMSNorm(nnx.Module):
         self.scale = nnx.Param(jnp.ones((cfg.d_model,), weight_dtype(cfg)))
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        x = x_BTD.astype(jnp.float32)
-        inv = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.cfg.norm_eps)
-        return (x * inv).astype(x_BTD.dtype) * read(self.scale, self.cfg)
+        return rms_norm(x_BTD, read(self.scale, self.cfg), self.cfg.norm_eps)
+
+
+def rms_norm(x_BTD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
+    x = x_BTD.astype(jnp.float32)
+    inv = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    return (x * inv).astype(x_BTD.dtype) * scale_D
 
 
 def rope_tables(
