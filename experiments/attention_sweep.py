@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
-import tempfile
 from pathlib import Path
 
 import jax
@@ -24,6 +21,7 @@ from kvjax import analytic
 from kvjax.analytic import Workload
 from kvjax.bench import kernel_benches, place, time_kernel
 from kvjax.config import ModelConfig
+from kvjax.records import write_json_atomic
 from kvjax.timing import device_name, load_or_measure_ceilings
 
 
@@ -84,14 +82,6 @@ def run(
         "points": points,
         "ratios": ratios,
     }
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-    os.replace(tmp, path)
 
 
 def main(argv=None) -> None:

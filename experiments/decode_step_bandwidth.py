@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import platform
-import tempfile
 from pathlib import Path
 
 import jax
@@ -25,6 +22,7 @@ from kvjax import analytic
 from kvjax.analytic import Workload
 from kvjax.config import ModelConfig
 from kvjax.nn import CompiledSteps, Transformer
+from kvjax.records import write_json_atomic
 from kvjax.timing import device_name, measure_read_bandwidth, time_loop
 
 # About 0.49e9 parameters: 1.97 GB of f32 weights, plus 0.13 GB of KV cache at S=4096.
@@ -91,14 +89,6 @@ def run(cfg: ModelConfig = BENCH_CFG, batch: int = 1, context: int = 4096, budge
         "achieved_bytes_per_s": achieved,
         "fraction_of_read_bandwidth": achieved / bandwidth,
     }
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-    os.replace(tmp, path)
 
 
 def main(argv=None) -> None:

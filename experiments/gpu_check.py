@@ -18,10 +18,10 @@ from pathlib import Path
 import jax
 
 from experiments.attention_sweep import run as attention_sweep
-from experiments.attention_sweep import write_json_atomic
 from kvjax import analytic, get_model_config
 from kvjax.analytic import KernelCost, Workload
 from kvjax.bench import place, time_decode_step
+from kvjax.records import write_json_atomic
 from kvjax.timing import device_name, measure_ceilings
 
 

@@ -154,13 +154,18 @@ def resolve_chip(args: argparse.Namespace, cfg: ModelConfig) -> ChipSpec:
 # ---------------------------------------------------------------------------------------------
 # kvjax calc
 # ---------------------------------------------------------------------------------------------
-def _print_calc(report: dict[str, Any], variants: list[dict[str, Any]] | None) -> None:
+def _console():
+    """A console that does not squeeze tables into 80 columns when piped or captured."""
     from rich.console import Console
-    from rich.table import Table
 
     con = Console(highlight=False, soft_wrap=True)
-    if not con.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
-        con = Console(highlight=False, soft_wrap=True, width=160)
+    return con if con.is_terminal else Console(highlight=False, soft_wrap=True, width=200)
+
+
+def _print_calc(report: dict[str, Any], variants: list[dict[str, Any]] | None) -> None:
+    from rich.table import Table
+
+    con = _console()
     m, wl, chip = report["model"], report["workload"], report["chip"]
     B, S = wl["batch"], wl["context"]
     con.print(
@@ -383,12 +388,9 @@ def _ratio(x: float | None) -> str:
 
 
 def _print_trace(report: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(highlight=False, soft_wrap=True)
-    if not con.is_terminal:
-        con = Console(highlight=False, soft_wrap=True, width=200)
+    con = _console()
     m, wl = report["model"], report["workload"]
     con.print(
         f"[bold]{m['name']}[/bold] num_kv_heads={m['num_kv_heads']} | {wl['phase']} | "
@@ -544,12 +546,9 @@ def bench_report(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_bench(report: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(highlight=False, soft_wrap=True)
-    if not con.is_terminal:
-        con = Console(highlight=False, soft_wrap=True, width=200)
+    con = _console()
     c, wl = report["ceilings"], report["workload"]
     con.print(
         f"[bold]{report['model']['name']}[/bold] | {wl['phase']} | B={wl['batch']:,} | "

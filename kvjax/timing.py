@@ -13,7 +13,6 @@ import json
 import os
 import re
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -235,10 +234,8 @@ def load_or_measure_ceilings(refresh: bool = False, quick: bool = False, path=No
     if path.exists() and not refresh:
         data = json.loads(path.read_text())
         return ChipSpec(**data)
+    from kvjax.records import write_json_atomic
+
     spec = measure_ceilings(quick=quick)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(spec.to_dict(), fh, indent=2)
-    os.replace(tmp, path)
+    write_json_atomic(path, spec.to_dict())
     return spec
