@@ -215,6 +215,7 @@ def bench_point(
         raise KvjaxError(
             f"unknown kernel(s) {', '.join(unknown)}; allowed: {', '.join(benches)}, step"
         )
+    traced = traced_bytes_per_kernel(cfg, wl)
     points = []
     for name in wanted:
         if name == "step":
@@ -228,4 +229,19 @@ def bench_point(
         points.append(place("step", closed, stats, ceilings, dtype, chip))
     for p in points:
         p["num_kv_heads"] = cfg.num_kv_heads
+        p["traced_bytes"] = traced.get(p["kernel"])
     return points
+
+
+def traced_bytes_per_kernel(cfg: ModelConfig, wl: Workload) -> dict[str, float]:
+    """XLA's lowered bytes of one layer's kernels (and of the whole step), for the bench table."""
+    from kvjax.cost import trace_step
+
+    trace = trace_step(cfg, wl.phase, wl.batch, wl.context, layers="one")
+    per_layer = {}
+    for k in trace.kernels:
+        if k.layer in (None, 0):  # one copy of each layer kernel, plus the head kernels
+            per_layer[k.kernel] = per_layer.get(k.kernel, 0.0) + k.bytes
+    per_layer["attention"] = sum(per_layer.get(n, 0.0) for n in analytic.ATTENTION_KERNELS)
+    per_layer["step"] = trace.total.bytes
+    return per_layer

@@ -556,7 +556,17 @@ def _print_bench(report: dict[str, Any]) -> None:
         f"{fmt_rate(c['bandwidth_bytes_per_s'], 'B/s')} measured {c['date']}"
     )
     t = Table(title="measured kernels (one layer each; step = the whole decode step)")
-    cols = ("h_kv", "kernel", "bound", "closed bytes", "median", "IQR", "achieved", "of bound")
+    cols = (
+        "h_kv",
+        "kernel",
+        "bound",
+        "closed bytes",
+        "traced bytes",
+        "median",
+        "IQR",
+        "achieved",
+        "of bound",
+    )
     for col in cols:
         t.add_column(col, justify="left" if col == "kernel" else "right")
     for p in report["points"]:
@@ -565,6 +575,7 @@ def _print_bench(report: dict[str, Any]) -> None:
             p["kernel"],
             f"{fmt_seconds(p['bound_s'])} {p['bound'][:3]}",
             fmt_rate(p["closed_bytes"], "B"),
+            fmt_rate(p["traced_bytes"], "B") if p.get("traced_bytes") else "-",
             fmt_seconds(p["median_s"]),
             fmt_seconds(p["iqr_s"]) if p["iqr_s"] > 0 else "0",
             fmt_rate(p["achieved_bytes_per_s"], "B/s"),

@@ -44,6 +44,9 @@ def test_bench_point_times_every_kernel_and_the_step():
     points = bench_point(cfg, Workload("decode", 2, 64), ceilings, budget_s=0.05)
     names = [p["kernel"] for p in points]
     assert names[-1] == "step" and "attention" in names and "attn/scores" in names
+    by = {p["kernel"]: p for p in points}
+    assert by["attn/q_proj"]["traced_bytes"] == pytest.approx(by["attn/q_proj"]["closed_bytes"])
+    assert by["attention"]["traced_bytes"] >= by["attention"]["closed_bytes"]  # unfused softmax
     for p in points:
         assert p["median_s"] > 0 and p["runs"] >= 5 and p["num_kv_heads"] == 3
         assert p["fraction_of_bound"] == pytest.approx(p["bound_s"] / p["median_s"])
