@@ -10,12 +10,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvjax import analytic
+from kvjax import analytic, views
 from kvjax.analytic import PHASES, Workload
 from kvjax.config import DTYPE_BYTES, ModelConfig, from_hf_config, get_model_config
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, chip_from_numbers, get_chip
-from kvjax.units import fmt_bytes, fmt_count, fmt_rate, fmt_seconds, sig
+from kvjax.units import fmt_rate, sig
 
 DEFAULT_MODEL = "seed-70b"
 DEFAULT_CHIP = "h100-sxm"
@@ -154,112 +154,6 @@ def resolve_chip(args: argparse.Namespace, cfg: ModelConfig) -> ChipSpec:
 # ---------------------------------------------------------------------------------------------
 # kvjax calc
 # ---------------------------------------------------------------------------------------------
-def _console():
-    """A console that does not squeeze tables into 80 columns when piped or captured."""
-    from rich.console import Console
-
-    con = Console(highlight=False, soft_wrap=True)
-    return con if con.is_terminal else Console(highlight=False, soft_wrap=True, width=200)
-
-
-def _print_calc(report: dict[str, Any], variants: list[dict[str, Any]] | None) -> None:
-    from rich.table import Table
-
-    con = _console()
-    m, wl, chip = report["model"], report["workload"], report["chip"]
-    B, S = wl["batch"], wl["context"]
-    con.print(
-        f"[bold]{m['name']}[/bold] ({report['attention_variant']}, num_kv_heads={m['num_kv_heads']}"
-        f" of {m['num_heads']}) | {wl['phase']} | B={B:,} | S={S:,} | chip {chip['name']}"
-    )
-    con.print(
-        f"  params      {report['params']:,} ({fmt_count(report['params'])}); weights "
-        f"{fmt_bytes(report['weight_bytes'])} = {fmt_rate(report['weight_bytes'], 'B')} "
-        f"in {m['weight_dtype']}"
-    )
-    con.print(
-        f"  KV cache    {fmt_bytes(report['kv_bytes_per_token'], 'KiB')} per token "
-        f"({fmt_bytes(report['kv_bytes_per_token_per_layer'], 'KiB')} per layer) "
-        f"in {m['kv_dtype']}; {fmt_bytes(report['kv_cache_bytes'])} at S={S:,} x B={B:,}; "
-        f"for B={B:,} larger than the weights from S={report['kv_exceeds_weights_at_context']:,}"
-    )
-    con.print(
-        f"  roofline    {fmt_rate(chip['peak_flops_per_s'], 'FLOP/s')} ({chip['compute_dtype']}), "
-        f"{fmt_rate(chip['bandwidth_bytes_per_s'], 'B/s')}: ridge "
-        f"{sig(report['ridge_flops_per_byte'])} FLOP/byte"
-    )
-    con.print(
-        f"  decode      intensity {sig(report['decode_intensity'])} FLOP/byte (B={B}); attention "
-        f"intensity {sig(report['attention_intensity'])} (h/h_kv = {m['num_heads']}/"
-        f"{m['num_kv_heads']}), {sig(report['attention_kernel_intensity'])} with scores and "
-        f"probabilities"
-    )
-    con.print(
-        f"  {wl['phase']:<11} {fmt_count(report['step_flops'])}FLOP, "
-        f"{fmt_rate(report['step_bytes'], 'B')}: intensity {sig(report['step_intensity'])}, "
-        f"attainable {fmt_rate(report['attainable_flops_per_s'], 'FLOP/s')} = "
-        f"{sig(100 * report['fraction_of_peak'])}% of peak"
-    )
-    floor = report["weight_floor_s_per_token"]
-    con.print(
-        f"  floors      weights only {fmt_seconds(floor)}/token ({sig(1 / floor)} tokens/s); "
-        f"weights + KV {fmt_seconds(report['weights_kv_floor_s_per_token'])}; whole step bound "
-        f"{fmt_seconds(report['step_floor_s'])} (unfused kernels: "
-        f"{fmt_seconds(report['kernel_sum_bound_s'])})"
-    )
-    mem = chip["memory_bytes"]
-    if mem is not None and report["weight_bytes"] > mem:
-        con.print(
-            f"  memory      the weights alone ({fmt_rate(report['weight_bytes'], 'B')}) exceed one "
-            f"chip's {fmt_rate(mem, 'B')}: at least {math.ceil(report['weight_bytes'] / mem)} "
-            f"chips are needed before any KV cache"
-        )
-    elif mem is not None:
-        fits = "fits" if report["fits_in_memory"] else "does NOT fit"
-        con.print(
-            f"  memory      weights + KV cache {fits} in {fmt_rate(mem, 'B')}; at most "
-            f"B={report['max_batch_at_context']:,} at S={S:,}, "
-            f"or S={report['max_context_at_batch']:,} at B={B:,} (activations not counted)"
-        )
-
-    if variants:
-        t = Table(title="KV cache by attention variant (sizes binary: KiB, GiB, TiB)")
-        for col in ("variant", "h_kv", "per token"):
-            t.add_column(col, justify="right")
-        for c in variants[0]["cache"]:
-            t.add_column(f"{c['context'] // 1024}k ctx x {c['batch']} seq", justify="right")
-        for col in ("vs MHA", "params", "B=1 floor", "attn I"):
-            t.add_column(col, justify="right")
-        for row in variants:
-            t.add_row(
-                row["variant"],
-                str(row["num_kv_heads"]),
-                fmt_bytes(row["kv_bytes_per_token"], "KiB"),
-                *(fmt_bytes(c["kv_cache_bytes"]) for c in row["cache"]),
-                f"{sig(row['cache_reduction_vs_mha'])}x smaller"
-                if row["cache_reduction_vs_mha"] != 1
-                else "baseline",
-                fmt_count(row["params"]),
-                fmt_seconds(row["weight_floor_s_per_token"]),
-                sig(row["attention_intensity"]),
-            )
-        con.print(t)
-
-    t = Table(title=f"kernels of the {wl['phase']} step (summed over layers)")
-    for col in ("kernel", "FLOPs", "bytes", "FLOP/byte", "bound", "side"):
-        t.add_column(col, justify="left" if col in ("kernel", "side") else "right")
-    for k in report["kernels"]:
-        t.add_row(
-            k["name"],
-            fmt_count(k["flops"]) if k["flops"] else "0",
-            fmt_rate(k["bytes"], "B"),
-            sig(k["intensity"]) if k["flops"] else "0",
-            fmt_seconds(k["bound_s"]),
-            k["bound"],
-        )
-    con.print(t)
-
-
 def cmd_calc(args: argparse.Namespace) -> int:
     from kvjax.report import calc_report, variants_table
 
@@ -273,7 +167,7 @@ def cmd_calc(args: argparse.Namespace) -> int:
             report["variants"] = variants
         print(json.dumps(report, indent=2, default=_json_default))
     else:
-        _print_calc(report, variants)
+        views.print_calc(report, variants)
     return 0
 
 
@@ -297,7 +191,9 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
     chip = resolve_chip(args, cfg)
     peak, bw = chip.peak(analytic.compute_dtype(cfg)), chip.bandwidth_bytes_per_s
     t0 = time.perf_counter()
-    with _progress(f"lowering {cfg.name} ({cfg.num_layers} layers, tracing {args.trace_layers})"):
+    with views.progress(
+        f"lowering {cfg.name} ({cfg.num_layers} layers, tracing {args.trace_layers})"
+    ):
         trace = trace_step(
             cfg,
             wl.phase,
@@ -364,108 +260,12 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-class _progress:
-    """A spinner on stderr while a large model lowers (silent when stderr is not a terminal)."""
-
-    def __init__(self, message: str):
-        from rich.console import Console
-
-        self.console = Console(stderr=True)
-        self.status = self.console.status(message) if self.console.is_terminal else None
-
-    def __enter__(self):
-        if self.status:
-            self.status.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.status:
-            self.status.__exit__(*exc)
-
-
-def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
-
-
-def _print_trace(report: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    con = _console()
-    m, wl = report["model"], report["workload"]
-    con.print(
-        f"[bold]{m['name']}[/bold] num_kv_heads={m['num_kv_heads']} | {wl['phase']} | "
-        f"B={wl['batch']:,} | S={wl['context']:,} | XLA {report['stage']} stage on "
-        f"{report['backend']} ({report['layers_traced']} layer(s) traced) | chip "
-        f"{report['chip']['name']} | traced in {report['trace_seconds']:.1f} s"
-    )
-    if report["kernels"]:
-        t = Table(title="per kernel, summed over layers: closed form vs XLA (lowered stage)")
-        for col in (
-            "kernel",
-            "closed FLOPs",
-            "traced FLOPs",
-            "ratio",
-            "closed bytes",
-            "traced bytes",
-            "ratio",
-            "FLOP/byte",
-            "bound",
-            "side",
-            "note",
-        ):
-            t.add_column(col, justify="left" if col in ("kernel", "side", "note") else "right")
-        for k in report["kernels"]:
-            note = ""
-            if k["explanation"] and (k["bytes_ratio"] is None or abs(k["bytes_ratio"] - 1) > 0.05):
-                note = k["explanation"].split(":")[0]
-            t.add_row(
-                k["name"],
-                fmt_count(k["closed_flops"]) if k["closed_flops"] else "0",
-                fmt_count(k["traced_flops"]) if k["traced_flops"] else "0",
-                _ratio(k["flops_ratio"]),
-                fmt_rate(k["closed_bytes"], "B"),
-                fmt_rate(k["traced_bytes"], "B"),
-                _ratio(k["bytes_ratio"]),
-                sig(k["intensity"]) if k["intensity"] is not None else "-",
-                fmt_seconds(k["bound_s"]),
-                k["bound"],
-                note,
-            )
-        con.print(t)
-    tot = report["total"]
-    con.print(
-        f"  step        FLOPs closed {fmt_count(tot['closed_flops'])} / traced "
-        f"{fmt_count(tot['traced_flops'])} (x{tot['flops_ratio']:.4f}); bytes closed "
-        f"{fmt_rate(tot['closed_bytes'], 'B')} / traced {fmt_rate(tot['traced_bytes'], 'B')} "
-        f"(x{tot['bytes_ratio']:.3f}); traced intensity {sig(tot['intensity'])} FLOP/byte; "
-        f"bound {fmt_seconds(tot['bound_s'])} (closed form {fmt_seconds(tot['closed_bound_s'])})"
-    )
-    xla = report["xla_module"]
-    if xla:
-        con.print(
-            f"  XLA module  flops {fmt_count(xla.get('flops', 0))}, bytes accessed "
-            f"{fmt_rate(xla.get('bytes accessed', 0), 'B')} "
-            f"({report['stage']}; the kernels sum to it)"
-        )
-    op = report["roofline_opinion"]
-    if op:
-        if "error" in op:
-            con.print(f"  jax.experimental.roofline: no opinion ({op['error']})")
-        else:
-            con.print(
-                f"  jax.experimental.roofline: {fmt_count(op['flops'])}FLOP unfused, "
-                f"{fmt_rate(op['unfused_hbm_bytes'], 'B')} unfused HBM bytes"
-            )
-    for note in report["notes"]:
-        con.print(f"  note: {note}")
-
-
 def cmd_trace(args: argparse.Namespace) -> int:
     report = trace_report(args)
     if args.json:
         print(json.dumps(report, indent=2, default=_json_default))
     else:
-        _print_trace(report)
+        views.print_trace(report)
     return 0
 
 
@@ -475,7 +275,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def cmd_ceilings(args: argparse.Namespace) -> int:
     from kvjax.timing import ceilings_cache_path, load_or_measure_ceilings
 
-    with _progress("measuring matmul and bandwidth ceilings"):
+    with views.progress("measuring matmul and bandwidth ceilings"):
         spec = load_or_measure_ceilings(refresh=args.refresh, quick=args.quick)
     if args.json:
         print(json.dumps(spec.to_dict(), indent=2, default=_json_default))
@@ -513,7 +313,7 @@ def bench_report(args: argparse.Namespace) -> dict[str, Any]:
     kv_heads = args.kv_heads or [base.num_kv_heads]
     cfgs = [base.replace(num_kv_heads=k) for k in kv_heads]  # validated before any timing
     chip = resolve_chip(args, base) if (args.chip or args.peak_flops or args.bandwidth) else None
-    with _progress("measuring ceilings (cached per device)"):
+    with views.progress("measuring ceilings (cached per device)"):
         ceilings = load_or_measure_ceilings(refresh=args.refresh_ceilings)
     kernels = args.kernels.split(",") if args.kernels else None
     points: list[dict[str, Any]] = []
@@ -545,51 +345,12 @@ def bench_report(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _print_bench(report: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    con = _console()
-    c, wl = report["ceilings"], report["workload"]
-    con.print(
-        f"[bold]{report['model']['name']}[/bold] | {wl['phase']} | B={wl['batch']:,} | "
-        f"S={wl['context']:,} | {report['device']}: {fmt_rate(c['peak_flops_per_s'], 'FLOP/s')}, "
-        f"{fmt_rate(c['bandwidth_bytes_per_s'], 'B/s')} measured {c['date']}"
-    )
-    t = Table(title="measured kernels (one layer each; step = the whole decode step)")
-    cols = (
-        "h_kv",
-        "kernel",
-        "bound",
-        "closed bytes",
-        "traced bytes",
-        "median",
-        "IQR",
-        "achieved",
-        "of bound",
-    )
-    for col in cols:
-        t.add_column(col, justify="left" if col == "kernel" else "right")
-    for p in report["points"]:
-        t.add_row(
-            str(p["num_kv_heads"]),
-            p["kernel"],
-            f"{fmt_seconds(p['bound_s'])} {p['bound'][:3]}",
-            fmt_rate(p["closed_bytes"], "B"),
-            fmt_rate(p["traced_bytes"], "B") if p.get("traced_bytes") else "-",
-            fmt_seconds(p["median_s"]),
-            fmt_seconds(p["iqr_s"]) if p["iqr_s"] > 0 else "0",
-            fmt_rate(p["achieved_bytes_per_s"], "B/s"),
-            f"{100 * p['fraction_of_bound']:.0f}%",
-        )
-    con.print(t)
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     report = bench_report(args)
     if args.json:
         print(json.dumps(report, indent=2, default=_json_default))
     else:
-        _print_bench(report)
+        views.print_bench(report)
     return 0
 
 
