@@ -438,6 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
+    except BrokenPipeError:  # `kvjax ... | head`: the reader left; nothing more to say
+        sys.stderr.close()
+        return 0
     except KvjaxError as exc:
         print(f"kvjax {args.command}: error: {exc}", file=sys.stderr)
         return 2
