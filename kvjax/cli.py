@@ -354,6 +354,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explore(args: argparse.Namespace) -> int:
+    from kvjax.explorer import write_explorer
+
+    path = write_explorer(args.out, model=args.model, chip=args.chip)
+    print(f"wrote {path} (open it in a browser; it needs no server and no network)")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -429,6 +437,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--refresh-ceilings", action="store_true")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=cmd_bench)
+
+    explore = sub.add_parser(
+        "explore",
+        help="write the interactive B / S / num_kv_heads explorer as one offline HTML file",
+    )
+    explore.add_argument("--model", default=DEFAULT_MODEL, help="initial model preset")
+    explore.add_argument("--chip", default=DEFAULT_CHIP, help="initial chip preset")
+    explore.add_argument("--out", default="explorer.html", help="the .html file to write")
+    explore.set_defaults(func=cmd_explore)
     return parser
 
 
