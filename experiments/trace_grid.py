@@ -40,7 +40,7 @@ def grid(presets=None, batches=(1, 8), contexts=(512, 4096)):
                         yield cfg.replace(num_kv_heads=k), phase, batch, context
 
 
-def run_point(cfg, phase, batch, context) -> dict:
+def trace_point(cfg, phase, batch, context) -> dict:
     trace = trace_step(cfg, phase, batch, context, layers="one")
     rows = [r for r in compare(trace) if r.name != "other"]
     mm = [r for r in rows if r.name in MATMULS]
@@ -71,7 +71,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     points = list(grid(args.presets))
     t0 = time.perf_counter()
-    rows = [run_point(*p) for p in track(points, description="tracing")]
+    rows = [trace_point(*p) for p in track(points, description="tracing")]
     df = pd.DataFrame(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=args.out.parent, prefix=f".{args.out.name}.")

@@ -354,6 +354,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from kvjax.launcher import run_experiment
+
+    run = run_experiment(args.config, args.overrides, args.runs, args.run_id, progress=True)
+    records = run.records()
+    print(f"{run.path}: {len(records)} records (config.yaml, environment.json, manifest.json)")
+    return 0
+
+
+def cmd_figures(args: argparse.Namespace) -> int:
+    from kvjax.explorer import write_explorer
+    from kvjax.plotting import make_figures
+    from kvjax.records import load_records
+
+    written = make_figures(load_records(args.runs), args.out)
+    written.append(write_explorer(Path(args.out) / "explorer.html"))
+    for path in written:
+        print(path)
+    return 0
+
+
 def cmd_explore(args: argparse.Namespace) -> int:
     from kvjax.explorer import write_explorer
 
@@ -437,6 +458,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--refresh-ceilings", action="store_true")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=cmd_bench)
+
+    run = sub.add_parser("run", help="run (or resume) an experiment config's points")
+    run.add_argument("config", nargs="?", default="configs/default.yaml")
+    run.add_argument("overrides", nargs="*", help="key=value, e.g. model.num_kv_heads=4")
+    run.add_argument("--runs", default="runs", help="the runs folder (default runs/)")
+    run.add_argument("--run-id", help="default: a hash of the resolved config (reruns resume)")
+    run.set_defaults(func=cmd_run)
+
+    figures = sub.add_parser("figures", help="regenerate paper_figures/ from the records")
+    figures.add_argument("--runs", default="runs")
+    figures.add_argument("--out", default="paper_figures")
+    figures.set_defaults(func=cmd_figures)
 
     explore = sub.add_parser(
         "explore",

@@ -26,3 +26,114 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 def write_json_atomic(path: str | Path, data: Any) -> Path:
     return write_text_atomic(path, json.dumps(data, indent=2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Run folders: runs/<experiment>/<run-id>/ with config.yaml, environment.json, manifest.json and
+# one points/<key>.json per finished point. A point is finished when its file exists; files are
+# written atomically, so a run killed at any moment resumes without recomputing or half-files.
+# ---------------------------------------------------------------------------------------------
+def environment() -> dict[str, Any]:
+    """What produced a record: versions, backend, device, XLA flags, host, date."""
+    import datetime
+    import platform
+    import sys
+
+    import flax
+    import jax
+
+    import kvjax
+
+    device = jax.devices()[0]
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "kvjax": kvjax.__version__,
+        "jax": jax.__version__,
+        "flax": flax.__version__,
+        "python": sys.version.split()[0],
+        "backend": jax.default_backend(),
+        "device": f"{device.platform}:{device.device_kind}",
+        "device_count": jax.device_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "host": platform.node(),
+    }
+
+
+def point_file_name(key: str) -> str:
+    """A file name for a point key (`model.num_kv_heads=8,workload.batch=1`), reversible enough
+    to read and unique: unsafe characters become '_' and a short hash disambiguates."""
+    import hashlib
+    import re
+
+    slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", key)[:120]
+    return f"{slug}-{hashlib.sha1(key.encode()).hexdigest()[:8]}.json"
+
+
+class RunDir:
+    """One run of one experiment: its resolved config, environment, manifest and point records."""
+
+    def __init__(self, root: str | Path, experiment: str, run_id: str):
+        self.path = Path(root) / experiment / run_id
+        self.points_dir = self.path / "points"
+
+    def start(self, config: dict[str, Any], keys: list[str]) -> None:
+        import yaml
+
+        self.points_dir.mkdir(parents=True, exist_ok=True)
+        config_text = yaml.safe_dump(config, sort_keys=False)
+        old = self.path / "config.yaml"
+        if old.exists() and old.read_text() != config_text:
+            raise ValueError(
+                f"{self.path} holds a run of a different config; choose another --run-id"
+            )
+        write_text_atomic(old, config_text)
+        env = self.path / "environment.json"
+        if env.exists():  # a resumed run keeps its first environment and records each resume
+            write_json_atomic(
+                self.path
+                / f"environment-resumed-{len(list(self.path.glob('environment-resumed-*')))}.json",
+                environment(),
+            )
+        else:
+            write_json_atomic(env, environment())
+        self.write_manifest(keys)
+
+    def write_manifest(self, keys: list[str]) -> None:
+        write_json_atomic(
+            self.path / "manifest.json",
+            {
+                "points": [
+                    {"key": k, "file": f"points/{point_file_name(k)}", "done": self.done(k)}
+                    for k in keys
+                ]
+            },
+        )
+
+    def done(self, key: str) -> bool:
+        return (self.points_dir / point_file_name(key)).exists()
+
+    def write_point(self, key: str, records: list[dict[str, Any]]) -> None:
+        write_json_atomic(self.points_dir / point_file_name(key), {"key": key, "records": records})
+
+    def records(self) -> list[dict[str, Any]]:
+        out = []
+        for f in sorted(self.points_dir.glob("*.json")):
+            data = json.loads(f.read_text())
+            for r in data["records"]:
+                out.append({"point": data["key"], **r})
+        return out
+
+
+def load_records(runs: str | Path, experiment: str | None = None):
+    """Every record under a runs folder (or one experiment's), as a pandas DataFrame."""
+    import pandas as pd
+
+    root = Path(runs)
+    rows = []
+    pattern = f"{experiment}/*/points/*.json" if experiment else "*/*/points/*.json"
+    for f in sorted(root.glob(pattern)):
+        data = json.loads(f.read_text())
+        exp, run_id = f.parts[-4], f.parts[-3]
+        for r in data["records"]:
+            rows.append({"experiment": exp, "run_id": run_id, "point": data["key"], **r})
+    return pd.DataFrame(rows)

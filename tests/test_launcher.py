@@ -1,0 +1,149 @@
+"""Experiment configs, the launcher's resume, and reproducible figures."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvjax import KvjaxError
+from kvjax.launcher import run_experiment
+from kvjax.plotting import make_figures
+from kvjax.records import load_records
+
+SWEEP = """
+experiment: kv_vs_context
+model:
+  preset: llama-3-8b
+options:
+  contexts: [1024, 4096]
+sweep:
+  model.num_kv_heads: [1, 2, 4, 8, 32]
+  workload.batch: [1, 4]
+"""
+
+
+def write(tmp_path, text, name="exp.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_interrupted_sweep_resumes_without_recomputing(tmp_path, monkeypatch):
+    import experiments.kv_vs_context as exp
+
+    config = write(tmp_path, SWEEP)
+    calls = []
+    failed = []
+    real = exp.run_point
+
+    def failing(point):
+        calls.append((point.model.num_kv_heads, point.workload.batch))
+        if len(calls) == 4 and not failed:
+            failed.append(True)
+            raise RuntimeError("injected failure at point 4")
+        return real(point)
+
+    monkeypatch.setattr(exp, "run_point", failing)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        run_experiment(config, runs_root=tmp_path / "runs", progress=False)
+    run_dir = next((tmp_path / "runs" / "kv_vs_context").iterdir())
+    done = sorted(p.name for p in (run_dir / "points").iterdir())
+    assert len(done) == 3  # points 1..3 finished, 4 failed before writing
+    assert not list(run_dir.rglob(".*"))  # no temporary (half-written) file left
+    for f in (run_dir / "points").iterdir():
+        json.loads(f.read_text())  # every record file is whole
+
+    calls.clear()
+    run = run_experiment(config, runs_root=tmp_path / "runs", progress=False)
+    assert run.path == run_dir  # same config -> same run id -> resumed
+    assert len(calls) == 10 - 3  # only the unfinished points ran
+    assert len(list((run_dir / "points").iterdir())) == 10
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert all(p["done"] for p in manifest["points"]) and len(manifest["points"]) == 10
+    env = json.loads((run_dir / "environment.json").read_text())
+    assert {"jax", "flax", "backend", "device", "xla_flags"} <= env.keys()
+    assert (run_dir / "config.yaml").read_text().startswith("experiment: kv_vs_context")
+    df = load_records(tmp_path / "runs")
+    assert len(df) == 10 * 3 * 2  # points x variants x contexts
+    assert set(df.num_kv_heads) >= {1, 32}
+
+    calls.clear()
+    run_experiment(config, runs_root=tmp_path / "runs", progress=False)
+    assert calls == []  # a finished run recomputes nothing
+
+
+def test_overrides_and_explicit_run_id(tmp_path):
+    config = write(tmp_path, SWEEP)
+    run = run_experiment(
+        config,
+        ["model.preset=mistral-7b", "options.contexts=[2048]"],
+        runs_root=tmp_path / "runs",
+        run_id="mine",
+        progress=False,
+    )
+    assert run.path.name == "mine"
+    records = run.records()
+    assert {r["model"] for r in records} == {"mistral-7b"} and {r["context"] for r in records} == {
+        2048
+    }
+    with pytest.raises(KvjaxError, match="holds a run of a different config"):
+        run_experiment(config, runs_root=tmp_path / "runs", run_id="mine", progress=False)
+
+
+@pytest.mark.parametrize(
+    "text,override,message",
+    [
+        ("experiment: kv_vs_context\nmodel: [1, 2\n", None, "exp.yaml: malformed YAML"),
+        (
+            "experiment: kv_vs_context\nmodel:\n  num_kv_head: 4\n",
+            None,
+            "exp.yaml: model.num_kv_head: unknown key (allowed: preset",
+        ),
+        (
+            "experiment: kv_vs_context\nworkload:\n  batch: many\n",
+            None,
+            "exp.yaml: workload.batch: Value 'many'",
+        ),
+        (
+            "experiment: kv_vs_context\nmodel:\n  num_kv_heads: 6\n",
+            None,
+            "exp.yaml: num_heads=64 is not divisible by num_kv_heads=6",
+        ),
+        (
+            "experiment: kv_vs_contxt\n",
+            None,
+            "exp.yaml: experiment: unknown experiment 'kv_vs_contxt'",
+        ),
+        (
+            "experiment: kv_vs_context\n",
+            "model.num_kv_heads=abc",
+            "model.num_kv_heads: Value 'abc'",
+        ),
+        (
+            "experiment: kv_vs_context\nsweep:\n  model.num_kv_heads: 3\n",
+            None,
+            "exp.yaml: sweep.model.num_kv_heads: Value 3",
+        ),
+    ],
+)
+def test_bad_configs_are_one_line_exit_2(tmp_path, text, override, message):
+    config = write(tmp_path, text)
+    argv = [sys.executable, "-m", "kvjax", "run", str(config)]
+    if override:
+        argv.append(override)
+    argv += ["--runs", str(tmp_path / "runs")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_figures_from_records_are_reproducible(tmp_path):
+    run_experiment(write(tmp_path, SWEEP), runs_root=tmp_path / "runs", progress=False)
+    records = load_records(tmp_path / "runs")
+    first = {p.name: p.read_bytes() for p in make_figures(records, tmp_path / "a")}
+    second = {p.name: p.read_bytes() for p in make_figures(records, tmp_path / "b")}
+    assert set(first) == {"kv_vs_context.png", "kv_vs_context.pdf"}
+    assert first == second
