@@ -355,11 +355,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kvjax.launcher import run_experiment
+    from kvjax.launcher import run_config
 
-    run = run_experiment(args.config, args.overrides, args.runs, args.run_id, progress=True)
-    records = run.records()
-    print(f"{run.path}: {len(records)} records (config.yaml, environment.json, manifest.json)")
+    for run in run_config(args.config, args.overrides, args.runs, args.run_id, progress=True):
+        print(f"{run.path}: {len(run.records())} records")
+    print(f"figures: python3 -m kvjax figures --runs {args.runs}")
     return 0
 
 

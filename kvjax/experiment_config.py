@@ -26,6 +26,7 @@ from kvjax.hardware import ChipSpec, get_chip
 @dataclass
 class ModelSection:
     preset: str = "seed-70b"
+    name: str | None = None  # a label for a modified preset (records and figures use it)
     num_layers: int | None = None
     d_model: int | None = None
     num_heads: int | None = None
@@ -149,9 +150,11 @@ def resolve(point: DictConfig) -> tuple[ModelConfig, Workload, ChipSpec]:
     changes = {
         f.name: m[f.name]
         for f in dataclasses.fields(ModelSection)
-        if f.name != "preset" and m[f.name] is not None
+        if f.name not in ("preset", "name") and m[f.name] is not None
     }
     cfg = get_model_config(m.preset, **changes)
+    if m.name:
+        cfg = cfg.replace(name=m.name)
     wl = Workload(point.workload.phase, point.workload.batch, point.workload.context)
     chip = get_chip(point.chip.preset).with_overrides(
         point.chip.peak_flops_per_s, point.chip.bandwidth_bytes_per_s, dtype="bf16"

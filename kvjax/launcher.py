@@ -43,6 +43,38 @@ def default_run_id(config: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def suite_members(config_path: str | Path) -> list[Path] | None:
+    """The member configs of a suite file (`suite: [a.yaml, b.yaml]`), else None."""
+    import yaml
+
+    path = Path(config_path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # load_config reports it
+    if not isinstance(raw, dict) or "suite" not in raw:
+        return None
+    if set(raw) != {"suite"} or not isinstance(raw["suite"], list) or not raw["suite"]:
+        raise KvjaxError(f"{path}: suite: must be the only key, a non-empty list of config files")
+    members = [path.parent / str(m) for m in raw["suite"]]
+    for m in members:
+        if not m.exists():
+            raise KvjaxError(f"{path}: suite: {m} does not exist")
+    return members
+
+
+def run_config(config_path, overrides=(), runs_root="runs", run_id=None, progress=True):
+    """A single experiment config, or every member of a suite (each resumable on its own)."""
+    members = suite_members(config_path)
+    if members is None:
+        return [run_experiment(config_path, overrides, runs_root, run_id, progress)]
+    if overrides or run_id:
+        raise KvjaxError(f"{config_path}: a suite takes no overrides or --run-id; run a member")
+    for m in members:  # validate every member before running any
+        load_config(m)
+    return [run_experiment(m, (), runs_root, None, progress) for m in members]
+
+
 def run_experiment(
     config_path: str | Path = DEFAULT_CONFIG,
     overrides: tuple[str, ...] | list[str] = (),
@@ -70,7 +102,10 @@ def run_experiment(
 
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
                "{task.total}"), TimeRemainingColumn()]  # fmt: skip
-    with Progress(*columns, disable=not progress, transient=True) as bar:
+    import sys
+
+    show = progress and sys.stderr.isatty()
+    with Progress(*columns, disable=not show, transient=True) as bar:
         task = bar.add_task(f"{cfg.experiment}", total=len(keys), completed=len(keys) - len(todo))
         for i, key, point in todo:
             if on_point:

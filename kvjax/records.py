@@ -127,13 +127,25 @@ class RunDir:
 def load_records(runs: str | Path, experiment: str | None = None):
     """Every record under a runs folder (or one experiment's), as a pandas DataFrame."""
     import pandas as pd
+    import yaml
 
     root = Path(runs)
     rows = []
-    pattern = f"{experiment}/*/points/*.json" if experiment else "*/*/points/*.json"
-    for f in sorted(root.glob(pattern)):
+    for f in sorted(root.glob("*/*/points/*.json")):
         data = json.loads(f.read_text())
-        exp, run_id = f.parts[-4], f.parts[-3]
+        run_dir = f.parent.parent
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        exp = config.get("experiment", run_dir.parent.name)
+        if experiment and exp != experiment:
+            continue
         for r in data["records"]:
-            rows.append({"experiment": exp, "run_id": run_id, "point": data["key"], **r})
+            rows.append(
+                {
+                    "experiment": exp,
+                    "run_name": run_dir.parent.name,
+                    "run_id": run_dir.name,
+                    "point": data["key"],
+                    **r,
+                }
+            )
     return pd.DataFrame(rows)

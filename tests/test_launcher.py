@@ -147,3 +147,27 @@ def test_figures_from_records_are_reproducible(tmp_path):
     second = {p.name: p.read_bytes() for p in make_figures(records, tmp_path / "b")}
     assert set(first) == {"kv_vs_context.png", "kv_vs_context.pdf"}
     assert first == second
+
+
+def test_default_suite_members_all_validate():
+    from kvjax.experiment_config import load_config
+    from kvjax.launcher import available_experiments, suite_members
+
+    members = suite_members("configs/default.yaml")
+    assert [m.name for m in members][:2] == ["seed_table.yaml", "kv_vs_context.yaml"]
+    for m in members:
+        assert load_config(m).experiment in available_experiments()
+
+
+def test_suite_errors(tmp_path):
+    from kvjax.launcher import run_config
+
+    bad = write(tmp_path, "suite: [missing.yaml]\n", "suite.yaml")
+    with pytest.raises(KvjaxError, match="suite: .*missing.yaml does not exist"):
+        run_config(bad)
+    write(tmp_path, SWEEP, "member.yaml")
+    good = write(tmp_path, "suite: [member.yaml]\n", "suite2.yaml")
+    with pytest.raises(KvjaxError, match="a suite takes no overrides"):
+        run_config(good, ["model.num_kv_heads=1"])
+    runs = run_config(good, runs_root=tmp_path / "runs", progress=False)
+    assert len(runs) == 1 and len(runs[0].records()) == 60

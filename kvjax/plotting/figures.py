@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 COLUMN_WIDTH_IN = 3.5  # one column of a two-column paper
 GIB = 2**30
@@ -59,8 +60,161 @@ def kv_vs_context(records: pd.DataFrame, ax) -> None:
     ax.legend(fontsize=6, frameon=True)
 
 
-FIGURES: dict[str, tuple[str, Callable]] = {
-    "kv_vs_context": ("kv_vs_context", kv_vs_context),
+def _panel_roofline(ax, df, chip) -> None:
+    peak, bw = df.peak_flops_per_s.iloc[0], df.bandwidth_bytes_per_s.iloc[0]
+    ridge = peak / bw
+    xs = [min(1e-2, df.intensity.min() / 2), ridge, max(1e5, df.intensity.max() * 2)]
+    ax.plot(xs, [min(peak, x * bw) for x in xs], color="0.2", lw=1)
+    ax.axvline(ridge, color="0.5", ls=":", lw=0.8)
+    ax.text(ridge * 1.15, peak * 0.35, f"ridge {ridge:.3g}", fontsize=6, color="0.3")
+    markers = {"prefill": "s", "decode": "o"}
+    colors = {"prefill": "#c44e52", "decode": "#4c72b0"}
+    for (phase, source), g in df.groupby(["phase", "source"]):
+        y = (
+            g.achieved_flops_per_s
+            if source == "measured"
+            else [min(peak, i * bw) for i in g.intensity]
+        )
+        style = dict(marker=markers.get(phase, "o"), s=14, linewidths=0.8)
+        if source == "closed form":
+            ax.scatter(
+                g.intensity,
+                y,
+                facecolors="none",
+                edgecolors=colors[phase],
+                **style,
+                label=f"{phase}, closed form",
+            )
+        elif source == "traced":
+            ax.scatter(
+                g.intensity,
+                y,
+                color=colors[phase],
+                marker="x",
+                s=10,
+                linewidths=0.6,
+                label=f"{phase}, traced (XLA)",
+            )
+        else:
+            ax.scatter(g.intensity, y, color=colors[phase], **style, label=f"{phase}, measured")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("FLOP/s (attainable or achieved)")
+    ax.set_title(f"{df.model.iloc[0]} on {chip}", fontsize=7)
+    ax.legend(fontsize=5, frameon=True, loc="lower right")
+
+
+def roofline(records: pd.DataFrame, fig) -> None:
+    """Every kernel on the roofline: hollow = closed form, x = traced, filled = measured."""
+    df = records[records.experiment == "roofline"]
+    panels = list(dict.fromkeys(zip(df.model, df.chip, strict=True)))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (model, chip) in zip(axes, panels, strict=True):
+        _panel_roofline(ax, df[(df.model == model) & (df.chip == chip)], chip)
+
+
+def decode_latency(records: pd.DataFrame, fig) -> None:
+    """Minimum ms/token against batch, one line per num_kv_heads, per chip."""
+    df = records[records.experiment == "decode_latency"]
+    panels = list(dict.fromkeys(zip(df.model, df.chip, strict=True)))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    palette = kv_palette(df.num_kv_heads)
+    for ax, (model, chip) in zip(axes, panels, strict=True):
+        g = df[(df.model == model) & (df.chip == chip)]
+        has_measured = (g.source == "measured").any()
+        for (k, source), gk in g.groupby(["num_kv_heads", "source"]):
+            gk = gk.sort_values("batch")
+            bound = source == "closed form" and has_measured
+            suffix = (" bound" if source == "closed form" else " measured") if has_measured else ""
+            color = palette[int(k)]
+            ax.plot(
+                gk.batch,
+                gk.step_floor_s * 1e3,
+                marker="o",
+                ms=3,
+                color=color,
+                ls="--" if bound else "-",
+                mfc="none" if bound else color,
+                label=f"h_kv={k}{suffix}",
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.set_xlabel("batch B")
+        ax.set_ylabel("ms per decode step (= per token)")
+        ctx = int(g.context.iloc[0])
+        ax.set_title(f"{g.model.iloc[0]}, S={ctx}\n{chip}", fontsize=7)
+        ax.legend(fontsize=5, frameon=True)
+
+
+def decode_intensity(records: pd.DataFrame, fig) -> None:
+    """Decode intensity against batch per num_kv_heads, with the seed's I = B."""
+    df = records[(records.experiment == "decode_latency") & (records.source == "closed form")]
+    ax = fig.subplots()
+    palette = kv_palette(df.num_kv_heads)
+    first = df[df.chip == df.chip.iloc[0]]
+    for k, g in first.groupby("num_kv_heads"):
+        g = g.sort_values("batch")
+        ax.plot(
+            g.batch, g.decode_intensity, marker="o", ms=3, color=palette[int(k)], label=f"h_kv={k}"
+        )
+    b = sorted(first.batch.unique())
+    ax.plot(b, b, color="0.3", ls="--", lw=0.8, label="I = B (seed)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch B")
+    ax.set_ylabel("decode intensity (FLOP/byte)")
+    ax.set_title(f"{first.model.iloc[0]}, S={int(first.context.iloc[0])}", fontsize=7)
+    ax.legend(fontsize=5, frameon=True)
+
+
+def hkv_ablation(records: pd.DataFrame, fig) -> None:
+    """Decode step time over num_kv_heads: predicted (closed-form bound on the measured
+    ceilings) against measured."""
+    df = records[records.experiment == "hkv_ablation"].sort_values("num_kv_heads")
+    ax = fig.subplots()
+    ax.plot(
+        df.num_kv_heads,
+        df.predicted_s * 1e3,
+        marker="o",
+        ms=3,
+        mfc="none",
+        color="#4c72b0",
+        label="predicted (bound)",
+    )
+    if "measured_s" in df:
+        ax.plot(
+            df.num_kv_heads,
+            df.measured_s * 1e3,
+            marker="o",
+            ms=3,
+            color="#c44e52",
+            label="measured (median)",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(bottom=0)  # a time axis from zero: the gap is read as a ratio
+    ax.set_xlabel("num_kv_heads h_kv")
+    ax.set_ylabel("decode step (ms)")
+    r = df.iloc[0]
+    ax.set_title(f"{r.model}, B={int(r.batch)}, S={int(r.context)}, {r.device}", fontsize=7)
+    ax.legend(fontsize=6, frameon=True)
+
+
+def _single(draw):
+    def wrapped(records, fig):
+        draw(records, fig.subplots())
+
+    return wrapped
+
+
+FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
+    "roofline": ("roofline", roofline, (2 * COLUMN_WIDTH_IN, 2.8)),
+    "kv_vs_context": ("kv_vs_context", _single(kv_vs_context), (COLUMN_WIDTH_IN, 2.6)),
+    "decode_latency": ("decode_latency", decode_latency, (2 * COLUMN_WIDTH_IN, 2.6)),
+    "decode_intensity": ("decode_latency", decode_intensity, (COLUMN_WIDTH_IN, 2.6)),
+    "hkv_ablation": ("hkv_ablation", hkv_ablation, (COLUMN_WIDTH_IN, 2.6)),
 }
 
 
@@ -70,11 +224,11 @@ def make_figures(records: pd.DataFrame, out: str | Path) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, (experiment, draw) in FIGURES.items():
+    for name, (experiment, draw, size) in FIGURES.items():
         if records.empty or experiment not in set(records.experiment):
             continue
-        fig, ax = plt.subplots(figsize=(COLUMN_WIDTH_IN, 2.6), dpi=200)
-        draw(records, ax)
+        fig = plt.figure(figsize=size, dpi=200)
+        draw(records, fig)
         fig.tight_layout()
         for ext, meta in (("png", PNG_METADATA), ("pdf", PDF_METADATA)):
             path = out / f"{name}.{ext}"

@@ -1,0 +1,83 @@
+"""Every kernel of prefill and decode placed on a roofline: closed form and traced on a chip
+preset, and (options.measured) timed on this machine against its measured ceilings."""
+
+from kvjax import analytic, roofline
+from kvjax.analytic import Workload
+from kvjax.experiment_config import resolve
+
+
+def _point(kernel, phase, source, flops, bytes_, peak, bw, chip, cfg, seconds=None):
+    record = {
+        "model": cfg.name,
+        "num_kv_heads": cfg.num_kv_heads,
+        "phase": phase,
+        "kernel": kernel,
+        "source": source,
+        "chip": chip,
+        "peak_flops_per_s": peak,
+        "bandwidth_bytes_per_s": bw,
+        "flops": flops,
+        "bytes": bytes_,
+        "intensity": roofline.intensity(flops, bytes_),
+        "bound_s": roofline.bound_time_s(flops, bytes_, peak, bw),
+        "bound": roofline.bound_side(flops, bytes_, peak, bw),
+    }
+    if seconds is not None:
+        record["median_s"] = seconds
+        record["achieved_flops_per_s"] = flops / seconds
+    return record
+
+
+def run_point(point) -> list[dict]:
+    cfg, wl, chip = resolve(point)
+    opts = point.options
+    dtype = analytic.compute_dtype(cfg)
+    if opts.get("measured", False):  # everything on this machine's measured roofline
+        from kvjax.timing import load_or_measure_ceilings
+
+        chip = load_or_measure_ceilings()
+    peak, bw = chip.peak(dtype), chip.bandwidth_bytes_per_s
+    records = []
+    for phase in opts.get("phases", ["prefill", "decode"]):
+        w = Workload(phase, wl.batch, wl.context)
+        layer = analytic.layer_kernels(cfg, w) | analytic.head_kernels(cfg, w)
+        for name, k in layer.items():
+            records.append(
+                _point(name, phase, "closed form", k.flops, k.bytes, peak, bw, chip.name, cfg)
+            )
+        if opts.get("traced", True):
+            from kvjax.cost import trace_step
+
+            trace = trace_step(cfg, phase, wl.batch, wl.context, layers="one")
+            for k in trace.kernels:
+                if k.layer in (None, 0) and k.kernel in layer:
+                    records.append(
+                        _point(
+                            k.kernel, phase, "traced", k.flops, k.bytes, peak, bw, chip.name, cfg
+                        )
+                    )
+        if opts.get("measured", False):
+            from kvjax.bench import bench_point
+            from kvjax.timing import load_or_measure_ceilings
+
+            ceilings = load_or_measure_ceilings()
+            mpeak, mbw = ceilings.peak(dtype), ceilings.bandwidth_bytes_per_s
+            for p in bench_point(
+                cfg, w, ceilings, include_step=False, budget_s=float(opts.get("budget_s", 0.5))
+            ):
+                if p["kernel"] in layer:
+                    records.append(
+                        _point(
+                            p["kernel"],
+                            phase,
+                            "measured",
+                            p["closed_flops"],
+                            p["closed_bytes"],
+                            mpeak,
+                            mbw,
+                            ceilings.name,
+                            cfg,
+                            seconds=p["median_s"],
+                        )
+                    )
+    return records
