@@ -162,12 +162,25 @@ def cmd_calc(args: argparse.Namespace) -> int:
     chip = resolve_chip(args, cfg)
     report = calc_report(cfg, wl, chip)
     variants = variants_table(cfg, chip) if args.variants else None
+    tp_points = None
+    if args.tp:
+        from kvjax.parallel import tensor_parallel_point
+
+        tp_points = [tensor_parallel_point(cfg, t, wl, chip).to_dict() for t in args.tp]
+        first = tp_points[0]
+        report["tp"] = first["tp"]
+        report["weight_bytes_per_device"] = first["weight_bytes_per_device"]
+        report["kv_cache_bytes_per_device"] = first["kv_cache_bytes_per_device"]
+        report["collective_bytes_per_token"] = first["collective_bytes_per_step"]
+        report["tensor_parallel"] = tp_points
     if args.json:
         if variants is not None:
             report["variants"] = variants
         print(json.dumps(report, indent=2, default=_json_default))
     else:
         views.print_calc(report, variants)
+        if tp_points:
+            views.print_tensor_parallel(report, tp_points)
     return 0
 
 
@@ -399,6 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_workload_args(calc)
     add_chip_args(calc)
     calc.add_argument("--variants", action="store_true", help="add the MHA/GQA/MQA table")
+    calc.add_argument(
+        "--tp", type=_kv_heads_list, help="tensor-parallel degree(s), e.g. 8 or 1,2,4,8"
+    )
     calc.add_argument("--json", action="store_true", help="print one JSON object")
     calc.set_defaults(func=cmd_calc)
 

@@ -30,6 +30,8 @@ class ChipSpec:
     date: str = ""
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Chip-to-chip bandwidth per direction (decimal bytes/s), for tensor-parallel collectives.
+    interconnect_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.peak_flops_per_s:
@@ -42,6 +44,10 @@ class ChipSpec:
         _check_positive(f"chip {self.name!r}: bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
         if self.memory_bytes is not None:
             _check_positive(f"chip {self.name!r}: memory_bytes", self.memory_bytes)
+        if self.interconnect_bytes_per_s is not None:
+            _check_positive(
+                f"chip {self.name!r}: interconnect_bytes_per_s", self.interconnect_bytes_per_s
+            )
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for matrix work in `dtype`."""
@@ -136,6 +142,7 @@ _chip(
         },
         bandwidth_bytes_per_s=3.35 * TERA,
         memory_bytes=80 * GIGA,
+        interconnect_bytes_per_s=450 * GIGA,  # per direction; NVLink 4: 900 GB/s bidirectional
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM5); seed text",
         date="2023",
     )
@@ -152,6 +159,7 @@ _chip(
         },
         bandwidth_bytes_per_s=4.8 * TERA,
         memory_bytes=141 * GIGA,
+        interconnect_bytes_per_s=450 * GIGA,  # per direction; NVLink 4: 900 GB/s bidirectional
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM)",
         date="2024",
     )
@@ -167,6 +175,7 @@ _chip(
         },
         bandwidth_bytes_per_s=2.039 * TERA,
         memory_bytes=80 * GIGA,
+        interconnect_bytes_per_s=300 * GIGA,  # per direction; NVLink 3: 600 GB/s bidirectional
         source="NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)",
         date="2021",
     )
@@ -177,6 +186,8 @@ _chip(
         peak_flops_per_s={"bf16": 197 * TERA, "int8": 394 * TERA},
         bandwidth_bytes_per_s=819 * GIGA,
         memory_bytes=16 * GIGA,
+        interconnect_bytes_per_s=100
+        * GIGA,  # per direction; ICI 1,600 Gbps = 200 GB/s per chip, both directions
         source="Google Cloud TPU v5e documentation (system architecture)",
         date="2023",
     )
@@ -187,6 +198,8 @@ _chip(
         peak_flops_per_s={"bf16": 459 * TERA, "int8": 918 * TERA},
         bandwidth_bytes_per_s=2765 * GIGA,
         memory_bytes=95 * GIGA,
+        interconnect_bytes_per_s=300
+        * GIGA,  # per direction; ICI 4,800 Gbps = 600 GB/s per chip, both directions
         source="Google Cloud TPU v5p documentation (system architecture)",
         date="2023",
     )
@@ -203,6 +216,8 @@ _chip(
         },
         bandwidth_bytes_per_s=5.3 * TERA,
         memory_bytes=192 * GIGA,
+        interconnect_bytes_per_s=448
+        * GIGA,  # per direction; Infinity Fabric: 896 GB/s aggregate peer bandwidth
         source="AMD Instinct MI300X accelerator datasheet",
         date="2023",
     )

@@ -247,3 +247,40 @@ def print_bench(report: dict[str, Any]) -> None:
             f"{100 * p['fraction_of_bound']:.0f}%",
         )
     con.print(t)
+
+
+def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    wl = report["workload"]
+    t = Table(
+        title=f"tensor parallel: per device, {wl['phase']} B={wl['batch']:,} S={wl['context']:,} "
+        "(sizes GiB binary; collectives per step, ring)"
+    )
+    for col in (
+        "tp",
+        "KV heads/dev",
+        "KV copies",
+        "weights/dev",
+        "KV cache/dev",
+        "fits",
+        "collectives/dev",
+        "HBM floor",
+        "link",
+        "step floor",
+    ):
+        t.add_column(col, justify="right")
+    for p in points:
+        t.add_row(
+            str(p["tp"]),
+            str(p["kv_heads_per_device"]),
+            f"{p['kv_replication']:g}x",
+            fmt_bytes(p["weight_bytes_per_device"]),
+            fmt_bytes(p["kv_cache_bytes_per_device"]),
+            "-" if p["fits_in_memory"] is None else ("yes" if p["fits_in_memory"] else "no"),
+            fmt_rate(p["collective_bytes_per_step"], "B"),
+            fmt_seconds(p["compute_memory_floor_s"]),
+            "-" if p["link_s"] is None else fmt_seconds(p["link_s"]) if p["link_s"] else "0",
+            "-" if p["step_floor_s"] is None else fmt_seconds(p["step_floor_s"]),
+        )
+    console().print(t)

@@ -1,0 +1,105 @@
+"""Tensor-parallel closed forms (issue 8's analytic part): per-device weights, KV cache with
+replication, collectives, and the floor with a link term."""
+
+import json
+
+import pytest
+
+from kvjax import KvjaxError, analytic, get_chip, get_model_config
+from kvjax.analytic import Workload
+from kvjax.cli import main
+from kvjax.parallel import (
+    allreduce_bytes_per_device,
+    collective_bytes_per_step,
+    device_config,
+    kv_cache_bytes_per_device,
+    kv_heads_per_device,
+    kv_replication,
+    tensor_parallel_point,
+    weight_bytes_per_device,
+)
+
+
+@pytest.mark.parametrize(
+    "k,tp,expected",
+    [(8, 1, 8), (8, 2, 4), (8, 4, 2), (8, 8, 1), (8, 16, 1), (8, 64, 1), (64, 8, 8), (1, 8, 1)],
+)
+def test_kv_heads_per_device_llama2_70b(k, tp, expected):
+    cfg = get_model_config("llama-2-70b", num_kv_heads=k)
+    assert kv_heads_per_device(cfg, tp) == expected
+    assert kv_replication(cfg, tp) == max(1, tp / k)
+
+
+def test_uneven_groups_replicate_the_shared_head():
+    # 12 query heads, 3 KV heads (G=4), tp=2: device 0 reads KV heads {0, 1}, device 1 {1, 2}.
+    cfg = get_model_config("tiny-gqa")
+    assert kv_heads_per_device(cfg, 2) == 2
+    assert kv_replication(cfg, 2) == pytest.approx(4 / 3)
+
+
+def test_kv_cache_splits_exactly_until_tp_exceeds_kv_heads():
+    cfg = get_model_config("llama-2-70b")  # K = 8
+    total = analytic.kv_cache_bytes(cfg, 32768, 4)
+    for tp in (1, 2, 4, 8):
+        assert kv_cache_bytes_per_device(cfg, tp, 32768, 4) * tp == total
+    # beyond K the per-device cache stops shrinking: each device keeps one KV head
+    assert kv_cache_bytes_per_device(cfg, 16, 32768, 4) == kv_cache_bytes_per_device(
+        cfg, 8, 32768, 4
+    )
+
+
+def test_weights_split_with_norms_and_replicated_kv_counted_by_hand():
+    cfg = get_model_config("llama-2-70b")
+    L, D, H, w = cfg.num_layers, cfg.d_model, cfg.head_dim, 2
+    total = analytic.weight_bytes(cfg)
+    for tp in (2, 8):  # vocab 32000 divides 2 and 8; no KV replication
+        norms = (2 * L + 1) * D * w  # replicated on every device
+        assert weight_bytes_per_device(cfg, tp) * tp == total + (tp - 1) * norms
+    tp = 16  # each KV head on 2 devices: 2 * L * D * H extra K/V weights per device pair
+    dev = device_config(cfg, tp)
+    assert dev.num_heads == 4 and dev.num_kv_heads == 1 and dev.d_ff == 28672 // 16
+    kv_proj = 2 * L * D * H * w  # one KV head's k and v projections, all layers
+    sharded = total - 2 * L * D * 8 * H * w - (2 * L + 1) * D * w
+    expected = sharded / tp + kv_proj + (2 * L + 1) * D * w
+    assert weight_bytes_per_device(cfg, tp) == pytest.approx(expected, rel=1e-12)
+
+
+def test_collective_bytes_by_hand():
+    cfg = get_model_config("tiny-gqa")  # L=2, D=40, V=97, f32
+    wl = Workload("decode", 3, 16)
+    tp = 4
+    act = 3 * 40 * 4
+    logits = 3 * 25 * 4 * 4  # ceil(97/4)=25 rows per device, gathered from 4 devices, f32
+    expected = 5 * 2 * 3 / 4 * act + 3 / 4 * logits  # (2L+1) all-reduces + the logits gather
+    assert collective_bytes_per_step(cfg, tp, wl) == pytest.approx(expected)
+    assert collective_bytes_per_step(cfg, 1, wl) == 0
+    assert allreduce_bytes_per_device(100, 2) == 100
+
+
+def test_floor_adds_the_link_term():
+    cfg, chip = get_model_config("llama-2-70b"), get_chip("h100-sxm")
+    wl = Workload("decode", 1, 32768)
+    p1, p8 = (tensor_parallel_point(cfg, t, wl, chip) for t in (1, 8))
+    assert p1.link_s == 0 and p1.step_floor_s == p1.compute_memory_floor_s
+    assert p8.link_s == pytest.approx(p8.collective_bytes_per_step / 450e9)
+    assert p8.step_floor_s == pytest.approx(p8.compute_memory_floor_s + p8.link_s)
+    assert p8.compute_memory_floor_s < p1.compute_memory_floor_s / 7  # bytes split ~8 ways
+    assert not p1.fits_in_memory and p8.fits_in_memory  # 138 GB of weights on one 80 GB chip
+
+
+def test_bad_tp():
+    cfg = get_model_config("llama-2-70b")
+    with pytest.raises(KvjaxError, match="tp=3 does not divide num_heads=64; allowed tp: 1, 2, 4"):
+        kv_heads_per_device(cfg, 3)
+    with pytest.raises(KvjaxError, match="tp=0 must be a positive integer"):
+        kv_heads_per_device(cfg, 0)
+
+
+def test_calc_tp_json(capsys):
+    argv = ["calc", "--json", "--model", "llama-2-70b", "--context", "32k", "--tp", "8"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tp"] == 8
+    assert out["kv_cache_bytes_per_device"] * 8 == out["kv_cache_bytes"]
+    assert out["weight_bytes_per_device"] < out["weight_bytes"] / 7
+    assert out["collective_bytes_per_token"] > 0
