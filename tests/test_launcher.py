@@ -171,3 +171,59 @@ def test_suite_errors(tmp_path):
         run_config(good, ["model.num_kv_heads=1"])
     runs = run_config(good, runs_root=tmp_path / "runs", progress=False)
     assert len(runs) == 1 and len(runs[0].records()) == 60
+
+
+QUALITY_MODEL = """
+model:
+  preset: tiny-gqa
+  num_layers: 1
+  d_model: 32
+  num_heads: 4
+  head_dim: 8
+  d_ff: 48
+  vocab_size: 256
+"""
+
+
+@pytest.mark.slow
+def test_quality_experiments_run_small_and_draw(tmp_path):
+    quality = write(
+        tmp_path,
+        "experiment: hkv_quality"
+        + QUALITY_MODEL
+        + """
+options: {steps: 6, batch_size: 2, seq_len: 16, eval_every: 3, eval_batches: 1, warmup_steps: 1,
+          max_bytes: 65536, num_pairs: 4, num_queries: 2}
+sweep:
+  options.task: [stdlib, recall]
+  model.num_kv_heads: [4, 1]
+""",
+        "q.yaml",
+    )
+    uptrain = write(
+        tmp_path,
+        "experiment: gqa_uptrain"
+        + QUALITY_MODEL.replace("head_dim: 8", "head_dim: 8\n  num_kv_heads: 4")
+        + """
+options: {task: stdlib, steps: 10, batch_size: 2, seq_len: 16, eval_every: 5, eval_batches: 1,
+          warmup_steps: 1, max_bytes: 65536, uptrain_fraction: 0.4, kv_heads: [2, 1],
+          methods: [mean, first]}
+""",
+        "u.yaml",
+    )
+    q = run_experiment(quality, runs_root=tmp_path / "runs", progress=False).records()
+    assert {(r["task"], r["num_kv_heads"]) for r in q} == {
+        (t, k) for t in ("stdlib", "recall") for k in (4, 1)
+    }
+    assert all(r["kv_bytes_per_token"] == 2 * 1 * r["num_kv_heads"] * 8 * 4 for r in q)
+    u = run_experiment(uptrain, runs_root=tmp_path / "runs", progress=False).records()
+    assert [(r["method"], r["num_kv_heads"]) for r in u] == [
+        ("mha", 4),
+        ("mean", 2),
+        ("first", 2),
+        ("mean", 1),
+        ("first", 1),
+    ]
+    assert all(r["history"][0]["step"] == 0 for r in u[1:])  # evaluated right after conversion
+    written = {p.name for p in make_figures(load_records(tmp_path / "runs"), tmp_path / "f")}
+    assert {"hkv_quality.png", "gqa_uptrain.png"} <= written

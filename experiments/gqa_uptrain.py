@@ -1,0 +1,50 @@
+"""Uptraining (Ainslie et al., 2023): train MHA, convert to each num_kv_heads by mean-pooling,
+keeping the first head, or random init of the K/V heads, fine-tune for a small fraction of the
+original steps, and evaluate before and after."""
+
+import dataclasses
+
+from flax import nnx
+
+from experiments.hkv_quality import make_task, train_config
+from kvjax import analytic
+from kvjax.convert import METHODS, convert_kv_heads
+from kvjax.experiment_config import resolve
+from kvjax.nn import Transformer
+from kvjax.train import evaluate, train
+
+
+def run_point(point) -> list[dict]:
+    cfg, _, _ = resolve(point)
+    opts = point.options
+    task = str(opts.get("task", "stdlib"))
+    data, val = make_task(task, cfg, opts)
+    seq_len = getattr(data, "seq_len", None) or int(opts.get("seq_len", 128))
+    tc = train_config(opts, seq_len)
+    mha_cfg = cfg.replace(num_kv_heads=cfg.num_heads)
+    mha = Transformer(mha_cfg, rngs=nnx.Rngs(tc.seed))
+    mha_history = train(mha, data, tc, val_data=val)
+    fraction = float(opts.get("uptrain_fraction", 0.05))
+    up_tc = dataclasses.replace(
+        tc, steps=max(1, int(fraction * tc.steps)), warmup_steps=0,
+        eval_every=max(1, int(fraction * tc.steps) // 4), seed=tc.seed + 1,
+    )  # fmt: skip
+    records = [
+        {"model": cfg.name, "task": task, "num_kv_heads": mha_cfg.num_kv_heads, "method": "mha",
+         "kv_bytes_per_token": analytic.kv_bytes_per_token(mha_cfg),
+         "val_loss_before": mha_history[-1]["val_loss"], "val_loss": mha_history[-1]["val_loss"],
+         "val_accuracy": mha_history[-1]["val_accuracy"], "history": mha_history}
+    ]  # fmt: skip
+    for k in opts.get("kv_heads", [4, 2, 1]):
+        for method in opts.get("methods", list(METHODS)):
+            model = convert_kv_heads(mha, int(k), method, seed=tc.seed)
+            before = evaluate(model, val, tc)
+            history = [{"step": 0, **before}] + train(model, data, up_tc, val_data=val)
+            records.append(
+                {"model": cfg.name, "task": task, "num_kv_heads": int(k), "method": method,
+                 "kv_bytes_per_token": analytic.kv_bytes_per_token(model.cfg),
+                 "uptrain_steps": up_tc.steps, "val_loss_before": before["val_loss"],
+                 "val_loss": history[-1]["val_loss"], "val_accuracy": history[-1]["val_accuracy"],
+                 "history": history}
+            )  # fmt: skip
+    return records

@@ -1,0 +1,55 @@
+"""Quality over num_kv_heads: the same model, data and token budget, trained for each h_kv."""
+
+from flax import nnx
+
+from kvjax import analytic
+from kvjax.experiment_config import resolve
+from kvjax.nn import Transformer
+from kvjax.train import TrainConfig, train
+
+
+def make_task(name: str, cfg, options):
+    from kvjax.data import AssociativeRecall, StdlibBytes
+
+    if name == "stdlib":
+        max_bytes = int(options.get("max_bytes", 4 * 2**20))
+        return StdlibBytes("train", max_bytes), StdlibBytes("val", max_bytes)
+    if name == "recall":
+        task = AssociativeRecall(
+            int(options.get("num_pairs", 16)), int(options.get("num_queries", 8)), cfg.vocab_size
+        )
+        return task, task  # validation batches use other seeds
+    raise ValueError(f"options.task={name!r}; allowed: stdlib, recall")
+
+
+def train_config(options, seq_len: int) -> TrainConfig:
+    fields = TrainConfig.__dataclass_fields__
+    values = {k: options[k] for k in options if k in fields}
+    return TrainConfig(**{**values, "seq_len": seq_len})
+
+
+def run_point(point) -> list[dict]:
+    cfg, _, _ = resolve(point)
+    opts = point.options
+    task = str(opts.get("task", "stdlib"))
+    data, val = make_task(task, cfg, opts)
+    seq_len = getattr(data, "seq_len", None) or int(opts.get("seq_len", 128))
+    tc = train_config(opts, seq_len)
+    model = Transformer(cfg, rngs=nnx.Rngs(tc.seed))
+    history = train(model, data, tc, val_data=val)
+    last = history[-1]
+    return [
+        {
+            "model": cfg.name,
+            "task": task,
+            "num_kv_heads": cfg.num_kv_heads,
+            "num_heads": cfg.num_heads,
+            "kv_bytes_per_token": analytic.kv_bytes_per_token(cfg),
+            "params": analytic.num_params(cfg),
+            "steps": tc.steps,
+            "tokens": tc.steps * tc.batch_size * tc.seq_len,
+            "val_loss": last["val_loss"],
+            "val_accuracy": last["val_accuracy"],
+            "history": history,
+        }
+    ]
