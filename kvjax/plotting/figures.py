@@ -223,6 +223,8 @@ def hkv_quality(records: pd.DataFrame, fig) -> None:
                 zorder=2,
                 label=f"h_kv={int(r.num_kv_heads)}",
             )
+        if task == "recall" and "chance_accuracy" in g and g.chance_accuracy.notna().all():
+            ax.axhline(g.chance_accuracy.iloc[0], color="0.5", ls=":", lw=0.8, label="chance")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("KV cache per token (KiB)")
         ax.set_ylabel("validation loss (nats/byte)" if task == "stdlib" else "recall accuracy")
