@@ -6,21 +6,16 @@ import dataclasses
 
 from flax import nnx
 
-from experiments.hkv_quality import make_task, train_config
+from experiments.hkv_quality import setup
 from kvjax import analytic
 from kvjax.convert import METHODS, convert_kv_heads
-from kvjax.experiment_config import resolve
 from kvjax.nn import Transformer
 from kvjax.train import evaluate, train
 
 
 def run_point(point) -> list[dict]:
-    cfg, _, _ = resolve(point)
+    cfg, task, data, val, tc = setup(point)
     opts = point.options
-    task = str(opts.get("task", "stdlib"))
-    data, val = make_task(task, cfg, opts)
-    seq_len = getattr(data, "seq_len", None) or int(opts.get("seq_len", 128))
-    tc = train_config(opts, seq_len)
     mha_cfg = cfg.replace(num_kv_heads=cfg.num_heads)
     mha = Transformer(mha_cfg, rngs=nnx.Rngs(tc.seed))
     mha_history = train(mha, data, tc, val_data=val)

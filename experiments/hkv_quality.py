@@ -28,13 +28,18 @@ def train_config(options, seq_len: int) -> TrainConfig:
     return TrainConfig(**{**values, "seq_len": seq_len})
 
 
-def run_point(point) -> list[dict]:
+def setup(point):
+    """(model config, task name, train data, validation data, TrainConfig) of a point."""
     cfg, _, _ = resolve(point)
     opts = point.options
     task = str(opts.get("task", "stdlib"))
     data, val = make_task(task, cfg, opts)
     seq_len = getattr(data, "seq_len", None) or int(opts.get("seq_len", 128))
-    tc = train_config(opts, seq_len)
+    return cfg, task, data, val, train_config(opts, seq_len)
+
+
+def run_point(point) -> list[dict]:
+    cfg, task, data, val, tc = setup(point)
     model = Transformer(cfg, rngs=nnx.Rngs(tc.seed))
     history = train(model, data, tc, val_data=val)
     last = history[-1]
