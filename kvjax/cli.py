@@ -476,8 +476,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench)
 
     run = sub.add_parser("run", help="run (or resume) an experiment config's points")
-    run.add_argument("config", nargs="?", default="configs/default.yaml")
-    run.add_argument("overrides", nargs="*", help="key=value, e.g. model.num_kv_heads=4")
+    run.add_argument(
+        "config",
+        nargs="?",
+        default="configs/default.yaml",
+        help="an experiment config or a suite (default configs/default.yaml)",
+    )
+    run.add_argument(
+        "overrides", nargs="*", help="key=value, e.g. model.num_kv_heads=4 (before any --option)"
+    )
     run.add_argument("--runs", default="runs", help="the runs folder (default runs/)")
     run.add_argument("--run-id", help="default: a hash of the resolved config (reruns resume)")
     run.set_defaults(func=cmd_run)
