@@ -273,13 +273,17 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def cmd_trace(args: argparse.Namespace) -> int:
-    report = trace_report(args)
+def _emit(args: argparse.Namespace, report: dict[str, Any], render) -> int:
+    """`--json` prints the report as one object; otherwise it is rendered as tables."""
     if args.json:
         print(json.dumps(report, indent=2, default=_json_default))
     else:
-        views.print_trace(report)
+        render(report)
     return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    return _emit(args, trace_report(args), views.print_trace)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,12 +363,7 @@ def bench_report(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    report = bench_report(args)
-    if args.json:
-        print(json.dumps(report, indent=2, default=_json_default))
-    else:
-        views.print_bench(report)
-    return 0
+    return _emit(args, bench_report(args), views.print_bench)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
