@@ -11,6 +11,7 @@ from flax import nnx
 
 from kvjax.config import ModelConfig
 from kvjax.nn.layers import apply_rope, linear, param, read, rope_tables, weight_dtype
+from kvjax.nn.sharding import DATA, GRP, KV, constrain
 
 NEG_INF = -1e30  # finite, so a fully masked row never produces NaN
 
@@ -55,7 +56,11 @@ class Attention(nnx.Module):
             cos, sin = rope_tables(positions_BT, H, cfg.rope_theta)
             q_BTKGH = apply_rope(q_BTKGH, cos, sin)
             k_BTKH = apply_rope(k_BTKH, cos, sin)
-        return q_BTKGH, k_BTKH, v_BTE.reshape(B, T, K, H)
+        return (
+            constrain(q_BTKGH, DATA, None, KV, GRP, None),
+            constrain(k_BTKH, DATA, None, KV, None),
+            constrain(v_BTE.reshape(B, T, K, H), DATA, None, KV, None),
+        )
 
     def output(self, o_BTKGH: jax.Array) -> jax.Array:
         cfg = self.cfg

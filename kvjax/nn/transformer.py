@@ -18,6 +18,7 @@ from kvjax.errors import KvjaxError
 from kvjax.nn.attention import Attention, attend_cache, attend_causal
 from kvjax.nn.kv_cache import KVCache
 from kvjax.nn.layers import RMSNorm, act_dtype, kv_dtype, linear, param, read
+from kvjax.nn.sharding import DATA, MODEL, constrain
 
 
 class MLP(nnx.Module):
@@ -27,6 +28,8 @@ class MLP(nnx.Module):
         # Weights stored 2-D, (out, in): gate_up (2F, D) = [gate; up], up (F, D), down (D, F).
         if cfg.gated_mlp:
             self.gate_up = param(rngs, (2 * F, D), D, cfg)
+            # > 1 once sharded: rows reordered in blocks [gate_0; up_0; gate_1; up_1; ...]
+            self.gate_up_blocks = 1
         else:
             self.up = param(rngs, (F, D), D, cfg)
         self.down = param(rngs, (D, F), F, cfg)
@@ -39,12 +42,21 @@ class MLP(nnx.Module):
             with jax.named_scope("mlp/gate_up"):
                 gu_BTE = linear(x_BTD, read(self.gate_up, cfg))
             with jax.named_scope("mlp/act"):
-                h_BTF = act(gu_BTE[..., :F]) * gu_BTE[..., F:]
+                n = self.gate_up_blocks
+                if n == 1:
+                    h_BTF = act(gu_BTE[..., :F]) * gu_BTE[..., F:]
+                else:  # one [gate_d; up_d] block per device (kvjax.nn.sharding)
+                    B, T = gu_BTE.shape[:2]
+                    gu_BTn2f = constrain(
+                        gu_BTE.reshape(B, T, n, 2, F // n), DATA, None, MODEL, None, None
+                    )
+                    h_BTF = (act(gu_BTn2f[..., 0, :]) * gu_BTn2f[..., 1, :]).reshape(B, T, F)
         else:
             with jax.named_scope("mlp/up"):
                 u_BTF = linear(x_BTD, read(self.up, cfg))
             with jax.named_scope("mlp/act"):
                 h_BTF = act(u_BTF)
+        h_BTF = constrain(h_BTF, DATA, None, MODEL)
         with jax.named_scope("mlp/down"):
             return linear(h_BTF, read(self.down, cfg))
 
@@ -69,12 +81,12 @@ class Block(nnx.Module):
         o_BTKGH = attend(q_BTKGH, k_BTKH, v_BTKH)
         a_BTD = self.attn.output(o_BTKGH)
         with jax.named_scope("residual/attn"):
-            x_BTD = x_BTD + a_BTD
+            x_BTD = constrain(x_BTD + a_BTD, DATA, None, None)
         with jax.named_scope("norm/mlp"):
             h_BTD = self.mlp_norm(x_BTD)
         m_BTD = self.mlp(h_BTD)
         with jax.named_scope("residual/mlp"):
-            return x_BTD + m_BTD
+            return constrain(x_BTD + m_BTD, DATA, None, None)
 
 
 class Transformer(nnx.Module):
@@ -96,14 +108,17 @@ class Transformer(nnx.Module):
     # -- pieces shared by every path ---------------------------------------------------------
     def _embed(self, tokens_BT: jax.Array) -> jax.Array:
         with jax.named_scope("embed"):
-            return jnp.take(read(self.embed, self.cfg), tokens_BT, axis=0)
+            x_BTD = jnp.take(read(self.embed, self.cfg), tokens_BT, axis=0)
+        return constrain(x_BTD, DATA, None, None)
 
     def _head(self, x_BTD: jax.Array) -> jax.Array:
         with jax.named_scope("norm/final"):
             x_BTD = self.final_norm(x_BTD)
         with jax.named_scope("lm_head"):
             w_VD = read(self.embed if self.lm_head is None else self.lm_head, self.cfg)
-            return linear(x_BTD, w_VD, out_dtype=jnp.float32)
+            # computed in vocab shards, then the logits (not the weight) gathered
+            logits_BTV = constrain(linear(x_BTD, w_VD, out_dtype=jnp.float32), DATA, None, MODEL)
+        return constrain(logits_BTV, DATA, None, None)
 
     def _check_tokens(self, tokens: jax.Array, ndim: int, name: str) -> None:
         if tokens.ndim != ndim:

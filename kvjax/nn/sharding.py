@@ -1,0 +1,209 @@
+"""Megatron-style tensor parallelism (and data parallelism) of the Transformer with jax.sharding.
+
+The SPMD partitioner does the work: parameters and the KV cache are placed with `NamedSharding`s
+on a mesh, a few `with_sharding_constraint`s inside the model pin the activations, and XLA inserts
+the collectives. Mesh axes:
+
+- "data": the batch (dp-way; no collectives at inference),
+- "kv": KV heads, gcd(tp, K)-way,
+- "grp": query heads within a group, tp / gcd(tp, K)-way: when tp > K each KV head is replicated
+  over "grp", so a device holds K / gcd(tp, K) KV heads (kvjax.parallel's closed form).
+
+Query head n = k * G + g (the model's (K, G) order), so splitting the N * H rows of q_proj in tp
+contiguous blocks over ("kv", "grp") gives device (i, j) the heads of KV heads block i and group
+block j, exactly the queries that read the KV heads it holds. The MLP is split over d_ff (gate_up
+and up by rows, down by columns), the embedding and LM head over the vocabulary. Each layer's
+o_proj and down products then end in partial sums that XLA all-reduces.
+
+gate_up is one (2F, D) matrix [gate; up]; split by rows, one device would get gate rows and
+another up rows. `shard_model` therefore reorders its rows into tp blocks [gate_d; up_d] and tells
+the MLP (`gate_up_blocks`), which splits its output per block; the product is unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
+
+DATA, KV, GRP = "data", "kv", "grp"
+MODEL = (KV, GRP)  # the tensor-parallel axes together: tp contiguous blocks, "kv" major
+AXES = (DATA, KV, GRP)
+
+
+def mesh_shape(cfg: ModelConfig, tp: int, dp: int = 1) -> tuple[int, int, int]:
+    """(dp, kv, grp) for `tp`-way tensor and `dp`-way data parallelism, or a KvjaxError naming
+    what does not divide and the tp values that would."""
+    for name, value in (("tp", tp), ("dp", dp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise KvjaxError(f"{name}={value!r} must be a positive integer")
+    K = cfg.num_kv_heads
+    allowed = [
+        t
+        for t in range(1, cfg.num_heads + 1)
+        if cfg.num_heads % t == 0
+        and (K % t == 0 or t % K == 0)
+        and cfg.d_ff % t == 0
+        and cfg.vocab_size % t == 0
+    ]
+    why = []
+    if cfg.num_heads % tp:
+        why.append(f"tp={tp} does not divide num_heads={cfg.num_heads}")
+    if K % tp and tp % K:
+        why.append(
+            f"tp={tp} and num_kv_heads={K} do not divide one another (a device would hold part "
+            "of a KV head's group; kvjax.parallel models that case in closed form only)"
+        )
+    if cfg.d_ff % tp:
+        why.append(f"tp={tp} does not divide d_ff={cfg.d_ff}")
+    if cfg.vocab_size % tp:
+        why.append(f"tp={tp} does not divide vocab_size={cfg.vocab_size}")
+    if why:
+        raise KvjaxError(
+            f"{cfg.name}: {'; '.join(why)}; the sharded model allows tp in "
+            f"{{{', '.join(map(str, allowed))}}}"
+        )
+    kv = math.gcd(tp, K)
+    return dp, kv, tp // kv
+
+
+def make_mesh(cfg: ModelConfig, tp: int, dp: int = 1, devices: Sequence | None = None) -> Mesh:
+    """The ("data", "kv", "grp") mesh over dp * tp devices, with Auto axis types (the SPMD
+    partitioner propagates shardings; `jax.make_mesh` defaults to Explicit, which would make
+    every op name its output sharding)."""
+    shape = mesh_shape(cfg, tp, dp)
+    if devices is None:
+        devices = jax.devices()
+    need = dp * tp
+    if len(devices) < need:
+        raise KvjaxError(
+            f"tp={tp} x dp={dp} needs {need} devices; jax sees {len(devices)} "
+            f"({devices[0].platform}). On a CPU, start Python with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={need}"
+        )
+    return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * 3, devices=list(devices)[:need])
+
+
+def tp_size(mesh: Mesh) -> int:
+    return mesh.shape[KV] * mesh.shape[GRP]
+
+
+# -- placement ------------------------------------------------------------------------------------
+def param_spec(path: tuple[str, ...], ndim: int) -> P:
+    """The PartitionSpec of one parameter, from its name in the model."""
+    name = path[-1]
+    if name in ("q_proj", "gate_up", "up", "embed", "lm_head"):
+        return P(MODEL, None)  # split over output rows (vocab rows for embed / lm_head)
+    if name in ("k_proj", "v_proj"):
+        return P(KV, None)  # KV heads split over "kv", replicated over "grp"
+    if name in ("o_proj", "down"):
+        return P(None, MODEL)  # split over input columns: partial sums, all-reduced
+    if name == "q_bias":
+        return P(MODEL)
+    if name in ("k_bias", "v_bias"):
+        return P(KV)
+    return P(*([None] * ndim))  # norm scales: replicated
+
+
+def cache_spec() -> P:
+    """K and V [B, K, S, H]: batch over "data", KV heads over "kv", replicated over "grp"."""
+    return P(DATA, KV, None, None)
+
+
+def _interleave_gate_up(w_EF: jax.Array, blocks: int) -> jax.Array:
+    """[gate; up] (2F rows) -> [gate_0; up_0; gate_1; up_1; ...] in `blocks` blocks."""
+    two_f, d = w_EF.shape
+    f = two_f // 2
+    return w_EF.reshape(2, blocks, f // blocks, d).transpose(1, 0, 2, 3).reshape(two_f, d)
+
+
+def shard_model(model, mesh: Mesh):
+    """The model placed on `mesh`: parameters sharded (a new model; `model` is not changed)."""
+    cfg: ModelConfig = model.cfg
+    tp = tp_size(mesh)
+    mesh_shape(cfg, tp, mesh.shape[DATA])  # a clear error before anything moves
+    sharded = nnx.clone(model)  # the caller's model keeps its weights and row order
+    if cfg.gated_mlp:
+        for layer in sharded.layers:
+            if layer.mlp.gate_up_blocks != 1:
+                raise KvjaxError("shard_model needs an unsharded model (gate_up_blocks=1)")
+            layer.mlp.gate_up[...] = _interleave_gate_up(layer.mlp.gate_up[...], tp)
+            layer.mlp.gate_up_blocks = tp
+    graphdef, state = nnx.split(sharded)
+    placed = jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.device_put(x, NamedSharding(mesh, param_spec(_names(path), x.ndim))),
+        state,
+    )
+    return nnx.merge(graphdef, placed)
+
+
+def _names(path) -> tuple[str, ...]:
+    out = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                out.append(str(getattr(key, attr)))
+                break
+    return tuple(n for n in out if n != "value")
+
+
+def init_cache(model, batch_size: int, max_len: int, mesh: Mesh):
+    """An empty KV cache made directly in its shards (never whole on one device)."""
+    if batch_size % mesh.shape[DATA]:
+        raise KvjaxError(
+            f"batch_size={batch_size} is not divisible by dp={mesh.shape[DATA]} (the data axis)"
+        )
+    abstract = jax.eval_shape(lambda: model.init_cache(batch_size, max_len))
+    shardings = cache_shardings(abstract, mesh)
+    return jax.jit(lambda: model.init_cache(batch_size, max_len), out_shardings=shardings)()
+
+
+def cache_shardings(cache, mesh: Mesh):
+    kv = NamedSharding(mesh, cache_spec())
+    return type(cache)(
+        k=tuple(kv for _ in cache.k),
+        v=tuple(kv for _ in cache.v),
+        pos=NamedSharding(mesh, P(DATA)),
+    )
+
+
+def shard_cache(cache, mesh: Mesh):
+    return jax.device_put(cache, cache_shardings(cache, mesh))
+
+
+# -- inside the model ----------------------------------------------------------------------------
+def constrain(x: jax.Array, *axes) -> jax.Array:
+    """Pin an activation's sharding when a kvjax mesh is active (`jax.set_mesh`); otherwise
+    return it untouched, so the single-device program (and its traced cost) is unchanged."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or tuple(mesh.axis_names) != AXES:
+        return x
+    return jax.lax.with_sharding_constraint(x, P(*axes))
+
+
+# -- what the real arrays hold -----------------------------------------------------------------
+def bytes_per_device(tree) -> dict:
+    """Bytes of every addressable shard of every array in `tree`, summed per device."""
+    out: dict = {}
+    for leaf in jax.tree_util.tree_leaves(tree):
+        for shard in leaf.addressable_shards:
+            out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
+    return out
+
+
+def unshard_gate_up(w_EF: np.ndarray | jax.Array, blocks: int) -> jax.Array:
+    """The inverse of the row reordering: [gate; up] again."""
+    two_f, d = w_EF.shape
+    f = two_f // 2
+    return (
+        jnp.asarray(w_EF).reshape(blocks, 2, f // blocks, d).transpose(1, 0, 2, 3).reshape(two_f, d)
+    )

@@ -1,0 +1,283 @@
+"""Trace of the tensor-parallel program: per-device FLOPs and bytes of the compiled (SPMD
+partitioned) module, and the collectives in its HLO, beside `kvjax.parallel`'s closed form.
+
+The lowered module of a sharded program is still the global one; only the compiled module is
+per device (DESIGN.md), so every number here is from the "compiled" stage. Collectives are read
+from the compiled HLO text: kind, result shape, replica-group size, and the bytes one device sends
+(= receives) with ring algorithms, the convention of the closed form:
+all-reduce 2 (n-1)/n X, all-gather and all-to-all (n-1)/n X (X the result), reduce-scatter
+(n-1) X (X the result, 1/n of the input), collective-permute X.
+
+Traced from abstract shapes like `kvjax.cost`: no weights are allocated, but the mesh needs
+tp * dp devices (on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N before jax starts;
+`kvjax trace --tp N` sets it).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import asdict, dataclass, field
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from kvjax import analytic, parallel
+from kvjax.analytic import Workload
+from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
+from kvjax.nn import sharding as sh
+from kvjax.nn.transformer import abstract_model
+
+COLLECTIVE_KINDS = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+)
+_HLO_DTYPE_BYTES = {
+    "pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+    "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
+    "f32": 4, "s32": 4, "u32": 4,
+    "f64": 8, "s64": 8, "u64": 8,
+}  # fmt: skip
+_INSTR = re.compile(
+    r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>\(.*?\)|\S+)\s+"
+    r"(?P<kind>" + "|".join(COLLECTIVE_KINDS) + r")(?:-start)?\("
+)
+_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+@dataclass(frozen=True)
+class Collective:
+    kind: str
+    shape: str  # the result, as the HLO prints it
+    result_bytes: int
+    group_size: int
+
+    @property
+    def bytes_per_device(self) -> float:
+        n, x = self.group_size, self.result_bytes
+        if n <= 1:
+            return 0.0
+        if self.kind == "all-reduce":
+            return 2 * (n - 1) / n * x
+        if self.kind in ("all-gather", "all-to-all"):
+            return (n - 1) / n * x
+        if self.kind == "reduce-scatter":
+            return (n - 1) * x
+        return float(x)  # collective-permute
+
+
+def _shape_bytes(shape: str) -> int:
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape):
+        if dtype not in _HLO_DTYPE_BYTES:
+            raise KvjaxError(f"collective of an HLO type kvjax does not size: {dtype}[{dims}]")
+        total += _HLO_DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+    return total
+
+
+def _group_size(line: str, num_partitions: int) -> int:
+    """Devices in one replica group, from any of the three spellings XLA prints."""
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if m:  # mesh['axis_0'=1,'axis_1'=8] {'axis_1'}
+        sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1))}
+        return math.prod(sizes[a] for a in re.findall(r"'([^']+)'", m.group(2)))
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
+    if m:  # iota: [groups, size]<=[devices]
+        return int(m.group(2))
+    m = re.search(r"replica_groups=\{\{([^}]*)\}", line)
+    if m:  # explicit {{0,1,2,3},{4,5,6,7}}
+        return len(m.group(1).split(","))
+    if re.search(r"source_target_pairs=", line):
+        return 2
+    return num_partitions  # replica_groups={}: every device
+
+
+def collectives(hlo_text: str) -> list[Collective]:
+    """Every collective of a compiled module's HLO text (async pairs counted once, at -start)."""
+    m = re.search(r"num_partitions=(\d+)", hlo_text)
+    num_partitions = int(m.group(1)) if m else 1
+    out = []
+    for line in hlo_text.splitlines():
+        hit = _INSTR.match(line)
+        if not hit:
+            continue
+        shape = hit.group("shape")
+        if hit.group(0).rstrip("(").endswith("-start"):
+            # an async start returns (operands, results, ...): the result is its last array
+            arrays = _ARRAY.findall(shape)
+            shape = f"{arrays[-1][0]}[{arrays[-1][1]}]" if arrays else shape
+        size = _group_size(line, num_partitions)
+        out.append(Collective(hit.group("kind"), shape, _shape_bytes(shape), size))
+    return out
+
+
+def summarize(colls: list[Collective]) -> dict[str, dict[str, float]]:
+    """Per kind: how many, and the bytes one device sends."""
+    out: dict[str, dict[str, float]] = {}
+    for c in colls:
+        row = out.setdefault(c.kind, {"count": 0, "bytes_per_device": 0.0})
+        row["count"] += 1
+        row["bytes_per_device"] += c.bytes_per_device
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class ShardedTrace:
+    cfg: ModelConfig
+    workload: Workload  # the whole batch
+    tp: int
+    dp: int
+    backend: str
+    flops_per_device: float  # compiled module (per device)
+    bytes_per_device: float
+    collectives: dict[str, dict[str, float]]  # kind -> count, bytes_per_device
+    closed_flops_per_device: float
+    closed_bytes_per_device: float
+    closed_collective_bytes: float
+    closed_collective_counts: dict[str, int]
+    layers_traced: tuple[int, ...]
+    trace_seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def collective_bytes(self) -> float:
+        return sum(r["bytes_per_device"] for r in self.collectives.values())
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["cfg"] = self.cfg.to_dict() if hasattr(self.cfg, "to_dict") else self.cfg.name
+        d["workload"] = asdict(self.workload)
+        d["collective_bytes"] = self.collective_bytes
+        d["stage"] = "compiled"
+        return d
+
+
+def closed_collective_counts(cfg: ModelConfig, tp: int) -> dict[str, int]:
+    """2 all-reduces a layer and one for the embedding; one all-gather of the logits."""
+    if tp == 1:
+        return {}
+    return {"all-reduce": 2 * cfg.num_layers + 1, "all-gather": 1}
+
+
+def sharded_step(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
+    """(function, abstract args carrying their shardings) of one step of the sharded model."""
+    tp = sh.tp_size(mesh)
+    model = abstract_model(cfg)
+    if cfg.gated_mlp:
+        for layer in model.layers:
+            layer.mlp.gate_up_blocks = tp  # the row order of shard_model; values are abstract
+    graphdef, state = nnx.split(model)
+    state = jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=NamedSharding(mesh, sh.param_spec(sh._names(path), x.ndim))
+        ),
+        state,
+    )
+    max_len = context - 1 if phase == "decode" else context + 1
+    cache = jax.eval_shape(lambda: model.init_cache(batch, max_len))
+    cache = jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        cache,
+        sh.cache_shardings(cache, mesh),
+    )
+    if phase == "decode":
+        tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, P(sh.DATA)))
+
+        def step(state, tokens, cache):
+            return nnx.merge(graphdef, state).decode(tokens, cache)
+
+    else:
+        tokens = jax.ShapeDtypeStruct(
+            (batch, context), jnp.int32, sharding=NamedSharding(mesh, P(sh.DATA, None))
+        )
+
+        def step(state, tokens, cache):
+            return nnx.merge(graphdef, state).prefill(tokens, cache)
+
+    return step, (state, tokens, cache)
+
+
+def _compile(cfg, mesh, phase, batch, context):
+    fn, args = sharded_step(cfg, mesh, phase, batch, context)
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(fn).lower(*args).compile()
+    cost = dict(compiled.cost_analysis() or {})
+    return cost, summarize(collectives(compiled.as_text()))
+
+
+def trace_sharded_step(
+    cfg: ModelConfig,
+    phase: str,
+    batch: int,
+    context: int,
+    tp: int,
+    dp: int = 1,
+    *,
+    layers: str = "all",
+    devices=None,
+) -> ShardedTrace:
+    """One step of the tp x dp sharded model, compiled from abstract shapes.
+
+    `layers="one"` compiles a one-layer and a two-layer model and extrapolates linearly to
+    `num_layers` (the layers are identical; tests check it equals the full compile), which keeps
+    a 70B model's trace to seconds.
+    """
+    if phase not in analytic.PHASES:
+        raise KvjaxError(f"phase={phase!r} is not supported; allowed: {', '.join(analytic.PHASES)}")
+    if phase == "decode" and context < 2:
+        raise KvjaxError(f"context={context}: a traced decode step needs context >= 2")
+    if layers not in ("all", "one"):
+        raise KvjaxError(f"layers={layers!r} is not supported; allowed: all, one")
+    if batch % dp:
+        raise KvjaxError(f"batch={batch} is not divisible by dp={dp} (the data axis)")
+    t0 = time.perf_counter()
+    mesh = sh.make_mesh(cfg, tp, dp, devices)
+    L = cfg.num_layers
+    if layers == "all" or L <= 2:
+        cost, colls = _compile(cfg, mesh, phase, batch, context)
+        traced_layers: tuple[int, ...] = (L,)
+    else:
+        c1, k1 = _compile(cfg.replace(num_layers=1), mesh, phase, batch, context)
+        c2, k2 = _compile(cfg.replace(num_layers=2), mesh, phase, batch, context)
+        cost = {k: c1.get(k, 0.0) + (L - 1) * (c2.get(k, 0.0) - c1.get(k, 0.0)) for k in c1}
+        colls = {}
+        for kind in set(k1) | set(k2):
+            a = k1.get(kind, {"count": 0, "bytes_per_device": 0.0})
+            b = k2.get(kind, {"count": 0, "bytes_per_device": 0.0})
+            colls[kind] = {key: a[key] + (L - 1) * (b[key] - a[key]) for key in a}
+        traced_layers = (1, 2)
+    wl = Workload(phase, batch, context)
+    wl_device = Workload(phase, batch // dp, context)
+    closed = analytic.step_cost(parallel.device_config(cfg, tp), wl_device)
+    notes = [f"compiled on {jax.default_backend()}: per-device totals after SPMD partitioning"]
+    if analytic.compute_dtype(cfg) != "f32" and jax.default_backend() == "cpu":
+        notes.append(
+            "XLA:CPU computes bf16 products in f32 (converts counted as FLOPs and bytes): "
+            "compare FLOPs in f32"
+        )
+    return ShardedTrace(
+        cfg=cfg,
+        workload=wl,
+        tp=tp,
+        dp=dp,
+        backend=jax.default_backend(),
+        flops_per_device=float(cost.get("flops", 0.0)),
+        bytes_per_device=float(cost.get("bytes accessed", 0.0)),
+        collectives=colls,
+        closed_flops_per_device=closed.flops,
+        closed_bytes_per_device=closed.bytes,
+        closed_collective_bytes=parallel.collective_bytes_per_step(cfg, tp, wl_device),
+        closed_collective_counts=closed_collective_counts(cfg, tp),
+        layers_traced=traced_layers,
+        trace_seconds=time.perf_counter() - t0,
+        notes=notes,
+    )

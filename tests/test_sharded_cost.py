@@ -1,0 +1,106 @@
+"""The sharded program's trace: collectives parsed from HLO text, per-device FLOPs and collective
+bytes of the compiled module against kvjax.parallel's closed form (8 simulated CPU devices)."""
+
+import jax
+import pytest
+
+from kvjax import KvjaxError, get_model_config
+from kvjax.sharded_cost import Collective, collectives, summarize, trace_sharded_step
+
+HLO = """HloModule jit_step, num_partitions=8
+ENTRY %main {
+  %all-reduce.1 = f32[2,1,48]{2,1,0} all-reduce(%x), channel_id=3, replica_groups=mesh['axis_0'=1,'axis_1'=4,'axis_2'=2] {'axis_1','axis_2'}, use_global_device_ids=true, to_apply=%add
+  %ar2 = bf16[4,8]{1,0} all-reduce(%y), replica_groups=[2,4]<=[8], to_apply=%add
+  %ag = f32[2,1,104]{1,0,2} all-gather(%z), replica_groups={{0,1},{2,3},{4,5},{6,7}}, dimensions={2}
+  ROOT %rs = f32[16]{0} reduce-scatter(%w), replica_groups={}, dimensions={0}, to_apply=%add
+  %ars = (f32[10]{0}, f32[10]{0}) all-reduce-start(%v), replica_groups=[1,8]<=[8], to_apply=%add
+  %ard = f32[10]{0} all-reduce-done(%ars)
+  %cp = s32[3]{0} collective-permute(%u), source_target_pairs={{0,1},{1,0}}
+  %not = f32[8]{0} add(%all-reduce.1, %all-reduce.1)
+}
+"""
+
+
+def test_collectives_parsed_from_every_replica_group_spelling():
+    got = collectives(HLO)
+    assert [(c.kind, c.result_bytes, c.group_size) for c in got] == [
+        ("all-reduce", 2 * 48 * 4, 8),  # mesh axes 'axis_1' x 'axis_2' = 4 x 2
+        ("all-reduce", 4 * 8 * 2, 4),  # iota [groups, size]
+        ("all-gather", 2 * 104 * 4, 2),  # explicit groups
+        ("reduce-scatter", 16 * 4, 8),  # {} = every partition
+        ("all-reduce", 10 * 4, 8),  # async start counted once, its result
+        ("collective-permute", 12, 2),
+    ]
+
+
+def test_ring_bytes_per_device():
+    assert Collective("all-reduce", "", 800, 8).bytes_per_device == 2 * 7 / 8 * 800
+    assert Collective("all-gather", "", 800, 4).bytes_per_device == 3 / 4 * 800
+    assert Collective("reduce-scatter", "", 100, 4).bytes_per_device == 300
+    assert Collective("collective-permute", "", 12, 2).bytes_per_device == 12
+    assert Collective("all-reduce", "", 800, 1).bytes_per_device == 0
+    s = summarize(collectives(HLO))
+    assert s["all-reduce"]["count"] == 3
+    assert s["all-reduce"]["bytes_per_device"] == pytest.approx(2 * 7 / 8 * 384 + 1.5 * 64 + 70)
+
+
+@pytest.fixture(scope="module")
+def devices():
+    if len(jax.devices()) < 8:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/conftest.py)")
+    return jax.devices()
+
+
+def f32_model(num_kv_heads, num_layers=2):
+    # a real model's shapes (llama-3-8b) so matrix products dominate as they do in practice;
+    # f32 because XLA:CPU computes bf16 products in f32 (DESIGN.md)
+    return get_model_config(
+        "llama-3-8b",
+        num_kv_heads=num_kv_heads,
+        num_layers=num_layers,
+        weight_dtype="f32",
+        kv_dtype="f32",
+    )
+
+
+@pytest.mark.parametrize("tp", (1, 2, 4, 8))
+@pytest.mark.parametrize("num_kv_heads", (32, 8, 1), ids=("mha", "gqa", "mqa"))
+def test_traced_per_device_flops_and_collectives_match_closed_form(devices, num_kv_heads, tp):
+    cfg = f32_model(num_kv_heads)
+    t = trace_sharded_step(cfg, "decode", 2, 512, tp)
+    assert t.flops_per_device == pytest.approx(t.closed_flops_per_device, rel=0.02)
+    assert t.collective_bytes == pytest.approx(t.closed_collective_bytes, rel=0.10)
+    assert {k: int(v["count"]) for k, v in t.collectives.items()} == t.closed_collective_counts
+
+
+def test_prefill_and_data_parallel_trace(devices):
+    t = trace_sharded_step(f32_model(8), "prefill", 4, 128, tp=4, dp=2)
+    assert t.flops_per_device == pytest.approx(t.closed_flops_per_device, rel=0.02)
+    assert t.collective_bytes == pytest.approx(t.closed_collective_bytes, rel=0.10)
+    assert t.closed_collective_counts == {"all-reduce": 5, "all-gather": 1}
+
+
+def test_one_layer_extrapolation_equals_full_compile(devices):
+    cfg = f32_model(8, num_layers=4)
+    full = trace_sharded_step(cfg, "decode", 2, 256, 4, layers="all")
+    fast = trace_sharded_step(cfg, "decode", 2, 256, 4, layers="one")
+    assert fast.layers_traced == (1, 2) and full.layers_traced == (4,)
+    assert fast.flops_per_device == pytest.approx(full.flops_per_device, rel=1e-6)
+    assert fast.bytes_per_device == pytest.approx(full.bytes_per_device, rel=1e-6)
+    for kind, row in full.collectives.items():
+        assert fast.collectives[kind] == pytest.approx(row)
+    assert set(fast.collectives) == set(full.collectives)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(phase="decode", batch=3, context=64, tp=2, dp=2), "batch=3 is not divisible by dp=2"),
+        (dict(phase="train", batch=1, context=64, tp=2), "phase='train'"),
+        (dict(phase="decode", batch=1, context=64, tp=2, layers="two"), "layers='two'"),
+        (dict(phase="decode", batch=1, context=64, tp=5), "tp=5 does not divide num_heads=32"),
+    ],
+)
+def test_bad_sharded_trace_requests(kwargs, message):
+    with pytest.raises(KvjaxError, match=message):
+        trace_sharded_step(f32_model(8), **kwargs)
