@@ -282,7 +282,70 @@ def _emit(args: argparse.Namespace, report: dict[str, Any], render) -> int:
     return 0
 
 
+def request_host_devices(n: int) -> None:
+    """Ask XLA:CPU for `n` devices, so a sharded program can be traced on any machine. Only
+    possible before jax starts; otherwise `make_mesh` says how many it sees and what to set."""
+    import os
+
+    flag = "--xla_force_host_platform_device_count"
+    flags = os.environ.get("XLA_FLAGS", "")
+    if n > 1 and "jax" not in sys.modules and flag not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {flag}={n}".strip()
+
+
+def sharded_trace_report(args: argparse.Namespace) -> dict[str, Any]:
+    """`kvjax trace --tp N`: the compiled per-device step and its collectives vs closed form."""
+    from kvjax.parallel import tensor_parallel_point
+    from kvjax.sharded_cost import trace_sharded_step
+
+    cfg, wl = resolve_model(args), resolve_workload(args)
+    chip = resolve_chip(args, cfg)
+    if wl.batch % args.dp:
+        raise KvjaxError(f"--batch {wl.batch} is not divisible by --dp {args.dp}")
+    with views.progress(
+        f"compiling {cfg.name} on {args.tp * args.dp} devices (tp={args.tp}, dp={args.dp})"
+    ):
+        t = trace_sharded_step(
+            cfg, wl.phase, wl.batch, wl.context, args.tp, args.dp, layers=args.trace_layers
+        )
+    wl_device = Workload(wl.phase, wl.batch // args.dp, wl.context)
+    closed = tensor_parallel_point(cfg, args.tp, wl_device, chip).to_dict()
+    peak, bw = chip.peak(analytic.compute_dtype(cfg)), chip.bandwidth_bytes_per_s
+    link = chip.interconnect_bytes_per_s
+    traced_floor = max(t.flops_per_device / peak, t.bytes_per_device / bw)
+    report = t.to_dict()
+    report.update(
+        chip={
+            "name": chip.name,
+            "peak_flops_per_s": peak,
+            "bandwidth_bytes_per_s": bw,
+            "interconnect_bytes_per_s": link,
+        },  # fmt: skip
+        closed_form=closed,
+        flops_ratio=t.flops_per_device / t.closed_flops_per_device,
+        bytes_ratio=t.bytes_per_device / t.closed_bytes_per_device,
+        collective_ratio=(
+            t.collective_bytes / t.closed_collective_bytes if t.closed_collective_bytes else None
+        ),
+        traced_floor_s=traced_floor,
+        traced_link_s=(t.collective_bytes / link) if link else None,
+    )
+    return report
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
+    sharded = args.tp > 1 or args.dp > 1
+    if sharded:
+        if args.stage == "lowered":
+            raise KvjaxError(
+                "--tp/--dp trace the compiled module (the lowered module of a sharded program "
+                "is the global one); drop --stage or pass --stage compiled"
+            )
+        if args.roofline:
+            raise KvjaxError("--roofline is for the single-device trace; drop it with --tp/--dp")
+        request_host_devices(args.tp * args.dp)
+        return _emit(args, sharded_trace_report(args), views.print_sharded_trace)
+    args.stage = args.stage or "lowered"
     return _emit(args, trace_report(args), views.print_trace)
 
 
@@ -429,8 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument(
         "--stage",
         choices=("lowered", "compiled"),
-        default="lowered",
-        help="lowered: pre-optimization, per kernel (default); compiled: after fusion, totals",
+        default=None,
+        help="lowered: pre-optimization, per kernel (default); compiled: after fusion, totals "
+        "(the only stage with --tp/--dp)",
     )
     trace.add_argument(
         "--trace-layers",
@@ -439,6 +503,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="trace every layer (default) or one layer times num_layers (identical layers)",
     )
     trace.add_argument("--roofline", action="store_true", help="add jax.experimental.roofline")
+    trace.add_argument(
+        "--tp",
+        type=positive_int,
+        default=1,
+        help="tensor-parallel degree: trace the sharded program per device, with its "
+        "collectives (on a CPU, tp x dp simulated devices)",
+    )
+    trace.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree")
     trace.add_argument("--json", action="store_true", help="print one JSON object")
     trace.set_defaults(func=cmd_trace)
 

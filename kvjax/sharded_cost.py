@@ -144,6 +144,8 @@ class ShardedTrace:
     closed_bytes_per_device: float
     closed_collective_bytes: float
     closed_collective_counts: dict[str, int]
+    kv_cache_bytes_per_device: int  # from the shardings of the traced program's cache arrays
+    weight_bytes_per_device: int  # and of its parameters (the most any device holds)
     layers_traced: tuple[int, ...]
     trace_seconds: float
     notes: list[str] = field(default_factory=list)
@@ -206,6 +208,16 @@ def sharded_step(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
     return step, (state, tokens, cache)
 
 
+def shard_bytes(tree) -> int:
+    """The most bytes any one device holds of the abstract sharded arrays in `tree`."""
+    per_device: dict = {}
+    for x in jax.tree_util.tree_leaves(tree):
+        shard = x.sharding.shard_shape(x.shape)
+        for device in x.sharding.device_set:
+            per_device[device] = per_device.get(device, 0) + math.prod(shard) * x.dtype.itemsize
+    return max(per_device.values())
+
+
 def _compile(cfg, mesh, phase, batch, context):
     fn, args = sharded_step(cfg, mesh, phase, batch, context)
     with jax.set_mesh(mesh):
@@ -240,8 +252,13 @@ def trace_sharded_step(
     if batch % dp:
         raise KvjaxError(f"batch={batch} is not divisible by dp={dp} (the data axis)")
     t0 = time.perf_counter()
+    if devices is None and len(jax.devices()) < tp * dp:
+        devices = jax.devices("cpu")  # e.g. one GPU: trace on simulated CPU devices instead
     mesh = sh.make_mesh(cfg, tp, dp, devices)
+    backend = mesh.devices.flat[0].platform
     L = cfg.num_layers
+    _, (state, _, cache) = sharded_step(cfg, mesh, phase, batch, context)
+    kv_bytes, weight_bytes = shard_bytes((cache.k, cache.v)), shard_bytes(state)
     if layers == "all" or L <= 2:
         cost, colls = _compile(cfg, mesh, phase, batch, context)
         traced_layers: tuple[int, ...] = (L,)
@@ -258,18 +275,18 @@ def trace_sharded_step(
     wl = Workload(phase, batch, context)
     wl_device = Workload(phase, batch // dp, context)
     closed = analytic.step_cost(parallel.device_config(cfg, tp), wl_device)
-    notes = [f"compiled on {jax.default_backend()}: per-device totals after SPMD partitioning"]
-    if analytic.compute_dtype(cfg) != "f32" and jax.default_backend() == "cpu":
+    notes = [f"compiled on {backend}: per-device totals after SPMD partitioning"]
+    if analytic.compute_dtype(cfg) != "f32" and backend == "cpu":
         notes.append(
-            "XLA:CPU computes bf16 products in f32 (converts counted as FLOPs and bytes): "
-            "compare FLOPs in f32"
+            "XLA:CPU computes bf16 products in f32 (converts counted as FLOPs and bytes, and "
+            "the all-reduces run in f32): compare in f32 (--weight-dtype f32 --kv-dtype f32)"
         )
     return ShardedTrace(
         cfg=cfg,
         workload=wl,
         tp=tp,
         dp=dp,
-        backend=jax.default_backend(),
+        backend=backend,
         flops_per_device=float(cost.get("flops", 0.0)),
         bytes_per_device=float(cost.get("bytes accessed", 0.0)),
         collectives=colls,
@@ -277,7 +294,56 @@ def trace_sharded_step(
         closed_bytes_per_device=closed.bytes,
         closed_collective_bytes=parallel.collective_bytes_per_step(cfg, tp, wl_device),
         closed_collective_counts=closed_collective_counts(cfg, tp),
+        kv_cache_bytes_per_device=kv_bytes,
+        weight_bytes_per_device=weight_bytes,
         layers_traced=traced_layers,
         trace_seconds=time.perf_counter() - t0,
         notes=notes,
     )
+
+
+def trace_in_subprocess(
+    cfg: ModelConfig, phase: str, batch: int, context: int, tp: int, dp: int = 1, layers="one"
+) -> dict:
+    """`trace_sharded_step(...).to_dict()` run in a fresh Python with tp * dp simulated CPU
+    devices, so a caller with one device (a launcher also timing kernels) need not change."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    flag = "--xla_force_host_platform_device_count"
+    if flag not in env.get("XLA_FLAGS", ""):
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}={tp * dp}".strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    request = dict(cfg=cfg.to_dict(), phase=phase, batch=batch, context=context, tp=tp, dp=dp,
+                   layers=layers)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "kvjax.sharded_cost"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise KvjaxError(f"sharded trace of {cfg.name} at tp={tp} dp={dp} failed: {last}")
+    return json.loads(done.stdout)
+
+
+def _main() -> None:
+    import json
+    import sys
+
+    request = json.load(sys.stdin)
+    cfg = ModelConfig(**request.pop("cfg"))
+    try:
+        result = trace_sharded_step(cfg, **request)
+    except KvjaxError as exc:
+        sys.exit(f"error: {exc}")
+    print(json.dumps(result.to_dict()))
+
+
+if __name__ == "__main__":
+    _main()

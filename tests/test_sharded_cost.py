@@ -1,11 +1,20 @@
 """The sharded program's trace: collectives parsed from HLO text, per-device FLOPs and collective
 bytes of the compiled module against kvjax.parallel's closed form (8 simulated CPU devices)."""
 
+import json
+
 import jax
 import pytest
 
 from kvjax import KvjaxError, get_model_config
-from kvjax.sharded_cost import Collective, collectives, summarize, trace_sharded_step
+from kvjax.parallel import kv_cache_bytes_per_device, weight_bytes_per_device
+from kvjax.sharded_cost import (
+    Collective,
+    collectives,
+    summarize,
+    trace_in_subprocess,
+    trace_sharded_step,
+)
 
 HLO = """HloModule jit_step, num_partitions=8
 ENTRY %main {
@@ -71,6 +80,9 @@ def test_traced_per_device_flops_and_collectives_match_closed_form(devices, num_
     assert t.flops_per_device == pytest.approx(t.closed_flops_per_device, rel=0.02)
     assert t.collective_bytes == pytest.approx(t.closed_collective_bytes, rel=0.10)
     assert {k: int(v["count"]) for k, v in t.collectives.items()} == t.closed_collective_counts
+    # the program's own shardings hold the closed form's bytes
+    assert t.kv_cache_bytes_per_device == kv_cache_bytes_per_device(cfg, tp, 511, 2)
+    assert t.weight_bytes_per_device == weight_bytes_per_device(cfg, tp)
 
 
 def test_prefill_and_data_parallel_trace(devices):
@@ -104,3 +116,49 @@ def test_one_layer_extrapolation_equals_full_compile(devices):
 def test_bad_sharded_trace_requests(kwargs, message):
     with pytest.raises(KvjaxError, match=message):
         trace_sharded_step(f32_model(8), **kwargs)
+
+
+def test_cli_trace_tp_json(devices, capsys):
+    from kvjax.cli import main
+
+    argv = ["trace", "--model", "llama-3-8b", "--layers", "2", "--weight-dtype", "f32"]
+    argv += ["--kv-dtype", "f32", "--context", "512", "--batch", "2", "--tp", "4", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tp"] == 4 and out["stage"] == "compiled"
+    assert out["flops_ratio"] == pytest.approx(1, rel=0.02)
+    assert out["collective_ratio"] == pytest.approx(1, rel=0.10)
+    assert out["collectives"]["all-reduce"]["count"] == 5
+    c = out["closed_form"]
+    # L=2, K and V, B=2, S=512, 8/4 KV heads, H=128, f32
+    assert c["kv_cache_bytes_per_device"] == 2 * 2 * 2 * 512 * 2 * 128 * 4
+    # the table view renders the same report
+    assert main(argv[:-1]) == 0
+    text = capsys.readouterr().out
+    assert "all-reduce" in text and "collective bytes sent" in text
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--tp", "2", "--stage", "lowered"], "--tp/--dp trace the compiled module"),
+        (["--tp", "3"], "tp=3 does not divide num_heads=32"),
+        (["--tp", "2", "--dp", "2", "--batch", "3"], "--batch 3 is not divisible by --dp 2"),
+    ],
+)
+def test_cli_trace_tp_errors(capsys, extra, message):
+    from kvjax.cli import main
+
+    assert main(["trace", "--model", "llama-3-8b", "--layers", "2", *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_trace_in_subprocess_equals_in_process(devices):
+    cfg = f32_model(8)
+    here = trace_sharded_step(cfg, "decode", 2, 256, 4).to_dict()
+    there = trace_in_subprocess(cfg, "decode", 2, 256, 4, layers="all")
+    for key in ("flops_per_device", "bytes_per_device", "collective_bytes",
+                "kv_cache_bytes_per_device", "weight_bytes_per_device"):  # fmt: skip
+        assert there[key] == pytest.approx(here[key], rel=1e-9), key
+    with pytest.raises(KvjaxError, match="tp=5 dp=1 failed: error: .*tp=5 does not divide"):
+        trace_in_subprocess(cfg, "decode", 2, 256, 5)
