@@ -172,25 +172,10 @@ def closed_collective_counts(cfg: ModelConfig, tp: int) -> dict[str, int]:
 
 def sharded_step(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
     """(function, abstract args carrying their shardings) of one step of the sharded model."""
-    tp = sh.tp_size(mesh)
     model = abstract_model(cfg)
-    if cfg.gated_mlp:
-        for layer in model.layers:
-            layer.mlp.gate_up_blocks = tp  # the row order of shard_model; values are abstract
-    graphdef, state = nnx.split(model)
-    state = jax.tree_util.tree_map_with_path(
-        lambda path, x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=NamedSharding(mesh, sh.param_spec(sh._names(path), x.ndim))
-        ),
-        state,
-    )
+    graphdef, state = _sharded_state(model, mesh)
     max_len = context - 1 if phase == "decode" else context + 1
-    cache = jax.eval_shape(lambda: model.init_cache(batch, max_len))
-    cache = jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        cache,
-        sh.cache_shardings(cache, mesh),
-    )
+    cache = _sharded_cache(model, mesh, batch, max_len)
     if phase == "decode":
         tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, P(sh.DATA)))
 
@@ -209,13 +194,59 @@ def sharded_step(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
 
 
 def shard_bytes(tree) -> int:
-    """The most bytes any one device holds of the abstract sharded arrays in `tree`."""
-    per_device: dict = {}
-    for x in jax.tree_util.tree_leaves(tree):
-        shard = x.sharding.shard_shape(x.shape)
-        for device in x.sharding.device_set:
-            per_device[device] = per_device.get(device, 0) + math.prod(shard) * x.dtype.itemsize
-    return max(per_device.values())
+    """Bytes one device holds of the abstract sharded arrays in `tree` (shardings are even, so
+    every device holds the same)."""
+    return sum(
+        math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+        for x in jax.tree_util.tree_leaves(tree)
+    )
+
+
+def sharded_memory(cfg: ModelConfig, tp: int, dp: int, batch: int, context: int) -> dict:
+    """Per-device weights and KV cache (context rows) of the sharded model, read from the
+    shardings it is placed with; no devices needed (an abstract mesh). Models of more than two
+    layers are read from a one- and a two-layer model, extrapolated (identical layers)."""
+    mesh = sh.abstract_mesh(cfg, tp, dp)
+    if batch % dp:
+        raise KvjaxError(f"batch={batch} is not divisible by dp={dp} (the data axis)")
+    L = cfg.num_layers
+    if L > 2:
+        one = sharded_memory(cfg.replace(num_layers=1), tp, dp, batch, context)
+        two = sharded_memory(cfg.replace(num_layers=2), tp, dp, batch, context)
+        return {k: one[k] + (L - 1) * (two[k] - one[k]) for k in one}
+    model = abstract_model(cfg)
+    _, state = _sharded_state(model, mesh)
+    cache = _sharded_cache(model, mesh, batch, context)
+    return {
+        "weight_bytes_per_device": shard_bytes(state),
+        "kv_cache_bytes_per_device": shard_bytes((cache.k, cache.v)),
+    }
+
+
+def _sharded_state(model, mesh):
+    """(graphdef, parameters as ShapeDtypeStructs carrying their shardings) of an abstract
+    model, set up as `shard_model` sets up a real one."""
+    tp = mesh.shape[sh.KV] * mesh.shape[sh.GRP]
+    if model.cfg.gated_mlp:
+        for layer in model.layers:
+            layer.mlp.gate_up_blocks = tp  # the row order of shard_model; values are abstract
+    graphdef, state = nnx.split(model)
+    state = jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=NamedSharding(mesh, sh.param_spec(sh._names(path), x.ndim))
+        ),
+        state,
+    )
+    return graphdef, state
+
+
+def _sharded_cache(model, mesh, batch: int, max_len: int):
+    cache = jax.eval_shape(lambda: model.init_cache(batch, max_len))
+    return jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        cache,
+        sh.cache_shardings(cache, mesh),
+    )
 
 
 def _compile(cfg, mesh, phase, batch, context):

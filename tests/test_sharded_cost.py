@@ -11,6 +11,7 @@ from kvjax.parallel import kv_cache_bytes_per_device, weight_bytes_per_device
 from kvjax.sharded_cost import (
     Collective,
     collectives,
+    sharded_memory,
     summarize,
     trace_in_subprocess,
     trace_sharded_step,
@@ -162,3 +163,13 @@ def test_trace_in_subprocess_equals_in_process(devices):
         assert there[key] == pytest.approx(here[key], rel=1e-9), key
     with pytest.raises(KvjaxError, match="tp=5 dp=1 failed: error: .*tp=5 does not divide"):
         trace_in_subprocess(cfg, "decode", 2, 256, 5)
+
+
+@pytest.mark.parametrize("tp,dp", [(1, 1), (4, 1), (16, 1), (64, 2)])
+@pytest.mark.parametrize("num_kv_heads", (64, 8, 1))
+def test_sharded_memory_of_a_70b_needs_no_devices(num_kv_heads, tp, dp):
+    # llama-2-70b's shapes, 4 of its 80 layers (identical layers; keeps the test quick)
+    cfg = get_model_config("llama-2-70b", num_kv_heads=num_kv_heads, num_layers=4)
+    got = sharded_memory(cfg, tp, dp, batch=4, context=32768)
+    assert got["kv_cache_bytes_per_device"] == kv_cache_bytes_per_device(cfg, tp, 32768, 4 // dp)
+    assert got["weight_bytes_per_device"] == weight_bytes_per_device(cfg, tp)

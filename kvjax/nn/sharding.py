@@ -93,6 +93,11 @@ def make_mesh(cfg: ModelConfig, tp: int, dp: int = 1, devices: Sequence | None =
     return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * 3, devices=list(devices)[:need])
 
 
+def abstract_mesh(cfg: ModelConfig, tp: int, dp: int = 1) -> jax.sharding.AbstractMesh:
+    """The same mesh without devices: enough to read shard shapes (bytes per device)."""
+    return jax.sharding.AbstractMesh(mesh_shape(cfg, tp, dp), AXES, axis_types=(AxisType.Auto,) * 3)
+
+
 def tp_size(mesh: Mesh) -> int:
     return mesh.shape[KV] * mesh.shape[GRP]
 
