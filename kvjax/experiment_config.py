@@ -43,6 +43,8 @@ class WorkloadSection:
     phase: str = "decode"
     batch: int = 1
     context: int = 8192
+    tp: int = 1  # tensor-parallel devices (experiments that model it: TENSOR_PARALLEL = True)
+    dp: int = 1  # data-parallel replicas
 
 
 @dataclass
@@ -156,6 +158,18 @@ def resolve(point: DictConfig) -> tuple[ModelConfig, Workload, ChipSpec]:
     if m.name:
         cfg = cfg.replace(name=m.name)
     wl = Workload(point.workload.phase, point.workload.batch, point.workload.context)
+    tp, dp = point.workload.tp, point.workload.dp
+    if tp != 1 or dp != 1:
+        from kvjax.parallel import device_config
+
+        if dp < 1:
+            raise KvjaxError(f"workload.dp={dp} must be a positive integer")
+        try:
+            device_config(cfg, tp)
+        except KvjaxError as exc:
+            raise KvjaxError(f"workload.tp: {exc}") from None
+        if wl.batch % dp:
+            raise KvjaxError(f"workload.batch={wl.batch} is not divisible by workload.dp={dp}")
     chip = get_chip(point.chip.preset).with_overrides(
         point.chip.peak_flops_per_s, point.chip.bandwidth_bytes_per_s, dtype="bf16"
     )

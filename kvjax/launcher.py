@@ -91,6 +91,19 @@ def run_experiment(
         raise KvjaxError(f"{config_path}: experiment: {exc}") from None
     config = to_dict(cfg)
     points = expand(cfg)
+    parallel = sorted({(p.workload.tp, p.workload.dp) for p in points} - {(1, 1)})
+    if parallel and not getattr(module, "TENSOR_PARALLEL", False):
+        models = [
+            n
+            for n in available_experiments()
+            if getattr(experiment_module(n), "TENSOR_PARALLEL", 0)
+        ]
+        tp, dp = parallel[0]
+        raise KvjaxError(
+            f"{config_path}: workload.tp={tp}, workload.dp={dp}: experiment {cfg.experiment} "
+            f"does not model parallelism (it would ignore them); experiments that do: "
+            f"{', '.join(models)}"
+        )
     keys = [point_key(cfg, p) for p in points]
     run = RunDir(runs_root, cfg.name or cfg.experiment, run_id or default_run_id(config))
     try:

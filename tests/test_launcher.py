@@ -125,6 +125,22 @@ def test_overrides_and_explicit_run_id(tmp_path):
             None,
             "exp.yaml: sweep.model.num_kv_heads: Value 3",
         ),
+        (
+            "experiment: kv_vs_context\nworkload:\n  tp: 4\n",
+            None,
+            "exp.yaml: workload.tp=4, workload.dp=1: experiment kv_vs_context does not model "
+            "parallelism (it would ignore them); experiments that do: tensor_parallel",
+        ),
+        (
+            "experiment: tensor_parallel\nsweep:\n  workload.tp: [2, 3]\n",
+            None,
+            "exp.yaml: workload.tp: tp=3 does not divide num_heads=64; allowed tp: 1, 2, 4, 8",
+        ),
+        (
+            "experiment: tensor_parallel\nworkload:\n  dp: 2\n  batch: 3\n",
+            None,
+            "exp.yaml: workload.batch=3 is not divisible by workload.dp=2",
+        ),
     ],
 )
 def test_bad_configs_are_one_line_exit_2(tmp_path, text, override, message):
@@ -227,3 +243,40 @@ options: {task: stdlib, steps: 10, batch_size: 2, seq_len: 16, eval_every: 5, ev
     assert all(r["history"][0]["step"] == 0 for r in u[1:])  # evaluated right after conversion
     written = {p.name for p in make_figures(load_records(tmp_path / "runs"), tmp_path / "f")}
     assert {"hkv_quality.png", "gqa_uptrain.png"} <= written
+
+
+def test_tensor_parallel_experiment_checks_itself_and_draws(tmp_path):
+    config = write(
+        tmp_path,
+        """
+experiment: tensor_parallel
+model: {preset: llama-3-8b, num_layers: 2}
+workload: {phase: decode, batch: 2, context: 512}
+options: {trace_up_to_tp: 4, trace_dtype: f32}
+sweep:
+  model.num_kv_heads: [8, 1]
+  workload.tp: [1, 4, 16]
+""",
+        "tp.yaml",
+    )
+    records = run_experiment(config, runs_root=tmp_path / "runs", progress=False).records()
+    assert sorted((r["num_kv_heads"], r["tp"]) for r in records) == [
+        (k, t) for k in (1, 8) for t in (1, 4, 16)
+    ]
+    for r in records:  # the sharded model's shardings hold the closed form's bytes
+        assert r["sharded_kv_cache_bytes_per_device"] == r["kv_cache_bytes_per_device"]
+        assert r["sharded_weight_bytes_per_device"] == r["weight_bytes_per_device"]
+    traced = [r for r in records if "traced_flops_per_device" in r]
+    assert sorted((r["num_kv_heads"], r["tp"]) for r in traced) == [(1, 4), (8, 4)]
+    for r in traced:  # compiled on 4 simulated devices in a subprocess, f32
+        assert r["traced_flops_per_device"] == pytest.approx(
+            r["traced_closed_flops_per_device"], rel=0.02
+        )
+        assert r["traced_collective_bytes"] == pytest.approx(
+            r["traced_closed_collective_bytes"], rel=0.10
+        )
+    kv = {(r["num_kv_heads"], r["tp"]): r["kv_cache_bytes_per_device"] for r in records}
+    assert kv[(8, 4)] * 4 == kv[(8, 1)] and kv[(8, 16)] == kv[(8, 1)] // 8  # one head each
+    assert kv[(1, 16)] == kv[(1, 1)]  # MQA: every device keeps the one head
+    written = {p.name for p in make_figures(load_records(tmp_path / "runs"), tmp_path / "f")}
+    assert "tensor_parallel.png" in written

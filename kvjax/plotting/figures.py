@@ -255,6 +255,53 @@ def gqa_uptrain(records: pd.DataFrame, fig) -> None:
     axes[0].legend(fontsize=5, frameon=True)
 
 
+def tensor_parallel(records: pd.DataFrame, fig) -> None:
+    """Per-device KV cache and decode floor against tp, one line per num_kv_heads (closed form);
+    hollow markers: the bytes the sharded model's own shardings put on a device."""
+    df = records[records.experiment == "tensor_parallel"].sort_values("tp")
+    r0 = df.iloc[0]
+    ax_kv, ax_t = fig.subplots(1, 2)
+    palette = kv_palette(df.num_kv_heads)
+    for k, g in df.groupby("num_kv_heads"):
+        color = palette[int(k)]
+        ax_kv.plot(g.tp, g.kv_cache_bytes_per_device / GIB, color=color, lw=1, label=f"h_kv={k}")
+        ax_kv.scatter(
+            g.tp, g.sharded_kv_cache_bytes_per_device / GIB, s=18, facecolors="none",
+            edgecolors=color, linewidths=0.8,
+        )  # fmt: skip
+        ax_t.plot(g.tp, g.step_floor_s * 1e3, color=color, lw=1, marker="o", ms=2.5,
+                  label=f"h_kv={k}")  # fmt: skip
+        # tp = h_kv: one KV head per device; beyond it devices hold copies, no saving
+        if g.tp.min() < k <= g.tp.max():
+            ax_kv.axvline(k, color=color, ls=":", lw=0.7)
+    for ax in (ax_kv, ax_t):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        ax.set_xlabel("tensor-parallel devices tp")
+    ax_kv.set_ylabel("KV cache per device (GiB, binary)")
+    ax_kv.set_title(
+        f"{r0.model}, B={int(r0.batch)}, S={int(r0.context):,} (dotted: tp = h_kv; beyond, "
+        "copies)",
+        fontsize=6.5,
+    )
+    ax_kv.scatter([], [], s=18, facecolors="none", edgecolors="0.3", label="sharded arrays")
+    ax_kv.legend(fontsize=5.5, frameon=True)
+    ax_t.set_ylabel("decode floor per token (ms)")
+    title = f"{r0.chip}: HBM floor + link bytes / {r0.interconnect_bytes_per_s / 1e9:g} GB/s"
+    if "traced_flops_per_device" in df and df.traced_flops_per_device.notna().any():
+        t = df[df.traced_flops_per_device.notna()]
+        flops = (t.traced_flops_per_device / t.traced_closed_flops_per_device - 1).abs().max()
+        coll = (t.traced_collective_bytes / t.traced_closed_collective_bytes - 1).abs().max()
+        title += (
+            f"\ncompiled tp<={int(t.tp.max())} ({t.traced_dtype.iloc[0]}): FLOPs within "
+            f"{flops:.1%}, collectives within {coll:.1%}"
+        )
+    ax_t.set_title(title, fontsize=6.5)
+    ax_t.legend(fontsize=5.5, frameon=True)
+
+
 def _single(draw):
     def wrapped(records, fig):
         draw(records, fig.subplots())
@@ -270,6 +317,7 @@ FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "hkv_ablation": ("hkv_ablation", hkv_ablation, (COLUMN_WIDTH_IN, 2.6)),
     "hkv_quality": ("hkv_quality", hkv_quality, (2 * COLUMN_WIDTH_IN, 2.6)),
     "gqa_uptrain": ("gqa_uptrain", gqa_uptrain, (2 * COLUMN_WIDTH_IN, 2.4)),
+    "tensor_parallel": ("tensor_parallel", tensor_parallel, (2 * COLUMN_WIDTH_IN, 2.8)),
 }
 
 

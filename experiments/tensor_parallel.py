@@ -1,0 +1,60 @@
+"""Tensor parallelism over tp devices: per-device weights and KV cache, collectives and the
+decode floor with its link term (closed form, kvjax.parallel), each point checked against the
+sharded program itself:
+- per-device weights and KV cache read from the shardings the model is placed with
+  (kvjax.sharded_cost.sharded_memory, an abstract mesh: any tp, no devices);
+- for tp <= options.trace_up_to_tp, the sharded step compiled on tp x dp simulated CPU devices
+  (a subprocess): per-device FLOPs and collective bytes against the closed form. XLA:CPU runs
+  bf16 products and all-reduces in f32, so this check traces the f32 variant of the model
+  (options.trace_dtype) and compares it with that variant's closed form.
+"""
+
+from kvjax import analytic
+from kvjax.analytic import Workload
+from kvjax.experiment_config import resolve
+
+TENSOR_PARALLEL = True
+
+
+def run_point(point) -> list[dict]:
+    from kvjax.parallel import tensor_parallel_point
+    from kvjax.sharded_cost import sharded_memory, trace_in_subprocess
+
+    cfg, wl, chip = resolve(point)
+    tp, dp = int(point.workload.tp), int(point.workload.dp)
+    opts = point.options
+    wl_device = Workload(wl.phase, wl.batch // dp, wl.context)
+    closed = tensor_parallel_point(cfg, tp, wl_device, chip)
+    held = sharded_memory(cfg, tp, dp, wl.batch, wl.context)
+    record = {
+        "model": cfg.name,
+        "num_kv_heads": cfg.num_kv_heads,
+        "phase": wl.phase,
+        "batch": wl.batch,
+        "context": wl.context,
+        "dp": dp,
+        "chip": chip.name,
+        "interconnect_bytes_per_s": chip.interconnect_bytes_per_s,
+        "weight_dtype": cfg.weight_dtype,
+        "kv_dtype": cfg.kv_dtype,
+        **closed.to_dict(),
+        "sharded_weight_bytes_per_device": held["weight_bytes_per_device"],
+        "sharded_kv_cache_bytes_per_device": held["kv_cache_bytes_per_device"],
+        "source": "closed form",
+    }
+    if 1 < tp <= int(opts.get("trace_up_to_tp", 0)):
+        dtype = opts.get("trace_dtype")
+        traced_cfg = cfg.replace(weight_dtype=dtype, kv_dtype=dtype) if dtype else cfg
+        t = trace_in_subprocess(traced_cfg, wl.phase, wl.batch, wl.context, tp, dp, layers="one")
+        record.update(
+            traced_dtype=analytic.compute_dtype(traced_cfg),
+            traced_flops_per_device=t["flops_per_device"],
+            traced_closed_flops_per_device=t["closed_flops_per_device"],
+            traced_bytes_per_device=t["bytes_per_device"],
+            traced_closed_bytes_per_device=t["closed_bytes_per_device"],
+            traced_collective_bytes=t["collective_bytes"],
+            traced_closed_collective_bytes=t["closed_collective_bytes"],
+            traced_collective_counts={k: v["count"] for k, v in t["collectives"].items()},
+            traced_backend=t["backend"],
+        )
+    return [record]
