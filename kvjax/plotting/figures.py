@@ -282,8 +282,7 @@ def tensor_parallel(records: pd.DataFrame, fig) -> None:
         ax.set_xlabel("tensor-parallel devices tp")
     ax_kv.set_ylabel("KV cache per device (GiB, binary)")
     ax_kv.set_title(
-        f"{r0.model}, B={int(r0.batch)}, S={int(r0.context):,} (dotted: tp = h_kv; beyond, "
-        "copies)",
+        f"{r0.model}, B={int(r0.batch)}, S={int(r0.context):,} (dotted: tp = h_kv; beyond, copies)",
         fontsize=6.5,
     )
     ax_kv.scatter([], [], s=18, facecolors="none", edgecolors="0.3", label="sharded arrays")
