@@ -338,15 +338,19 @@ def print_sharded_trace(report: dict[str, Any]) -> None:
         con.print(k)
     chip = report["chip"]
     link = report["traced_link_s"]
+    traced = (
+        f"traced floor {fmt_seconds(report['traced_floor_s'])} + link "
+        f"{'-' if link is None else fmt_seconds(link)}"
+        if report["comparable"]
+        else "no traced floor (see the note)"
+    )
     con.print(
         f"  on {chip['name']}: closed form KV cache/device "
         f"{fmt_bytes(c['kv_cache_bytes_per_device'])} ({c['kv_heads_per_device']} KV heads, "
         f"{c['kv_replication']:g}x copies), weights/device "
         f"{fmt_bytes(c['weight_bytes_per_device'])}"
         f"; floor {fmt_seconds(c['compute_memory_floor_s'])} + link "
-        f"{'-' if c['link_s'] is None else fmt_seconds(c['link_s'])}; traced floor "
-        f"{fmt_seconds(report['traced_floor_s'])} + link "
-        f"{'-' if link is None else fmt_seconds(link)}"
+        f"{'-' if c['link_s'] is None else fmt_seconds(c['link_s'])}; {traced}"
     )
     for note in report["notes"]:
         con.print(f"  note: {note}")
