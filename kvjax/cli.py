@@ -164,9 +164,16 @@ def cmd_calc(args: argparse.Namespace) -> int:
     variants = variants_table(cfg, chip) if args.variants else None
     tp_points = None
     if args.tp:
-        from kvjax.parallel import tensor_parallel_point
+        from kvjax.parallel import device_config, tensor_parallel_point
 
-        tp_points = [tensor_parallel_point(cfg, t, wl, chip).to_dict() for t in args.tp]
+        tp_points = []
+        for t in args.tp:
+            point = tensor_parallel_point(cfg, t, wl, chip).to_dict()
+            kernels = analytic.step_kernels(device_config(cfg, t), wl)  # one device's share
+            point["kernels_per_device"] = [
+                {"name": n, "flops": k.flops, "bytes": k.bytes} for n, k in kernels.items()
+            ]
+            tp_points.append(point)
         first = tp_points[0]
         report["tp"] = first["tp"]
         report["weight_bytes_per_device"] = first["weight_bytes_per_device"]

@@ -103,3 +103,17 @@ def test_calc_tp_json(capsys):
     assert out["kv_cache_bytes_per_device"] * 8 == out["kv_cache_bytes"]
     assert out["weight_bytes_per_device"] < out["weight_bytes"] / 7
     assert out["collective_bytes_per_token"] > 0
+
+
+def test_calc_tp_kernels_per_device(capsys):
+    argv = ["calc", "--json", "--model", "llama-2-70b", "--context", "4k", "--tp", "1,8,16"]
+    assert main(argv) == 0
+    points = json.loads(capsys.readouterr().out)["tensor_parallel"]
+    k = [{r["name"]: r for r in p["kernels_per_device"]} for p in points]
+    for name in ("attn/q_proj", "attn/o_proj", "mlp/gate_up", "mlp/down", "attn/scores"):
+        assert k[1][name]["flops"] * 8 == k[0][name]["flops"]  # split 8 ways
+        assert k[2][name]["flops"] * 16 == k[0][name]["flops"]
+    # k_proj: 8 KV heads over 8 devices, then one (copied) head per device at tp=16
+    assert k[1]["attn/k_proj"]["flops"] * 8 == k[0]["attn/k_proj"]["flops"]
+    assert k[2]["attn/k_proj"]["flops"] == k[1]["attn/k_proj"]["flops"]
+    assert k[2]["norm/attn"]["flops"] == k[0]["norm/attn"]["flops"]  # replicated

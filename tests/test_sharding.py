@@ -154,3 +154,16 @@ def test_shard_model_leaves_the_callers_model_alone(devices):
     np.testing.assert_array_equal(
         sh.unshard_gate_up(np.asarray(sharded.layers[0].mlp.gate_up[...]), 4), before
     )
+
+
+def test_generate_with_a_sharded_model(devices):
+    from kvjax.nn import generate
+
+    cfg = tiny(4)
+    model = Transformer(cfg, rngs=nnx.Rngs(5))
+    prompt = jax.random.randint(jax.random.key(2), (2, 6), 0, cfg.vocab_size)
+    lengths = jnp.array([6, 3], jnp.int32)
+    want = generate(model, prompt, 5, lengths_B=lengths)
+    sharded = sh.shard_model(model, sh.make_mesh(cfg, 8))
+    assert sh.model_mesh(sharded) is not None and sh.model_mesh(model) is None
+    np.testing.assert_array_equal(generate(sharded, prompt, 5, lengths_B=lengths), want)

@@ -14,6 +14,7 @@ import numpy as np
 from flax import nnx
 
 from kvjax.errors import KvjaxError
+from kvjax.nn import sharding
 from kvjax.nn.kv_cache import KVCache
 from kvjax.nn.transformer import Transformer
 
@@ -92,8 +93,20 @@ def generate(
     if not use_cache:
         return _generate_uncached(model, prompt_BT, lengths, steps, temperature, keys)
 
+    mesh = sharding.model_mesh(model)
+    if mesh is None:
+        return _generate_cached(model, prompt_BT, lengths, steps, temperature, keys, max_len, None)
+    with jax.set_mesh(mesh):  # a sharded model: its activations and cache on the same mesh
+        return _generate_cached(model, prompt_BT, lengths, steps, temperature, keys, max_len, mesh)
+
+
+def _generate_cached(model, prompt_BT, lengths, steps, temperature, keys, max_len, mesh):
+    B = prompt_BT.shape[0]
     compiled = CompiledSteps(model)
-    cache = model.init_cache(B, max_len)
+    if mesh is None:
+        cache = model.init_cache(B, max_len)
+    else:
+        cache = sharding.init_cache(model, B, max_len, mesh)
     lengths_j = jnp.asarray(lengths, jnp.int32)
     logits_BTV, cache = compiled.prefill(compiled.state, prompt_BT, cache, lengths_j)
     last_BV = logits_BTV[jnp.arange(B), lengths_j - 1]
