@@ -24,7 +24,8 @@ def run_point(point) -> list[dict]:
     tp, dp = int(point.workload.tp), int(point.workload.dp)
     opts = point.options
     wl_device = Workload(wl.phase, wl.batch // dp, wl.context)
-    closed = tensor_parallel_point(cfg, tp, wl_device, chip)
+    latency = float(opts.get("link_latency_s", 0.0))  # per ring message; 0 = bandwidth only
+    closed = tensor_parallel_point(cfg, tp, wl_device, chip, latency)
     held = sharded_memory(cfg, tp, dp, wl.batch, wl.context)
     record = {
         "model": cfg.name,

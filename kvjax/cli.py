@@ -163,12 +163,16 @@ def cmd_calc(args: argparse.Namespace) -> int:
     report = calc_report(cfg, wl, chip)
     variants = variants_table(cfg, chip) if args.variants else None
     tp_points = None
+    if args.link_latency and not args.tp:
+        raise KvjaxError("--link-latency applies to the --tp link term; add --tp")
+    if not math.isfinite(args.link_latency) or args.link_latency < 0:
+        raise KvjaxError(f"--link-latency {args.link_latency} must be >= 0 seconds")
     if args.tp:
         from kvjax.parallel import device_config, tensor_parallel_point
 
         tp_points = []
         for t in args.tp:
-            point = tensor_parallel_point(cfg, t, wl, chip).to_dict()
+            point = tensor_parallel_point(cfg, t, wl, chip, args.link_latency).to_dict()
             kernels = analytic.step_kernels(device_config(cfg, t), wl)  # one device's share
             point["kernels_per_device"] = [
                 {"name": n, "flops": k.flops, "bytes": k.bytes} for n, k in kernels.items()
@@ -486,6 +490,14 @@ def build_parser() -> argparse.ArgumentParser:
     calc.add_argument("--variants", action="store_true", help="add the MHA/GQA/MQA table")
     calc.add_argument(
         "--tp", type=_kv_heads_list, help="tensor-parallel degree(s), e.g. 8 or 1,2,4,8"
+    )
+    calc.add_argument(
+        "--link-latency",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="per-message link latency added to the --tp link term (ring: 2(tp-1) messages per "
+        "all-reduce); default 0 = bandwidth only",
     )
     calc.add_argument("--json", action="store_true", help="print one JSON object")
     calc.set_defaults(func=cmd_calc)

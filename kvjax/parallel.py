@@ -92,6 +92,15 @@ def collective_bytes_per_step(cfg: ModelConfig, tp: int, wl: Workload) -> float:
     )
 
 
+def collective_hops_per_step(cfg: ModelConfig, tp: int) -> int:
+    """Sequential messages one device sends per step with ring algorithms: 2 (tp - 1) per
+    all-reduce ((2L + 1) of them), tp - 1 for the logits all-gather. Times a per-message
+    latency this is the link term's latency part (bandwidth alone hides it at large tp)."""
+    if tp == 1:
+        return 0
+    return (2 * cfg.num_layers + 1) * 2 * (tp - 1) + (tp - 1)
+
+
 @dataclass(frozen=True)
 class TensorParallelPoint:
     tp: int
@@ -102,6 +111,8 @@ class TensorParallelPoint:
     step_flops_per_device: float
     step_bytes_per_device: float
     collective_bytes_per_step: float
+    collective_hops_per_step: int
+    link_latency_s: float  # per message, as given (0: bandwidth only)
     compute_memory_floor_s: float
     link_s: float | None
     step_floor_s: float | None
@@ -114,10 +125,13 @@ class TensorParallelPoint:
 
 
 def tensor_parallel_point(
-    cfg: ModelConfig, tp: int, wl: Workload, chip: ChipSpec
+    cfg: ModelConfig, tp: int, wl: Workload, chip: ChipSpec, link_latency_s: float = 0.0
 ) -> TensorParallelPoint:
     """One device's share of a step on `tp` chips, and the step floor with the link term (the
-    collectives are counted after compute, not overlapped)."""
+    collectives are counted after compute, not overlapped): bytes / link bandwidth, plus
+    `link_latency_s` per ring message when given (no preset has a sourced value: default 0)."""
+    if not isinstance(link_latency_s, (int, float)) or link_latency_s < 0:
+        raise KvjaxError(f"link_latency_s={link_latency_s!r} must be a number >= 0 (seconds)")
     dev = device_config(cfg, tp)
     step = analytic.step_cost(dev, wl)
     dtype = analytic.compute_dtype(cfg)
@@ -125,7 +139,10 @@ def tensor_parallel_point(
     floor = max(step.flops / peak, step.bytes / bw)
     coll = collective_bytes_per_step(cfg, tp, wl)
     link = chip.interconnect_bytes_per_s
-    link_s = (coll / link) if (link and tp > 1) else (0.0 if tp == 1 else None)
+    hops = collective_hops_per_step(cfg, tp)
+    link_s = (
+        (coll / link + hops * link_latency_s) if (link and tp > 1) else (0.0 if tp == 1 else None)
+    )
     weights = analytic.weight_bytes(dev)
     kv = analytic.kv_cache_bytes(dev, wl.context, wl.batch)
     return TensorParallelPoint(
@@ -137,6 +154,8 @@ def tensor_parallel_point(
         step_flops_per_device=step.flops,
         step_bytes_per_device=step.bytes,
         collective_bytes_per_step=coll,
+        collective_hops_per_step=hops,
+        link_latency_s=float(link_latency_s),
         compute_memory_floor_s=floor,
         link_s=link_s,
         step_floor_s=None if link_s is None else floor + link_s,

@@ -255,7 +255,12 @@ def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) 
     wl = report["workload"]
     t = Table(
         title=f"tensor parallel: per device, {wl['phase']} B={wl['batch']:,} S={wl['context']:,} "
-        "(sizes GiB binary; collectives per step, ring)"
+        "(sizes GiB binary; collectives per step, ring; link = bytes / link bandwidth"
+        + (
+            f" + messages x {fmt_seconds(points[0]['link_latency_s'])})"
+            if points and points[0]["link_latency_s"]
+            else ", bandwidth only)"
+        )
     )
     for col in (
         "tp",

@@ -87,6 +87,31 @@ def test_floor_adds_the_link_term():
     assert not p1.fits_in_memory and p8.fits_in_memory  # 138 GB of weights on one 80 GB chip
 
 
+def test_link_latency_counts_ring_messages_by_hand():
+    cfg, chip = get_model_config("llama-2-70b"), get_chip("h100-sxm")  # L = 80
+    wl = Workload("decode", 1, 32768)
+    bw_only = tensor_parallel_point(cfg, 8, wl, chip)
+    with_lat = tensor_parallel_point(cfg, 8, wl, chip, link_latency_s=2e-6)
+    hops = 161 * 2 * 7 + 7  # 161 all-reduces of 2(tp-1) ring steps, one all-gather of tp-1
+    assert with_lat.collective_hops_per_step == hops == 2261
+    assert with_lat.link_s == pytest.approx(bw_only.link_s + hops * 2e-6)
+    assert tensor_parallel_point(cfg, 1, wl, chip, 2e-6).link_s == 0
+    with pytest.raises(KvjaxError, match="link_latency_s=-1 must be a number >= 0"):
+        tensor_parallel_point(cfg, 8, wl, chip, -1)
+
+
+def test_calc_link_latency_flag(capsys):
+    base = ["calc", "--json", "--model", "llama-2-70b", "--tp", "64"]
+    assert main([*base, "--link-latency", "1e-6"]) == 0
+    p = json.loads(capsys.readouterr().out)["tensor_parallel"][0]
+    assert p["link_latency_s"] == 1e-6 and p["collective_hops_per_step"] == 161 * 126 + 63
+    assert p["link_s"] > p["compute_memory_floor_s"]  # at tp=64 latency outweighs the HBM floor
+    assert main(["calc", "--link-latency", "1e-6"]) == 2
+    assert "--link-latency applies to the --tp link term" in capsys.readouterr().err
+    assert main([*base, "--link-latency", "-1"]) == 2
+    assert "--link-latency -1.0 must be >= 0 seconds" in capsys.readouterr().err
+
+
 def test_bad_tp():
     cfg = get_model_config("llama-2-70b")
     with pytest.raises(KvjaxError, match="tp=3 does not divide num_heads=64; allowed tp: 1, 2, 4"):

@@ -289,6 +289,8 @@ def tensor_parallel(records: pd.DataFrame, fig) -> None:
     ax_kv.legend(fontsize=5.5, frameon=True)
     ax_t.set_ylabel("decode floor per token (ms)")
     title = f"{r0.chip}: HBM floor + link bytes / {r0.interconnect_bytes_per_s / 1e9:g} GB/s"
+    if r0.get("link_latency_s", 0):
+        title += f" + messages x {r0.link_latency_s * 1e6:g} us"
     if "traced_flops_per_device" in df and df.traced_flops_per_device.notna().any():
         t = df[df.traced_flops_per_device.notna()]
         flops = (t.traced_flops_per_device / t.traced_closed_flops_per_device - 1).abs().max()
