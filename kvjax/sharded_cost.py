@@ -249,12 +249,49 @@ def _sharded_cache(model, mesh, batch: int, max_len: int):
     )
 
 
-def _compile(cfg, mesh, phase, batch, context):
-    fn, args = sharded_step(cfg, mesh, phase, batch, context)
+def served_pieces(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
+    """The jits `CompiledSteps` runs for one step, as (function, abstract args, donated args):
+    decode = attend (the cache only read) + append (the cache donated); prefill with the cache
+    donated. Compiled together, XLA:CPU would copy the cache (DESIGN.md)."""
+    step, (state, tokens, cache) = sharded_step(cfg, mesh, phase, batch, context)
+    if phase != "decode":
+        return [(step, (state, tokens, cache), (2,))]
+    graphdef = nnx.graphdef(abstract_model_with_blocks(cfg, mesh))
+
+    def attend(state, tokens, cache):
+        return nnx.merge(graphdef, state).decode_logits(tokens, cache)
+
+    def append(cache, new_k, new_v):
+        return cache.append(new_k, new_v)
+
     with jax.set_mesh(mesh):
-        compiled = jax.jit(fn).lower(*args).compile()
-    cost = dict(compiled.cost_analysis() or {})
-    return cost, summarize(collectives(compiled.as_text()))
+        _, new_k, new_v = jax.eval_shape(attend, state, tokens, cache)
+    row = NamedSharding(mesh, P(sh.DATA, sh.KV, None))
+    new_k, new_v = (
+        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=row) for x in rows)
+        for rows in (new_k, new_v)
+    )
+    return [(attend, (state, tokens, cache), ()), (append, (cache, new_k, new_v), (0,))]
+
+
+def abstract_model_with_blocks(cfg: ModelConfig, mesh):
+    model = abstract_model(cfg)
+    _sharded_state(model, mesh)  # sets gate_up_blocks as the sharded state expects
+    return model
+
+
+def _compile(cfg, mesh, phase, batch, context):
+    """Per-device cost and collectives of one step, summed over the jits it is served as."""
+    cost: dict[str, float] = {}
+    colls: list[Collective] = []
+    for fn, args, donate in served_pieces(cfg, mesh, phase, batch, context):
+        with jax.set_mesh(mesh):
+            compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
+        for key, value in (compiled.cost_analysis() or {}).items():
+            if key in ("flops", "bytes accessed", "transcendentals"):
+                cost[key] = cost.get(key, 0.0) + float(value)
+        colls += collectives(compiled.as_text())
+    return cost, summarize(colls)
 
 
 def trace_sharded_step(

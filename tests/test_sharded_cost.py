@@ -173,3 +173,11 @@ def test_sharded_memory_of_a_70b_needs_no_devices(num_kv_heads, tp, dp):
     got = sharded_memory(cfg, tp, dp, batch=4, context=32768)
     assert got["kv_cache_bytes_per_device"] == kv_cache_bytes_per_device(cfg, tp, 32768, 4 // dp)
     assert got["weight_bytes_per_device"] == weight_bytes_per_device(cfg, tp)
+
+
+@pytest.mark.parametrize("tp", (2, 8))
+def test_served_decode_step_moves_the_closed_form_bytes(devices, tp):
+    # attend (cache read) + append (cache donated), as CompiledSteps serves it: at B=1 in f32 the
+    # fused per-device module moves the closed form's bytes (a long cache makes a copy visible)
+    t = trace_sharded_step(f32_model(8), "decode", 1, 8192, tp)
+    assert t.bytes_per_device == pytest.approx(t.closed_bytes_per_device, rel=0.05)
