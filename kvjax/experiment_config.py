@@ -105,10 +105,24 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     for item in overrides:
         if "=" not in item:
             raise KvjaxError(f"override {item!r} must be key=value (e.g. model.num_kv_heads=4)")
+        key, value = (part.strip() for part in item.split("=", 1))
+        if key.startswith("sweep."):  # sweep keys hold dots themselves: sweep.workload.tp=[1,2]
+            swept = yaml.safe_load(value)
+            if not isinstance(swept, list):
+                raise KvjaxError(f"{source}: override {item!r}: a sweep takes a list, e.g. [1, 2]")
+            cfg.sweep[key[len("sweep.") :]] = swept
+            continue
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException as exc:
             raise _error(f"{source} (override {item!r})", exc) from None
+    for item in overrides:  # a swept key would be replaced by the sweep: never silently
+        key = item.split("=", 1)[0].strip()
+        if not key.startswith("sweep.") and key in cfg.sweep:
+            raise KvjaxError(
+                f"{source}: override {item!r} would be replaced by sweep.{key}; override the "
+                f"sweep instead: 'sweep.{key}=[{item.split('=', 1)[1]}]'"
+            )
     if OmegaConf.is_missing(cfg, "experiment"):
         raise KvjaxError(f"{source}: experiment: missing (name an experiment in experiments/)")
     for key in cfg.sweep:

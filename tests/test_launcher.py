@@ -137,6 +137,12 @@ def test_overrides_and_explicit_run_id(tmp_path):
             "exp.yaml: workload.tp: tp=3 does not divide num_heads=64; allowed tp: 1, 2, 4, 8",
         ),
         (
+            "experiment: kv_vs_context\nsweep:\n  model.num_kv_heads: [1, 8]\n",
+            "model.num_kv_heads=4",
+            "override 'model.num_kv_heads=4' would be replaced by sweep.model.num_kv_heads; "
+            "override the sweep instead: 'sweep.model.num_kv_heads=[4]'",
+        ),
+        (
             "experiment: tensor_parallel\nworkload:\n  dp: 2\n  batch: 3\n",
             None,
             "exp.yaml: workload.batch=3 is not divisible by workload.dp=2",
@@ -280,3 +286,13 @@ sweep:
     assert kv[(1, 16)] == kv[(1, 1)]  # MQA: every device keeps the one head
     written = {p.name for p in make_figures(load_records(tmp_path / "runs"), tmp_path / "f")}
     assert "tensor_parallel.png" in written
+
+
+def test_sweep_entries_can_be_overridden(tmp_path):
+    from kvjax.experiment_config import expand, load_config
+
+    cfg = load_config(write(tmp_path, SWEEP), ["sweep.model.num_kv_heads=[4, 2]"])
+    assert list(cfg.sweep["model.num_kv_heads"]) == [4, 2]
+    assert len(expand(cfg)) == 2 * 2  # with workload.batch [1, 4]
+    with pytest.raises(KvjaxError, match="a sweep takes a list"):
+        load_config(write(tmp_path, SWEEP), ["sweep.model.num_kv_heads=4"])
