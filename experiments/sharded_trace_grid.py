@@ -12,11 +12,9 @@ dividing one another) are recorded with the reason.
 
 from __future__ import annotations
 
-import os
+from kvjax.devices import request_host_devices
 
-_FLAG = "--xla_force_host_platform_device_count"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # before jax starts
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
+request_host_devices(8)  # before jax starts
 
 import argparse  # noqa: E402
 import time  # noqa: E402
@@ -27,6 +25,7 @@ from rich.progress import track  # noqa: E402
 
 from kvjax import KvjaxError, get_model_config  # noqa: E402
 from kvjax.config import PRESETS  # noqa: E402
+from kvjax.cost import cache_len  # noqa: E402
 from kvjax.parallel import kv_cache_bytes_per_device, weight_bytes_per_device  # noqa: E402
 from kvjax.records import write_text_atomic  # noqa: E402
 from kvjax.sharded_cost import trace_sharded_step  # noqa: E402
@@ -49,7 +48,6 @@ def trace_point(cfg, tp, phase, batch, context) -> dict:
         t = trace_sharded_step(cfg, phase, batch, context, tp, layers="one")
     except KvjaxError as exc:
         return row | {"refused": str(exc).split(": ", 1)[-1][:160]}
-    cache_rows = context - 1 if phase == "decode" else context + 1
     return row | {
         "refused": "",
         "flops_ratio": t.flops_per_device / t.closed_flops_per_device,
@@ -58,7 +56,7 @@ def trace_point(cfg, tp, phase, batch, context) -> dict:
         "collective_counts_equal": {k: int(v["count"]) for k, v in t.collectives.items()}
         == t.closed_collective_counts,
         "kv_bytes_equal": t.kv_cache_bytes_per_device
-        == kv_cache_bytes_per_device(cfg, tp, cache_rows, batch),
+        == kv_cache_bytes_per_device(cfg, tp, cache_len(phase, context), batch),
         "weight_bytes_equal": t.weight_bytes_per_device == weight_bytes_per_device(cfg, tp),
         "flops_per_device": t.flops_per_device,
         "collective_bytes": t.collective_bytes,

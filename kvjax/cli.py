@@ -293,17 +293,6 @@ def _emit(args: argparse.Namespace, report: dict[str, Any], render) -> int:
     return 0
 
 
-def request_host_devices(n: int) -> None:
-    """Ask XLA:CPU for `n` devices, so a sharded program can be traced on any machine. Only
-    possible before jax starts; otherwise `make_mesh` says how many it sees and what to set."""
-    import os
-
-    flag = "--xla_force_host_platform_device_count"
-    flags = os.environ.get("XLA_FLAGS", "")
-    if n > 1 and "jax" not in sys.modules and flag not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {flag}={n}".strip()
-
-
 def sharded_trace_report(args: argparse.Namespace) -> dict[str, Any]:
     """`kvjax trace --tp N`: the compiled per-device step and its collectives vs closed form."""
     from kvjax.parallel import tensor_parallel_point
@@ -357,6 +346,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
             )
         if args.roofline:
             raise KvjaxError("--roofline is for the single-device trace; drop it with --tp/--dp")
+        from kvjax.devices import request_host_devices
+
         request_host_devices(args.tp * args.dp)
         return _emit(args, sharded_trace_report(args), views.print_sharded_trace)
     args.stage = args.stage or "lowered"

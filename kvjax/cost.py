@@ -67,12 +67,18 @@ class StepTrace:
 
 
 # ---------------------------------------------------------------------------------------------
-def _step_fn(cfg: ModelConfig, phase: str, batch: int, context: int):
-    """(function, abstract args) of one step of the abstract model."""
-    model = analytic_model = None  # noqa: F841  (names for readability below)
+def cache_len(phase: str, context: int) -> int:
+    """The cache rows of a traced step at `context` (see the module docstring)."""
+    return context - 1 if phase == "decode" else context + 1
+
+
+def step_fn(cfg: ModelConfig, phase: str, batch: int, context: int, model=None):
+    """(function, abstract args) of one step of the abstract model (or of `model`, an abstract
+    model already prepared, e.g. for sharding)."""
     from kvjax.nn import abstract_model
 
-    model = abstract_model(cfg)
+    if model is None:
+        model = abstract_model(cfg)
     graphdef, state = nnx.split(model)
     if phase == "decode":
         if context < 2:
@@ -80,14 +86,14 @@ def _step_fn(cfg: ModelConfig, phase: str, batch: int, context: int):
                 f"context={context}: a traced decode step needs context >= 2 (the new token "
                 f"plus at least one cached position)"
             )
-        cache = jax.eval_shape(lambda: model.init_cache(batch, context - 1))
+        cache = jax.eval_shape(lambda: model.init_cache(batch, cache_len(phase, context)))
         tokens = jax.ShapeDtypeStruct((batch,), jnp.int32)
 
         def step(state, tokens, cache):
             return nnx.merge(graphdef, state).decode(tokens, cache)
 
     else:
-        cache = jax.eval_shape(lambda: model.init_cache(batch, context + 1))
+        cache = jax.eval_shape(lambda: model.init_cache(batch, cache_len(phase, context)))
         tokens = jax.ShapeDtypeStruct((batch, context), jnp.int32)
 
         def step(state, tokens, cache):
@@ -150,7 +156,7 @@ def trace_step(
         raise KvjaxError(f"layers={layers!r} is not supported; allowed: all, one")
     t0 = time.perf_counter()
     traced_cfg = cfg.replace(num_layers=1) if layers == "one" else cfg
-    fn, args = _step_fn(traced_cfg, phase, batch, context)
+    fn, args = step_fn(traced_cfg, phase, batch, context)
     lowered = lower_for_cost(fn, args)
     backend = jax.default_backend()
     notes: list[str] = []

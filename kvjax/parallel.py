@@ -86,19 +86,27 @@ def collective_bytes_per_step(cfg: ModelConfig, tp: int, wl: Workload) -> float:
     a = analytic.DTYPE_BYTES[analytic.compute_dtype(cfg)]
     act = wl.tokens * cfg.d_model * a
     logits = wl.tokens * math.ceil(cfg.vocab_size / tp) * tp * analytic.SCORE_BYTES
+    counts = collective_counts_per_step(cfg, tp)
     return (
-        (2 * cfg.num_layers + 1) * allreduce_bytes_per_device(act, tp)
-        + (tp - 1) / tp * logits  # ring all-gather
+        counts["all-reduce"] * allreduce_bytes_per_device(act, tp)
+        + counts["all-gather"] * (tp - 1) / tp * logits  # ring all-gather
     )
+
+
+def collective_counts_per_step(cfg: ModelConfig, tp: int) -> dict[str, int]:
+    """Collectives per step: an all-reduce after each layer's attention and MLP and one for the
+    vocab-split embedding, one all-gather of the logits."""
+    if tp == 1:
+        return {}
+    return {"all-reduce": 2 * cfg.num_layers + 1, "all-gather": 1}
 
 
 def collective_hops_per_step(cfg: ModelConfig, tp: int) -> int:
     """Sequential messages one device sends per step with ring algorithms: 2 (tp - 1) per
-    all-reduce ((2L + 1) of them), tp - 1 for the logits all-gather. Times a per-message
-    latency this is the link term's latency part (bandwidth alone hides it at large tp)."""
-    if tp == 1:
-        return 0
-    return (2 * cfg.num_layers + 1) * 2 * (tp - 1) + (tp - 1)
+    all-reduce, tp - 1 per all-gather. Times a per-message latency this is the link term's
+    latency part (bandwidth alone hides it at large tp)."""
+    hops = {"all-reduce": 2 * (tp - 1), "all-gather": tp - 1}
+    return sum(n * hops[kind] for kind, n in collective_counts_per_step(cfg, tp).items())
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -29,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 from kvjax import analytic, parallel
 from kvjax.analytic import Workload
 from kvjax.config import ModelConfig
+from kvjax.cost import cache_len, step_fn
 from kvjax.errors import KvjaxError
 from kvjax.nn import sharding as sh
 from kvjax.nn.transformer import abstract_model
@@ -156,41 +156,46 @@ class ShardedTrace:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["cfg"] = self.cfg.to_dict() if hasattr(self.cfg, "to_dict") else self.cfg.name
+        d["cfg"] = self.cfg.to_dict()
         d["workload"] = asdict(self.workload)
         d["collective_bytes"] = self.collective_bytes
         d["stage"] = "compiled"
         return d
 
 
-def closed_collective_counts(cfg: ModelConfig, tp: int) -> dict[str, int]:
-    """2 all-reduces a layer and one for the embedding; one all-gather of the logits."""
-    if tp == 1:
-        return {}
-    return {"all-reduce": 2 * cfg.num_layers + 1, "all-gather": 1}
-
-
 def sharded_step(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
-    """(function, abstract args carrying their shardings) of one step of the sharded model."""
+    """`kvjax.cost.step_fn` of the model set up as `shard_model` sets up a real one, its abstract
+    args carrying their shardings: (function, args, graphdef)."""
+    model = _sharded_abstract_model(cfg, mesh)
+    step, (state, tokens, cache) = step_fn(cfg, phase, batch, context, model=model)
+    tokens_spec = P(sh.DATA) if phase == "decode" else P(sh.DATA, None)
+    args = (
+        _with_shardings(state, _param_shardings(state, mesh)),
+        _with_shardings(tokens, NamedSharding(mesh, tokens_spec)),
+        _with_shardings(cache, sh.cache_shardings(cache, mesh)),
+    )
+    return step, args, nnx.graphdef(model)
+
+
+def _sharded_abstract_model(cfg: ModelConfig, mesh):
     model = abstract_model(cfg)
-    graphdef, state = _sharded_state(model, mesh)
-    max_len = context - 1 if phase == "decode" else context + 1
-    cache = _sharded_cache(model, mesh, batch, max_len)
-    if phase == "decode":
-        tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=NamedSharding(mesh, P(sh.DATA)))
+    if cfg.gated_mlp:
+        tp = mesh.shape[sh.KV] * mesh.shape[sh.GRP]
+        for layer in model.layers:
+            layer.mlp.gate_up_blocks = tp  # the row order of shard_model; values are abstract
+    return model
 
-        def step(state, tokens, cache):
-            return nnx.merge(graphdef, state).decode(tokens, cache)
 
-    else:
-        tokens = jax.ShapeDtypeStruct(
-            (batch, context), jnp.int32, sharding=NamedSharding(mesh, P(sh.DATA, None))
-        )
+def _param_shardings(state, mesh):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: NamedSharding(mesh, sh.param_spec(sh._names(path), x.ndim)), state
+    )
 
-        def step(state, tokens, cache):
-            return nnx.merge(graphdef, state).prefill(tokens, cache)
 
-    return step, (state, tokens, cache)
+def _with_shardings(tree, shardings):
+    return jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    )
 
 
 def shard_bytes(tree) -> int:
@@ -214,49 +219,27 @@ def sharded_memory(cfg: ModelConfig, tp: int, dp: int, batch: int, context: int)
         one = sharded_memory(cfg.replace(num_layers=1), tp, dp, batch, context)
         two = sharded_memory(cfg.replace(num_layers=2), tp, dp, batch, context)
         return {k: one[k] + (L - 1) * (two[k] - one[k]) for k in one}
-    model = abstract_model(cfg)
-    _, state = _sharded_state(model, mesh)
-    cache = _sharded_cache(model, mesh, batch, context)
+    model = _sharded_abstract_model(cfg, mesh)
+    state = nnx.state(model)
+    cache = jax.eval_shape(lambda: model.init_cache(batch, context))
+    kv = sh.cache_shardings(cache, mesh)
     return {
-        "weight_bytes_per_device": shard_bytes(state),
-        "kv_cache_bytes_per_device": shard_bytes((cache.k, cache.v)),
-    }
-
-
-def _sharded_state(model, mesh):
-    """(graphdef, parameters as ShapeDtypeStructs carrying their shardings) of an abstract
-    model, set up as `shard_model` sets up a real one."""
-    tp = mesh.shape[sh.KV] * mesh.shape[sh.GRP]
-    if model.cfg.gated_mlp:
-        for layer in model.layers:
-            layer.mlp.gate_up_blocks = tp  # the row order of shard_model; values are abstract
-    graphdef, state = nnx.split(model)
-    state = jax.tree_util.tree_map_with_path(
-        lambda path, x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=NamedSharding(mesh, sh.param_spec(sh._names(path), x.ndim))
+        "weight_bytes_per_device": shard_bytes(
+            _with_shardings(state, _param_shardings(state, mesh))
         ),
-        state,
-    )
-    return graphdef, state
-
-
-def _sharded_cache(model, mesh, batch: int, max_len: int):
-    cache = jax.eval_shape(lambda: model.init_cache(batch, max_len))
-    return jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        cache,
-        sh.cache_shardings(cache, mesh),
-    )
+        "kv_cache_bytes_per_device": shard_bytes(  # K and V, not the positions
+            _with_shardings((cache.k, cache.v), (kv.k, kv.v))
+        ),
+    }
 
 
 def served_pieces(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
     """The jits `CompiledSteps` runs for one step, as (function, abstract args, donated args):
     decode = attend (the cache only read) + append (the cache donated); prefill with the cache
     donated. Compiled together, XLA:CPU would copy the cache (DESIGN.md)."""
-    step, (state, tokens, cache) = sharded_step(cfg, mesh, phase, batch, context)
+    step, (state, tokens, cache), graphdef = sharded_step(cfg, mesh, phase, batch, context)
     if phase != "decode":
         return [(step, (state, tokens, cache), (2,))]
-    graphdef = nnx.graphdef(abstract_model_with_blocks(cfg, mesh))
 
     def attend(state, tokens, cache):
         return nnx.merge(graphdef, state).decode_logits(tokens, cache)
@@ -267,17 +250,8 @@ def served_pieces(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
     with jax.set_mesh(mesh):
         _, new_k, new_v = jax.eval_shape(attend, state, tokens, cache)
     row = NamedSharding(mesh, P(sh.DATA, sh.KV, None))
-    new_k, new_v = (
-        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=row) for x in rows)
-        for rows in (new_k, new_v)
-    )
+    new_k, new_v = (_with_shardings(rows, (row,) * len(rows)) for rows in (new_k, new_v))
     return [(attend, (state, tokens, cache), ()), (append, (cache, new_k, new_v), (0,))]
-
-
-def abstract_model_with_blocks(cfg: ModelConfig, mesh):
-    model = abstract_model(cfg)
-    _sharded_state(model, mesh)  # sets gate_up_blocks as the sharded state expects
-    return model
 
 
 def _compile(cfg, mesh, phase, batch, context):
@@ -313,8 +287,6 @@ def trace_sharded_step(
     """
     if phase not in analytic.PHASES:
         raise KvjaxError(f"phase={phase!r} is not supported; allowed: {', '.join(analytic.PHASES)}")
-    if phase == "decode" and context < 2:
-        raise KvjaxError(f"context={context}: a traced decode step needs context >= 2")
     if layers not in ("all", "one"):
         raise KvjaxError(f"layers={layers!r} is not supported; allowed: all, one")
     if batch % dp:
@@ -325,8 +297,6 @@ def trace_sharded_step(
     mesh = sh.make_mesh(cfg, tp, dp, devices)
     backend = mesh.devices.flat[0].platform
     L = cfg.num_layers
-    _, (state, _, cache) = sharded_step(cfg, mesh, phase, batch, context)
-    kv_bytes, weight_bytes = shard_bytes((cache.k, cache.v)), shard_bytes(state)
     if layers == "all" or L <= 2:
         cost, colls = _compile(cfg, mesh, phase, batch, context)
         traced_layers: tuple[int, ...] = (L,)
@@ -340,6 +310,7 @@ def trace_sharded_step(
             b = k2.get(kind, {"count": 0, "bytes_per_device": 0.0})
             colls[kind] = {key: a[key] + (L - 1) * (b[key] - a[key]) for key in a}
         traced_layers = (1, 2)
+    held = sharded_memory(cfg, tp, dp, batch, cache_len(phase, context))
     wl = Workload(phase, batch, context)
     wl_device = Workload(phase, batch // dp, context)
     closed = analytic.step_cost(parallel.device_config(cfg, tp), wl_device)
@@ -361,9 +332,9 @@ def trace_sharded_step(
         closed_flops_per_device=closed.flops,
         closed_bytes_per_device=closed.bytes,
         closed_collective_bytes=parallel.collective_bytes_per_step(cfg, tp, wl_device),
-        closed_collective_counts=closed_collective_counts(cfg, tp),
-        kv_cache_bytes_per_device=kv_bytes,
-        weight_bytes_per_device=weight_bytes,
+        closed_collective_counts=parallel.collective_counts_per_step(cfg, tp),
+        kv_cache_bytes_per_device=held["kv_cache_bytes_per_device"],
+        weight_bytes_per_device=held["weight_bytes_per_device"],
         layers_traced=traced_layers,
         trace_seconds=time.perf_counter() - t0,
         notes=notes,
@@ -380,10 +351,10 @@ def trace_in_subprocess(
     import subprocess
     import sys
 
+    from kvjax.devices import request_host_devices
+
     env = dict(os.environ)
-    flag = "--xla_force_host_platform_device_count"
-    if flag not in env.get("XLA_FLAGS", ""):
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}={tp * dp}".strip()
+    request_host_devices(tp * dp, env)
     env["JAX_PLATFORMS"] = "cpu"
     request = dict(cfg=cfg.to_dict(), phase=phase, batch=batch, context=context, tp=tp, dp=dp,
                    layers=layers)  # fmt: skip

@@ -4,8 +4,6 @@ Set before jax is first imported (conftest is imported before the test modules).
 code is unaffected: jit runs on the first device unless arrays say otherwise.
 """
 
-import os
+from kvjax.devices import request_host_devices
 
-_FLAG = "--xla_force_host_platform_device_count"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
+request_host_devices(8)

@@ -181,3 +181,16 @@ def test_served_decode_step_moves_the_closed_form_bytes(devices, tp):
     # fused per-device module moves the closed form's bytes (a long cache makes a copy visible)
     t = trace_sharded_step(f32_model(8), "decode", 1, 8192, tp)
     assert t.bytes_per_device == pytest.approx(t.closed_bytes_per_device, rel=0.05)
+
+
+def test_host_device_flag_is_added_once():
+    from kvjax.devices import FLAG, request_host_devices, with_host_devices
+
+    assert with_host_devices("", 8) == f"{FLAG}=8"
+    assert with_host_devices("--xla_dump_to=/tmp/x", 4) == f"--xla_dump_to=/tmp/x {FLAG}=4"
+    assert with_host_devices(f"{FLAG}=2", 8) == f"{FLAG}=2"  # the user's count wins
+    env = {}
+    request_host_devices(1, env)
+    assert env == {}
+    request_host_devices(16, env)
+    assert env == {"XLA_FLAGS": f"{FLAG}=16"}

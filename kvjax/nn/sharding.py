@@ -153,11 +153,10 @@ def shard_model(model, mesh: Mesh):
 
 def model_mesh(model) -> Mesh | None:
     """The kvjax mesh the model's parameters are placed on (by `shard_model`), else None."""
-    for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)):
-        sharding = getattr(x, "sharding", None)
-        if isinstance(sharding, NamedSharding) and tuple(sharding.mesh.axis_names) == AXES:
-            return sharding.mesh
-        return None
+    leaves = jax.tree_util.tree_leaves(nnx.state(model, nnx.Param))
+    sharding = getattr(leaves[0], "sharding", None) if leaves else None
+    if isinstance(sharding, NamedSharding) and tuple(sharding.mesh.axis_names) == AXES:
+        return sharding.mesh
     return None
 
 
