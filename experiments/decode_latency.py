@@ -2,9 +2,9 @@
 bound on a chip preset, or (options.measured) the decode step timed on this machine beside the
 closed-form bound on its measured ceilings."""
 
-from kvjax import analytic, roofline
-from kvjax.analytic import Workload
-from kvjax.experiment_config import resolve
+from kvjax import analytic
+from kvjax.analytic import Workload, roofline
+from kvjax.runs.config import resolve
 
 
 def run_point(point) -> list[dict]:
@@ -12,16 +12,17 @@ def run_point(point) -> list[dict]:
     opts = point.options
     measured = bool(opts.get("measured", False))
     if measured:
-        from kvjax.bench import time_decode_step
-        from kvjax.timing import load_or_measure_ceilings
+        from kvjax.measured.ceilings import load_or_measure_ceilings
+        from kvjax.measured.step import time_decode_step
 
         chip = load_or_measure_ceilings()
-    dtype = analytic.compute_dtype(cfg)
+    dtype = cfg.compute_dtype
     peak, bw = chip.peak(dtype), chip.bandwidth_bytes_per_s
     records = []
     for batch in opts.get("batches", [1, 2, 4, 8, 16, 32, 64, 128, 256]):
         w = Workload("decode", int(batch), wl.context)
         step = analytic.step_cost(cfg, w)
+        on_roof = roofline.point("decode step", step.flops, step.bytes, peak, bw)
         record = {
             "model": cfg.name,
             "num_kv_heads": cfg.num_kv_heads,
@@ -30,9 +31,9 @@ def run_point(point) -> list[dict]:
             "chip": chip.name,
             "source": "closed form",
             "decode_intensity": step.intensity,
-            "step_floor_s": roofline.bound_time_s(step.flops, step.bytes, peak, bw),
-            "weight_floor_s": analytic.weight_bytes(cfg) / bw,
-            "fraction_of_peak": roofline.fraction_of_peak(step.intensity, peak, bw),
+            "step_floor_s": on_roof.bound_s,
+            "weight_floor_s": roofline.memory_floor_s(analytic.weight_bytes(cfg), bw),
+            "fraction_of_peak": on_roof.attainable_flops_per_s / peak,
         }
         records.append(record)
         if measured:

@@ -8,9 +8,9 @@ from flax import nnx
 
 from experiments.hkv_quality import setup
 from kvjax import analytic
-from kvjax.convert import METHODS, convert_kv_heads
 from kvjax.nn import Transformer
-from kvjax.train import evaluate, train
+from kvjax.quality.convert import METHODS, convert_kv_heads
+from kvjax.quality.train import evaluate, train
 
 
 def run_point(point) -> list[dict]:

@@ -1,20 +1,21 @@
 """Over num_kv_heads: KV bytes, attention intensity, predicted (closed-form bound on the measured
 ceilings) and measured decode-step time, and XLA's traced step bytes."""
 
-from kvjax import analytic, roofline
-from kvjax.experiment_config import resolve
+from kvjax import analytic
+from kvjax.analytic import roofline
+from kvjax.runs.config import resolve
 
 
 def run_point(point) -> list[dict]:
-    from kvjax.bench import time_decode_step
-    from kvjax.cost import trace_step
-    from kvjax.timing import load_or_measure_ceilings
+    from kvjax.measured.ceilings import load_or_measure_ceilings
+    from kvjax.measured.step import time_decode_step
+    from kvjax.traced.step import trace_step
 
     cfg, wl, _ = resolve(point)
     opts = point.options
     step = analytic.step_cost(cfg, wl)
     ceilings = load_or_measure_ceilings()
-    peak, bw = ceilings.peak(analytic.compute_dtype(cfg)), ceilings.bandwidth_bytes_per_s
+    peak, bw = ceilings.peak(cfg.compute_dtype), ceilings.bandwidth_bytes_per_s
     record = {
         "model": cfg.name,
         "num_kv_heads": cfg.num_kv_heads,
@@ -27,7 +28,7 @@ def run_point(point) -> list[dict]:
         "traced_step_bytes": trace_step(
             cfg, "decode", wl.batch, wl.context, layers="one"
         ).total.bytes,
-        "predicted_s": roofline.bound_time_s(step.flops, step.bytes, peak, bw),
+        "predicted_s": roofline.point("decode step", step.flops, step.bytes, peak, bw).bound_s,
         "device": ceilings.name,
     }
     if opts.get("measured", True):

@@ -3,13 +3,13 @@
 from flax import nnx
 
 from kvjax import analytic
-from kvjax.experiment_config import resolve
 from kvjax.nn import Transformer
-from kvjax.train import TrainConfig, train
+from kvjax.quality.train import TrainConfig, train
+from kvjax.runs.config import resolve
 
 
 def make_task(name: str, cfg, options):
-    from kvjax.data import AssociativeRecall, StdlibBytes
+    from kvjax.quality.data import AssociativeRecall, StdlibBytes
 
     if name == "stdlib":
         max_bytes = int(options.get("max_bytes", 4 * 2**20))

@@ -1,8 +1,8 @@
 """KV cache against context for each attention variant, beside the weights (the crossover)."""
 
 from kvjax import analytic
-from kvjax.experiment_config import resolve
-from kvjax.report import variant_kv_heads
+from kvjax.analytic.variants import variant_kv_heads
+from kvjax.runs.config import resolve
 
 
 def run_point(point) -> list[dict]:

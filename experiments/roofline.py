@@ -1,12 +1,13 @@
 """Every kernel of prefill and decode placed on a roofline: closed form and traced on a chip
 preset, and (options.measured) timed on this machine against its measured ceilings."""
 
-from kvjax import analytic, roofline
-from kvjax.analytic import Workload
-from kvjax.experiment_config import resolve
+from kvjax import analytic
+from kvjax.analytic import Workload, roofline
+from kvjax.runs.config import resolve
 
 
 def _point(kernel, phase, source, flops, bytes_, peak, bw, chip, cfg, seconds=None):
+    on_roof = roofline.point(kernel, flops, bytes_, peak, bw)
     record = {
         "model": cfg.name,
         "num_kv_heads": cfg.num_kv_heads,
@@ -18,9 +19,9 @@ def _point(kernel, phase, source, flops, bytes_, peak, bw, chip, cfg, seconds=No
         "bandwidth_bytes_per_s": bw,
         "flops": flops,
         "bytes": bytes_,
-        "intensity": roofline.intensity(flops, bytes_),
-        "bound_s": roofline.bound_time_s(flops, bytes_, peak, bw),
-        "bound": roofline.bound_side(flops, bytes_, peak, bw),
+        "intensity": on_roof.intensity,
+        "bound_s": on_roof.bound_s,
+        "bound": on_roof.bound,
     }
     if seconds is not None:
         record["median_s"] = seconds
@@ -31,9 +32,9 @@ def _point(kernel, phase, source, flops, bytes_, peak, bw, chip, cfg, seconds=No
 def run_point(point) -> list[dict]:
     cfg, wl, chip = resolve(point)
     opts = point.options
-    dtype = analytic.compute_dtype(cfg)
+    dtype = cfg.compute_dtype
     if opts.get("measured", False):  # everything on this machine's measured roofline
-        from kvjax.timing import load_or_measure_ceilings
+        from kvjax.measured.ceilings import load_or_measure_ceilings
 
         chip = load_or_measure_ceilings()
     peak, bw = chip.peak(dtype), chip.bandwidth_bytes_per_s
@@ -46,7 +47,7 @@ def run_point(point) -> list[dict]:
                 _point(name, phase, "closed form", k.flops, k.bytes, peak, bw, chip.name, cfg)
             )
         if opts.get("traced", True):
-            from kvjax.cost import trace_step
+            from kvjax.traced.step import trace_step
 
             trace = trace_step(cfg, phase, wl.batch, wl.context, layers="one")
             for k in trace.kernels:
@@ -57,8 +58,8 @@ def run_point(point) -> list[dict]:
                         )
                     )
         if opts.get("measured", False):
-            from kvjax.bench import bench_point
-            from kvjax.timing import load_or_measure_ceilings
+            from kvjax.measured.bench import bench_point
+            from kvjax.measured.ceilings import load_or_measure_ceilings
 
             ceilings = load_or_measure_ceilings()
             mpeak, mbw = ceilings.peak(dtype), ceilings.bandwidth_bytes_per_s

@@ -1,7 +1,7 @@
 """The seed's MHA/GQA/MQA KV-cache table for any model (closed form)."""
 
-from kvjax.experiment_config import resolve
-from kvjax.report import variants_table
+from kvjax.analytic.variants import variants_table
+from kvjax.runs.config import resolve
 
 
 def run_point(point) -> list[dict]:

@@ -1,24 +1,23 @@
 """Tensor parallelism over tp devices: per-device weights and KV cache, collectives and the
-decode floor with its link term (closed form, kvjax.parallel), each point checked against the
-sharded program itself:
+decode floor with its link term (closed form, kvjax.analytic.parallel), each point checked
+against the sharded program itself:
 - per-device weights and KV cache read from the shardings the model is placed with
-  (kvjax.sharded_cost.sharded_memory, an abstract mesh: any tp, no devices);
+  (kvjax.traced.sharded.sharded_memory, an abstract mesh: any tp, no devices);
 - for tp <= options.trace_up_to_tp, the sharded step compiled on tp x dp simulated CPU devices
   (a subprocess): per-device FLOPs and collective bytes against the closed form. XLA:CPU runs
   bf16 products and all-reduces in f32, so this check traces the f32 variant of the model
   (options.trace_dtype) and compares it with that variant's closed form.
 """
 
-from kvjax import analytic
 from kvjax.analytic import Workload
-from kvjax.experiment_config import resolve
+from kvjax.runs.config import resolve
 
 TENSOR_PARALLEL = True
 
 
 def run_point(point) -> list[dict]:
-    from kvjax.parallel import tensor_parallel_point
-    from kvjax.sharded_cost import sharded_memory, trace_in_subprocess
+    from kvjax.analytic.parallel import tensor_parallel_point
+    from kvjax.traced.sharded import sharded_memory, trace_in_subprocess
 
     cfg, wl, chip = resolve(point)
     tp, dp = int(point.workload.tp), int(point.workload.dp)
@@ -48,7 +47,7 @@ def run_point(point) -> list[dict]:
         traced_cfg = cfg.replace(weight_dtype=dtype, kv_dtype=dtype) if dtype else cfg
         t = trace_in_subprocess(traced_cfg, wl.phase, wl.batch, wl.context, tp, dp, layers="one")
         record.update(
-            traced_dtype=analytic.compute_dtype(traced_cfg),
+            traced_dtype=traced_cfg.compute_dtype,
             traced_flops_per_device=t["flops_per_device"],
             traced_closed_flops_per_device=t["closed_flops_per_device"],
             traced_bytes_per_device=t["bytes_per_device"],

@@ -1,7 +1,9 @@
 """kvjax: why transformer decoding is slow, in three views that must agree.
 
-closed form (`kvjax.analytic`), traced (`kvjax.cost`, XLA cost analysis of the Flax model) and
-measured (`kvjax.timing`), tied by the roofline (`kvjax.roofline`).
+Every kernel of a decoder step (named once in `kvjax.kernels`) has a closed form
+(`kvjax.analytic`), a trace (`kvjax.traced`: XLA's cost analysis of the Flax model in
+`kvjax.nn`) and a measurement (`kvjax.measured`), tied by the roofline
+(`kvjax.analytic.roofline`).
 """
 
 from kvjax.config import ModelConfig, get_model_config

@@ -1,13 +1,11 @@
-"""Model configuration: `ModelConfig`, the published presets, and Hugging Face `config.json` import.
+"""Model configuration: `ModelConfig` (frozen, validated) and the published presets.
 
-Letters used in docstrings and formulas elsewhere (the seed's / scaling-book notation):
-L layers, D d_model, N query heads, K kv heads, G = N/K group size, H head dim, F d_ff, V vocab.
+Hugging Face `config.json` import is `kvjax.hf_config`. Letters: `kvjax.kernels`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,10 +41,6 @@ def canonical_dtype(dtype: str, field: str = "dtype") -> str:
     if key not in DTYPE_BYTES:
         raise KvjaxError(f"{field}={dtype!r} is not supported; allowed: {', '.join(DTYPE_BYTES)}")
     return key
-
-
-def dtype_bytes(dtype: str) -> int:
-    return DTYPE_BYTES[canonical_dtype(dtype)]
 
 
 _INT_FIELDS = (
@@ -137,6 +131,11 @@ class ModelConfig:
         return DTYPE_BYTES[self.kv_dtype]
 
     @property
+    def compute_dtype(self) -> str:
+        """Activations and matmuls run in the weight dtype; int8/fp8 weights compute in bf16."""
+        return self.weight_dtype if DTYPE_BYTES[self.weight_dtype] >= 2 else "bf16"
+
+    @property
     def attention_variant(self) -> str:
         if self.num_kv_heads == self.num_heads:
             return "MHA"
@@ -162,6 +161,8 @@ class ModelConfig:
     @classmethod
     def from_hf_config(cls, path: str | Path, **overrides: Any) -> ModelConfig:
         """Read a local Hugging Face `config.json` (Llama, Mistral, Qwen2, Gemma). No network."""
+        from kvjax.hf_config import from_hf_config
+
         return from_hf_config(path, **overrides)
 
 
@@ -182,7 +183,7 @@ def _preset(cfg: ModelConfig) -> ModelConfig:
 # meta-llama/Meta-Llama-3-70B config.json), which makes N = 70.55e9 at num_kv_heads=8, the seed's
 # "70B". num_kv_heads is the seed's variable: 64 (MHA), 8 (GQA, default), 1 (MQA). The weights
 # then depend on it (K/V projections are 2*D*K*H per layer): MHA is 79.9e9 parameters, MQA 69.2e9.
-SEED_70B = _preset(
+_preset(
     ModelConfig(
         name="seed-70b",
         num_layers=80,
@@ -333,93 +334,3 @@ def get_model_config(name: str, **overrides: Any) -> ModelConfig:
         raise unknown_name_error("model", name, PRESETS)
     cfg = PRESETS[name]
     return cfg.replace(**overrides) if overrides else cfg
-
-
-# --------------------------------------------------------------------------------------------
-# Hugging Face config.json import.
-# --------------------------------------------------------------------------------------------
-_HF_REQUIRED = {
-    "num_hidden_layers": "num_layers",
-    "hidden_size": "d_model",
-    "num_attention_heads": "num_heads",
-    "intermediate_size": "d_ff",
-    "vocab_size": "vocab_size",
-}
-_HF_ACTIVATIONS = {
-    "silu": "silu",
-    "swish": "silu",
-    "gelu": "gelu",
-    "gelu_new": "gelu",
-    "gelu_pytorch_tanh": "gelu",
-    "gelu_fast": "gelu",
-}
-_HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma")
-
-
-def read_hf_json(path: Path) -> dict[str, Any]:
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise KvjaxError(f"cannot read model config {str(path)!r}: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise KvjaxError(
-            f"model config {str(path)!r} is not valid JSON (line {exc.lineno}: {exc.msg})"
-        ) from None
-    if not isinstance(data, dict):
-        raise KvjaxError(f"model config {str(path)!r} must hold a JSON object")
-    return data
-
-
-def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
-    path = Path(path)
-    data = read_hf_json(path)
-    model_type = data.get("model_type", "llama")
-    if model_type not in _HF_MODEL_TYPES:
-        raise KvjaxError(
-            f"config {str(path)!r}: model_type={model_type!r} is not supported; "
-            f"allowed: {', '.join(_HF_MODEL_TYPES)}"
-        )
-    missing = [key for key in _HF_REQUIRED if key not in data]
-    if missing:
-        needed = ", ".join(f"{k!r} (for {_HF_REQUIRED[k]})" for k in missing)
-        raise KvjaxError(f"config {str(path)!r} is incomplete: missing {needed}")
-    fields: dict[str, Any] = {new: data[old] for old, new in _HF_REQUIRED.items()}
-    fields["num_kv_heads"] = data.get("num_key_value_heads") or data["num_attention_heads"]
-    # Hugging Face's own default when head_dim is absent (Llama-2 and Mistral configs omit it).
-    if data.get("head_dim") is not None:
-        fields["head_dim"] = data["head_dim"]
-    else:
-        if not isinstance(data["hidden_size"], int) or not isinstance(
-            data["num_attention_heads"], int
-        ):
-            raise KvjaxError(
-                f"config {str(path)!r}: hidden_size and num_attention_heads must be integers"
-            )
-        fields["head_dim"] = data["hidden_size"] // max(data["num_attention_heads"], 1)
-    act = data.get("hidden_activation") or data.get("hidden_act") or "silu"
-    if act not in _HF_ACTIVATIONS:
-        raise KvjaxError(
-            f"config {str(path)!r}: hidden_act={act!r} is not supported; "
-            f"allowed: {', '.join(_HF_ACTIVATIONS)}"
-        )
-    fields["mlp_activation"] = _HF_ACTIVATIONS[act]
-    fields["tied_embeddings"] = bool(data.get("tie_word_embeddings", model_type == "gemma"))
-    fields["qkv_bias"] = bool(data.get("attention_bias", model_type == "qwen2"))
-    if data.get("torch_dtype") or data.get("dtype"):
-        fields["weight_dtype"] = data.get("torch_dtype") or data.get("dtype")
-        fields["kv_dtype"] = fields["weight_dtype"]
-    if "rope_theta" in data:
-        fields["rope_theta"] = float(data["rope_theta"])
-    if "rms_norm_eps" in data:
-        fields["norm_eps"] = float(data["rms_norm_eps"])
-    folder = path if path.is_dir() else path.parent
-    fields["name"] = data.get("_name_or_path") or folder.name or "hf-config"
-    fields.update(overrides)
-    try:
-        return ModelConfig(**fields)
-    except KvjaxError as exc:
-        raise KvjaxError(f"config {str(path)!r}: {exc}") from None

@@ -1,13 +1,14 @@
-"""Simulated CPU devices for sharded programs: XLA_FLAGS=--xla_force_host_platform_device_count.
-
-Read once, when jax starts, so it is set before the first `import jax` (or in a child process's
-environment). No jax import here.
+"""Devices of a sharded program, without jax: how a batch splits over data-parallel replicas,
+and simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count, read once when jax
+starts, so it is set before the first `import jax` or in a child process's environment).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+from kvjax.errors import KvjaxError
 
 FLAG = "--xla_force_host_platform_device_count"
 
@@ -26,3 +27,13 @@ def request_host_devices(n: int, env=None) -> None:
         env = os.environ
     if n > 1:
         env["XLA_FLAGS"] = with_host_devices(env.get("XLA_FLAGS", ""), n)
+
+
+def batch_per_replica(batch: int, dp: int, names: tuple[str, str] = ("batch", "dp")) -> int:
+    """B / dp sequences per data-parallel replica: the one check that dp divides the batch, its
+    message naming the two fields as the caller spells them (`--batch`, `workload.dp`)."""
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp <= 0:
+        raise KvjaxError(f"{names[1]}={dp!r} must be a positive integer")
+    if batch % dp:
+        raise KvjaxError(f"{names[0]}={batch} is not divisible by {names[1]}={dp} (the data axis)")
+    return batch // dp

@@ -1,4 +1,4 @@
-"""Eight simulated CPU devices for the sharded-model tests (tests/test_sharding.py).
+"""Eight simulated CPU devices for the sharded-model tests (tests/test_nn_sharding.py).
 
 Set before jax is first imported (conftest is imported before the test modules). Single-device
 code is unaffected: jit runs on the first device unless arrays say otherwise.

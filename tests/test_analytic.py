@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvjax import KvjaxError, analytic, get_model_config
+from kvjax import KvjaxError, analytic, get_model_config, kernels
 from kvjax.analytic import Workload
 from kvjax.config import DTYPE_BYTES, ModelConfig
 
@@ -86,12 +86,12 @@ def test_attention_intensity_is_independent_of_context_and_batch(cfg, s1, s2, b)
     assert analytic.attention_intensity(cfg) == pytest.approx(
         2 * cfg.num_heads / (cfg.num_kv_heads * DTYPE_BYTES[cfg.kv_dtype])
     )
-    cfg = cfg.replace(kv_dtype=analytic.compute_dtype(cfg))
+    cfg = cfg.replace(kv_dtype=cfg.compute_dtype)
 
     def kernel_attention_intensity(s, b):
         ks = analytic.layer_kernels(cfg, Workload("decode", b, s))
-        flops = ks["attn/scores"].flops + ks["attn/av"].flops
-        return flops / (ks["attn/scores"].kv_bytes + ks["attn/av"].kv_bytes)
+        flops = ks[kernels.SCORES].flops + ks[kernels.AV].flops
+        return flops / (ks[kernels.SCORES].kv_bytes + ks[kernels.AV].kv_bytes)
 
     i = analytic.attention_intensity(cfg)
     # The kernels' matmul FLOPs over cache bytes tend to the seed's value as S grows (the new
@@ -110,33 +110,33 @@ def test_tiny_gqa_decode_kernels_by_hand():
     B, S = 5, 11  # 10 cached positions + the new token
     ks = analytic.layer_kernels(cfg, Workload("decode", B, S))
     # q_proj: 2*B*D*N*H FLOPs; weights D*N*H*4 + x B*D*4 + q B*N*H*4 bytes.
-    assert ks["attn/q_proj"].flops == 2 * 5 * 40 * 96
-    assert ks["attn/q_proj"].bytes == 4 * (40 * 96 + 5 * 40 + 5 * 96)
-    assert ks["attn/k_proj"].flops == 2 * 5 * 40 * 24
-    assert ks["attn/k_proj"].weight_bytes == 4 * 40 * 24
+    assert ks[kernels.Q_PROJ].flops == 2 * 5 * 40 * 96
+    assert ks[kernels.Q_PROJ].bytes == 4 * (40 * 96 + 5 * 40 + 5 * 96)
+    assert ks[kernels.K_PROJ].flops == 2 * 5 * 40 * 24
+    assert ks[kernels.K_PROJ].weight_bytes == 4 * 40 * 24
     # scores: q . K_cache over 10 rows (2*B*N*10*H) and q . k_new (2*B*N*H): 2*B*N*S*H.
-    assert ks["attn/scores"].flops == 2 * 5 * 12 * 11 * 8
+    assert ks[kernels.SCORES].flops == 2 * 5 * 12 * 11 * 8
     # bytes: q twice (B*N*H), the K cache (B*10*K*H), k_new (B*K*H), f32 scores (B*N*S).
-    assert ks["attn/scores"].bytes == 4 * (2 * 5 * 96 + 5 * 10 * 24 + 5 * 24 + 5 * 12 * 11)
-    assert ks["attn/scores"].kv_bytes == 4 * 5 * 10 * 24
+    assert ks[kernels.SCORES].bytes == 4 * (2 * 5 * 96 + 5 * 10 * 24 + 5 * 24 + 5 * 12 * 11)
+    assert ks[kernels.SCORES].kv_bytes == 4 * 5 * 10 * 24
     # av: P . V_cache (2*B*N*10*H), p_self x v_new (2*B*N*H), their sum (B*N*H).
-    assert ks["attn/av"].flops == 2 * 5 * 12 * 10 * 8 + 2 * 5 * 12 * 8 + 5 * 12 * 8
-    assert ks["kv_cache/write"].kv_bytes == 2 * 5 * 24 * 4
+    assert ks[kernels.AV].flops == 2 * 5 * 12 * 10 * 8 + 2 * 5 * 12 * 8 + 5 * 12 * 8
+    assert ks[kernels.KV_WRITE].kv_bytes == 2 * 5 * 24 * 4
     # gate_up: 2*B*D*2F; down 2*B*F*D.
-    assert ks["mlp/gate_up"].flops == 2 * 5 * 40 * 112
-    assert ks["mlp/down"].bytes == 4 * (56 * 40 + 5 * 56 + 5 * 40)
+    assert ks[kernels.GATE_UP].flops == 2 * 5 * 40 * 112
+    assert ks[kernels.DOWN].bytes == 4 * (56 * 40 + 5 * 56 + 5 * 40)
     step = analytic.step_kernels(cfg, Workload("decode", B, S))
-    assert step["attn/q_proj"].flops == 2 * ks["attn/q_proj"].flops  # summed over L=2 layers
-    assert step["lm_head"].flops == 2 * 5 * 40 * 97
-    assert step["lm_head"].bytes == 4 * (40 * 97 + 5 * 40 + 5 * 97)
+    assert step[kernels.Q_PROJ].flops == 2 * ks[kernels.Q_PROJ].flops  # summed over L=2 layers
+    assert step[kernels.LM_HEAD].flops == 2 * 5 * 40 * 97
+    assert step[kernels.LM_HEAD].bytes == 4 * (40 * 97 + 5 * 40 + 5 * 97)
 
 
 def test_prefill_attends_the_full_square():
     cfg = get_model_config("tiny-mqa")
     ks = analytic.layer_kernels(cfg, Workload("prefill", 2, 7))
-    assert ks["attn/scores"].flops == 2 * 2 * 12 * 7 * 7 * 8  # 2*B*N*T*S*H with T = S
-    assert ks["attn/q_proj"].flops == 2 * (2 * 7) * 40 * 96  # M = B*T tokens
-    assert ks["kv_cache/write"].kv_bytes == 2 * 14 * 8 * 4
+    assert ks[kernels.SCORES].flops == 2 * 2 * 12 * 7 * 7 * 8  # 2*B*N*T*S*H with T = S
+    assert ks[kernels.Q_PROJ].flops == 2 * (2 * 7) * 40 * 96  # M = B*T tokens
+    assert ks[kernels.KV_WRITE].kv_bytes == 2 * 14 * 8 * 4
 
 
 def test_matmul_weights_read_once_whatever_the_batch():
@@ -159,7 +159,7 @@ def test_scores_exceed_kv_bytes_at_mqa():
 
 def test_decode_flops_are_about_2n_per_token():
     cfg = get_model_config("seed-70b")
-    ratio = analytic.decode_flops_per_param(cfg, context=1)
+    ratio = analytic.step_cost(cfg, Workload("decode", 1, 1)).flops / analytic.num_params(cfg)
     # 2 FLOPs per parameter, less the embedding table (a gather, no FLOPs): 2 * (1 - V*D / N).
     expected = 2 * (1 - cfg.vocab_size * cfg.d_model / analytic.num_params(cfg))
     assert ratio == pytest.approx(expected, rel=1e-3)
@@ -192,7 +192,7 @@ def test_bad_workloads(phase, batch, context, message):
 
 def test_int8_weights_compute_in_bf16():
     cfg = get_model_config("llama-3-8b").replace(weight_dtype="int8")
-    assert analytic.compute_dtype(cfg) == "bf16"
+    assert cfg.compute_dtype == "bf16"
     assert analytic.weight_bytes(cfg) == analytic.num_params(cfg)
     assert math.isclose(
         analytic.step_cost(cfg, Workload("decode", 1, 1)).intensity,

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from kvjax import analytic, get_model_config
+from kvjax import analytic, get_model_config, kernels
 from kvjax.analytic import Workload
 from kvjax.cli import main
 
@@ -156,7 +156,7 @@ def test_trace_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["stage"] == "lowered" and out["backend"] == "cpu" and out["trace_seconds"] > 0
     names = [k["name"] for k in out["kernels"]]
-    assert names[0] == "embed" and "attn/scores" in names and names[-1] == "other"
+    assert names[0] == kernels.EMBED and kernels.SCORES in names and names[-1] == kernels.OTHER
     for k in out["kernels"]:
         assert {
             "name",
@@ -166,7 +166,7 @@ def test_trace_json(capsys):
             "traced_bytes",
             "intensity",
         } <= k.keys()
-        if k["name"] != "other":
+        if k["name"] != kernels.OTHER:
             assert k["flops_ratio"] == pytest.approx(1.0, abs=1e-9)
     assert out["total"]["traced_flops"] == out["xla_module"]["flops"]
     assert out["total"]["traced_bytes"] == out["xla_module"]["bytes accessed"]

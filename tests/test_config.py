@@ -3,9 +3,10 @@ import json
 
 import pytest
 
-from kvjax import ChipSpec, KvjaxError, ModelConfig, analytic, get_chip, get_model_config
-from kvjax.config import PRESETS, from_hf_config
+from kvjax import ChipSpec, KvjaxError, ModelConfig, analytic, get_chip, get_model_config, kernels
+from kvjax.config import PRESETS
 from kvjax.hardware import CHIPS, chip_from_numbers
+from kvjax.hf_config import from_hf_config
 
 # Published parameter totals (Hugging Face model cards / safetensors index metadata).
 PUBLISHED_PARAMS = {
@@ -39,7 +40,7 @@ def test_gemma_head_dim_is_not_d_model_over_heads():
     cfg = get_model_config("gemma-7b")
     assert cfg.head_dim == 256 and cfg.d_model // cfg.num_heads == 192
     assert cfg.q_dim == 4096 and cfg.tied_embeddings and cfg.mlp_activation == "gelu"
-    assert analytic.param_counts(cfg)["lm_head"] == 0
+    assert analytic.param_counts(cfg)[kernels.LM_HEAD] == 0
 
 
 def test_qwen_has_qkv_bias_counted():

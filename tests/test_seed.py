@@ -3,9 +3,10 @@ precision the seed prints it, from kvjax's closed forms."""
 
 import pytest
 
-from kvjax import analytic, get_chip, get_model_config, roofline
+from kvjax import analytic, get_chip, get_model_config, kernels
 from kvjax.analytic import Workload
-from kvjax.report import calc_report, variants_table
+from kvjax.analytic.variants import variants_table
+from kvjax.cli.calc import calc_report
 
 KiB, GiB, TiB = 2**10, 2**30, 2**40
 
@@ -65,14 +66,13 @@ def test_seed_ridge_is_295_flops_per_byte():
     chip = get_chip("h100-sxm")
     assert chip.peak("bf16") == 989e12 and chip.bandwidth_bytes_per_s == 3.35e12
     assert round(chip.ridge("bf16")) == 295
-    assert round(roofline.ridge(989e12, 3.35e12)) == 295
+    report = calc_report(seed(8), Workload("decode", 1, 8192), chip)
+    assert round(report["ridge_flops_per_byte"]) == 295
 
 
 def test_seed_70b_floor_42_ms_and_24_tokens_per_s():
-    # The seed's arithmetic with N = 70e9: 1.4e11 / 3.35e12 = 41.8 ms, printed as 42 ms / 24 tok/s.
-    floor_s = roofline.memory_floor_s(2 * 70e9, 3.35e12)
-    assert round(floor_s * 1e3) == 42 and round(1 / floor_s) == 24
-    # The seed-70b preset (70.55e9 parameters at h_kv = 8) gives the same to the printed digits.
+    # The seed: 1.4e11 / 3.35e12 = 41.8 ms, printed as 42 ms / 24 tok/s. The seed-70b preset
+    # (70.55e9 parameters at h_kv = 8) gives the same to the printed digits.
     report = calc_report(seed(8), Workload("decode", 1, 8192), get_chip("h100-sxm"))
     assert round(report["weight_floor_s_per_token"] * 1e3) == 42
     assert round(1 / report["weight_floor_s_per_token"]) == 24
@@ -91,7 +91,7 @@ def test_seed_prefill_intensity_is_about_S():
     cfg, chip = seed(8), get_chip("h100-sxm")
     wl = Workload("prefill", 1, 2048)
     assert analytic.step_cost(cfg, wl).intensity > chip.ridge("bf16")
-    for name in ("attn/q_proj", "attn/o_proj", "mlp/gate_up", "mlp/down"):
+    for name in (kernels.Q_PROJ, kernels.O_PROJ, kernels.GATE_UP, kernels.DOWN):
         # 2*S*D*F / (2*D*F + 2*S*(D + F)): within a factor 2 of S while S is below D and F.
         assert 2048 / 2 < analytic.layer_kernels(cfg, wl)[name].intensity < 2048
     # The unfused S x S scores (f32) pull the step below S: they are real bytes here.
@@ -118,8 +118,8 @@ def test_check_2_decode_intensity_is_batch_when_kv_cache_is_negligible(batch, re
 
 def test_check_3_batching_raises_weight_intensity_not_attention_intensity():
     cfg = seed(8)
-    q1 = analytic.layer_kernels(cfg, Workload("decode", 1, 4096))["attn/q_proj"].intensity
-    q64 = analytic.layer_kernels(cfg, Workload("decode", 64, 4096))["attn/q_proj"].intensity
+    q1 = analytic.layer_kernels(cfg, Workload("decode", 1, 4096))[kernels.Q_PROJ].intensity
+    q64 = analytic.layer_kernels(cfg, Workload("decode", 64, 4096))[kernels.Q_PROJ].intensity
     assert q64 / q1 == pytest.approx(64, rel=0.05)
     a1 = analytic.attention_cost(cfg, Workload("decode", 1, 4096)).intensity
     a64 = analytic.attention_cost(cfg, Workload("decode", 64, 4096)).intensity
@@ -128,22 +128,17 @@ def test_check_3_batching_raises_weight_intensity_not_attention_intensity():
 
 
 def test_check_4_13b_floor_against_70b():
-    # 2 * 13e9 / 3.35e12 = 7.76 ms versus 41.8 ms: 70/13 = 5.4x faster.
-    t13 = roofline.memory_floor_s(2 * 13e9, 3.35e12)
-    t70 = roofline.memory_floor_s(2 * 70e9, 3.35e12)
-    assert round(t13 * 1e3, 2) == 7.76 and round(t70 / t13, 1) == 5.4
-    # With the exact Llama-2-13B parameter count: 7.77 ms.
-    report = calc_report(
-        get_model_config("llama-2-13b"), Workload("decode", 1, 1), get_chip("h100-sxm")
-    )
-    assert round(report["weight_floor_s_per_token"] * 1e3, 2) == 7.77
+    # The seed's 2 * 13e9 / 3.35e12 = 7.76 ms versus 41.8 ms: 5.4x faster. With the exact
+    # Llama-2-13B (13.02e9) and seed-70b (70.55e9) parameter counts: 7.77 ms and 5.4x.
+    chip, wl = get_chip("h100-sxm"), Workload("decode", 1, 1)
+    t13 = calc_report(get_model_config("llama-2-13b"), wl, chip)["weight_floor_s_per_token"]
+    t70 = calc_report(seed(8), wl, chip)["weight_floor_s_per_token"]
+    assert round(t13 * 1e3, 2) == 7.77 and round(t70 / t13, 1) == 5.4
 
 
 def test_check_5_gqa_cache_exceeds_weights_past_about_427k_tokens():
     # 140e9 bytes of weights / 327,680 bytes per token = 427,246 tokens for one sequence.
-    per_token = analytic.kv_bytes_per_token(seed(8))
-    assert per_token == 327680
-    assert 140e9 / per_token == pytest.approx(427246, abs=1)
+    assert analytic.kv_bytes_per_token(seed(8)) == 327680  # 80 layers x 8 heads x 512 bytes
     # The preset's exact 141.1e9 bytes of weights: 430,626 tokens (0.8% more).
     s = analytic.kv_exceeds_weights_at_context(seed(8), batch=1)
     assert analytic.kv_cache_bytes(seed(8), s, 1) > analytic.weight_bytes(seed(8))

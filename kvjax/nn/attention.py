@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from kvjax import kernels
 from kvjax.config import ModelConfig
 from kvjax.nn.layers import apply_rope, linear, param, read, rope_tables, weight_dtype
 from kvjax.nn.sharding import DATA, GRP, KV, constrain
@@ -37,19 +38,19 @@ class Attention(nnx.Module):
         cfg = self.cfg
         B, T, _ = x_BTD.shape
         K, G, H = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
-        with jax.named_scope("attn/q_proj"):
+        with jax.named_scope(kernels.Q_PROJ):
             q_BTE = linear(x_BTD, read(self.q_proj, cfg))
             if cfg.qkv_bias:
                 q_BTE = q_BTE + read(self.q_bias, cfg)
-        with jax.named_scope("attn/k_proj"):
+        with jax.named_scope(kernels.K_PROJ):
             k_BTE = linear(x_BTD, read(self.k_proj, cfg))
             if cfg.qkv_bias:
                 k_BTE = k_BTE + read(self.k_bias, cfg)
-        with jax.named_scope("attn/v_proj"):
+        with jax.named_scope(kernels.V_PROJ):
             v_BTE = linear(x_BTD, read(self.v_proj, cfg))
             if cfg.qkv_bias:
                 v_BTE = v_BTE + read(self.v_bias, cfg)
-        with jax.named_scope("attn/rope"):
+        with jax.named_scope(kernels.ROPE):
             # Query head n = k * G + g uses kv head k (Hugging Face's repeat_kv order).
             q_BTKGH = q_BTE.reshape(B, T, K, G, H)
             k_BTKH = k_BTE.reshape(B, T, K, H)
@@ -66,7 +67,7 @@ class Attention(nnx.Module):
         cfg = self.cfg
         B, T = o_BTKGH.shape[:2]
         o_BTE = o_BTKGH.reshape(B, T, cfg.q_dim)  # outside the kernel: a bitcast once compiled
-        with jax.named_scope("attn/o_proj"):
+        with jax.named_scope(kernels.O_PROJ):
             return linear(o_BTE, read(self.o_proj, cfg))
 
 
@@ -75,15 +76,15 @@ def attend_causal(q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array) -> j
     T, H = q_BTKGH.shape[1], q_BTKGH.shape[-1]
     dtype = q_BTKGH.dtype
     q_BKGTH = jnp.transpose(q_BTKGH, (0, 2, 3, 1, 4))  # outside the kernels: a layout change
-    with jax.named_scope("attn/scores"):
+    with jax.named_scope(kernels.SCORES):
         s_BKGTS = jnp.einsum(
             "BKGTH,BSKH->BKGTS", q_BKGTH, k_BSKH, preferred_element_type=jnp.float32
         )
-    with jax.named_scope("attn/softmax"):
+    with jax.named_scope(kernels.SOFTMAX):
         causal_TS = jnp.tril(jnp.ones((T, T), jnp.bool_))
         s_BKGTS = jnp.where(causal_TS, s_BKGTS * (1.0 / math.sqrt(H)), NEG_INF)
         p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(dtype)
-    with jax.named_scope("attn/av"):
+    with jax.named_scope(kernels.AV):
         o_BKGTH = jnp.einsum("BKGTS,BSKH->BKGTH", p_BKGTS, v_BSKH.astype(dtype))
     return jnp.transpose(o_BKGTH, (0, 3, 1, 2, 4))  # to BTKGH, outside the kernels
 
@@ -131,13 +132,13 @@ def attend_cache(
 
     The cache is only read here: the new row is written by `KVCache.append` in a separate,
     donated step (DESIGN.md: on XLA:CPU writing and attending in one jit copied the cache).
-    The three kernels are separate functions so `kvjax.bench` can time each alone.
+    The three kernels are separate functions so `kvjax.measured.kernels` can time each alone.
     """
-    with jax.named_scope("attn/scores"):
+    with jax.named_scope(kernels.SCORES):
         s_BKGS, s_self_BKG = decode_scores(q_BKGH, k_new_BKH, k_cache_BKSH)
-    with jax.named_scope("attn/softmax"):
+    with jax.named_scope(kernels.SOFTMAX):
         p_BKGS, p_self_BKG = decode_softmax(
             s_BKGS, s_self_BKG, pos_B, q_BKGH.shape[-1], q_BKGH.dtype
         )
-    with jax.named_scope("attn/av"):
+    with jax.named_scope(kernels.AV):
         return decode_av(p_BKGS, p_self_BKG, v_new_BKH, v_cache_BKSH)

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kvjax.config import ModelConfig, from_hf_config, read_hf_json
+from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
+from kvjax.hf_config import from_hf_config, read_hf_json
 from kvjax.nn.layers import weight_dtype
 from kvjax.nn.transformer import Transformer
 

@@ -11,6 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from kvjax import kernels
 from kvjax.errors import KvjaxError
 
 
@@ -53,10 +54,10 @@ class KVCache:
 
     def write_prefix(self, layer: int, k_BTKH: jax.Array, v_BTKH: jax.Array) -> KVCache:
         """Prefill: rows 0..T-1 of one layer (positions are set by `with_positions`)."""
-        with jax.named_scope(f"layer{layer}"):  # a layout change, outside the kernel
+        with jax.named_scope(kernels.layer_scope(layer)):  # a layout change, outside the kernel
             k_BKTH = jnp.swapaxes(k_BTKH, 1, 2)
             v_BKTH = jnp.swapaxes(v_BTKH, 1, 2)
-        with jax.named_scope(f"layer{layer}/kv_cache/write"):
+        with jax.named_scope(f"{kernels.layer_scope(layer)}/{kernels.KV_WRITE}"):
             k_BKTH = k_BKTH.astype(self.k[layer].dtype)
             v_BKTH = v_BKTH.astype(self.v[layer].dtype)
             k = jax.lax.dynamic_update_slice(self.k[layer], k_BKTH, (0, 0, 0, 0))
@@ -79,7 +80,7 @@ class KVCache:
         b = jnp.arange(self.batch_size)
         ks, vs = [], []
         for layer, (kc, vc, kn, vn) in enumerate(zip(self.k, self.v, k_new, v_new, strict=True)):
-            with jax.named_scope(f"layer{layer}/kv_cache/write"):
+            with jax.named_scope(f"{kernels.layer_scope(layer)}/{kernels.KV_WRITE}"):
                 ks.append(kc.at[b, :, self.pos, :].set(kn.astype(kc.dtype)))
                 vs.append(vc.at[b, :, self.pos, :].set(vn.astype(vc.dtype)))
         return KVCache(k=tuple(ks), v=tuple(vs), pos=self.pos + 1)

@@ -1,7 +1,6 @@
 """Building blocks of the decoder: dtypes, parameter init, RMSNorm, embedding, RoPE.
 
-Shape suffixes (nanodo): B batch, T query length, S key length, D d_model, N query heads,
-K kv heads, G = N/K, H head dim, F d_ff, V vocab.
+Arrays carry their shape as a suffix (nanodo): `x_BTD`; the letters are `kvjax.kernels.LETTERS`.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kvjax.analytic import compute_dtype
 from kvjax.config import ModelConfig
 
 JNP_DTYPES = {
@@ -30,7 +28,7 @@ def weight_dtype(cfg: ModelConfig):
 
 def act_dtype(cfg: ModelConfig):
     """Activations run in the closed form's compute dtype (bf16 for 1-byte weights)."""
-    return JNP_DTYPES[compute_dtype(cfg)]
+    return JNP_DTYPES[cfg.compute_dtype]
 
 
 def kv_dtype(cfg: ModelConfig):

@@ -7,7 +7,7 @@ the collectives. Mesh axes:
 - "data": the batch (dp-way; no collectives at inference),
 - "kv": KV heads, gcd(tp, K)-way,
 - "grp": query heads within a group, tp / gcd(tp, K)-way: when tp > K each KV head is replicated
-  over "grp", so a device holds K / gcd(tp, K) KV heads (kvjax.parallel's closed form).
+  over "grp", so a device holds K / gcd(tp, K) KV heads (kvjax.analytic.parallel's closed form).
 
 Query head n = k * G + g (the model's (K, G) order), so splitting the N * H rows of q_proj in tp
 contiguous blocks over ("kv", "grp") gives device (i, j) the heads of KV heads block i and group
@@ -26,13 +26,12 @@ import math
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from kvjax.config import ModelConfig
+from kvjax.devices import batch_per_replica
 from kvjax.errors import KvjaxError
 
 DATA, KV, GRP = "data", "kv", "grp"
@@ -61,7 +60,7 @@ def mesh_shape(cfg: ModelConfig, tp: int, dp: int = 1) -> tuple[int, int, int]:
     if K % tp and tp % K:
         why.append(
             f"tp={tp} and num_kv_heads={K} do not divide one another (a device would hold part "
-            "of a KV head's group; kvjax.parallel models that case in closed form only)"
+            "of a KV head's group; kvjax.analytic.parallel models that case in closed form only)"
         )
     if cfg.d_ff % tp:
         why.append(f"tp={tp} does not divide d_ff={cfg.d_ff}")
@@ -172,10 +171,7 @@ def _names(path) -> tuple[str, ...]:
 
 def init_cache(model, batch_size: int, max_len: int, mesh: Mesh):
     """An empty KV cache made directly in its shards (never whole on one device)."""
-    if batch_size % mesh.shape[DATA]:
-        raise KvjaxError(
-            f"batch_size={batch_size} is not divisible by dp={mesh.shape[DATA]} (the data axis)"
-        )
+    batch_per_replica(batch_size, mesh.shape[DATA], ("batch_size", "dp"))
     abstract = jax.eval_shape(lambda: model.init_cache(batch_size, max_len))
     shardings = cache_shardings(abstract, mesh)
     return jax.jit(lambda: model.init_cache(batch_size, max_len), out_shardings=shardings)()
@@ -190,10 +186,6 @@ def cache_shardings(cache, mesh: Mesh):
     )
 
 
-def shard_cache(cache, mesh: Mesh):
-    return jax.device_put(cache, cache_shardings(cache, mesh))
-
-
 # -- inside the model ----------------------------------------------------------------------------
 def constrain(x: jax.Array, *axes) -> jax.Array:
     """Pin an activation's sharding when a kvjax mesh is active (`jax.set_mesh`); otherwise
@@ -202,22 +194,3 @@ def constrain(x: jax.Array, *axes) -> jax.Array:
     if mesh.empty or tuple(mesh.axis_names) != AXES:
         return x
     return jax.lax.with_sharding_constraint(x, P(*axes))
-
-
-# -- what the real arrays hold -----------------------------------------------------------------
-def bytes_per_device(tree) -> dict:
-    """Bytes of every addressable shard of every array in `tree`, summed per device."""
-    out: dict = {}
-    for leaf in jax.tree_util.tree_leaves(tree):
-        for shard in leaf.addressable_shards:
-            out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
-    return out
-
-
-def unshard_gate_up(w_EF: np.ndarray | jax.Array, blocks: int) -> jax.Array:
-    """The inverse of the row reordering: [gate; up] again."""
-    two_f, d = w_EF.shape
-    f = two_f // 2
-    return (
-        jnp.asarray(w_EF).reshape(blocks, 2, f // blocks, d).transpose(1, 0, 2, 3).reshape(two_f, d)
-    )

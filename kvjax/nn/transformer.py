@@ -1,9 +1,8 @@
 """The Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU (or GeGLU / plain) MLP.
 
 Layers are an `nnx.List` iterated by a Python loop, so XLA's cost analysis of a step counts every
-layer (a scanned body would be counted once). Every kernel runs under the DESIGN.md names:
-`embed`, `layer{i}/norm/attn`, `layer{i}/attn/q_proj` ... `layer{i}/mlp/down`, `norm/final`,
-`lm_head`.
+layer (a scanned body would be counted once). Every kernel runs under its `kvjax.kernels` name,
+inside `layer{i}` for layer kernels: `embed`, `layer0/norm/attn`, ..., `norm/final`, `lm_head`.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kvjax import kernels
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.nn.attention import Attention, attend_cache, attend_causal
@@ -39,9 +39,9 @@ class MLP(nnx.Module):
         F = cfg.d_ff
         act = jax.nn.silu if cfg.mlp_activation == "silu" else _gelu_tanh
         if cfg.gated_mlp:
-            with jax.named_scope("mlp/gate_up"):
+            with jax.named_scope(kernels.GATE_UP):
                 gu_BTE = linear(x_BTD, read(self.gate_up, cfg))
-            with jax.named_scope("mlp/act"):
+            with jax.named_scope(kernels.ACT):
                 n = self.gate_up_blocks
                 if n == 1:
                     h_BTF = act(gu_BTE[..., :F]) * gu_BTE[..., F:]
@@ -52,12 +52,12 @@ class MLP(nnx.Module):
                     )
                     h_BTF = (act(gu_BTn2f[..., 0, :]) * gu_BTn2f[..., 1, :]).reshape(B, T, F)
         else:
-            with jax.named_scope("mlp/up"):
+            with jax.named_scope(kernels.UP):
                 u_BTF = linear(x_BTD, read(self.up, cfg))
-            with jax.named_scope("mlp/act"):
+            with jax.named_scope(kernels.ACT):
                 h_BTF = act(u_BTF)
         h_BTF = constrain(h_BTF, DATA, None, MODEL)
-        with jax.named_scope("mlp/down"):
+        with jax.named_scope(kernels.DOWN):
             return linear(h_BTF, read(self.down, cfg))
 
 
@@ -75,17 +75,17 @@ class Block(nnx.Module):
     def __call__(self, x_BTD, positions_BT, attend):
         """`attend(q_BTKGH, k_BTKH, v_BTKH) -> o_BTKGH` is the only difference between the
         uncached forward, prefill and decode."""
-        with jax.named_scope("norm/attn"):
+        with jax.named_scope(kernels.NORM_ATTN):
             h_BTD = self.attn_norm(x_BTD)
         q_BTKGH, k_BTKH, v_BTKH = self.attn.project(h_BTD, positions_BT)
         o_BTKGH = attend(q_BTKGH, k_BTKH, v_BTKH)
         a_BTD = self.attn.output(o_BTKGH)
-        with jax.named_scope("residual/attn"):
+        with jax.named_scope(kernels.RESIDUAL_ATTN):
             x_BTD = constrain(x_BTD + a_BTD, DATA, None, None)
-        with jax.named_scope("norm/mlp"):
+        with jax.named_scope(kernels.NORM_MLP):
             h_BTD = self.mlp_norm(x_BTD)
         m_BTD = self.mlp(h_BTD)
-        with jax.named_scope("residual/mlp"):
+        with jax.named_scope(kernels.RESIDUAL_MLP):
             return constrain(x_BTD + m_BTD, DATA, None, None)
 
 
@@ -107,14 +107,14 @@ class Transformer(nnx.Module):
 
     # -- pieces shared by every path ---------------------------------------------------------
     def _embed(self, tokens_BT: jax.Array) -> jax.Array:
-        with jax.named_scope("embed"):
+        with jax.named_scope(kernels.EMBED):
             x_BTD = jnp.take(read(self.embed, self.cfg), tokens_BT, axis=0)
         return constrain(x_BTD, DATA, None, None)
 
     def _head(self, x_BTD: jax.Array) -> jax.Array:
-        with jax.named_scope("norm/final"):
+        with jax.named_scope(kernels.NORM_FINAL):
             x_BTD = self.final_norm(x_BTD)
-        with jax.named_scope("lm_head"):
+        with jax.named_scope(kernels.LM_HEAD):
             w_VD = read(self.embed if self.lm_head is None else self.lm_head, self.cfg)
             # computed in vocab shards, then the logits (not the weight) gathered
             logits_BTV = constrain(linear(x_BTD, w_VD, out_dtype=jnp.float32), DATA, None, MODEL)
@@ -154,7 +154,7 @@ class Transformer(nnx.Module):
             return attend_causal(q, k, v)
 
         for i, layer in enumerate(self.layers):
-            with jax.named_scope(f"layer{i}"):
+            with jax.named_scope(kernels.layer_scope(i)):
                 x_BTD = layer(x_BTD, positions_BT, attend)
         return self._head(x_BTD), kvs
 
@@ -229,7 +229,7 @@ class Transformer(nnx.Module):
                 )
                 return o_BKGH[:, None]
 
-            with jax.named_scope(f"layer{i}"):
+            with jax.named_scope(kernels.layer_scope(i)):
                 x_BTD = layer(x_BTD, positions_BT, attend)
         return self._head(x_BTD)[:, 0], tuple(new_k), tuple(new_v)
 

@@ -1,0 +1,58 @@
+"""The closed-form view: FLOPs, bytes and sizes of every kernel from formulas. Pure Python: this
+package never imports jax or flax (tests/test_layout.py checks it).
+
+- `costs`: Workload, KernelCost, StepCost;
+- `sizes`: parameters, weights and the KV cache;
+- `step`: every kernel of a prefill or decode step (keyed by `kvjax.kernels` names);
+- `roofline`: ridge, bounds and the one `point` every view places its numbers with;
+- `parallel`: tensor-parallel placement per device; `variants`: the seed's MHA/GQA/MQA table.
+"""
+
+from kvjax.analytic.costs import INDEX_BYTES, PHASES, SCORE_BYTES, KernelCost, StepCost, Workload
+from kvjax.analytic.sizes import (
+    kv_bytes_per_token,
+    kv_bytes_per_token_per_layer,
+    kv_cache_bytes,
+    kv_exceeds_weights_at_context,
+    layer_param_counts,
+    max_batch_that_fits,
+    max_context_that_fits,
+    num_params,
+    param_counts,
+    weight_bytes,
+)
+from kvjax.analytic.step import (
+    attention_cost,
+    attention_intensity,
+    embed_kernel,
+    head_kernels,
+    layer_kernels,
+    step_cost,
+    step_kernels,
+)
+
+__all__ = [
+    "INDEX_BYTES",
+    "PHASES",
+    "SCORE_BYTES",
+    "KernelCost",
+    "StepCost",
+    "Workload",
+    "attention_cost",
+    "attention_intensity",
+    "embed_kernel",
+    "head_kernels",
+    "kv_bytes_per_token",
+    "kv_bytes_per_token_per_layer",
+    "kv_cache_bytes",
+    "kv_exceeds_weights_at_context",
+    "layer_kernels",
+    "layer_param_counts",
+    "max_batch_that_fits",
+    "max_context_that_fits",
+    "num_params",
+    "param_counts",
+    "step_cost",
+    "step_kernels",
+    "weight_bytes",
+]

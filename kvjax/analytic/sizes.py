@@ -1,0 +1,71 @@
+"""Sizes in closed form: parameters, weight bytes, and the KV cache = 2 * L * K * H * S * B * bytes
+(the 2 is K and V). Pure Python; letters: `kvjax.kernels`."""
+
+from __future__ import annotations
+
+from kvjax import kernels
+from kvjax.config import ModelConfig
+
+
+def layer_param_counts(cfg: ModelConfig) -> dict[str, int]:
+    """Parameters of one decoder layer, by component."""
+    D, N, K, H, F = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff
+    bias_q, bias_kv = (N * H, K * H) if cfg.qkv_bias else (0, 0)
+    return {
+        kernels.Q_PROJ: D * N * H + bias_q,
+        kernels.K_PROJ: D * K * H + bias_kv,
+        kernels.V_PROJ: D * K * H + bias_kv,
+        kernels.O_PROJ: N * H * D,
+        kernels.GATE_UP if cfg.gated_mlp else kernels.UP: (2 if cfg.gated_mlp else 1) * D * F,
+        kernels.DOWN: F * D,
+        kernels.NORM_ATTN: D,
+        kernels.NORM_MLP: D,
+    }
+
+
+def param_counts(cfg: ModelConfig) -> dict[str, int]:
+    """Exact parameter count by component (summed over layers) and `total`."""
+    counts = {kernels.EMBED: cfg.vocab_size * cfg.d_model}
+    for name, n in layer_param_counts(cfg).items():
+        counts[name] = n * cfg.num_layers
+    counts[kernels.NORM_FINAL] = cfg.d_model
+    counts[kernels.LM_HEAD] = 0 if cfg.tied_embeddings else cfg.vocab_size * cfg.d_model
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def num_params(cfg: ModelConfig) -> int:
+    return param_counts(cfg)["total"]
+
+
+def weight_bytes(cfg: ModelConfig) -> int:
+    return num_params(cfg) * cfg.weight_bytes_per_element
+
+
+def kv_bytes_per_token_per_layer(cfg: ModelConfig) -> int:
+    return 2 * cfg.num_kv_heads * cfg.head_dim * cfg.kv_bytes_per_element
+
+
+def kv_bytes_per_token(cfg: ModelConfig) -> int:
+    return cfg.num_layers * kv_bytes_per_token_per_layer(cfg)
+
+
+def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1) -> int:
+    return kv_bytes_per_token(cfg) * context * batch
+
+
+def kv_exceeds_weights_at_context(cfg: ModelConfig, batch: int = 1) -> int:
+    """Smallest context S at which the KV cache of `batch` sequences is larger than the weights."""
+    return weight_bytes(cfg) // (kv_bytes_per_token(cfg) * batch) + 1
+
+
+def max_batch_that_fits(cfg: ModelConfig, memory_bytes: float, context: int) -> int:
+    """Largest B whose KV cache at `context` fits beside the weights (activations not counted)."""
+    free = memory_bytes - weight_bytes(cfg)
+    return max(0, int(free // kv_cache_bytes(cfg, context, 1)))
+
+
+def max_context_that_fits(cfg: ModelConfig, memory_bytes: float, batch: int) -> int:
+    """Longest S whose KV cache for `batch` sequences fits beside the weights."""
+    free = memory_bytes - weight_bytes(cfg)
+    return max(0, int(free // (kv_bytes_per_token(cfg) * batch)))

@@ -1,0 +1,254 @@
+"""Closed forms of every kernel of a decoder step: FLOPs and bytes, per layer and per step.
+
+Pure Python (no jax). Letters: `kvjax.kernels`. Byte counts are what a straightforward
+implementation moves: every kernel reads its inputs and writes its output once; weights are read
+once per step whatever B is; the scores (B*N*T*S, f32 for the softmax) and probabilities (compute
+dtype) are real traffic. FLOPs are counted as XLA counts the model's operations (derivations next
+to each kernel; the trace in `kvjax.traced` is the judge): matrix products 2*M*K*N, elementwise
+steps one per element.
+"""
+
+from __future__ import annotations
+
+from kvjax import kernels
+from kvjax.analytic.costs import INDEX_BYTES, SCORE_BYTES, KernelCost, StepCost, Workload
+from kvjax.config import DTYPE_BYTES, ModelConfig
+
+
+def _act_bytes(cfg: ModelConfig) -> int:
+    return DTYPE_BYTES[cfg.compute_dtype]
+
+
+def _matmul(
+    name: str, m: int, k: int, n: int, w: int, a: int, bias: bool = False, out: int = 0
+) -> KernelCost:
+    """y[m, n] = x[m, k] @ W[k, n] (+ b[n]): 2mkn FLOPs; reads W and x, writes y.
+
+    A bias is a broadcast of b to [m, n] and an add: m*n FLOPs, n*w + 4*m*n*a bytes.
+    """
+    weight = k * n * w + (n * w if bias else 0)
+    bias_bytes = 4 * m * n * a if bias else 0
+    return KernelCost(
+        name,
+        flops=2 * m * k * n + (m * n if bias else 0),
+        bytes=weight + m * k * a + m * n * (out or a) + bias_bytes,
+        weight_bytes=weight,
+    )
+
+
+def _rmsnorm(name: str, m: int, d: int, w: int, a: int) -> KernelCost:
+    """x * rsqrt(mean(x^2) + eps) * scale, reduced in f32.
+
+    FLOPs: x*x (md), the sum (md - m), /d and +eps (2m), x*inv (md), *scale (md) = 4md + m, one
+    rsqrt per row; a 2-byte model also converts x to f32 and back (2md).
+    """
+    flops = 4 * m * d + m + (2 * m * d if a != 4 else 0)
+    return KernelCost(
+        name, flops=flops, bytes=2 * m * d * a + d * w, transcendentals=m, weight_bytes=d * w
+    )
+
+
+def _residual(name: str, m: int, d: int, a: int) -> KernelCost:
+    return KernelCost(name, flops=m * d, bytes=3 * m * d * a)
+
+
+def layer_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
+    """Every kernel of one decoder layer, in execution order.
+
+    Decode attends S positions: C = S - 1 read from the cache plus the new token's own k, v
+    (kvjax's model attends the read-only cache and the new row separately, and appends the row
+    afterwards). Each count below is derived from the model's dataflow; the trace checks it.
+    """
+    B, T, S = wl.batch, wl.query_len, wl.context
+    D, N, K, H, F = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff
+    M = B * T
+    R = B * N  # attention rows (one per query head per sequence) per query position
+    w, a, kv = cfg.weight_bytes_per_element, _act_bytes(cfg), cfg.kv_bytes_per_element
+    widen_kv = kv != a  # cache entries converted to the compute dtype before the products
+    narrow = a != 4  # probabilities converted from f32 to the compute dtype
+    decode = wl.phase == "decode"
+    C = S - 1 if decode else S  # key rows read by the product over the cache / prompt
+    rope_elems = M * (N + K) * H
+
+    k = [
+        _rmsnorm(kernels.NORM_ATTN, M, D, w, a),
+        _matmul(kernels.Q_PROJ, M, D, N * H, w, a, bias=cfg.qkv_bias),
+        _matmul(kernels.K_PROJ, M, D, K * H, w, a, bias=cfg.qkv_bias),
+        _matmul(kernels.V_PROJ, M, D, K * H, w, a, bias=cfg.qkv_bias),
+        # q and k rotated: x1*cos - x2*sin, x2*cos + x1*sin: 3 FLOPs an element. Tables: angles
+        # = position * inv_freq (M*H/2), inv_freq = 1/theta^(2i/H) (3*H/2 incl. one power each),
+        # positions to f32 (M); cos and sin: M*H transcendentals. A 2-byte model converts the
+        # tables for q and for k (2*M*H).
+        KernelCost(
+            kernels.ROPE,
+            flops=3 * rope_elems + M * H // 2 + M + 3 * (H // 2) + (2 * M * H if a != 4 else 0),
+            bytes=2 * rope_elems * a + M * H * a,
+            transcendentals=M * H + H // 2,
+        ),
+    ]
+    if decode:
+        # Per layer two scatters (K and V) of B rows at (b, pos[b]); wrapping negative indices
+        # costs 3 ops per index per scatter: 6B for pos, and 6B for b unless B = 1 (a constant).
+        kv_write = KernelCost(
+            kernels.KV_WRITE,
+            flops=6 * B + (6 * B if B > 1 else 0) + (2 * B * K * H if widen_kv else 0),
+            bytes=2 * B * K * H * (a + kv),
+            kv_bytes=2 * B * K * H * kv,
+        )
+        cache_rows = B * K * C * H  # elements of K (or V) read from the cache
+        convert = cache_rows if widen_kv else 0
+        convert_bytes = cache_rows * (kv + a) if widen_kv else 0
+        # scores: q . K_cache (f32 out) and q . k_new, the new token's own score.
+        scores = KernelCost(
+            kernels.SCORES,
+            flops=2 * R * C * H + 2 * R * H + convert,
+            bytes=2 * R * H * a
+            + cache_rows * (a if widen_kv else kv)
+            + convert_bytes
+            + B * K * H * a
+            + R * S * SCORE_BYTES,
+            kv_bytes=cache_rows * kv,
+        )
+        # mask (B*C compares), scale, where, max (R*C - R), subtract, exp, sum (R*C - R), and
+        # multiply by 1/sum: 6*R*C - 2R; per row: self scale, maximum, subtract, add, divide,
+        # multiply: 6R. exp of every position: R*S transcendentals.
+        softmax = KernelCost(
+            kernels.SOFTMAX,
+            flops=6 * R * C + 4 * R + B * C + (R * C + R if narrow else 0),
+            bytes=R * S * SCORE_BYTES + R * S * a,
+            transcendentals=R * S,
+        )
+        # out = P . V_cache + p_self * v_new (an outer product) and their sum.
+        av = KernelCost(
+            kernels.AV,
+            flops=2 * R * C * H + 2 * R * H + R * H + convert,
+            bytes=R * C * a
+            + cache_rows * (a if widen_kv else kv)
+            + convert_bytes
+            + R * H * a
+            + R * a
+            + B * K * H * a
+            + R * H * a
+            + 3 * R * H * a,
+            kv_bytes=cache_rows * kv,
+        )
+    else:
+        # Prefill writes the T new rows into the cache (one dynamic-update-slice each for K, V).
+        kv_write = KernelCost(
+            kernels.KV_WRITE,
+            flops=2 * M * K * H if widen_kv else 0,
+            bytes=2 * M * K * H * (a + kv),
+            kv_bytes=2 * M * K * H * kv,
+        )
+        E = R * T * S  # the full T x S score matrix of every head
+        scores = KernelCost(
+            kernels.SCORES,
+            flops=2 * E * H,
+            bytes=M * N * H * a + B * S * K * H * a + E * SCORE_BYTES,
+        )
+        # causal mask (2*T*S), scale, where, max (E - R*T), its maximum with -inf (R*T),
+        # subtract, exp, sum (E - R*T), divide: 6E - R*T + 2*T*S.
+        softmax = KernelCost(
+            kernels.SOFTMAX,
+            flops=6 * E - R * T + 2 * T * S + (E if narrow else 0),
+            bytes=E * SCORE_BYTES + E * a,
+            transcendentals=E,
+        )
+        av = KernelCost(
+            kernels.AV,
+            flops=2 * E * H,
+            bytes=E * a + B * S * K * H * a + M * N * H * a,
+        )
+    k += [
+        kv_write,
+        scores,
+        softmax,
+        av,
+        _matmul(kernels.O_PROJ, M, N * H, D, w, a),
+        _residual(kernels.RESIDUAL_ATTN, M, D, a),
+        _rmsnorm(kernels.NORM_MLP, M, D, w, a),
+    ]
+    if cfg.gated_mlp:
+        k.append(_matmul(kernels.GATE_UP, M, D, 2 * F, w, a))
+    else:
+        k.append(_matmul(kernels.UP, M, D, F, w, a))
+    # silu(x) = x / (1 + exp(-x)): negate, exp, add, divide, multiply = 4 FLOPs + 1 exp;
+    # gelu (tanh form): 8 FLOPs + 1 tanh; the gated form multiplies by `up` (1 more FLOP).
+    act_flops = {"silu": 4, "gelu": 8}[cfg.mlp_activation] + (1 if cfg.gated_mlp else 0)
+    act_inputs = 2 if cfg.gated_mlp else 1
+    k.append(
+        KernelCost(
+            kernels.ACT,
+            flops=act_flops * M * F,
+            bytes=(act_inputs + 1) * M * F * a,
+            transcendentals=M * F,
+        )
+    )
+    k.append(_matmul(kernels.DOWN, M, F, D, w, a))
+    k.append(_residual(kernels.RESIDUAL_MLP, M, D, a))
+    return {c.name: c for c in k}
+
+
+def embed_kernel(cfg: ModelConfig, wl: Workload) -> KernelCost:
+    """Row gather: reads M rows of the table (not all of it) and the ids, writes M x D.
+
+    FLOPs as jnp.take lowers it: id wrapping and bounds checks (6 per id) and the select that
+    fills out-of-range rows (one per output element).
+    """
+    M, D = wl.tokens, cfg.d_model
+    w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
+    return KernelCost(
+        kernels.EMBED,
+        flops=M * D + 6 * M,
+        bytes=M * D * w + M * INDEX_BYTES + M * D * a,
+        weight_bytes=M * D * w,
+    )
+
+
+def head_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
+    """Final norm and the LM head (f32 logits for all T positions, as prefill returns them)."""
+    M, D, V = wl.tokens, cfg.d_model, cfg.vocab_size
+    w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
+    return {
+        kernels.NORM_FINAL: _rmsnorm(kernels.NORM_FINAL, M, D, w, a),
+        kernels.LM_HEAD: _matmul(kernels.LM_HEAD, M, D, V, w, a, out=SCORE_BYTES),
+    }
+
+
+def step_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
+    """Every kernel of the step, layer kernels summed over the L layers."""
+    out = {kernels.EMBED: embed_kernel(cfg, wl)}
+    for name, cost in layer_kernels(cfg, wl).items():
+        out[name] = cost.scaled(cfg.num_layers)
+    out.update(head_kernels(cfg, wl))
+    return out
+
+
+def step_cost(cfg: ModelConfig, wl: Workload) -> StepCost:
+    return StepCost.total(step_kernels(cfg, wl).values())
+
+
+def attention_cost(cfg: ModelConfig, wl: Workload) -> KernelCost:
+    """The attention of one layer (scores, softmax, av) as one unfused kernel."""
+    ks = layer_kernels(cfg, wl)
+    total = ks[kernels.ATTENTION_PARTS[0]]
+    for name in kernels.ATTENTION_PARTS[1:]:
+        total = total + ks[name]
+    return KernelCost(
+        kernels.ATTENTION, total.flops, total.bytes, total.transcendentals, 0.0, total.kv_bytes
+    )
+
+
+def attention_intensity(cfg: ModelConfig) -> float:
+    """The seed's decode attention intensity: (QK^T + PV FLOPs) / KV cache bytes read.
+
+    Per cached position: 2*N*H FLOPs for the scores and 2*N*H for P.V, over K*H keys and K*H
+    values of `kv` bytes: 4NH / (2KH * kv) = 2N / (K * kv), exactly N/K in a 2-byte cache, for
+    any S and B (the kernels' own ratio tends to it as S grows; tests check both).
+    """
+    return (
+        4
+        * cfg.num_heads
+        * cfg.head_dim
+        / (2 * cfg.num_kv_heads * cfg.head_dim * cfg.kv_bytes_per_element)
+    )

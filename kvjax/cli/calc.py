@@ -1,0 +1,154 @@
+"""`kvjax calc`: every closed-form number for a model, workload and chip (and per device over
+`--tp`), built by `calc_report` from `kvjax.analytic` alone."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from kvjax import analytic, kernels
+from kvjax.analytic import Workload, parallel, roofline
+from kvjax.analytic.variants import variants_table
+from kvjax.cli import render
+from kvjax.cli.args import (
+    add_chip_args,
+    add_model_args,
+    add_workload_args,
+    emit,
+    int_list,
+    resolve_chip,
+    resolve_model,
+    resolve_workload,
+)
+from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
+from kvjax.hardware import ChipSpec
+
+
+def add_parser(sub) -> None:
+    calc = sub.add_parser(
+        "calc",
+        help="closed-form sizes, intensities and floors for a model, workload and chip",
+        description="Closed forms of the seed text for any model, num_kv_heads, workload and chip.",
+    )
+    add_model_args(calc)
+    add_workload_args(calc)
+    add_chip_args(calc)
+    calc.add_argument("--variants", action="store_true", help="add the MHA/GQA/MQA table")
+    calc.add_argument("--tp", type=int_list, help="tensor-parallel degree(s), e.g. 8 or 1,2,4,8")
+    calc.add_argument(
+        "--link-latency",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="per-message link latency added to the --tp link term (ring: 2(tp-1) messages per "
+        "all-reduce); default 0 = bandwidth only",
+    )
+    calc.add_argument("--json", action="store_true", help="print one JSON object")
+    calc.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.link_latency and not args.tp:
+        raise KvjaxError("--link-latency applies to the --tp link term; add --tp")
+    if not math.isfinite(args.link_latency) or args.link_latency < 0:
+        raise KvjaxError(f"--link-latency {args.link_latency} must be >= 0 seconds")
+    cfg = resolve_model(args)
+    wl = resolve_workload(args)
+    chip = resolve_chip(args, cfg)
+    report = calc_report(cfg, wl, chip)
+    if args.variants:
+        report["variants"] = variants_table(cfg, chip)
+    if args.tp:
+        report.update(tensor_parallel_report(cfg, wl, chip, args.tp, args.link_latency))
+    return emit(args, report, render.print_calc)
+
+
+def tensor_parallel_report(
+    cfg: ModelConfig, wl: Workload, chip: ChipSpec, tps: list[int], link_latency_s: float
+) -> dict[str, Any]:
+    """Per device for each tp: the closed form's point and one device's kernels."""
+    points = []
+    for tp in tps:
+        point = parallel.tensor_parallel_point(cfg, tp, wl, chip, link_latency_s).to_dict()
+        share = analytic.step_kernels(parallel.device_config(cfg, tp), wl)  # one device's
+        point["kernels_per_device"] = [
+            {"name": n, "flops": k.flops, "bytes": k.bytes} for n, k in share.items()
+        ]
+        points.append(point)
+    first = points[0]
+    return {
+        "tp": first["tp"],
+        "weight_bytes_per_device": first["weight_bytes_per_device"],
+        "kv_cache_bytes_per_device": first["kv_cache_bytes_per_device"],
+        "collective_bytes_per_token": first["collective_bytes_per_step"],
+        "tensor_parallel": points,
+    }
+
+
+def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any]:
+    """Every closed-form number of `kvjax calc --json`, keyed as documented in the README."""
+    dtype = cfg.compute_dtype
+    peak, bw = chip.peak(dtype), chip.bandwidth_bytes_per_s
+    decode = analytic.step_cost(cfg, Workload("decode", wl.batch, wl.context))
+    step = analytic.step_cost(cfg, wl)
+    weights = analytic.weight_bytes(cfg)
+    kv_cache = analytic.kv_cache_bytes(cfg, wl.context, wl.batch)
+    placed = roofline.place(analytic.step_kernels(cfg, wl).values(), peak, bw)
+    on_roof = roofline.point(kernels.STEP_KERNEL, step.flops, step.bytes, peak, bw)
+    step_floor = on_roof.bound_s
+    report: dict[str, Any] = {
+        "model": cfg.to_dict(),
+        "workload": {"phase": wl.phase, "batch": wl.batch, "context": wl.context},
+        "chip": {
+            "name": chip.name,
+            "compute_dtype": dtype,
+            "peak_flops_per_s": peak,
+            "bandwidth_bytes_per_s": bw,
+            "memory_bytes": chip.memory_bytes,
+            "source": chip.source,
+        },
+        "attention_variant": cfg.attention_variant,
+        "params": analytic.num_params(cfg),
+        "param_counts": analytic.param_counts(cfg),
+        "weight_bytes": weights,
+        "kv_bytes_per_token_per_layer": analytic.kv_bytes_per_token_per_layer(cfg),
+        "kv_bytes_per_token": analytic.kv_bytes_per_token(cfg),
+        "kv_cache_bytes": kv_cache,
+        "decode_flops": decode.flops,
+        "decode_bytes": decode.bytes,
+        "decode_intensity": decode.intensity,
+        "attention_intensity": analytic.attention_intensity(cfg),
+        "attention_kernel_intensity": analytic.attention_cost(
+            cfg, Workload("decode", wl.batch, wl.context)
+        ).intensity,
+        "ridge_flops_per_byte": roofline.ridge(peak, bw),
+        "step_flops": step.flops,
+        "step_bytes": step.bytes,
+        "step_intensity": step.intensity,
+        "attainable_flops_per_s": on_roof.attainable_flops_per_s,
+        "fraction_of_peak": on_roof.attainable_flops_per_s / peak,
+        "weight_floor_s_per_token": roofline.memory_floor_s(weights, bw),
+        "weights_kv_floor_s_per_token": roofline.memory_floor_s(weights + kv_cache, bw),
+        "step_floor_s": step_floor,
+        "kernel_sum_bound_s": sum(k.bound_s for k in placed),
+        "tokens_per_s_per_sequence": (1.0 / step_floor) if wl.phase == "decode" else None,
+        "tokens_per_s": (wl.batch / step_floor) if wl.phase == "decode" else None,
+        "kv_exceeds_weights_at_context": analytic.kv_exceeds_weights_at_context(cfg, wl.batch),
+        "fits_in_memory": (
+            None if chip.memory_bytes is None else weights + kv_cache <= chip.memory_bytes
+        ),
+        "max_batch_at_context": (
+            None
+            if chip.memory_bytes is None
+            else analytic.max_batch_that_fits(cfg, chip.memory_bytes, wl.context)
+        ),
+        "max_context_at_batch": (
+            None
+            if chip.memory_bytes is None
+            else analytic.max_context_that_fits(cfg, chip.memory_bytes, wl.batch)
+        ),
+        "kernels": [p.to_dict() for p in placed],
+    }
+    return report

@@ -1,0 +1,366 @@
+"""Rendering of the CLI's reports (plain dicts) as rich tables. No numbers are computed here."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kvjax.units import fmt_bytes, fmt_count, fmt_rate, fmt_seconds, sig
+
+
+def console():
+    """A console that does not squeeze tables into 80 columns when piped or captured."""
+    from rich.console import Console
+
+    con = Console(highlight=False, soft_wrap=True)
+    return con if con.is_terminal else Console(highlight=False, soft_wrap=True, width=200)
+
+
+def print_calc(report: dict[str, Any]) -> None:
+    """`kvjax calc`: the summary, the MHA/GQA/MQA table with --variants, the kernels, and the
+    per-device table with --tp."""
+    from rich.table import Table
+
+    con = console()
+    variants = report.get("variants")
+    m, wl, chip = report["model"], report["workload"], report["chip"]
+    B, S = wl["batch"], wl["context"]
+    con.print(
+        f"[bold]{m['name']}[/bold] ({report['attention_variant']}, num_kv_heads={m['num_kv_heads']}"
+        f" of {m['num_heads']}) | {wl['phase']} | B={B:,} | S={S:,} | chip {chip['name']}"
+    )
+    con.print(
+        f"  params      {report['params']:,} ({fmt_count(report['params'])}); weights "
+        f"{fmt_bytes(report['weight_bytes'])} = {fmt_rate(report['weight_bytes'], 'B')} "
+        f"in {m['weight_dtype']}"
+    )
+    con.print(
+        f"  KV cache    {fmt_bytes(report['kv_bytes_per_token'], 'KiB')} per token "
+        f"({fmt_bytes(report['kv_bytes_per_token_per_layer'], 'KiB')} per layer) "
+        f"in {m['kv_dtype']}; {fmt_bytes(report['kv_cache_bytes'])} at S={S:,} x B={B:,}; "
+        f"for B={B:,} larger than the weights from S={report['kv_exceeds_weights_at_context']:,}"
+    )
+    con.print(
+        f"  roofline    {fmt_rate(chip['peak_flops_per_s'], 'FLOP/s')} ({chip['compute_dtype']}), "
+        f"{fmt_rate(chip['bandwidth_bytes_per_s'], 'B/s')}: ridge "
+        f"{sig(report['ridge_flops_per_byte'])} FLOP/byte"
+    )
+    con.print(
+        f"  decode      intensity {sig(report['decode_intensity'])} FLOP/byte (B={B}); attention "
+        f"intensity {sig(report['attention_intensity'])} (h/h_kv = {m['num_heads']}/"
+        f"{m['num_kv_heads']}), {sig(report['attention_kernel_intensity'])} with scores and "
+        f"probabilities"
+    )
+    con.print(
+        f"  {wl['phase']:<11} {fmt_count(report['step_flops'])}FLOP, "
+        f"{fmt_rate(report['step_bytes'], 'B')}: intensity {sig(report['step_intensity'])}, "
+        f"attainable {fmt_rate(report['attainable_flops_per_s'], 'FLOP/s')} = "
+        f"{sig(100 * report['fraction_of_peak'])}% of peak"
+    )
+    floor = report["weight_floor_s_per_token"]
+    con.print(
+        f"  floors      weights only {fmt_seconds(floor)}/token ({sig(1 / floor)} tokens/s); "
+        f"weights + KV {fmt_seconds(report['weights_kv_floor_s_per_token'])}; whole step bound "
+        f"{fmt_seconds(report['step_floor_s'])} (unfused kernels: "
+        f"{fmt_seconds(report['kernel_sum_bound_s'])})"
+    )
+    mem = chip["memory_bytes"]
+    if mem is not None and report["weight_bytes"] > mem:
+        con.print(
+            f"  memory      the weights alone ({fmt_rate(report['weight_bytes'], 'B')}) exceed one "
+            f"chip's {fmt_rate(mem, 'B')}: at least {math.ceil(report['weight_bytes'] / mem)} "
+            f"chips are needed before any KV cache"
+        )
+    elif mem is not None:
+        fits = "fits" if report["fits_in_memory"] else "does NOT fit"
+        con.print(
+            f"  memory      weights + KV cache {fits} in {fmt_rate(mem, 'B')}; at most "
+            f"B={report['max_batch_at_context']:,} at S={S:,}, "
+            f"or S={report['max_context_at_batch']:,} at B={B:,} (activations not counted)"
+        )
+
+    if variants:
+        t = Table(title="KV cache by attention variant (sizes binary: KiB, GiB, TiB)")
+        for col in ("variant", "h_kv", "per token"):
+            t.add_column(col, justify="right")
+        for c in variants[0]["cache"]:
+            t.add_column(f"{c['context'] // 1024}k ctx x {c['batch']} seq", justify="right")
+        for col in ("vs MHA", "params", "B=1 floor", "attn I"):
+            t.add_column(col, justify="right")
+        for row in variants:
+            t.add_row(
+                row["variant"],
+                str(row["num_kv_heads"]),
+                fmt_bytes(row["kv_bytes_per_token"], "KiB"),
+                *(fmt_bytes(c["kv_cache_bytes"]) for c in row["cache"]),
+                f"{sig(row['cache_reduction_vs_mha'])}x smaller"
+                if row["cache_reduction_vs_mha"] != 1
+                else "baseline",
+                fmt_count(row["params"]),
+                fmt_seconds(row["weight_floor_s_per_token"]),
+                sig(row["attention_intensity"]),
+            )
+        con.print(t)
+
+    t = Table(title=f"kernels of the {wl['phase']} step (summed over layers)")
+    for col in ("kernel", "FLOPs", "bytes", "FLOP/byte", "bound", "side"):
+        t.add_column(col, justify="left" if col in ("kernel", "side") else "right")
+    for k in report["kernels"]:
+        t.add_row(
+            k["name"],
+            fmt_count(k["flops"]) if k["flops"] else "0",
+            fmt_rate(k["bytes"], "B"),
+            sig(k["intensity"]) if k["flops"] else "0",
+            fmt_seconds(k["bound_s"]),
+            k["bound"],
+        )
+    con.print(t)
+    if report.get("tensor_parallel"):
+        print_tensor_parallel(report, report["tensor_parallel"])
+
+
+class progress:
+    """A spinner on stderr while a large model lowers (silent when stderr is not a terminal)."""
+
+    def __init__(self, message: str):
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        self.status = self.console.status(message) if self.console.is_terminal else None
+
+    def __enter__(self):
+        if self.status:
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.status:
+            self.status.__exit__(*exc)
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def print_trace(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    con = console()
+    m, wl = report["model"], report["workload"]
+    con.print(
+        f"[bold]{m['name']}[/bold] num_kv_heads={m['num_kv_heads']} | {wl['phase']} | "
+        f"B={wl['batch']:,} | S={wl['context']:,} | XLA {report['stage']} stage on "
+        f"{report['backend']} ({report['layers_traced']} layer(s) traced) | chip "
+        f"{report['chip']['name']} | traced in {report['trace_seconds']:.1f} s"
+    )
+    if report["kernels"]:
+        t = Table(title="per kernel, summed over layers: closed form vs XLA (lowered stage)")
+        for col in (
+            "kernel",
+            "closed FLOPs",
+            "traced FLOPs",
+            "ratio",
+            "closed bytes",
+            "traced bytes",
+            "ratio",
+            "FLOP/byte",
+            "bound",
+            "side",
+            "note",
+        ):
+            t.add_column(col, justify="left" if col in ("kernel", "side", "note") else "right")
+        for k in report["kernels"]:
+            note = ""
+            if k["explanation"] and (k["bytes_ratio"] is None or abs(k["bytes_ratio"] - 1) > 0.05):
+                note = k["explanation"].split(":")[0]
+            t.add_row(
+                k["name"],
+                fmt_count(k["closed_flops"]) if k["closed_flops"] else "0",
+                fmt_count(k["traced_flops"]) if k["traced_flops"] else "0",
+                _ratio(k["flops_ratio"]),
+                fmt_rate(k["closed_bytes"], "B"),
+                fmt_rate(k["traced_bytes"], "B"),
+                _ratio(k["bytes_ratio"]),
+                sig(k["intensity"]) if k["intensity"] is not None else "-",
+                fmt_seconds(k["bound_s"]),
+                k["bound"],
+                note,
+            )
+        con.print(t)
+    tot = report["total"]
+    con.print(
+        f"  step        FLOPs closed {fmt_count(tot['closed_flops'])} / traced "
+        f"{fmt_count(tot['traced_flops'])} (x{tot['flops_ratio']:.4f}); bytes closed "
+        f"{fmt_rate(tot['closed_bytes'], 'B')} / traced {fmt_rate(tot['traced_bytes'], 'B')} "
+        f"(x{tot['bytes_ratio']:.3f}); traced intensity {sig(tot['intensity'])} FLOP/byte; "
+        f"bound {fmt_seconds(tot['bound_s'])} (closed form {fmt_seconds(tot['closed_bound_s'])})"
+    )
+    xla = report["xla_module"]
+    if xla:
+        con.print(
+            f"  XLA module  flops {fmt_count(xla.get('flops', 0))}, bytes accessed "
+            f"{fmt_rate(xla.get('bytes accessed', 0), 'B')} "
+            f"({report['stage']}; the kernels sum to it)"
+        )
+    op = report["roofline_opinion"]
+    if op:
+        if "error" in op:
+            con.print(f"  jax.experimental.roofline: no opinion ({op['error']})")
+        else:
+            con.print(
+                f"  jax.experimental.roofline: {fmt_count(op['flops'])}FLOP unfused, "
+                f"{fmt_rate(op['unfused_hbm_bytes'], 'B')} unfused HBM bytes"
+            )
+    for note in report["notes"]:
+        con.print(f"  note: {note}")
+
+
+def print_bench(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    con = console()
+    c, wl = report["ceilings"], report["workload"]
+    con.print(
+        f"[bold]{report['model']['name']}[/bold] | {wl['phase']} | B={wl['batch']:,} | "
+        f"S={wl['context']:,} | {report['device']}: {fmt_rate(c['peak_flops_per_s'], 'FLOP/s')}, "
+        f"{fmt_rate(c['bandwidth_bytes_per_s'], 'B/s')} measured {c['date']}"
+    )
+    t = Table(title="measured kernels (one layer each; step = the whole decode step)")
+    cols = (
+        "h_kv",
+        "kernel",
+        "bound",
+        "closed bytes",
+        "traced bytes",
+        "median",
+        "IQR",
+        "achieved",
+        "of bound",
+    )
+    for col in cols:
+        t.add_column(col, justify="left" if col == "kernel" else "right")
+    for p in report["points"]:
+        t.add_row(
+            str(p["num_kv_heads"]),
+            p["kernel"],
+            f"{fmt_seconds(p['bound_s'])} {p['bound'][:3]}",
+            fmt_rate(p["closed_bytes"], "B"),
+            fmt_rate(p["traced_bytes"], "B") if p.get("traced_bytes") else "-",
+            fmt_seconds(p["median_s"]),
+            fmt_seconds(p["iqr_s"]) if p["iqr_s"] > 0 else "0",
+            fmt_rate(p["achieved_bytes_per_s"], "B/s"),
+            f"{100 * p['fraction_of_bound']:.0f}%",
+        )
+    con.print(t)
+
+
+def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    wl = report["workload"]
+    t = Table(
+        title=f"tensor parallel: per device, {wl['phase']} B={wl['batch']:,} S={wl['context']:,} "
+        "(sizes GiB binary; collectives per step, ring; link = bytes / link bandwidth"
+        + (
+            f" + messages x {fmt_seconds(points[0]['link_latency_s'])})"
+            if points and points[0]["link_latency_s"]
+            else ", bandwidth only)"
+        )
+    )
+    for col in (
+        "tp",
+        "KV heads/dev",
+        "KV copies",
+        "weights/dev",
+        "KV cache/dev",
+        "fits",
+        "collectives/dev",
+        "HBM floor",
+        "link",
+        "step floor",
+    ):
+        t.add_column(col, justify="right")
+    for p in points:
+        t.add_row(
+            str(p["tp"]),
+            str(p["kv_heads_per_device"]),
+            f"{p['kv_replication']:g}x",
+            fmt_bytes(p["weight_bytes_per_device"]),
+            fmt_bytes(p["kv_cache_bytes_per_device"]),
+            "-" if p["fits_in_memory"] is None else ("yes" if p["fits_in_memory"] else "no"),
+            fmt_rate(p["collective_bytes_per_step"], "B"),
+            fmt_seconds(p["compute_memory_floor_s"]),
+            "-" if p["link_s"] is None else fmt_seconds(p["link_s"]) if p["link_s"] else "0",
+            "-" if p["step_floor_s"] is None else fmt_seconds(p["step_floor_s"]),
+        )
+    console().print(t)
+
+
+def print_sharded_trace(report: dict[str, Any]) -> None:
+    """`kvjax trace --tp N`: one device's compiled step and its collectives vs the closed form."""
+    from rich.table import Table
+
+    con = console()
+    m, wl, c = report["cfg"], report["workload"], report["closed_form"]
+    con.print(
+        f"[bold]{m['name']}[/bold] num_kv_heads={m['num_kv_heads']} | {wl['phase']} | "
+        f"B={wl['batch']:,} | S={wl['context']:,} | tp={report['tp']} dp={report['dp']} | XLA "
+        f"compiled stage on {report['backend']}, per device (layers compiled: "
+        f"{'/'.join(map(str, report['layers_traced']))}) | {report['trace_seconds']:.1f} s"
+    )
+    t = Table(title="one device's step: closed form vs compiled module")
+    for col in ("", "closed form", "traced", "ratio"):
+        t.add_column(col, justify="left" if not col else "right")
+    t.add_row(
+        "FLOPs",
+        fmt_count(report["closed_flops_per_device"]),
+        fmt_count(report["flops_per_device"]),
+        _ratio(report["flops_ratio"]),
+    )
+    t.add_row(
+        "bytes",
+        fmt_rate(report["closed_bytes_per_device"], "B"),
+        fmt_rate(report["bytes_per_device"], "B"),
+        _ratio(report["bytes_ratio"]),
+    )
+    t.add_row(
+        "collective bytes sent",
+        fmt_rate(report["closed_collective_bytes"], "B"),
+        fmt_rate(report["collective_bytes"], "B"),
+        _ratio(report["collective_ratio"]),
+    )
+    con.print(t)
+    k = Table(title="collectives in the compiled HLO (bytes one device sends, ring algorithms)")
+    for col in ("kind", "closed count", "traced count", "traced bytes"):
+        k.add_column(col, justify="left" if col == "kind" else "right")
+    kinds = list(report["closed_collective_counts"]) + [
+        x for x in report["collectives"] if x not in report["closed_collective_counts"]
+    ]
+    for kind in kinds:
+        row = report["collectives"].get(kind, {"count": 0, "bytes_per_device": 0})
+        k.add_row(
+            kind,
+            str(report["closed_collective_counts"].get(kind, 0)),
+            f"{row['count']:g}",
+            fmt_rate(row["bytes_per_device"], "B"),
+        )
+    if kinds:
+        con.print(k)
+    chip = report["chip"]
+    link = report["traced_link_s"]
+    traced = (
+        f"traced floor {fmt_seconds(report['traced_floor_s'])} + link "
+        f"{'-' if link is None else fmt_seconds(link)}"
+        if report["comparable"]
+        else "no traced floor (see the note)"
+    )
+    con.print(
+        f"  on {chip['name']}: closed form KV cache/device "
+        f"{fmt_bytes(c['kv_cache_bytes_per_device'])} ({c['kv_heads_per_device']} KV heads, "
+        f"{c['kv_replication']:g}x copies), weights/device "
+        f"{fmt_bytes(c['weight_bytes_per_device'])}"
+        f"; floor {fmt_seconds(c['compute_memory_floor_s'])} + link "
+        f"{'-' if c['link_s'] is None else fmt_seconds(c['link_s'])}; {traced}"
+    )
+    for note in report["notes"]:
+        con.print(f"  note: {note}")

@@ -1,0 +1,67 @@
+"""`kvjax run` (an experiment config's points into a run folder), `kvjax figures` (paper_figures/
+from the records) and `kvjax explore` (the offline explorer page)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvjax.cli.args import DEFAULT_CHIP, DEFAULT_MODEL
+
+
+def add_parsers(sub) -> None:
+    run = sub.add_parser("run", help="run (or resume) an experiment config's points")
+    run.add_argument(
+        "config",
+        nargs="?",
+        default="configs/default.yaml",
+        help="an experiment config or a suite (default configs/default.yaml)",
+    )
+    run.add_argument(
+        "overrides", nargs="*", help="key=value, e.g. model.num_kv_heads=4 (before any --option)"
+    )
+    run.add_argument("--runs", default="runs", help="the runs folder (default runs/)")
+    run.add_argument("--run-id", help="default: a hash of the resolved config (reruns resume)")
+    run.set_defaults(func=run_run)
+
+    figures = sub.add_parser("figures", help="regenerate paper_figures/ from the records")
+    figures.add_argument("--runs", default="runs")
+    figures.add_argument("--out", default="paper_figures")
+    figures.set_defaults(func=run_figures)
+
+    explore = sub.add_parser(
+        "explore",
+        help="write the interactive B / S / num_kv_heads explorer as one offline HTML file",
+    )
+    explore.add_argument("--model", default=DEFAULT_MODEL, help="initial model preset")
+    explore.add_argument("--chip", default=DEFAULT_CHIP, help="initial chip preset")
+    explore.add_argument("--out", default="explorer.html", help="the .html file to write")
+    explore.set_defaults(func=run_explore)
+
+
+def run_run(args: argparse.Namespace) -> int:
+    from kvjax.runs.launcher import run_config
+
+    for run in run_config(args.config, args.overrides, args.runs, args.run_id, progress=True):
+        print(f"{run.path}: {len(run.records())} records")
+    print(f"figures: python3 -m kvjax figures --runs {args.runs}")
+    return 0
+
+
+def run_figures(args: argparse.Namespace) -> int:
+    from kvjax.plotting import make_figures, write_explorer
+    from kvjax.runs.records import load_records
+
+    written = make_figures(load_records(args.runs), args.out)
+    written.append(write_explorer(Path(args.out) / "explorer.html"))
+    for path in written:
+        print(path)
+    return 0
+
+
+def run_explore(args: argparse.Namespace) -> int:
+    from kvjax.plotting import write_explorer
+
+    path = write_explorer(args.out, model=args.model, chip=args.chip)
+    print(f"wrote {path} (open it in a browser; it needs no server and no network)")
+    return 0

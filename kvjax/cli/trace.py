@@ -1,0 +1,202 @@
+"""`kvjax trace`: XLA's cost analysis of the Flax model, per kernel, beside the closed form; with
+`--tp`/`--dp`, one device's compiled step of the sharded program and its collectives."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from kvjax import analytic, kernels
+from kvjax.analytic import Workload, parallel, roofline
+from kvjax.cli import render
+from kvjax.cli.args import (
+    add_chip_args,
+    add_model_args,
+    add_workload_args,
+    emit,
+    finite,
+    positive_int,
+    resolve_chip,
+    resolve_model,
+    resolve_workload,
+)
+from kvjax.devices import batch_per_replica
+from kvjax.errors import KvjaxError
+
+
+def add_parser(sub) -> None:
+    trace = sub.add_parser(
+        "trace",
+        help="XLA's cost analysis of the real Flax model, per kernel, beside the closed form",
+        description="Trace one step of the Flax model from abstract shapes (no weights allocated) "
+        "and compare XLA's per-kernel FLOPs and bytes with the closed form.",
+    )
+    add_model_args(trace)
+    add_workload_args(trace)
+    add_chip_args(trace)
+    trace.add_argument(
+        "--stage",
+        choices=("lowered", "compiled"),
+        default=None,
+        help="lowered: pre-optimization, per kernel (default); compiled: after fusion, totals "
+        "(the only stage with --tp/--dp)",
+    )
+    trace.add_argument(
+        "--trace-layers",
+        choices=("all", "one"),
+        default="all",
+        help="trace every layer (default) or one layer times num_layers (identical layers)",
+    )
+    trace.add_argument("--roofline", action="store_true", help="add jax.experimental.roofline")
+    trace.add_argument(
+        "--tp",
+        type=positive_int,
+        default=1,
+        help="tensor-parallel degree: trace the sharded program per device, with its "
+        "collectives (on a CPU, tp x dp simulated devices)",
+    )
+    trace.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree")
+    trace.add_argument("--json", action="store_true", help="print one JSON object")
+    trace.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    sharded = args.tp > 1 or args.dp > 1
+    if sharded:
+        if args.stage == "lowered":
+            raise KvjaxError(
+                "--tp/--dp trace the compiled module (the lowered module of a sharded program "
+                "is the global one); drop --stage or pass --stage compiled"
+            )
+        if args.roofline:
+            raise KvjaxError("--roofline is for the single-device trace; drop it with --tp/--dp")
+        from kvjax.devices import request_host_devices
+
+        request_host_devices(args.tp * args.dp)
+        return emit(args, sharded_trace_report(args), render.print_sharded_trace)
+    args.stage = args.stage or "lowered"
+    return emit(args, trace_report(args), render.print_trace)
+
+
+def trace_report(args: argparse.Namespace) -> dict[str, Any]:
+    """The traced view beside the closed form, as the JSON `kvjax trace --json` prints."""
+    from kvjax.traced.step import compare, trace_step
+
+    cfg, wl = resolve_model(args), resolve_workload(args)
+    chip = resolve_chip(args, cfg)
+    peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
+    t0 = time.perf_counter()
+    with render.progress(
+        f"lowering {cfg.name} ({cfg.num_layers} layers, tracing {args.trace_layers})"
+    ):
+        trace = trace_step(
+            cfg,
+            wl.phase,
+            wl.batch,
+            wl.context,
+            stage=args.stage,
+            layers=args.trace_layers,
+            roofline=args.roofline,
+        )
+    closed = analytic.step_cost(cfg, wl)
+    traced_step = roofline.point(
+        kernels.STEP_KERNEL, trace.total.flops, trace.total.bytes, peak, bw
+    )
+    rows = []
+    if trace.stage == "lowered":
+        for r in compare(trace):
+            on_roof = roofline.point(r.name, r.traced_flops, r.traced_bytes, peak, bw)
+            rows.append(
+                {
+                    "name": r.name,
+                    "closed_flops": r.closed_flops,
+                    "traced_flops": r.traced_flops,
+                    "flops_ratio": finite(r.flops_ratio),
+                    "closed_bytes": r.closed_bytes,
+                    "traced_bytes": r.traced_bytes,
+                    "bytes_ratio": finite(r.bytes_ratio),
+                    "closed_transcendentals": r.closed_transcendentals,
+                    "traced_transcendentals": r.traced_transcendentals,
+                    "intensity": finite(on_roof.intensity),
+                    "bound_s": on_roof.bound_s,
+                    "bound": on_roof.bound,
+                    "explanation": r.explanation,
+                }
+            )
+    return {
+        "model": cfg.to_dict(),
+        "workload": {"phase": wl.phase, "batch": wl.batch, "context": wl.context},
+        "chip": {"name": chip.name, "peak_flops_per_s": peak, "bandwidth_bytes_per_s": bw},
+        "stage": trace.stage,
+        "backend": trace.backend,
+        "layers_traced": trace.layers_traced,
+        "kernels": rows,
+        "total": {
+            "closed_flops": closed.flops,
+            "traced_flops": trace.total.flops,
+            "flops_ratio": trace.total.flops / closed.flops,
+            "closed_bytes": closed.bytes,
+            "traced_bytes": trace.total.bytes,
+            "bytes_ratio": trace.total.bytes / closed.bytes,
+            "traced_transcendentals": trace.total.transcendentals,
+            "intensity": traced_step.intensity,
+            "bound_s": traced_step.bound_s,
+            "closed_bound_s": roofline.point(
+                kernels.STEP_KERNEL, closed.flops, closed.bytes, peak, bw
+            ).bound_s,
+        },
+        "xla_module": {
+            k: v
+            for k, v in trace.xla.items()
+            if k in ("flops", "bytes accessed", "transcendentals")
+        },
+        "roofline_opinion": trace.roofline,
+        "notes": trace.notes,
+        "trace_seconds": trace.trace_seconds,
+        "command_seconds": time.perf_counter() - t0,
+    }
+
+
+def sharded_trace_report(args: argparse.Namespace) -> dict[str, Any]:
+    """`kvjax trace --tp N`: the compiled per-device step and its collectives vs closed form."""
+    from kvjax.traced.sharded import trace_sharded_step
+
+    cfg, wl = resolve_model(args), resolve_workload(args)
+    chip = resolve_chip(args, cfg)
+    wl_device = Workload(
+        wl.phase, batch_per_replica(wl.batch, args.dp, ("--batch", "--dp")), wl.context
+    )
+    with render.progress(
+        f"compiling {cfg.name} on {args.tp * args.dp} devices (tp={args.tp}, dp={args.dp})"
+    ):
+        t = trace_sharded_step(
+            cfg, wl.phase, wl.batch, wl.context, args.tp, args.dp, layers=args.trace_layers
+        )
+    closed = parallel.tensor_parallel_point(cfg, args.tp, wl_device, chip).to_dict()
+    peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
+    link = chip.interconnect_bytes_per_s
+    traced_floor = roofline.point(
+        kernels.STEP_KERNEL, t.flops_per_device, t.bytes_per_device, peak, bw
+    ).bound_s
+    report = t.to_dict()
+    report.update(
+        chip={
+            "name": chip.name,
+            "peak_flops_per_s": peak,
+            "bandwidth_bytes_per_s": bw,
+            "interconnect_bytes_per_s": link,
+        },  # fmt: skip
+        closed_form=closed,
+        flops_ratio=t.flops_per_device / t.closed_flops_per_device,
+        bytes_ratio=t.bytes_per_device / t.closed_bytes_per_device,
+        collective_ratio=(
+            t.collective_bytes / t.closed_collective_bytes if t.closed_collective_bytes else None
+        ),
+        # XLA:CPU widens bf16 products and all-reduces to f32: its compiled costs of a bf16
+        # model are not the chip's, so no traced floor is derived from them
+        comparable=t.backend != "cpu" or cfg.compute_dtype == "f32",
+        traced_floor_s=traced_floor,
+        traced_link_s=(t.collective_bytes / link) if link else None,
+    )
+    return report

@@ -1,0 +1,145 @@
+"""The kernel registry: every named piece of a decoder step, and the letters kvjax writes them in.
+
+Each kernel is defined here once, by name and kind, and the three views key their numbers by
+that name: `kvjax.analytic` (closed form), `kvjax.nn` (the model's `jax.named_scope`s, which
+`kvjax.traced` attributes XLA's cost to) and `kvjax.measured` (timings). A kernel's three views:
+
+    grep -rn "kernels.SCORES" kvjax/    # closed form, model scope, trace, bench
+
+Letters (the seed's and the scaling book's). Formulas, einsum strings and array-name suffixes
+(`q_BTKGH`) everywhere in kvjax use these and point here instead of restating them:
+
+    B batch             T query length (tokens per sequence in this step)
+    S key/context length (positions attended)      C cached positions read (S - 1 in decode)
+    D d_model           F d_ff              E the output width of a fused projection (2F, N*H)
+    N query heads       K kv heads          G = N / K query heads per kv head
+    H head dim          L layers            V vocabulary
+    M = B * T tokens    R = B * N attention rows    O, I a linear's output and input widths
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvjax.errors import unknown_name_error
+
+LETTERS = {
+    "B": "batch",
+    "T": "query length (tokens per sequence in this step)",
+    "S": "key/context length (positions attended)",
+    "C": "cached positions read by a decode step (S - 1)",
+    "D": "d_model",
+    "F": "d_ff",
+    "E": "output width of a fused projection (2F for gate_up, N*H for q)",
+    "N": "query heads",
+    "K": "kv heads",
+    "G": "query heads per kv head, N / K",
+    "H": "head dim",
+    "L": "layers",
+    "V": "vocabulary",
+    "M": "tokens of the step, B * T",
+    "R": "attention rows, B * N",
+    "O": "a linear's output width",
+    "I": "a linear's input width",
+}
+
+# Kinds: how the closed form counts a kernel and how its traced bytes compare.
+MATMUL = "matmul"  # 2*M*K*N FLOPs; weights + input + output bytes, compared strictly
+ELEMENTWISE = "elementwise"  # one pass over its tensors in the closed form; unfused when lowered
+GATHER = "gather"
+SCATTER = "scatter"
+FUSED = "fused"  # several kernels timed or reported as one
+STEP = "step"  # the whole step
+GLUE = "glue"  # traced instructions outside every kernel
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    kind: str
+    per_layer: bool  # one per decoder layer (else once per step)
+    summary: str
+    bytes_note: str | None = None  # why the lowered trace's bytes differ from the closed form
+    members: tuple[str, ...] = ()  # the kernels a FUSED kernel stands for
+
+
+REGISTRY: dict[str, Kernel] = {}
+
+
+def _k(name: str, kind: str, per_layer: bool, summary: str, bytes_note: str | None = None,
+       members: tuple[str, ...] = ()) -> str:  # fmt: skip
+    REGISTRY[name] = Kernel(name, kind, per_layer, summary, bytes_note, members)
+    return name
+
+
+_NORM_NOTE = (
+    "unfused elementwise: the lowered module materialises every step (square, sum, rsqrt, two "
+    "multiplies, broadcasts); the closed form counts one fused read and write"
+)
+
+EMBED = _k(
+    "embed", GATHER, False, "token ids to rows of the embedding table",
+    "gather: XLA counts twice the gathered rows plus the ids and the index arithmetic",
+)  # fmt: skip
+NORM_ATTN = _k("norm/attn", ELEMENTWISE, True, "RMSNorm before attention", _NORM_NOTE)
+Q_PROJ = _k("attn/q_proj", MATMUL, True, "x @ W_q: N*H query features")
+K_PROJ = _k("attn/k_proj", MATMUL, True, "x @ W_k: K*H key features")
+V_PROJ = _k("attn/v_proj", MATMUL, True, "x @ W_v: K*H value features")
+ROPE = _k(
+    "attn/rope", ELEMENTWISE, True, "rotary position embedding of q and k",
+    "unfused elementwise: cos/sin tables, halves, four multiplies and two adds each materialised "
+    "in the lowered module; the closed form counts one fused pass over q and k",
+)  # fmt: skip
+KV_WRITE = _k(
+    "kv_cache/write", SCATTER, True, "the new k, v rows written into the cache",
+    "scatter: XLA counts the updated region read, the update read and the write (3x the row) "
+    "plus index arithmetic; the closed form counts reading the new row and writing it",
+)  # fmt: skip
+SCORES = _k("attn/scores", MATMUL, True, "q . K over the attended positions (f32 scores)")
+SOFTMAX = _k(
+    "attn/softmax", ELEMENTWISE, True, "scale, mask and softmax of the scores",
+    "unfused elementwise: scale, mask, max, subtract, exp, sum and divide each read and write the "
+    "score tensor in the lowered module; the closed form counts one read of the scores and one "
+    "write of the probabilities",
+)  # fmt: skip
+AV = _k("attn/av", MATMUL, True, "probabilities . V")
+O_PROJ = _k("attn/o_proj", MATMUL, True, "attention output @ W_o")
+RESIDUAL_ATTN = _k("residual/attn", ELEMENTWISE, True, "x + attention output")
+NORM_MLP = _k("norm/mlp", ELEMENTWISE, True, "RMSNorm before the MLP", _NORM_NOTE)
+GATE_UP = _k("mlp/gate_up", MATMUL, True, "x @ [W_gate; W_up] (gated MLP)")
+UP = _k("mlp/up", MATMUL, True, "x @ W_up (plain MLP)")
+ACT = _k(
+    "mlp/act", ELEMENTWISE, True, "silu / gelu (times up, gated)",
+    "unfused elementwise: the activation's steps (negate, exp, add, divide, multiply) each "
+    "materialised in the lowered module; the closed form counts one fused pass",
+)  # fmt: skip
+DOWN = _k("mlp/down", MATMUL, True, "h @ W_down")
+RESIDUAL_MLP = _k("residual/mlp", ELEMENTWISE, True, "x + MLP output")
+NORM_FINAL = _k("norm/final", ELEMENTWISE, False, "RMSNorm before the LM head", _NORM_NOTE)
+LM_HEAD = _k("lm_head", MATMUL, False, "x @ W_vocab: f32 logits")
+
+ATTENTION = _k("attention", FUSED, True, "scores, softmax and av as one kernel",
+               members=(SCORES, SOFTMAX, AV))  # fmt: skip
+STEP_KERNEL = _k("step", STEP, False, "the whole step")
+OTHER = _k(
+    "other", GLUE, False, "traced instructions outside every kernel",
+    "glue outside every kernel: reshapes, transposes and index arithmetic between kernels "
+    "(bitcasts or fused once compiled)",
+)  # fmt: skip
+
+ATTENTION_PARTS = REGISTRY[ATTENTION].members
+
+
+def get(name: str) -> Kernel:
+    if name not in REGISTRY:
+        raise unknown_name_error("kernel", name, REGISTRY)
+    return REGISTRY[name]
+
+
+def layer_scope(layer: int) -> str:
+    """The named scope of decoder layer `layer`, above its kernels: `layer3/attn/scores`."""
+    return f"layer{layer}"
+
+
+def bytes_note(name: str) -> str | None:
+    return REGISTRY[name].bytes_note if name in REGISTRY else None

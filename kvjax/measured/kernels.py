@@ -1,0 +1,132 @@
+"""Kernels timed alone: each kernel of one layer (and the LM head) jitted by itself with a config's
+shapes, under its `kvjax.kernels` name.
+
+Every kernel here calls the model's own function (`linear`, `rms_norm`, `decode_scores`, ...),
+so what is timed is what is traced. Inputs are random (never zeros) and rotated among enough
+sets that a memory-bound kernel streams from memory, not from cache. Closed-form costs are per
+layer (`analytic.layer_kernels`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kvjax import analytic, kernels
+from kvjax.analytic import KernelCost, Workload
+from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
+from kvjax.measured.timing import TimingStats, available_memory_bytes, time_fn
+from kvjax.nn.attention import attend_cache, attend_causal, decode_av, decode_scores, decode_softmax
+from kvjax.nn.layers import act_dtype, kv_dtype, linear, rms_norm, weight_dtype
+
+ROTATION_BYTES = 256 * 2**20  # input sets rotated until they exceed this (far above any LLC)
+MAX_SETS = 16
+
+
+@dataclass(frozen=True)
+class KernelBench:
+    name: str
+    fn: Callable[..., Any]
+    make_args: Callable[[int], tuple]  # seed -> one input set
+    closed: KernelCost
+
+
+def random_array(key, shape, dtype):
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def kernel_benches(cfg: ModelConfig, wl: Workload) -> dict[str, KernelBench]:
+    """One layer's kernels (and the LM head) as standalone functions with their input makers."""
+    B, T, S = wl.batch, wl.query_len, wl.context
+    D, N, K, H, F, V = (
+        cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size,
+    )  # fmt: skip
+    G = cfg.group_size
+    a, w, kv = act_dtype(cfg), weight_dtype(cfg), kv_dtype(cfg)
+    closed = analytic.layer_kernels(cfg, wl) | analytic.head_kernels(cfg, wl)
+    out: dict[str, KernelBench] = {}
+
+    def add(name, fn, shapes, closed_cost=None):
+        def make(seed):
+            keys = jax.random.split(jax.random.key(seed), len(shapes))
+            return tuple(
+                s(keys[i]) if callable(s) else random_array(keys[i], *s)
+                for i, s in enumerate(shapes)
+            )
+
+        out[name] = KernelBench(name, jax.jit(fn), make, closed_cost or closed[name])
+
+    add(kernels.NORM_ATTN, partial(rms_norm, eps=cfg.norm_eps), [((B, T, D), a), ((D,), w)])
+    add(kernels.Q_PROJ, linear, [((B, T, D), a), ((N * H, D), w)])
+    add(kernels.K_PROJ, linear, [((B, T, D), a), ((K * H, D), w)])
+    add(kernels.V_PROJ, linear, [((B, T, D), a), ((K * H, D), w)])
+    if wl.phase == "decode":
+        C = S - 1
+        pos = lambda key: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
+        add(kernels.SCORES, decode_scores, [((B, K, G, H), a), ((B, K, H), a), ((B, K, C, H), kv)])
+        add(
+            kernels.SOFTMAX,
+            partial(decode_softmax, head_dim=H, dtype=a),
+            [((B, K, G, C), jnp.float32), ((B, K, G), jnp.float32), pos],
+        )
+        add(
+            kernels.AV,
+            decode_av,
+            [((B, K, G, C), a), ((B, K, G), a), ((B, K, H), a), ((B, K, C, H), kv)],
+        )
+        attention_args = [
+            ((B, K, G, H), a), ((B, K, H), a), ((B, K, H), a),
+            ((B, K, C, H), kv), ((B, K, C, H), kv), pos,
+        ]  # fmt: skip
+        add(kernels.ATTENTION, attend_cache, attention_args, analytic.attention_cost(cfg, wl))
+    else:
+        add(
+            kernels.ATTENTION,
+            attend_causal,
+            [((B, T, K, G, H), a), ((B, T, K, H), a), ((B, T, K, H), a)],
+            analytic.attention_cost(cfg, wl),
+        )
+    add(kernels.O_PROJ, linear, [((B, T, N * H), a), ((D, N * H), w)])
+    if cfg.gated_mlp:
+        add(kernels.GATE_UP, linear, [((B, T, D), a), ((2 * F, D), w)])
+    else:
+        add(kernels.UP, linear, [((B, T, D), a), ((F, D), w)])
+    add(kernels.DOWN, linear, [((B, T, F), a), ((D, F), w)])
+    add(kernels.LM_HEAD, partial(linear, out_dtype=jnp.float32), [((B, T, D), a), ((V, D), w)])
+    return out
+
+
+def _input_bytes(args: tuple) -> int:
+    return sum(x.size * x.dtype.itemsize for x in args)
+
+
+def check_fits(what: str, needed: float) -> None:
+    free = available_memory_bytes()
+    if free is not None and needed > 0.8 * free:
+        raise KvjaxError(
+            f"{what} needs {needed / 2**30:.2f} GiB but the device has {free / 2**30:.2f} GiB "
+            "free (80% usable); choose a smaller model, batch or context"
+        )
+
+
+def time_kernel(
+    kb: KernelBench, budget_s: float = 1.0, rotation_bytes: int = ROTATION_BYTES
+) -> TimingStats:
+    """Median time of one kernel, rotating input sets so their total exceeds `rotation_bytes`."""
+    shapes_bytes = kb.closed.bytes  # close to the inputs' size; checked before allocating
+    check_fits(f"kernel {kb.name}", shapes_bytes)
+    first = kb.make_args(0)
+    per_set = max(1, _input_bytes(first))
+    n_sets = int(min(MAX_SETS, max(1, math.ceil(rotation_bytes / per_set))))
+    free = available_memory_bytes()
+    if free is not None:
+        n_sets = max(1, min(n_sets, int(0.5 * free // per_set)))
+    sets = [first] + [kb.make_args(i) for i in range(1, n_sets)]
+    return time_fn(kb.fn, sets, budget_s=budget_s)

@@ -1,0 +1,60 @@
+"""The interactive explorer: the seed's batch / context / num_kv_heads widget as one self-contained
+HTML file that opens from disk with no server and no network.
+
+The presets are exported from `kvjax.config` and `kvjax.hardware` as JSON into the page; the
+formulas run in the page's JavaScript (a second implementation of `kvjax.analytic`'s decode step,
+kernel by kernel), and tests/test_plotting_explorer.py checks, in a real headless browser, that the page
+shows what `kvjax calc --json` says.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kvjax.config import DTYPE_BYTES, PRESETS
+from kvjax.errors import KvjaxError, unknown_name_error
+from kvjax.files import write_text_atomic
+from kvjax.hardware import CHIPS
+
+
+def explorer_data() -> dict[str, Any]:
+    """Everything the page needs, from the Python presets (nothing retyped)."""
+    models = {}
+    for name, cfg in PRESETS.items():
+        if name.startswith("tiny"):
+            continue
+        d = cfg.to_dict()
+        d["compute_dtype"] = cfg.compute_dtype
+        d["kv_head_choices"] = cfg.kv_head_choices()
+        models[name] = d
+    chips = {
+        name: {
+            "peak_flops_per_s": chip.peak_flops_per_s,
+            "bandwidth_bytes_per_s": chip.bandwidth_bytes_per_s,
+            "memory_bytes": chip.memory_bytes,
+            "source": chip.source,
+        }
+        for name, chip in CHIPS.items()
+    }
+    return {"models": models, "chips": chips, "dtype_bytes": DTYPE_BYTES}
+
+
+def render_explorer(model: str = "seed-70b", chip: str = "h100-sxm") -> str:
+    data = explorer_data()
+    if model not in data["models"]:
+        raise unknown_name_error("model", model, data["models"])
+    if chip not in data["chips"]:
+        raise unknown_name_error("chip", chip, data["chips"])
+    payload = json.dumps({**data, "default_model": model, "default_chip": chip})
+    template = resources.files("kvjax").joinpath("assets/explorer.html").read_text()
+    return template.replace("/*DATA*/null", payload.replace("</", "<\\/"))
+
+
+def write_explorer(path: str | Path, model: str = "seed-70b", chip: str = "h100-sxm") -> Path:
+    path = Path(path)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise KvjaxError(f"--out={str(path)!r} must name an .html file")
+    return write_text_atomic(path, render_explorer(model, chip))

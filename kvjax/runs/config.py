@@ -1,0 +1,192 @@
+"""Experiment configs: YAML files validated into typed dataclasses (OmegaConf structured configs),
+`key=value` overrides, and a `sweep:` block of lists expanded into a grid of points.
+
+Every error is one line naming the file and the key: `configs/x.yaml: model.num_kv_head: unknown
+key (allowed: preset, num_kv_heads, ...)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from kvjax.analytic import Workload, parallel
+from kvjax.config import ModelConfig, get_model_config
+from kvjax.devices import batch_per_replica
+from kvjax.errors import KvjaxError
+from kvjax.hardware import ChipSpec, get_chip
+
+
+def _model_section():
+    """`model:` of a config: a preset and, derived from `ModelConfig`, every one of its fields as
+    an optional override (None: the preset's value). `name` labels a modified preset in records
+    and figures."""
+    hints = typing.get_type_hints(ModelConfig)
+    overrides = [
+        (f.name, hints[f.name] | None, field(default=None)) for f in dataclasses.fields(ModelConfig)
+    ]
+    return dataclasses.make_dataclass(
+        "ModelSection", [("preset", str, field(default="seed-70b")), *overrides]
+    )
+
+
+ModelSection = _model_section()
+
+
+@dataclass
+class WorkloadSection:
+    phase: str = "decode"
+    batch: int = 1
+    context: int = 8192
+    tp: int = 1  # tensor-parallel devices (experiments that model it: TENSOR_PARALLEL = True)
+    dp: int = 1  # data-parallel replicas
+
+
+@dataclass
+class ChipSection:
+    preset: str = "h100-sxm"
+    peak_flops_per_s: float | None = None
+    bandwidth_bytes_per_s: float | None = None
+
+
+@dataclass
+class ExperimentConfig:
+    experiment: str = MISSING
+    name: str | None = None  # the run folder's experiment name (default: `experiment`)
+    model: ModelSection = field(default_factory=ModelSection)
+    workload: WorkloadSection = field(default_factory=WorkloadSection)
+    chip: ChipSection = field(default_factory=ChipSection)
+    sweep: dict[str, list[Any]] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # experiment-specific settings
+
+
+def _fields(cls) -> str:
+    return ", ".join(f.name for f in dataclasses.fields(cls))
+
+
+def _error(source: str, exc: OmegaConfBaseException) -> KvjaxError:
+    key = getattr(exc, "full_key", None) or "?"
+    msg = str(exc).splitlines()[0]
+    if "not in" in msg or "Key '" in msg and "not" in msg:
+        section = key.rsplit(".", 1)[0] if "." in key else ""
+        cls = {"model": ModelSection, "workload": WorkloadSection, "chip": ChipSection}.get(
+            section, ExperimentConfig
+        )
+        return KvjaxError(f"{source}: {key}: unknown key (allowed: {_fields(cls)})")
+    return KvjaxError(f"{source}: {key}: {msg}")
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """The file merged over the schema, then the `key=value` overrides; validated."""
+    path = Path(path)
+    source = str(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise KvjaxError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise KvjaxError(
+            f"{source}: malformed YAML{where}: {getattr(exc, 'problem', exc)}"
+        ) from None
+    if not isinstance(raw, dict):
+        raise KvjaxError(f"{source}: must hold a mapping of keys (experiment:, model:, ...)")
+    schema = OmegaConf.structured(ExperimentConfig)
+    try:
+        cfg = OmegaConf.merge(schema, OmegaConf.create(raw))
+    except OmegaConfBaseException as exc:
+        raise _error(source, exc) from None
+    for item in overrides:
+        if "=" not in item:
+            raise KvjaxError(f"override {item!r} must be key=value (e.g. model.num_kv_heads=4)")
+        key, value = (part.strip() for part in item.split("=", 1))
+        if key.startswith("sweep."):  # sweep keys hold dots themselves: sweep.workload.tp=[1,2]
+            swept = yaml.safe_load(value)
+            if not isinstance(swept, list):
+                raise KvjaxError(f"{source}: override {item!r}: a sweep takes a list, e.g. [1, 2]")
+            cfg.sweep[key[len("sweep.") :]] = swept
+            continue
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as exc:
+            raise _error(f"{source} (override {item!r})", exc) from None
+    for item in overrides:  # a swept key would be replaced by the sweep: never silently
+        key = item.split("=", 1)[0].strip()
+        if not key.startswith("sweep.") and key in cfg.sweep:
+            raise KvjaxError(
+                f"{source}: override {item!r} would be replaced by sweep.{key}; override the "
+                f"sweep instead: 'sweep.{key}=[{item.split('=', 1)[1]}]'"
+            )
+    if OmegaConf.is_missing(cfg, "experiment"):
+        raise KvjaxError(f"{source}: experiment: missing (name an experiment in experiments/)")
+    for key in cfg.sweep:
+        if not OmegaConf.is_list(cfg.sweep[key]) or len(cfg.sweep[key]) == 0:
+            raise KvjaxError(f"{source}: sweep.{key}: must be a non-empty list")
+        try:
+            OmegaConf.update(OmegaConf.structured(ExperimentConfig), key, cfg.sweep[key][0])
+        except OmegaConfBaseException as exc:
+            raise _error(f"{source} (sweep.{key})", exc) from None
+    # every point must build a valid model / workload / chip: checked before anything runs
+    for point in expand(cfg):
+        try:
+            resolve(point)
+        except KvjaxError as exc:
+            raise KvjaxError(f"{source}: {exc}") from None
+    return cfg
+
+
+def expand(cfg: DictConfig) -> list[DictConfig]:
+    """The grid of points: the product of the sweep lists, each applied over the config."""
+    keys = list(cfg.sweep)
+    points = []
+    for values in itertools.product(*(list(cfg.sweep[k]) for k in keys)) if keys else [()]:
+        point = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "sweep"])
+        point = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), point)
+        for k, v in zip(keys, values, strict=True):
+            OmegaConf.update(point, k, v)
+        points.append(point)
+    return points
+
+
+def point_key(cfg: DictConfig, point: DictConfig) -> str:
+    """A stable name for one point: its sweep values, `model.num_kv_heads=8,workload.batch=1`."""
+    if not cfg.sweep:
+        return "point"
+    return ",".join(f"{k}={OmegaConf.select(point, k)}" for k in sorted(cfg.sweep))
+
+
+def resolve(point: DictConfig) -> tuple[ModelConfig, Workload, ChipSpec]:
+    m = point.model
+    changes = {
+        f.name: m[f.name]
+        for f in dataclasses.fields(ModelSection)
+        if f.name not in ("preset", "name") and m[f.name] is not None
+    }
+    cfg = get_model_config(m.preset, **changes)
+    if m.name:
+        cfg = cfg.replace(name=m.name)
+    wl = Workload(point.workload.phase, point.workload.batch, point.workload.context)
+    tp, dp = point.workload.tp, point.workload.dp
+    if tp != 1 or dp != 1:
+        try:
+            parallel.device_config(cfg, tp)
+        except KvjaxError as exc:
+            raise KvjaxError(f"workload.tp: {exc}") from None
+        batch_per_replica(wl.batch, dp, ("workload.batch", "workload.dp"))
+    chip = get_chip(point.chip.preset).with_overrides(
+        point.chip.peak_flops_per_s, point.chip.bandwidth_bytes_per_s, dtype="bf16"
+    )
+    return cfg, wl, chip
+
+
+def to_dict(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]

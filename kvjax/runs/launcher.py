@@ -1,0 +1,130 @@
+"""`kvjax run`: an experiment config's points, each written as records into a run folder.
+
+The default run id is a hash of the resolved config, so running the same config again resumes
+it: finished points (their record files exist, written atomically) are skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import pkgutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvjax.errors import KvjaxError
+from kvjax.runs.config import expand, load_config, point_key, to_dict
+from kvjax.runs.records import RunDir
+
+DEFAULT_CONFIG = Path("configs/default.yaml")
+
+
+def available_experiments() -> list[str]:
+    import experiments
+
+    return sorted(
+        m.name
+        for m in pkgutil.iter_modules(experiments.__path__)
+        if hasattr(importlib.import_module(f"experiments.{m.name}"), "run_point")
+    )
+
+
+def experiment_module(name: str):
+    if name not in available_experiments():
+        from kvjax.errors import unknown_name_error
+
+        raise unknown_name_error("experiment", name, available_experiments())
+    return importlib.import_module(f"experiments.{name}")
+
+
+def default_run_id(config: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def suite_members(config_path: str | Path) -> list[Path] | None:
+    """The member configs of a suite file (`suite: [a.yaml, b.yaml]`), else None."""
+    import yaml
+
+    path = Path(config_path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # load_config reports it
+    if not isinstance(raw, dict) or "suite" not in raw:
+        return None
+    if set(raw) != {"suite"} or not isinstance(raw["suite"], list) or not raw["suite"]:
+        raise KvjaxError(f"{path}: suite: must be the only key, a non-empty list of config files")
+    members = [path.parent / str(m) for m in raw["suite"]]
+    for m in members:
+        if not m.exists():
+            raise KvjaxError(f"{path}: suite: {m} does not exist")
+    return members
+
+
+def run_config(config_path, overrides=(), runs_root="runs", run_id=None, progress=True):
+    """A single experiment config, or every member of a suite (each resumable on its own)."""
+    members = suite_members(config_path)
+    if members is None:
+        return [run_experiment(config_path, overrides, runs_root, run_id, progress)]
+    if overrides or run_id:
+        raise KvjaxError(f"{config_path}: a suite takes no overrides or --run-id; run a member")
+    for m in members:  # validate every member before running any
+        load_config(m)
+    return [run_experiment(m, (), runs_root, None, progress) for m in members]
+
+
+def run_experiment(
+    config_path: str | Path = DEFAULT_CONFIG,
+    overrides: tuple[str, ...] | list[str] = (),
+    runs_root: str | Path = "runs",
+    run_id: str | None = None,
+    progress: bool = True,
+    on_point: Callable[[int, str], None] | None = None,
+) -> RunDir:
+    """Run (or resume) every point; returns the run folder."""
+    cfg = load_config(config_path, overrides)
+    try:
+        module = experiment_module(cfg.experiment)
+    except KvjaxError as exc:
+        raise KvjaxError(f"{config_path}: experiment: {exc}") from None
+    config = to_dict(cfg)
+    points = expand(cfg)
+    parallel = sorted({(p.workload.tp, p.workload.dp) for p in points} - {(1, 1)})
+    if parallel and not getattr(module, "TENSOR_PARALLEL", False):
+        models = [
+            n
+            for n in available_experiments()
+            if getattr(experiment_module(n), "TENSOR_PARALLEL", 0)
+        ]
+        tp, dp = parallel[0]
+        raise KvjaxError(
+            f"{config_path}: workload.tp={tp}, workload.dp={dp}: experiment {cfg.experiment} "
+            f"does not model parallelism (it would ignore them); experiments that do: "
+            f"{', '.join(models)}"
+        )
+    keys = [point_key(cfg, p) for p in points]
+    run = RunDir(runs_root, cfg.name or cfg.experiment, run_id or default_run_id(config))
+    try:
+        run.start(config, keys)
+    except ValueError as exc:
+        raise KvjaxError(str(exc)) from None
+    todo = [(i, k, p) for i, (k, p) in enumerate(zip(keys, points, strict=True)) if not run.done(k)]
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+               "{task.total}"), TimeRemainingColumn()]  # fmt: skip
+    import sys
+
+    show = progress and sys.stderr.isatty()
+    with Progress(*columns, disable=not show, transient=True) as bar:
+        task = bar.add_task(f"{cfg.experiment}", total=len(keys), completed=len(keys) - len(todo))
+        for i, key, point in todo:
+            if on_point:
+                on_point(i, key)
+            records = module.run_point(point)
+            run.write_point(key, records)
+            run.write_manifest(keys)
+            bar.advance(task)
+    return run

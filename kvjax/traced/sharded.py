@@ -1,0 +1,296 @@
+"""Trace of the tensor-parallel program: per-device FLOPs and bytes of the compiled (SPMD
+partitioned) module, and its collectives (`kvjax.traced.collectives`), beside the closed form of
+`kvjax.analytic.parallel`.
+
+The lowered module of a sharded program is still the global one; only the compiled module is
+per device (DESIGN.md), so every number here is from the "compiled" stage.
+
+Traced from abstract shapes like `kvjax.traced.step`: no weights are allocated, but the mesh needs
+tp * dp devices (on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N before jax starts;
+`kvjax trace --tp N` sets it).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import jax
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from kvjax import analytic
+from kvjax.analytic import Workload, parallel
+from kvjax.config import ModelConfig
+from kvjax.devices import batch_per_replica
+from kvjax.errors import KvjaxError
+from kvjax.nn import sharding as sh
+from kvjax.nn.transformer import abstract_model
+from kvjax.traced.collectives import Collective, collectives, summarize
+from kvjax.traced.step import cache_len, check_layers, step_fn
+
+
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class ShardedTrace:
+    cfg: ModelConfig
+    workload: Workload  # the whole batch
+    tp: int
+    dp: int
+    backend: str
+    flops_per_device: float  # compiled module (per device)
+    bytes_per_device: float
+    collectives: dict[str, dict[str, float]]  # kind -> count, bytes_per_device
+    closed_flops_per_device: float
+    closed_bytes_per_device: float
+    closed_collective_bytes: float
+    closed_collective_counts: dict[str, int]
+    kv_cache_bytes_per_device: int  # from the shardings of the traced program's cache arrays
+    weight_bytes_per_device: int  # and of its parameters (the most any device holds)
+    layers_traced: tuple[int, ...]
+    trace_seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def collective_bytes(self) -> float:
+        return sum(r["bytes_per_device"] for r in self.collectives.values())
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["cfg"] = self.cfg.to_dict()
+        d["workload"] = asdict(self.workload)
+        d["collective_bytes"] = self.collective_bytes
+        d["stage"] = "compiled"
+        return d
+
+
+def sharded_step(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
+    """`kvjax.traced.step.step_fn` of the model set up as `shard_model` sets up a real one, its
+    abstract args carrying their shardings: (function, args, graphdef)."""
+    model = _sharded_abstract_model(cfg, mesh)
+    step, (state, tokens, cache) = step_fn(cfg, phase, batch, context, model=model)
+    tokens_spec = P(sh.DATA) if phase == "decode" else P(sh.DATA, None)
+    args = (
+        _with_shardings(state, _param_shardings(state, mesh)),
+        _with_shardings(tokens, NamedSharding(mesh, tokens_spec)),
+        _with_shardings(cache, sh.cache_shardings(cache, mesh)),
+    )
+    return step, args, nnx.graphdef(model)
+
+
+def _sharded_abstract_model(cfg: ModelConfig, mesh):
+    model = abstract_model(cfg)
+    if cfg.gated_mlp:
+        tp = mesh.shape[sh.KV] * mesh.shape[sh.GRP]
+        for layer in model.layers:
+            layer.mlp.gate_up_blocks = tp  # the row order of shard_model; values are abstract
+    return model
+
+
+def _param_shardings(state, mesh):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: NamedSharding(mesh, sh.param_spec(sh._names(path), x.ndim)), state
+    )
+
+
+def _with_shardings(tree, shardings):
+    return jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    )
+
+
+def shard_bytes(tree) -> int:
+    """Bytes one device holds of the abstract sharded arrays in `tree` (shardings are even, so
+    every device holds the same)."""
+    return sum(
+        math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+        for x in jax.tree_util.tree_leaves(tree)
+    )
+
+
+def sharded_memory(cfg: ModelConfig, tp: int, dp: int, batch: int, context: int) -> dict:
+    """Per-device weights and KV cache (context rows) of the sharded model, read from the
+    shardings it is placed with; no devices needed (an abstract mesh). Models of more than two
+    layers are read from a one- and a two-layer model, extrapolated (identical layers)."""
+    mesh = sh.abstract_mesh(cfg, tp, dp)
+    batch_per_replica(batch, dp)
+    L = cfg.num_layers
+    if L > 2:
+        one = sharded_memory(cfg.replace(num_layers=1), tp, dp, batch, context)
+        two = sharded_memory(cfg.replace(num_layers=2), tp, dp, batch, context)
+        return extrapolate_layers(one, two, L)
+    model = _sharded_abstract_model(cfg, mesh)
+    state = nnx.state(model)
+    cache = jax.eval_shape(lambda: model.init_cache(batch, context))
+    kv = sh.cache_shardings(cache, mesh)
+    return {
+        "weight_bytes_per_device": shard_bytes(
+            _with_shardings(state, _param_shardings(state, mesh))
+        ),
+        "kv_cache_bytes_per_device": shard_bytes(  # K and V, not the positions
+            _with_shardings((cache.k, cache.v), (kv.k, kv.v))
+        ),
+    }
+
+
+def served_pieces(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
+    """The jits `CompiledSteps` runs for one step, as (function, abstract args, donated args):
+    decode = attend (the cache only read) + append (the cache donated); prefill with the cache
+    donated. Compiled together, XLA:CPU would copy the cache (DESIGN.md)."""
+    step, (state, tokens, cache), graphdef = sharded_step(cfg, mesh, phase, batch, context)
+    if phase != "decode":
+        return [(step, (state, tokens, cache), (2,))]
+
+    def attend(state, tokens, cache):
+        return nnx.merge(graphdef, state).decode_logits(tokens, cache)
+
+    def append(cache, new_k, new_v):
+        return cache.append(new_k, new_v)
+
+    with jax.set_mesh(mesh):
+        _, new_k, new_v = jax.eval_shape(attend, state, tokens, cache)
+    row = NamedSharding(mesh, P(sh.DATA, sh.KV, None))
+    new_k, new_v = (_with_shardings(rows, (row,) * len(rows)) for rows in (new_k, new_v))
+    return [(attend, (state, tokens, cache), ()), (append, (cache, new_k, new_v), (0,))]
+
+
+def extrapolate_layers(one, two, num_layers: int):
+    """A model of `num_layers` identical layers from its 1- and 2-layer figures: one + (L - 1) *
+    (two - one), applied to every number in nested dicts, lists and tuples (a kind missing from
+    one of them counts as zero)."""
+    if isinstance(one, dict) or isinstance(two, dict):
+        one, two = one or {}, two or {}
+        keys = list(one) + [k for k in two if k not in one]
+        return {k: extrapolate_layers(one.get(k), two.get(k), num_layers) for k in keys}
+    if isinstance(one, tuple | list):
+        return type(one)(
+            extrapolate_layers(a, b, num_layers) for a, b in zip(one, two, strict=True)
+        )
+    one, two = one or 0, two or 0
+    return one + (num_layers - 1) * (two - one)
+
+
+def _compile(cfg, mesh, phase, batch, context):
+    """Per-device cost and collectives of one step, summed over the jits it is served as."""
+    cost: dict[str, float] = {}
+    colls: list[Collective] = []
+    for fn, args, donate in served_pieces(cfg, mesh, phase, batch, context):
+        with jax.set_mesh(mesh):
+            compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
+        for key, value in (compiled.cost_analysis() or {}).items():
+            if key in ("flops", "bytes accessed", "transcendentals"):
+                cost[key] = cost.get(key, 0.0) + float(value)
+        colls += collectives(compiled.as_text())
+    return cost, summarize(colls)
+
+
+def trace_sharded_step(
+    cfg: ModelConfig,
+    phase: str,
+    batch: int,
+    context: int,
+    tp: int,
+    dp: int = 1,
+    *,
+    layers: str = "all",
+    devices=None,
+) -> ShardedTrace:
+    """One step of the tp x dp sharded model, compiled from abstract shapes.
+
+    `layers="one"` compiles a one-layer and a two-layer model and extrapolates linearly to
+    `num_layers` (the layers are identical; tests check it equals the full compile), which keeps
+    a 70B model's trace to seconds.
+    """
+    wl = Workload(phase, batch, context)  # validates phase, batch and context
+    check_layers(layers)
+    wl_device = Workload(phase, batch_per_replica(batch, dp), context)
+    t0 = time.perf_counter()
+    if devices is None and len(jax.devices()) < tp * dp:
+        devices = jax.devices("cpu")  # e.g. one GPU: trace on simulated CPU devices instead
+    mesh = sh.make_mesh(cfg, tp, dp, devices)
+    backend = mesh.devices.flat[0].platform
+    L = cfg.num_layers
+    if layers == "all" or L <= 2:
+        cost, colls = _compile(cfg, mesh, phase, batch, context)
+        traced_layers: tuple[int, ...] = (L,)
+    else:
+        one = _compile(cfg.replace(num_layers=1), mesh, phase, batch, context)
+        two = _compile(cfg.replace(num_layers=2), mesh, phase, batch, context)
+        cost, colls = extrapolate_layers(one, two, L)
+        traced_layers = (1, 2)
+    held = sharded_memory(cfg, tp, dp, batch, cache_len(phase, context))
+    closed = analytic.step_cost(parallel.device_config(cfg, tp), wl_device)
+    notes = [f"compiled on {backend}: per-device totals after SPMD partitioning"]
+    if cfg.compute_dtype != "f32" and backend == "cpu":
+        notes.append(
+            "XLA:CPU computes bf16 products in f32 (converts counted as FLOPs and bytes, and "
+            "the all-reduces run in f32): compare in f32 (--weight-dtype f32 --kv-dtype f32)"
+        )
+    return ShardedTrace(
+        cfg=cfg,
+        workload=wl,
+        tp=tp,
+        dp=dp,
+        backend=backend,
+        flops_per_device=float(cost.get("flops", 0.0)),
+        bytes_per_device=float(cost.get("bytes accessed", 0.0)),
+        collectives=colls,
+        closed_flops_per_device=closed.flops,
+        closed_bytes_per_device=closed.bytes,
+        closed_collective_bytes=parallel.collective_bytes_per_step(cfg, tp, wl_device),
+        closed_collective_counts=parallel.collective_counts_per_step(cfg, tp),
+        kv_cache_bytes_per_device=held["kv_cache_bytes_per_device"],
+        weight_bytes_per_device=held["weight_bytes_per_device"],
+        layers_traced=traced_layers,
+        trace_seconds=time.perf_counter() - t0,
+        notes=notes,
+    )
+
+
+def trace_in_subprocess(
+    cfg: ModelConfig, phase: str, batch: int, context: int, tp: int, dp: int = 1, layers="one"
+) -> dict:
+    """`trace_sharded_step(...).to_dict()` run in a fresh Python with tp * dp simulated CPU
+    devices, so a caller with one device (a launcher also timing kernels) need not change."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from kvjax.devices import request_host_devices
+
+    env = dict(os.environ)
+    request_host_devices(tp * dp, env)
+    env["JAX_PLATFORMS"] = "cpu"
+    request = dict(cfg=cfg.to_dict(), phase=phase, batch=batch, context=context, tp=tp, dp=dp,
+                   layers=layers)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "kvjax.traced.sharded"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise KvjaxError(f"sharded trace of {cfg.name} at tp={tp} dp={dp} failed: {last}")
+    return json.loads(done.stdout)
+
+
+def _main() -> None:
+    import json
+    import sys
+
+    request = json.load(sys.stdin)
+    cfg = ModelConfig(**request.pop("cfg"))
+    try:
+        result = trace_sharded_step(cfg, **request)
+    except KvjaxError as exc:
+        sys.exit(f"error: {exc}")
+    print(json.dumps(result.to_dict()))
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,277 @@
+"""The traced view: XLA's cost analysis of the real Flax model, per kernel, beside the closed form.
+
+The model is built from abstract shapes (no weights allocated) and one step is lowered:
+- decode at context S: one new token per sequence attends S positions, S - 1 of them read from
+  the cache (made with max_len = S - 1) and its own; the step includes the cache append;
+- prefill at context S: T = S prompt tokens into a cache with one free row (max_len = S + 1, so
+  the write is a real update; a cache of exactly S rows would be replaced, not written).
+
+Stages (DESIGN.md): "lowered" is the pre-optimization module (dot FLOPs are exactly 2MNK, bytes are
+every unfused op's inputs + outputs) and is attributed per kernel through the `jax.named_scope`
+names in its HLO text; "compiled" is after fusion on the backend and is reported as step totals
+only (fusions lose the names), never mixed with the lowered figures.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kvjax import analytic, kernels
+from kvjax.analytic import Workload
+from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
+from kvjax.traced.hlo import Cost, attribute
+
+STAGES = ("lowered", "compiled")
+
+
+@dataclass(frozen=True)
+class KernelTrace:
+    layer: int | None
+    kernel: str
+    flops: float
+    bytes: float
+    transcendentals: float
+    stage: str
+    backend: str
+
+
+@dataclass
+class StepTrace:
+    cfg: ModelConfig
+    workload: Workload
+    stage: str
+    backend: str
+    kernels: list[KernelTrace]  # per (layer, kernel); kernels.OTHER is glue outside every kernel
+    total: Cost  # the sum of `kernels` (lowered) or XLA's compiled figure
+    xla: dict[str, float]  # XLA's own whole-module cost_analysis of the traced module
+    layers_traced: int
+    trace_seconds: float
+    roofline: dict[str, float] | None = None  # jax.experimental.roofline's opinion
+    notes: list[str] = field(default_factory=list)
+
+    def by_kernel(self) -> dict[str, Cost]:
+        """Kernels summed over layers, in the closed form's order, then "other"."""
+        out: dict[str, Cost] = {}
+        for k in self.kernels:
+            out.setdefault(k.kernel, Cost())
+            out[k.kernel] += Cost(k.flops, k.transcendentals, k.bytes)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+LAYERS = ("all", "one")
+
+
+def check_layers(layers: str) -> None:
+    if layers not in LAYERS:
+        raise KvjaxError(f"layers={layers!r} is not supported; allowed: {', '.join(LAYERS)}")
+
+
+def cache_len(phase: str, context: int) -> int:
+    """The cache rows of a traced step at `context` (see the module docstring)."""
+    return context - 1 if phase == "decode" else context + 1
+
+
+def step_fn(cfg: ModelConfig, phase: str, batch: int, context: int, model=None):
+    """(function, abstract args) of one step of the abstract model (or of `model`, an abstract
+    model already prepared, e.g. for sharding)."""
+    from kvjax.nn import abstract_model
+
+    if model is None:
+        model = abstract_model(cfg)
+    graphdef, state = nnx.split(model)
+    if phase == "decode":
+        if context < 2:
+            raise KvjaxError(
+                f"context={context}: a traced decode step needs context >= 2 (the new token "
+                f"plus at least one cached position)"
+            )
+        cache = jax.eval_shape(lambda: model.init_cache(batch, cache_len(phase, context)))
+        tokens = jax.ShapeDtypeStruct((batch,), jnp.int32)
+
+        def step(state, tokens, cache):
+            return nnx.merge(graphdef, state).decode(tokens, cache)
+
+    else:
+        cache = jax.eval_shape(lambda: model.init_cache(batch, cache_len(phase, context)))
+        tokens = jax.ShapeDtypeStruct((batch, context), jnp.int32)
+
+        def step(state, tokens, cache):
+            return nnx.merge(graphdef, state).prefill(tokens, cache)
+
+    return step, (state, tokens, cache)
+
+
+def lower_for_cost(fn: Callable, args: tuple) -> Any:
+    """`jax.jit(fn).lower(*args)`, re-lowered for the CPU platform when the default backend's
+    lowered module has no cost analysis (some PJRT plugins raise NotImplementedError); the
+    pre-optimization numbers do not depend on the platform."""
+    lowered = jax.jit(fn).lower(*args)
+    try:
+        lowered.cost_analysis()
+        return lowered
+    except NotImplementedError:
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",))
+
+
+def _kernel_names(cfg: ModelConfig, wl: Workload) -> tuple[str, ...]:
+    return tuple(analytic.step_kernels(cfg, wl).keys())
+
+
+def _roofline_opinion(fn: Callable, args: tuple) -> dict[str, float] | None:
+    """jax.experimental.roofline's step totals, where it runs (its API is experimental)."""
+    try:
+        from jax.experimental import roofline as jr
+
+        _, result = jr.roofline(fn)(*args)
+    except Exception as exc:  # an experimental API: any failure means "no opinion"
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    return {
+        "flops": float(result.unfused_flops),
+        "fused_flops": float(result.flops),
+        "unfused_hbm_bytes": float(result.unfused_hbm_bytes),
+        "hbm_bytes": float(result.hbm_bytes),
+    }
+
+
+def trace_step(
+    cfg: ModelConfig,
+    phase: str,
+    batch: int,
+    context: int,
+    *,
+    stage: str = "lowered",
+    layers: str = "all",
+    roofline: bool = False,
+) -> StepTrace:
+    """One step traced from abstract shapes: per-kernel records and the step total.
+
+    `layers="one"` traces a one-layer model and multiplies each layer kernel by `num_layers`
+    (the layers are identical; tests check this equals the full unrolled trace).
+    """
+    wl = Workload(phase, batch, context)
+    if stage not in STAGES:
+        raise KvjaxError(f"stage={stage!r} is not supported; allowed: {', '.join(STAGES)}")
+    check_layers(layers)
+    if stage == "compiled" and layers == "one":
+        raise KvjaxError("stage='compiled' traces every layer; use layers='all'")
+    t0 = time.perf_counter()
+    traced_cfg = cfg.replace(num_layers=1) if layers == "one" else cfg
+    fn, args = step_fn(traced_cfg, phase, batch, context)
+    lowered = lower_for_cost(fn, args)
+    backend = jax.default_backend()
+    notes: list[str] = []
+    if stage == "compiled":
+        compiled = lowered.compile()
+        xla = dict(compiled.cost_analysis() or {})
+        total = Cost(
+            xla.get("flops", 0.0), xla.get("transcendentals", 0.0), xla.get("bytes accessed", 0.0)
+        )
+        notes.append(f"compiled on {backend}: totals after fusion, not attributable per kernel")
+        traced: list[KernelTrace] = []
+    else:
+        xla = dict(lowered.cost_analysis() or {})
+        per_kernel, total = attribute(
+            lowered.as_text(dialect="hlo", debug_info=True), _kernel_names(cfg, wl)
+        )
+        traced = []
+        scale = cfg.num_layers if layers == "one" else 1
+        for (layer, name), c in per_kernel.items():
+            layer_ids = range(cfg.num_layers) if (layer is not None and scale > 1) else [layer]
+            for lid in layer_ids:
+                traced.append(
+                    KernelTrace(lid, name, c.flops, c.bytes, c.transcendentals, "lowered", backend)
+                )
+        if layers == "one":
+            total = Cost()
+            for k in traced:
+                total += Cost(k.flops, k.transcendentals, k.bytes)
+        _check_attribution(per_kernel, xla)
+    result = StepTrace(
+        cfg=cfg,
+        workload=wl,
+        stage=stage,
+        backend=backend,
+        kernels=traced,
+        total=total,
+        xla=xla,
+        layers_traced=traced_cfg.num_layers,
+        trace_seconds=0.0,
+        notes=notes,
+    )
+    if roofline:
+        opinion = _roofline_opinion(fn, args)
+        if opinion and layers == "one" and "error" not in opinion:
+            opinion["note"] = "one layer traced: roofline totals are for the one-layer module"
+        result.roofline = opinion
+    result.trace_seconds = time.perf_counter() - t0
+    return result
+
+
+def _check_attribution(per_kernel: dict, xla: dict[str, float]) -> None:
+    """The per-kernel sum must equal XLA's whole-module figure (same module, same stage)."""
+    total = Cost()
+    for c in per_kernel.values():
+        total += c
+    for ours, key in ((total.flops, "flops"), (total.bytes, "bytes accessed")):
+        theirs = xla.get(key)
+        # XLA sums its properties in single precision: large modules drift by ~1e-6 relative.
+        if theirs is not None and abs(ours - theirs) > 1e-4 * max(1.0, theirs):
+            raise AssertionError(
+                f"per-kernel {key} sum {ours:.6g} != XLA's module figure {theirs:.6g}: "
+                "an HLO cost rule in kvjax/hlo_cost.py drifted from XLA's"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelComparison:
+    name: str
+    closed_flops: float
+    traced_flops: float
+    closed_bytes: float
+    traced_bytes: float
+    closed_transcendentals: float
+    traced_transcendentals: float
+    explanation: str | None
+
+    @property
+    def flops_ratio(self) -> float:
+        return self.traced_flops / self.closed_flops if self.closed_flops else float("nan")
+
+    @property
+    def bytes_ratio(self) -> float:
+        return self.traced_bytes / self.closed_bytes if self.closed_bytes else float("nan")
+
+
+def compare(trace: StepTrace) -> list[KernelComparison]:
+    """Traced vs closed form per kernel (summed over layers), plus the traced-only glue."""
+    if trace.stage != "lowered":
+        raise KvjaxError("per-kernel comparison needs stage='lowered'")
+    closed = analytic.step_kernels(trace.cfg, trace.workload)
+    traced = trace.by_kernel()
+    rows = []
+    for name in list(closed) + [n for n in traced if n not in closed]:
+        c = closed.get(name)
+        t = traced.get(name, Cost())
+        rows.append(
+            KernelComparison(
+                name=name,
+                closed_flops=c.flops if c else 0.0,
+                traced_flops=t.flops,
+                closed_bytes=c.bytes if c else 0.0,
+                traced_bytes=t.bytes,
+                closed_transcendentals=c.transcendentals if c else 0.0,
+                traced_transcendentals=t.transcendentals,
+                explanation=kernels.bytes_note(name),
+            )
+        )
+    return rows

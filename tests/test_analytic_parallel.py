@@ -1,0 +1,144 @@
+"""Tensor-parallel closed forms (issue 8's analytic part): per-device weights, KV cache with
+replication, collectives, and the floor with a link term."""
+
+import json
+
+import pytest
+
+from kvjax import KvjaxError, analytic, get_chip, get_model_config, kernels
+from kvjax.analytic import Workload
+from kvjax.analytic.parallel import (
+    allreduce_bytes_per_device,
+    collective_bytes_per_step,
+    device_config,
+    kv_cache_bytes_per_device,
+    kv_heads_per_device,
+    kv_replication,
+    tensor_parallel_point,
+    weight_bytes_per_device,
+)
+from kvjax.cli import main
+
+
+@pytest.mark.parametrize(
+    "k,tp,expected",
+    [(8, 1, 8), (8, 2, 4), (8, 4, 2), (8, 8, 1), (8, 16, 1), (8, 64, 1), (64, 8, 8), (1, 8, 1)],
+)
+def test_kv_heads_per_device_llama2_70b(k, tp, expected):
+    cfg = get_model_config("llama-2-70b", num_kv_heads=k)
+    assert kv_heads_per_device(cfg, tp) == expected
+    assert kv_replication(cfg, tp) == max(1, tp / k)
+
+
+def test_uneven_groups_replicate_the_shared_head():
+    # 12 query heads, 3 KV heads (G=4), tp=2: device 0 reads KV heads {0, 1}, device 1 {1, 2}.
+    cfg = get_model_config("tiny-gqa")
+    assert kv_heads_per_device(cfg, 2) == 2
+    assert kv_replication(cfg, 2) == pytest.approx(4 / 3)
+
+
+def test_kv_cache_splits_exactly_until_tp_exceeds_kv_heads():
+    cfg = get_model_config("llama-2-70b")  # K = 8
+    total = analytic.kv_cache_bytes(cfg, 32768, 4)
+    for tp in (1, 2, 4, 8):
+        assert kv_cache_bytes_per_device(cfg, tp, 32768, 4) * tp == total
+    # beyond K the per-device cache stops shrinking: each device keeps one KV head
+    assert kv_cache_bytes_per_device(cfg, 16, 32768, 4) == kv_cache_bytes_per_device(
+        cfg, 8, 32768, 4
+    )
+
+
+def test_weights_split_with_norms_and_replicated_kv_counted_by_hand():
+    cfg = get_model_config("llama-2-70b")
+    L, D, H, w = cfg.num_layers, cfg.d_model, cfg.head_dim, 2
+    total = analytic.weight_bytes(cfg)
+    for tp in (2, 8):  # vocab 32000 divides 2 and 8; no KV replication
+        norms = (2 * L + 1) * D * w  # replicated on every device
+        assert weight_bytes_per_device(cfg, tp) * tp == total + (tp - 1) * norms
+    tp = 16  # each KV head on 2 devices: 2 * L * D * H extra K/V weights per device pair
+    dev = device_config(cfg, tp)
+    assert dev.num_heads == 4 and dev.num_kv_heads == 1 and dev.d_ff == 28672 // 16
+    kv_proj = 2 * L * D * H * w  # one KV head's k and v projections, all layers
+    sharded = total - 2 * L * D * 8 * H * w - (2 * L + 1) * D * w
+    expected = sharded / tp + kv_proj + (2 * L + 1) * D * w
+    assert weight_bytes_per_device(cfg, tp) == pytest.approx(expected, rel=1e-12)
+
+
+def test_collective_bytes_by_hand():
+    cfg = get_model_config("tiny-gqa")  # L=2, D=40, V=97, f32
+    wl = Workload("decode", 3, 16)
+    tp = 4
+    act = 3 * 40 * 4
+    logits = 3 * 25 * 4 * 4  # ceil(97/4)=25 rows per device, gathered from 4 devices, f32
+    expected = 5 * 2 * 3 / 4 * act + 3 / 4 * logits  # (2L+1) all-reduces + the logits gather
+    assert collective_bytes_per_step(cfg, tp, wl) == pytest.approx(expected)
+    assert collective_bytes_per_step(cfg, 1, wl) == 0
+    assert allreduce_bytes_per_device(100, 2) == 100
+
+
+def test_floor_adds_the_link_term():
+    cfg, chip = get_model_config("llama-2-70b"), get_chip("h100-sxm")
+    wl = Workload("decode", 1, 32768)
+    p1, p8 = (tensor_parallel_point(cfg, t, wl, chip) for t in (1, 8))
+    assert p1.link_s == 0 and p1.step_floor_s == p1.compute_memory_floor_s
+    assert p8.link_s == pytest.approx(p8.collective_bytes_per_step / 450e9)
+    assert p8.step_floor_s == pytest.approx(p8.compute_memory_floor_s + p8.link_s)
+    assert p8.compute_memory_floor_s < p1.compute_memory_floor_s / 7  # bytes split ~8 ways
+    assert not p1.fits_in_memory and p8.fits_in_memory  # 138 GB of weights on one 80 GB chip
+
+
+def test_link_latency_counts_ring_messages_by_hand():
+    cfg, chip = get_model_config("llama-2-70b"), get_chip("h100-sxm")  # L = 80
+    wl = Workload("decode", 1, 32768)
+    bw_only = tensor_parallel_point(cfg, 8, wl, chip)
+    with_lat = tensor_parallel_point(cfg, 8, wl, chip, link_latency_s=2e-6)
+    hops = 161 * 2 * 7 + 7  # 161 all-reduces of 2(tp-1) ring steps, one all-gather of tp-1
+    assert with_lat.collective_hops_per_step == hops == 2261
+    assert with_lat.link_s == pytest.approx(bw_only.link_s + hops * 2e-6)
+    assert tensor_parallel_point(cfg, 1, wl, chip, 2e-6).link_s == 0
+    with pytest.raises(KvjaxError, match="link_latency_s=-1 must be a number >= 0"):
+        tensor_parallel_point(cfg, 8, wl, chip, -1)
+
+
+def test_calc_link_latency_flag(capsys):
+    base = ["calc", "--json", "--model", "llama-2-70b", "--tp", "64"]
+    assert main([*base, "--link-latency", "1e-6"]) == 0
+    p = json.loads(capsys.readouterr().out)["tensor_parallel"][0]
+    assert p["link_latency_s"] == 1e-6 and p["collective_hops_per_step"] == 161 * 126 + 63
+    assert p["link_s"] > p["compute_memory_floor_s"]  # at tp=64 latency outweighs the HBM floor
+    assert main(["calc", "--link-latency", "1e-6"]) == 2
+    assert "--link-latency applies to the --tp link term" in capsys.readouterr().err
+    assert main([*base, "--link-latency", "-1"]) == 2
+    assert "--link-latency -1.0 must be >= 0 seconds" in capsys.readouterr().err
+
+
+def test_bad_tp():
+    cfg = get_model_config("llama-2-70b")
+    with pytest.raises(KvjaxError, match="tp=3 does not divide num_heads=64; allowed tp: 1, 2, 4"):
+        kv_heads_per_device(cfg, 3)
+    with pytest.raises(KvjaxError, match="tp=0 must be a positive integer"):
+        kv_heads_per_device(cfg, 0)
+
+
+def test_calc_tp_json(capsys):
+    argv = ["calc", "--json", "--model", "llama-2-70b", "--context", "32k", "--tp", "8"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tp"] == 8
+    assert out["kv_cache_bytes_per_device"] * 8 == out["kv_cache_bytes"]
+    assert out["weight_bytes_per_device"] < out["weight_bytes"] / 7
+    assert out["collective_bytes_per_token"] > 0
+
+
+def test_calc_tp_kernels_per_device(capsys):
+    argv = ["calc", "--json", "--model", "llama-2-70b", "--context", "4k", "--tp", "1,8,16"]
+    assert main(argv) == 0
+    points = json.loads(capsys.readouterr().out)["tensor_parallel"]
+    k = [{r["name"]: r for r in p["kernels_per_device"]} for p in points]
+    for name in (kernels.Q_PROJ, kernels.O_PROJ, kernels.GATE_UP, kernels.DOWN, kernels.SCORES):
+        assert k[1][name]["flops"] * 8 == k[0][name]["flops"]  # split 8 ways
+        assert k[2][name]["flops"] * 16 == k[0][name]["flops"]
+    # k_proj: 8 KV heads over 8 devices, then one (copied) head per device at tp=16
+    assert k[1][kernels.K_PROJ]["flops"] * 8 == k[0][kernels.K_PROJ]["flops"]
+    assert k[2][kernels.K_PROJ]["flops"] == k[1][kernels.K_PROJ]["flops"]
+    assert k[2][kernels.NORM_ATTN]["flops"] == k[0][kernels.NORM_ATTN]["flops"]  # replicated

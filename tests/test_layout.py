@@ -1,0 +1,149 @@
+"""The house rules of the tree (DESIGN.md): one package per view with imports pointing down, the
+closed form free of jax, plotting free of compute, short modules, and one kernel registry whose
+names every view uses."""
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvjax import analytic, get_model_config, kernels
+from kvjax.analytic import Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "kvjax"
+ROOT_MODULES = {"config", "hf_config", "hardware", "errors", "units", "files", "devices", "kernels"}
+# What each part of kvjax may import from kvjax (itself included): analytic <- traced <- measured,
+# nn beside the closed form, runs and cli on top, plotting from records only.
+ALLOWED = {
+    "root": set(),
+    "analytic": {"analytic"},
+    "nn": {"nn"},
+    "traced": {"analytic", "nn", "traced"},
+    "measured": {"analytic", "nn", "traced", "measured"},
+    "quality": {"analytic", "nn", "quality"},
+    "runs": {"analytic", "runs"},
+    "plotting": {"plotting"},
+    "cli": {"analytic", "nn", "traced", "measured", "runs", "plotting", "quality", "cli"},
+}
+COMPUTE = ("jax", "jaxlib", "flax", "optax", "chex", "orbax")
+
+
+def _modules():
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _part(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).parts
+    if rel == ("__main__.py",):
+        return "cli"  # `python3 -m kvjax`: the command line's entry point
+    return "root" if len(rel) == 1 else rel[0]
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module imported anywhere in the file (top level and inside functions)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+            if node.module == "kvjax":  # `from kvjax import analytic`: a submodule import
+                names += [f"kvjax.{a.name}" for a in node.names]
+    return names
+
+
+def _kvjax_part(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "kvjax" or len(parts) == 1:
+        return None
+    return "root" if parts[1] in ROOT_MODULES or parts[1] == "__version__" else parts[1]
+
+
+def test_imports_point_down():
+    wrong = []
+    for path in _modules():
+        part = _part(path)
+        if part not in ALLOWED:
+            raise AssertionError(f"{path}: package {part!r} has no place in the layering")
+        for module in _imports(path):
+            target = _kvjax_part(module)
+            if target in (None, "root") or target in ALLOWED[part]:
+                continue
+            if module in ("kvjax.ModelConfig", "kvjax.KvjaxError", "kvjax.get_model_config"):
+                continue
+            wrong.append(f"{path.relative_to(ROOT)} ({part}) imports {module}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("part", ["root", "analytic", "plotting"])
+def test_closed_form_and_plotting_import_no_compute_package(part):
+    for path in _modules():
+        if _part(path) != part:
+            continue
+        heavy = [m for m in _imports(path) if m.split(".")[0] in COMPUTE]
+        assert not heavy, f"{path.relative_to(ROOT)} imports {heavy}"
+
+
+def test_closed_form_runs_without_jax():
+    code = (
+        "import sys, kvjax.analytic.parallel, kvjax.analytic.variants, kvjax.kernels;"
+        "bad = [m for m in ('jax', 'flax') if m in sys.modules]; print(bad); sys.exit(bool(bad))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_modules_are_short():
+    long = {p: len(p.read_text().splitlines()) for p in _modules()}
+    over = {str(p.relative_to(ROOT)): n for p, n in long.items() if n > 400}
+    assert not over, over
+    assert long[PACKAGE / "cli" / "main.py"] < 250
+
+
+# -- the kernel registry ------------------------------------------------------------------------
+def _sources():
+    for folder in ("kvjax", "experiments", "tests"):
+        yield from (p for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_each_kernel_name_is_written_once():
+    """`grep -rn '"attn/scores"'` finds one definition: every other place uses the registry."""
+    text = {p: p.read_text() for p in _sources() if p != Path(__file__).resolve()}
+    for name, kernel in kernels.REGISTRY.items():
+        if kernel.kind in (kernels.STEP, kernels.GLUE):
+            continue  # "step" and "other" are also ordinary words (a training step's record)
+        where = [str(p.relative_to(ROOT)) for p, s in text.items() if f'"{name}"' in s]
+        # the model's parameter names `embed` and `lm_head` are attributes, not kernels
+        where = [w for w in where if not (name in ("embed", "lm_head") and "sharding" in w)]
+        assert where == ["kvjax/kernels.py"], (name, where)
+
+
+@pytest.mark.parametrize("preset", ["tiny-gqa", "gemma-7b", "qwen2.5-7b"])
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_every_closed_form_kernel_is_registered(preset, phase):
+    cfg = get_model_config(preset)
+    for name in analytic.step_kernels(cfg, Workload(phase, 2, 16)):
+        kernel = kernels.get(name)
+        assert kernel.per_layer == (name in analytic.layer_kernels(cfg, Workload(phase, 2, 16)))
+
+
+def test_registry_kinds_and_members():
+    assert kernels.get(kernels.ATTENTION).members == (kernels.SCORES, kernels.SOFTMAX, kernels.AV)
+    matmuls = {n for n, k in kernels.REGISTRY.items() if k.kind == kernels.MATMUL}
+    assert kernels.SCORES in matmuls and kernels.SOFTMAX not in matmuls
+    # a matmul's traced bytes are compared strictly, so it has no explanation
+    assert all(kernels.REGISTRY[n].bytes_note is None for n in matmuls)
+    with pytest.raises(ValueError, match=f"unknown kernel 'attn/score'.*{kernels.SCORES}"):
+        kernels.get("attn/score")
+
+
+def test_einsum_letters_are_in_the_glossary():
+    used = set()
+    for path in (PACKAGE / "nn").glob("*.py"):
+        for spec in re.findall(r'einsum\(\s*"([^"]+)"', path.read_text()):
+            used |= set(re.sub(r"[^A-Za-z]", "", spec))
+    assert used and used <= set(kernels.LETTERS), used - set(kernels.LETTERS)

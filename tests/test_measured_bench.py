@@ -1,0 +1,127 @@
+"""The measured view's harness: ceilings, placement, refusal, the bench command. No speeds."""
+
+import json
+
+import pytest
+
+from kvjax import KvjaxError, get_model_config, kernels
+from kvjax.analytic import Workload
+from kvjax.cli import main
+from kvjax.hardware import chip_from_numbers
+from kvjax.measured.bench import bench_point, place
+from kvjax.measured.ceilings import ceilings_cache_path, load_or_measure_ceilings
+from kvjax.measured.kernels import kernel_benches, time_kernel
+from kvjax.measured.step import time_decode_step
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_ceilings_are_positive_and_cached(cache_home):
+    first = load_or_measure_ceilings(quick=True)
+    assert ceilings_cache_path().exists() and str(cache_home) in str(ceilings_cache_path())
+    assert first.peak("f32") > 1e9 and first.peak("bf16") > 1e9
+    assert first.bandwidth_bytes_per_s > 1e9 and first.date
+    assert first.extra["update_bandwidth_bytes_per_s"] > 1e9
+    again = load_or_measure_ceilings()  # read back, not measured
+    assert again == first
+
+
+def test_known_kernels_land_on_the_right_side_of_the_ridge(cache_home):
+    ceilings = chip_from_numbers(100e9, 10e9, dtype="f32")  # ridge 10 FLOP/byte
+    cfg = get_model_config("llama-3-8b", num_layers=1, weight_dtype="f32", kv_dtype="f32")
+    decode = kernel_benches(cfg, Workload("decode", 1, 64))[kernels.K_PROJ]
+    prefill = kernel_benches(cfg.replace(d_ff=256), Workload("prefill", 1, 256))[kernels.K_PROJ]
+    fake = type("S", (), {"median_s": 1.0, "min_s": 1.0, "iqr_s": 0.0, "runs": 1, "device": "x"})
+    assert place("k", decode.closed, fake, ceilings, "f32")["bound"] == "memory"  # I ~ 0.5
+    assert place("k", prefill.closed, fake, ceilings, "f32")["bound"] == "compute"  # I ~ 100
+
+
+def test_bench_point_times_every_kernel_and_the_step():
+    ceilings = chip_from_numbers(100e9, 10e9, dtype="f32")
+    cfg = get_model_config("tiny-gqa")
+    points = bench_point(cfg, Workload("decode", 2, 64), ceilings, budget_s=0.05)
+    names = [p["kernel"] for p in points]
+    assert (
+        names[-1] == kernels.STEP_KERNEL and kernels.ATTENTION in names and kernels.SCORES in names
+    )
+    by = {p["kernel"]: p for p in points}
+    assert by[kernels.Q_PROJ]["traced_bytes"] == pytest.approx(by[kernels.Q_PROJ]["closed_bytes"])
+    assert (
+        by[kernels.ATTENTION]["traced_bytes"] >= by[kernels.ATTENTION]["closed_bytes"]
+    )  # unfused softmax
+    for p in points:
+        assert p["median_s"] > 0 and p["runs"] >= 5 and p["num_kv_heads"] == 3
+        assert p["fraction_of_bound"] == pytest.approx(p["bound_s"] / p["median_s"])
+        assert p["achieved_bytes_per_s"] == pytest.approx(p["closed_bytes"] / p["median_s"])
+    with pytest.raises(KvjaxError, match="unknown kernel"):
+        bench_point(cfg, Workload("decode", 2, 64), ceilings, names=["attn/qproj"])
+
+
+def test_inputs_rotate_past_the_cache():
+    cfg = get_model_config("tiny-mqa")
+    kb = kernel_benches(cfg, Workload("decode", 1, 16))[kernels.Q_PROJ]
+    first, second = kb.make_args(0), kb.make_args(1)
+    assert float(abs(first[1] - second[1]).min()) > 0  # every element differs between sets
+    assert float(abs(first[1]).min()) > 0  # random, never zeros
+    assert 0.8 < float(first[1].std()) < 1.2  # standard normal
+    assert time_kernel(kb, budget_s=0.02).runs >= 5
+
+
+def test_a_step_that_cannot_fit_is_refused_before_allocating():
+    cfg = get_model_config("seed-70b", weight_dtype="f32")  # 282 GB of weights
+    with pytest.raises(KvjaxError, match=r"needs .* GiB but the device has .* GiB free"):
+        time_decode_step(cfg, Workload("decode", 1, 1024))
+
+
+def test_bench_command_json(cache_home, capsys):
+    argv = [
+        "bench",
+        "--json",
+        "--model",
+        "tiny-gqa",
+        "--context",
+        "64",
+        "--kv-heads",
+        "1,3",
+        "--kernels",
+        "attention,attn/q_proj,step",
+        "--budget-s",
+        "0.05",
+    ]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["device"].startswith("cpu") and out["ceilings"]["bandwidth_bytes_per_s"] > 0
+    assert {(p["num_kv_heads"], p["kernel"]) for p in out["points"]} == {
+        (k, n) for k in (1, 3) for n in (kernels.ATTENTION, kernels.Q_PROJ, kernels.STEP_KERNEL)
+    }
+    for p in out["points"]:
+        assert {
+            "num_kv_heads",
+            "kernel",
+            "median_s",
+            "bound_s",
+            "closed_bytes",
+            "achieved_bytes_per_s",
+            "fraction_of_bound",
+        } <= p.keys()
+
+
+def test_bench_rejects_bad_sweep():
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--model", "tiny-gqa", "--kv-heads", "1,x"])
+    assert exc.value.code == 2
+
+
+@pytest.mark.slow
+def test_gpu_check_quick_runs_on_cpu(tmp_path, cache_home):
+    from experiments.benchmarks.gpu_check import main as gpu_check
+
+    gpu_check([str(tmp_path / "out"), "--quick"])
+    for name in ("environment", "ceilings", "attention_sweep", "decode_step", "done"):
+        assert (tmp_path / "out" / f"{name}.json").exists()
+    sweep = json.loads((tmp_path / "out" / "attention_sweep.json").read_text())
+    assert [p["num_kv_heads"] for p in sweep["points"]] == [1, 8, 32]

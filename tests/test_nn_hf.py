@@ -1,0 +1,79 @@
+"""Parity with Hugging Face transformers' LlamaForCausalLM on a tiny random GQA checkpoint that
+the test builds and saves itself (nothing is downloaded)."""
+
+import numpy as np
+import pytest
+from support import require_module
+
+torch = require_module("torch")
+transformers = require_module("transformers")
+
+from kvjax import KvjaxError  # noqa: E402
+from kvjax.nn import load_hf_llama  # noqa: E402
+
+
+def save_tiny_llama(folder, tie=False, family="llama", **changes):
+    torch.manual_seed(0)
+    kwargs = dict(
+        vocab_size=97,
+        hidden_size=48,  # 48 / 12 heads = 4, while head_dim = 8
+        intermediate_size=56,
+        num_hidden_layers=2,
+        num_attention_heads=12,
+        num_key_value_heads=3,
+        head_dim=8,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+    )
+    kwargs.update(changes)
+    if family == "qwen2":  # biases on q, k, v; no head_dim key
+        kwargs.pop("head_dim")
+        config = transformers.Qwen2Config(**kwargs)
+        model = transformers.Qwen2ForCausalLM(config).float().eval()
+    else:
+        config = transformers.LlamaConfig(attention_bias=False, **kwargs)
+        model = transformers.LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():  # norms away from 1 so a misplaced norm weight shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_logits_match_transformers(tmp_path, tie):
+    ref = save_tiny_llama(tmp_path, tie=tie)
+    model = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32")
+    assert model.cfg.num_kv_heads == 3 and model.cfg.head_dim == 8
+    toks = np.random.default_rng(0).integers(0, 97, size=(2, 11))
+    with torch.no_grad():
+        want = ref(torch.tensor(toks)).logits.numpy()
+    got = np.asarray(model(toks.astype(np.int32)))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_missing_tensor_is_named(tmp_path):
+    save_tiny_llama(tmp_path)
+    from safetensors.numpy import load_file, save_file
+
+    path = next(tmp_path.glob("*.safetensors"))
+    tensors = load_file(str(path))
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, str(path))
+    with pytest.raises(KvjaxError, match="missing tensor 'model.layers.1.mlp.down_proj.weight'"):
+        load_hf_llama(tmp_path)
+
+
+def test_qwen2_with_qkv_bias_matches_transformers(tmp_path):
+    ref = save_tiny_llama(tmp_path, family="qwen2")
+    model = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32")
+    assert model.cfg.qkv_bias and model.cfg.head_dim == 4
+    toks = np.random.default_rng(1).integers(0, 97, size=(2, 9))
+    with torch.no_grad():
+        want = ref(torch.tensor(toks)).logits.numpy()
+    np.testing.assert_allclose(model(toks.astype(np.int32)), want, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,145 @@
+"""The explorer page: its JavaScript formulas against `kvjax calc --json`, in a real headless
+Chromium (Debian's, driven by Playwright), opened from disk with the network cut off."""
+
+import json
+import os
+import random
+import re
+import shutil
+
+import pytest
+from support import require, require_module
+
+from kvjax.cli import main
+from kvjax.config import PRESETS
+from kvjax.hardware import CHIPS
+from kvjax.plotting.explorer import explorer_data, render_explorer, write_explorer
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_page_embeds_the_python_presets_and_fetches_nothing(tmp_path):
+    html = render_explorer()
+    data = json.loads(re.search(r"const DATA = (\{.*?\});\n", html).group(1))
+    assert data["default_model"] == "seed-70b" and data["default_chip"] == "h100-sxm"
+    assert set(data["models"]) == {n for n in PRESETS if not n.startswith("tiny")}
+    assert set(data["chips"]) == set(CHIPS)
+    assert data["models"]["gemma-7b"]["head_dim"] == 256
+    assert data == json.loads(
+        json.dumps({**explorer_data(), "default_model": "seed-70b", "default_chip": "h100-sxm"})
+    )
+    assert not re.search(r"""(src|href)=["']?https?:""", html)  # nothing loaded at view time
+    assert write_explorer(tmp_path / "x.html").read_text() == html
+
+
+def _browser():
+    require(CHROMIUM is not None, "no chromium on this machine (Debian's package; see .ci/run)")
+    return require_module("playwright.sync_api")
+
+
+def _number(text):
+    return float(re.match(r"\s*([-+0-9.eE]+)", text).group(1))
+
+
+def _calc(model, chip, batch, context, kv_heads, kv_dtype, capsys):
+    argv = [
+        "calc",
+        "--json",
+        "--model",
+        model,
+        "--chip",
+        chip,
+        "--batch",
+        str(batch),
+        "--context",
+        str(context),
+        "--kv-heads",
+        str(kv_heads),
+        "--kv-dtype",
+        kv_dtype,
+    ]
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+OUTPUTS = {  # element id -> (calc --json key, scale to the displayed unit)
+    "out-kv_cache": ("kv_cache_bytes", 2**-30),
+    "out-weights": ("weight_bytes", 2**-30),
+    "out-decode_intensity": ("decode_intensity", 1),
+    "out-attention_intensity": ("attention_intensity", 1),
+    "out-ridge": ("ridge_flops_per_byte", 1),
+    "out-attainable": ("attainable_flops_per_s", 1e-12),
+    "out-fraction": ("fraction_of_peak", 100),
+    "out-weight_floor": ("weight_floor_s_per_token", 1e3),
+    "out-step_floor": ("step_floor_s", 1e3),
+    "out-tokens": ("tokens_per_s", 1),
+}
+
+
+def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
+    sync_api = _browser()
+    page_path = write_explorer(tmp_path / "explorer.html")
+    rng = random.Random(0)
+    models = [n for n in PRESETS if not n.startswith("tiny")]
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        context = browser.new_context(offline=True, viewport={"width": 1150, "height": 900})
+        page = context.new_page()
+        requests = []
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(page_path.as_uri())
+
+        def read():
+            return {i: page.inner_text(f"#{i}") for i in [*OUTPUTS, "out-fits"]}
+
+        # the seed's defaults: GQA, 8k, one sequence: 2.5 GiB; 42 ms/token for weights alone
+        shown = read()
+        assert shown["out-kv_cache"] == "2.500 GiB"
+        assert round(_number(shown["out-weight_floor"])) == 42
+        assert round(_number(shown["out-ridge"])) == 295
+        page.screenshot(path=str(tmp_path / "explorer_default.png"), full_page=True)
+
+        for _ in range(20):
+            model = rng.choice(models)
+            chip = rng.choice(sorted(CHIPS))
+            kv_heads = rng.choice(PRESETS[model].kv_head_choices())
+            kv_dtype = rng.choice(["bf16", "f16", "f32", "fp8", "int8"])
+            b_exp, s_exp = rng.randint(0, 10), rng.randint(7, 20)
+            page.select_option("#model", model)
+            page.select_option("#chip", chip)
+            page.select_option("#kv_heads", str(kv_heads))
+            page.select_option("#kv_dtype", kv_dtype)
+            for slider, value in (("batch", b_exp), ("context", s_exp)):
+                page.eval_on_selector(
+                    f"#{slider}",
+                    "(el, v) => { el.value = v; el.dispatchEvent(new Event('input')); }",
+                    value,
+                )
+            shown = read()
+            want = _calc(model, chip, 2**b_exp, 2**s_exp, kv_heads, kv_dtype, capsys)
+            point = (model, chip, 2**b_exp, 2**s_exp, kv_heads, kv_dtype)
+            for element, (key, scale) in OUTPUTS.items():
+                # shown to 4 significant digits: agree to half a unit in the last place
+                assert _number(shown[element]) == pytest.approx(want[key] * scale, rel=6e-4), (
+                    point,
+                    element,
+                    shown[element],
+                    want[key] * scale,
+                )
+            fits = "does not fit" not in shown["out-fits"]
+            assert fits == want["fits_in_memory"], point
+        page.screenshot(path=str(tmp_path / "explorer_last.png"), full_page=True)
+        if os.environ.get("KVJAX_SCREENSHOT"):
+            shutil.copy(tmp_path / "explorer_default.png", os.environ["KVJAX_SCREENSHOT"])
+        browser.close()
+    assert all(u.startswith("file://") for u in requests), requests

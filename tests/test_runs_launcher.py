@@ -1,0 +1,298 @@
+"""Experiment configs, the launcher's resume, and reproducible figures."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvjax import KvjaxError
+from kvjax.plotting import make_figures
+from kvjax.runs.launcher import run_experiment
+from kvjax.runs.records import load_records
+
+SWEEP = """
+experiment: kv_vs_context
+model:
+  preset: llama-3-8b
+options:
+  contexts: [1024, 4096]
+sweep:
+  model.num_kv_heads: [1, 2, 4, 8, 32]
+  workload.batch: [1, 4]
+"""
+
+
+def write(tmp_path, text, name="exp.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_interrupted_sweep_resumes_without_recomputing(tmp_path, monkeypatch):
+    import experiments.kv_vs_context as exp
+
+    config = write(tmp_path, SWEEP)
+    calls = []
+    failed = []
+    real = exp.run_point
+
+    def failing(point):
+        calls.append((point.model.num_kv_heads, point.workload.batch))
+        if len(calls) == 4 and not failed:
+            failed.append(True)
+            raise RuntimeError("injected failure at point 4")
+        return real(point)
+
+    monkeypatch.setattr(exp, "run_point", failing)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        run_experiment(config, runs_root=tmp_path / "runs", progress=False)
+    run_dir = next((tmp_path / "runs" / "kv_vs_context").iterdir())
+    done = sorted(p.name for p in (run_dir / "points").iterdir())
+    assert len(done) == 3  # points 1..3 finished, 4 failed before writing
+    assert not list(run_dir.rglob(".*"))  # no temporary (half-written) file left
+    for f in (run_dir / "points").iterdir():
+        json.loads(f.read_text())  # every record file is whole
+
+    calls.clear()
+    run = run_experiment(config, runs_root=tmp_path / "runs", progress=False)
+    assert run.path == run_dir  # same config -> same run id -> resumed
+    assert len(calls) == 10 - 3  # only the unfinished points ran
+    assert len(list((run_dir / "points").iterdir())) == 10
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert all(p["done"] for p in manifest["points"]) and len(manifest["points"]) == 10
+    env = json.loads((run_dir / "environment.json").read_text())
+    assert {"jax", "flax", "backend", "device", "xla_flags"} <= env.keys()
+    assert (run_dir / "config.yaml").read_text().startswith("experiment: kv_vs_context")
+    df = load_records(tmp_path / "runs")
+    assert len(df) == 10 * 3 * 2  # points x variants x contexts
+    assert set(df.num_kv_heads) >= {1, 32}
+
+    calls.clear()
+    run_experiment(config, runs_root=tmp_path / "runs", progress=False)
+    assert calls == []  # a finished run recomputes nothing
+
+
+def test_overrides_and_explicit_run_id(tmp_path):
+    config = write(tmp_path, SWEEP)
+    run = run_experiment(
+        config,
+        ["model.preset=mistral-7b", "options.contexts=[2048]"],
+        runs_root=tmp_path / "runs",
+        run_id="mine",
+        progress=False,
+    )
+    assert run.path.name == "mine"
+    records = run.records()
+    assert {r["model"] for r in records} == {"mistral-7b"} and {r["context"] for r in records} == {
+        2048
+    }
+    with pytest.raises(KvjaxError, match="holds a run of a different config"):
+        run_experiment(config, runs_root=tmp_path / "runs", run_id="mine", progress=False)
+
+
+@pytest.mark.parametrize(
+    "text,override,message",
+    [
+        ("experiment: kv_vs_context\nmodel: [1, 2\n", None, "exp.yaml: malformed YAML"),
+        (
+            "experiment: kv_vs_context\nmodel:\n  num_kv_head: 4\n",
+            None,
+            "exp.yaml: model.num_kv_head: unknown key (allowed: preset",
+        ),
+        (
+            "experiment: kv_vs_context\nworkload:\n  batch: many\n",
+            None,
+            "exp.yaml: workload.batch: Value 'many'",
+        ),
+        (
+            "experiment: kv_vs_context\nmodel:\n  num_kv_heads: 6\n",
+            None,
+            "exp.yaml: num_heads=64 is not divisible by num_kv_heads=6",
+        ),
+        (
+            "experiment: kv_vs_contxt\n",
+            None,
+            "exp.yaml: experiment: unknown experiment 'kv_vs_contxt'",
+        ),
+        (
+            "experiment: kv_vs_context\n",
+            "model.num_kv_heads=abc",
+            "model.num_kv_heads: Value 'abc'",
+        ),
+        (
+            "experiment: kv_vs_context\nsweep:\n  model.num_kv_heads: 3\n",
+            None,
+            "exp.yaml: sweep.model.num_kv_heads: Value 3",
+        ),
+        (
+            "experiment: kv_vs_context\nworkload:\n  tp: 4\n",
+            None,
+            "exp.yaml: workload.tp=4, workload.dp=1: experiment kv_vs_context does not model "
+            "parallelism (it would ignore them); experiments that do: tensor_parallel",
+        ),
+        (
+            "experiment: tensor_parallel\nsweep:\n  workload.tp: [2, 3]\n",
+            None,
+            "exp.yaml: workload.tp: tp=3 does not divide num_heads=64; allowed tp: 1, 2, 4, 8",
+        ),
+        (
+            "experiment: kv_vs_context\nsweep:\n  model.num_kv_heads: [1, 8]\n",
+            "model.num_kv_heads=4",
+            "override 'model.num_kv_heads=4' would be replaced by sweep.model.num_kv_heads; "
+            "override the sweep instead: 'sweep.model.num_kv_heads=[4]'",
+        ),
+        (
+            "experiment: tensor_parallel\nworkload:\n  dp: 2\n  batch: 3\n",
+            None,
+            "exp.yaml: workload.batch=3 is not divisible by workload.dp=2",
+        ),
+    ],
+)
+def test_bad_configs_are_one_line_exit_2(tmp_path, text, override, message):
+    config = write(tmp_path, text)
+    argv = [sys.executable, "-m", "kvjax", "run", str(config)]
+    if override:
+        argv.append(override)
+    argv += ["--runs", str(tmp_path / "runs")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_figures_from_records_are_reproducible(tmp_path):
+    run_experiment(write(tmp_path, SWEEP), runs_root=tmp_path / "runs", progress=False)
+    records = load_records(tmp_path / "runs")
+    first = {p.name: p.read_bytes() for p in make_figures(records, tmp_path / "a")}
+    second = {p.name: p.read_bytes() for p in make_figures(records, tmp_path / "b")}
+    assert set(first) == {"kv_vs_context.png", "kv_vs_context.pdf"}
+    assert first == second
+
+
+def test_default_suite_members_all_validate():
+    from kvjax.runs.config import load_config
+    from kvjax.runs.launcher import available_experiments, suite_members
+
+    members = suite_members("configs/default.yaml")
+    assert [m.name for m in members][:2] == ["seed_table.yaml", "kv_vs_context.yaml"]
+    for m in members:
+        assert load_config(m).experiment in available_experiments()
+
+
+def test_suite_errors(tmp_path):
+    from kvjax.runs.launcher import run_config
+
+    bad = write(tmp_path, "suite: [missing.yaml]\n", "suite.yaml")
+    with pytest.raises(KvjaxError, match="suite: .*missing.yaml does not exist"):
+        run_config(bad)
+    write(tmp_path, SWEEP, "member.yaml")
+    good = write(tmp_path, "suite: [member.yaml]\n", "suite2.yaml")
+    with pytest.raises(KvjaxError, match="a suite takes no overrides"):
+        run_config(good, ["model.num_kv_heads=1"])
+    runs = run_config(good, runs_root=tmp_path / "runs", progress=False)
+    assert len(runs) == 1 and len(runs[0].records()) == 60
+
+
+QUALITY_MODEL = """
+model:
+  preset: tiny-gqa
+  num_layers: 1
+  d_model: 32
+  num_heads: 4
+  head_dim: 8
+  d_ff: 48
+  vocab_size: 256
+"""
+
+
+@pytest.mark.slow
+def test_quality_experiments_run_small_and_draw(tmp_path):
+    quality = write(
+        tmp_path,
+        "experiment: hkv_quality"
+        + QUALITY_MODEL
+        + """
+options: {steps: 6, batch_size: 2, seq_len: 16, eval_every: 3, eval_batches: 1, warmup_steps: 1,
+          max_bytes: 65536, num_pairs: 4, num_queries: 2}
+sweep:
+  options.task: [stdlib, recall]
+  model.num_kv_heads: [4, 1]
+""",
+        "q.yaml",
+    )
+    uptrain = write(
+        tmp_path,
+        "experiment: gqa_uptrain"
+        + QUALITY_MODEL.replace("head_dim: 8", "head_dim: 8\n  num_kv_heads: 4")
+        + """
+options: {task: stdlib, steps: 10, batch_size: 2, seq_len: 16, eval_every: 5, eval_batches: 1,
+          warmup_steps: 1, max_bytes: 65536, uptrain_fraction: 0.4, kv_heads: [2, 1],
+          methods: [mean, first]}
+""",
+        "u.yaml",
+    )
+    q = run_experiment(quality, runs_root=tmp_path / "runs", progress=False).records()
+    assert {(r["task"], r["num_kv_heads"]) for r in q} == {
+        (t, k) for t in ("stdlib", "recall") for k in (4, 1)
+    }
+    assert all(r["kv_bytes_per_token"] == 2 * 1 * r["num_kv_heads"] * 8 * 4 for r in q)
+    u = run_experiment(uptrain, runs_root=tmp_path / "runs", progress=False).records()
+    assert [(r["method"], r["num_kv_heads"]) for r in u] == [
+        ("mha", 4),
+        ("mean", 2),
+        ("first", 2),
+        ("mean", 1),
+        ("first", 1),
+    ]
+    assert all(r["history"][0]["step"] == 0 for r in u[1:])  # evaluated right after conversion
+    written = {p.name for p in make_figures(load_records(tmp_path / "runs"), tmp_path / "f")}
+    assert {"hkv_quality.png", "gqa_uptrain.png"} <= written
+
+
+def test_tensor_parallel_experiment_checks_itself_and_draws(tmp_path):
+    config = write(
+        tmp_path,
+        """
+experiment: tensor_parallel
+model: {preset: llama-3-8b, num_layers: 2}
+workload: {phase: decode, batch: 2, context: 512}
+options: {trace_up_to_tp: 4, trace_dtype: f32}
+sweep:
+  model.num_kv_heads: [8, 1]
+  workload.tp: [1, 4, 16]
+""",
+        "tp.yaml",
+    )
+    records = run_experiment(config, runs_root=tmp_path / "runs", progress=False).records()
+    assert sorted((r["num_kv_heads"], r["tp"]) for r in records) == [
+        (k, t) for k in (1, 8) for t in (1, 4, 16)
+    ]
+    for r in records:  # the sharded model's shardings hold the closed form's bytes
+        assert r["sharded_kv_cache_bytes_per_device"] == r["kv_cache_bytes_per_device"]
+        assert r["sharded_weight_bytes_per_device"] == r["weight_bytes_per_device"]
+    traced = [r for r in records if "traced_flops_per_device" in r]
+    assert sorted((r["num_kv_heads"], r["tp"]) for r in traced) == [(1, 4), (8, 4)]
+    for r in traced:  # compiled on 4 simulated devices in a subprocess, f32
+        assert r["traced_flops_per_device"] == pytest.approx(
+            r["traced_closed_flops_per_device"], rel=0.02
+        )
+        assert r["traced_collective_bytes"] == pytest.approx(
+            r["traced_closed_collective_bytes"], rel=0.10
+        )
+    kv = {(r["num_kv_heads"], r["tp"]): r["kv_cache_bytes_per_device"] for r in records}
+    assert kv[(8, 4)] * 4 == kv[(8, 1)] and kv[(8, 16)] == kv[(8, 1)] // 8  # one head each
+    assert kv[(1, 16)] == kv[(1, 1)]  # MQA: every device keeps the one head
+    written = {p.name for p in make_figures(load_records(tmp_path / "runs"), tmp_path / "f")}
+    assert "tensor_parallel.png" in written
+
+
+def test_sweep_entries_can_be_overridden(tmp_path):
+    from kvjax.runs.config import expand, load_config
+
+    cfg = load_config(write(tmp_path, SWEEP), ["sweep.model.num_kv_heads=[4, 2]"])
+    assert list(cfg.sweep["model.num_kv_heads"]) == [4, 2]
+    assert len(expand(cfg)) == 2 * 2  # with workload.batch [1, 4]
+    with pytest.raises(KvjaxError, match="a sweep takes a list"):
+        load_config(write(tmp_path, SWEEP), ["sweep.model.num_kv_heads=4"])
