@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from kvjax.cli import bench, calc, runs, trace
+from kvjax.cli import bench, calc, profile, runs, trace
 from kvjax.errors import KvjaxError
 
 
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     calc.add_parser(sub)
     trace.add_parser(sub)
     bench.add_parsers(sub)
+    profile.add_parser(sub)
     runs.add_parsers(sub)
     return parser
 

@@ -1,7 +1,13 @@
-"""The whole decode step timed as it is served: attend over the cache (read only), then the
-donated append, on the machine at hand."""
+"""The step as it is served, on the machine at hand: decode = attend over the cache (read only),
+then the donated append; prefill = the prompt into a donated cache. Used by the step timing
+below and by the in-situ profile (`kvjax.measured.profile`)."""
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -12,33 +18,78 @@ from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.measured.kernels import check_fits, random_array
 from kvjax.measured.timing import TimingStats, time_loop
+from kvjax.traced.step import cache_len
+
+REWINDS = 256  # fresh position arrays made at a time for the decode step's rewind
 
 
-def time_decode_step(cfg: ModelConfig, wl: Workload, budget_s: float = 2.0) -> TimingStats:
-    """The whole decode step (attend over a random cache, then the donated append)."""
+@dataclass
+class ServedStep:
+    """One step of a model with random weights and a random cache, ready to run repeatedly:
+    `carry = step(carry)`. `jits` maps each jitted function's name to it and its example
+    arguments (to read its compiled module)."""
+
+    step: Callable[[Any], Any]
+    carry: Any
+    jits: dict[str, tuple[Any, tuple]]
+
+
+def served_step(cfg: ModelConfig, wl: Workload, seed: int = 0) -> ServedStep:
+    """The step of `wl.phase` as `kvjax.nn.generate` runs it. Refused before anything is
+    allocated if the weights and cache do not fit this device's free memory."""
     from flax import nnx
 
     from kvjax.nn import CompiledSteps, KVCache, Transformer
 
-    if wl.phase != "decode":
-        raise KvjaxError("time_decode_step needs phase='decode'")
-    needed = analytic.weight_bytes(cfg) + analytic.kv_cache_bytes(cfg, wl.context, wl.batch)
-    check_fits(f"the {cfg.name} decode step (weights + KV cache)", needed)
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    rows = cache_len(wl.phase, wl.context)
+    needed = analytic.weight_bytes(cfg) + analytic.kv_cache_bytes(cfg, rows, wl.batch)
+    check_fits(f"the {cfg.name} {wl.phase} step (weights + KV cache)", needed)
+    model = Transformer(cfg, rngs=nnx.Rngs(seed))
     steps = CompiledSteps(model)
-    cache = model.init_cache(wl.batch, wl.context - 1)
-    keys = jax.random.split(jax.random.key(1), 2 * cache.num_layers)
+    empty = model.init_cache(wl.batch, rows)
+    keys = jax.random.split(jax.random.key(seed + 1), 2 * empty.num_layers)
     cache = KVCache(
-        k=tuple(random_array(keys[i], x.shape, x.dtype) for i, x in enumerate(cache.k)),
-        v=tuple(random_array(keys[-1 - i], x.shape, x.dtype) for i, x in enumerate(cache.v)),
+        k=tuple(random_array(keys[i], x.shape, x.dtype) for i, x in enumerate(empty.k)),
+        v=tuple(random_array(keys[-1 - i], x.shape, x.dtype) for i, x in enumerate(empty.v)),
         pos=jnp.zeros((wl.batch,), jnp.int32),
     )
-    tokens = jax.random.randint(jax.random.key(2), (wl.batch,), 0, cfg.vocab_size, jnp.int32)
+    ids = jax.random.randint(jax.random.key(seed + 2), (wl.batch, wl.query_len), 0,
+                             cfg.vocab_size, jnp.int32)  # fmt: skip
+    if wl.phase == "decode":
+        tokens_B = ids[:, 0]
+        # Every step is the same step: positions are rewound to 0 to keep writing inside the
+        # cache. The append donates the cache, positions included, so each step takes a fresh
+        # zeros array made beforehand (no device work inside the timed step).
+        rewinds = iter([])
 
-    def step(cache):
-        _, new_k, new_v = steps.attend(steps.state, tokens, cache)
-        # rewind to keep writing inside the cache: every step is the same step
-        return steps.append(cache, new_k, new_v).with_positions(jnp.zeros_like(cache.pos))
+        def step(cache):
+            nonlocal rewinds
+            _, new_k, new_v = steps.attend(steps.state, tokens_B, cache)
+            pos_B = next(rewinds, None)
+            if pos_B is None:
+                rewinds = iter([jnp.zeros((wl.batch,), jnp.int32) for _ in range(REWINDS)])
+                pos_B = next(rewinds)
+            return dataclasses.replace(steps.append(cache, new_k, new_v), pos=pos_B)
 
-    stats, _ = time_loop(step, cache, budget_s=budget_s)
+        _, new_k, new_v = jax.eval_shape(steps.attend, steps.state, tokens_B, cache)
+        jits = {
+            "attend": (steps.attend, (steps.state, tokens_B, cache)),
+            "append": (steps.append, (cache, new_k, new_v)),
+        }
+    else:
+        lengths_B = jnp.full((wl.batch,), wl.context, jnp.int32)
+
+        def step(cache):
+            return steps.prefill(steps.state, ids, cache, lengths_B)[1]
+
+        jits = {"prefill": (steps.prefill, (steps.state, ids, cache, lengths_B))}
+    return ServedStep(step, cache, jits)
+
+
+def time_decode_step(cfg: ModelConfig, wl: Workload, budget_s: float = 2.0) -> TimingStats:
+    """The whole decode step (attend over a random cache, then the donated append)."""
+    if wl.phase != "decode":
+        raise KvjaxError("time_decode_step needs phase='decode'")
+    served = served_step(cfg, wl)
+    stats, _ = time_loop(served.step, served.carry, budget_s=budget_s)
     return stats

@@ -7,6 +7,8 @@ inside `layer{i}` for layer kernels: `embed`, `layer0/norm/attn`, ..., `norm/fin
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -245,6 +247,36 @@ def _concrete(x) -> np.ndarray | None:
         return np.asarray(x)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
         return None
+
+
+# The kernel each parameter (and cache array) is read by. Compiled ops that lost their named
+# scope (XLA:CPU drops the metadata of matrix-vector products) are attributed through the
+# parameters they read (`kvjax.traced.compiled`).
+PARAM_KERNELS = {
+    "q_proj": kernels.Q_PROJ, "q_bias": kernels.Q_PROJ,
+    "k_proj": kernels.K_PROJ, "k_bias": kernels.K_PROJ,
+    "v_proj": kernels.V_PROJ, "v_bias": kernels.V_PROJ,
+    "o_proj": kernels.O_PROJ, "gate_up": kernels.GATE_UP, "up": kernels.UP, "down": kernels.DOWN,
+    "attn_norm": kernels.NORM_ATTN, "mlp_norm": kernels.NORM_MLP,
+    "final_norm": kernels.NORM_FINAL, "embed": kernels.EMBED, "lm_head": kernels.LM_HEAD,
+    "k": kernels.SCORES, "v": kernels.AV,  # the KV cache: cache.k[i], cache.v[i]
+}  # fmt: skip
+_PATH_PART = re.compile(r"\['(\w+)'\]|\[(\d+)\]|\.(\w+)")
+
+
+def param_kernel(op_name: str, is_product: bool = False) -> tuple[int | None, str] | None:
+    """(layer, kernel) of the parameter or cache array a jit argument's `op_name` names:
+    `state['layers'][0]['attn']['q_proj'].value` -> (0, attn/q_proj); `cache.k[1]` -> (1,
+    attn/scores). A tied embedding read by a product is the LM head."""
+    parts = [a or b or c for a, b, c in _PATH_PART.findall(op_name.replace("\\", ""))]
+    layer = next((int(x) for x in parts if x.isdigit()), None)
+    for part in reversed(parts):
+        if part in PARAM_KERNELS:
+            kernel = PARAM_KERNELS[part]
+            if kernel == kernels.EMBED and is_product:
+                kernel = kernels.LM_HEAD
+            return layer, kernel
+    return None
 
 
 def abstract_model(cfg: ModelConfig) -> Transformer:

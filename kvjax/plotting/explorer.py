@@ -3,8 +3,8 @@ HTML file that opens from disk with no server and no network.
 
 The presets are exported from `kvjax.config` and `kvjax.hardware` as JSON into the page; the
 formulas run in the page's JavaScript (a second implementation of `kvjax.analytic`'s decode step,
-kernel by kernel), and tests/test_plotting_explorer.py checks, in a real headless browser, that the page
-shows what `kvjax calc --json` says.
+kernel by kernel), and tests/test_plotting_explorer.py checks, in a real headless browser, that
+the page shows what `kvjax calc --json` says.
 """
 
 from __future__ import annotations

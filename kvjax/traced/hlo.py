@@ -241,8 +241,11 @@ class CostModel:
             c.flops = 2 * out_elems * contracted
         elif op in ("reduce", "reduce-window"):
             sub = self.computation_cost(self._callee(ins))
-            n_in = _shape_bytes_elems(self.shapes[ins.operands[0]])[1]
-            count = n_in - out_elems
+            window = re.search(r"window=\{size=([0-9x]+)", ins.attrs)
+            if window:  # (window elements - 1) per output; a padded window counts its padding
+                count = (math.prod(int(d) for d in window.group(1).split("x")) - 1) * out_elems
+            else:
+                count = _shape_bytes_elems(self.shapes[ins.operands[0]])[1] - out_elems
             c.flops, c.transcendentals = sub.flops * count, sub.transcendentals * count
         elif op == "slice":
             c.bytes = 2 * out_bytes

@@ -1,0 +1,109 @@
+"""`kvjax profile`: the served step timed in situ under jax.profiler, every executed op
+attributed to its kernel (or fused group of kernels), on this device's measured roofline."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+from typing import Any
+
+from kvjax.cli import render
+from kvjax.cli.args import add_model_args, add_workload_args, emit, resolve_model, resolve_workload
+from kvjax.units import fmt_rate, fmt_seconds
+
+OPEN_TRACE = (
+    "open the trace: drag perfetto_trace.json.gz into the Perfetto UI (ui.perfetto.dev), or "
+    "`pip install xprof && xprof --logdir {dir}` (offline once installed)"
+)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="time every kernel inside the real step (jax.profiler), on the measured roofline",
+        description="Run the served step (prefill, or decode = attend + donated append) under "
+        "jax.profiler and attribute every executed op to its kernel through the compiled "
+        "module's op metadata; fused kernels are one row naming its members.",
+    )
+    add_model_args(p, kv_heads_sweep=True)
+    add_workload_args(p)
+    p.add_argument("--steps", type=int, default=20, help="profiled steps (default 20)")
+    p.add_argument(
+        "--trace-dir",
+        default=None,
+        help="where the traces are kept (default runs/profiles/<model>-<phase>-<time>/)",
+    )
+    p.add_argument("--refresh-ceilings", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def profile_report(args: argparse.Namespace) -> dict[str, Any]:
+    from kvjax.measured.attribution import profile_report as rows_report
+    from kvjax.measured.ceilings import load_or_measure_ceilings
+    from kvjax.measured.profile import profile_step
+
+    base, wl = resolve_model(args), resolve_workload(args)
+    cfgs = [base.replace(num_kv_heads=k) for k in (args.kv_heads or [base.num_kv_heads])]
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    root = Path(args.trace_dir or f"runs/profiles/{base.name}-{wl.phase}-{stamp}")
+    with render.progress("measuring ceilings (cached per device)"):
+        ceilings = load_or_measure_ceilings(refresh=args.refresh_ceilings)
+    points = []
+    for cfg in cfgs:
+        with render.progress(f"profiling {cfg.name} num_kv_heads={cfg.num_kv_heads}"):
+            prof = profile_step(
+                cfg, wl, steps=args.steps, trace_dir=str(root / f"kv{cfg.num_kv_heads}")
+            )
+        points.append(rows_report(prof, ceilings))
+    return {"trace_root": str(root), "points": points}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        from kvjax.errors import KvjaxError
+
+        raise KvjaxError(f"--steps {args.steps} must be a positive integer")
+    return emit(args, profile_report(args), print_profile)
+
+
+def print_profile(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    con = render.console()
+    for point in report["points"]:
+        m, wl, c = point["model"], point["workload"], point["ceilings"]
+        con.print(
+            f"[bold]{m['name']}[/bold] num_kv_heads={m['num_kv_heads']} | {wl['phase']} | "
+            f"B={wl['batch']:,} | S={wl['context']:,} | {point['device']}: "
+            f"{fmt_rate(c['peak_flops_per_s'], 'FLOP/s')}, "
+            f"{fmt_rate(c['bandwidth_bytes_per_s'], 'B/s')} measured {c['date']}"
+        )
+        t = Table(title=f"in situ, median of {point['steps']} steps (bytes: per step)")
+        cols = ("kernel(s)", "ops", "median", "of step", "closed bytes", "compiled bytes",
+                "achieved", "bound", "of bound", "")  # fmt: skip
+        for col in cols:
+            t.add_column(col, justify="left" if col in ("kernel(s)", "") else "right")
+        step = point["step"]
+        for r in [*point["rows"], step]:
+            t.add_row(
+                r["name"],
+                str(r.get("ops", "")),
+                fmt_seconds(r["median_s"]),
+                f"{100 * r['median_s'] / step['median_s']:.1f}%",
+                fmt_rate(r["closed_bytes"], "B"),
+                fmt_rate(r["compiled_bytes"], "B"),
+                fmt_rate(r["achieved_bytes_per_s"] or 0, "B/s"),
+                f"{fmt_seconds(r['bound_s'])} {r['bound'][:3]}",
+                f"{100 * (r['fraction_of_bound'] or 0):.0f}%",
+                "above the roof (see --json)" if r["above_roof"] else "",
+            )
+        con.print(t)
+        con.print(
+            f"  coverage    kernels {fmt_seconds(sum(r['median_s'] for r in point['rows']))} of "
+            f"the step's {fmt_seconds(step['median_s'])} wall time = "
+            f"{100 * point['coverage']:.1f}% (the rest: dispatch and gaps between ops)"
+        )
+        con.print(f"  trace       {point['trace_dir']}")
+    con.print("  " + OPEN_TRACE.format(dir=report["trace_root"]))

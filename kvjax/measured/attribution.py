@@ -1,0 +1,156 @@
+"""The in-situ profile as rows: time per kernel (or group of kernels XLA fused) inside the real
+step, beside the compiled module's and the closed form's FLOPs and bytes, placed on the measured
+roofline. Every number a row shows is either measured (time), read from the compiled module
+(per instruction, `kvjax.traced.compiled`) or the closed form (`kvjax.analytic`)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from kvjax import analytic, kernels
+from kvjax.analytic import roofline
+from kvjax.hardware import ChipSpec
+from kvjax.measured.profile import StepProfile
+from kvjax.traced.compiled import UNNAMED
+
+# A kernel is flagged when its median time is below its bound by more than this: timing noise
+# on a shared machine is a few percent, a wrong roof or a wrong byte count is more.
+ABOVE_ROOF_TOLERANCE = 0.05
+
+
+@dataclass
+class KernelRow:
+    name: str  # the members joined by " + "
+    members: tuple[str, ...]
+    ops: int  # executed instructions attributed to the row
+    median_s: float
+    q25_s: float
+    q75_s: float
+    compiled_flops: float
+    compiled_bytes: float
+    closed_flops: float
+    closed_bytes: float
+
+
+def _groups(profile: StepProfile) -> list[tuple[str, ...]]:
+    """Kernels that share an executed op, joined transitively (union-find), in registry order."""
+    parent: dict[str, str] = {}
+
+    def find(k: str) -> str:
+        while parent.setdefault(k, k) != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for key in profile.op_s:
+        names = profile.ops[key].kernels
+        for other in names[1:]:
+            parent[find(other)] = find(names[0])
+        find(names[0])
+    order = {name: i for i, name in enumerate(kernels.REGISTRY)}
+    groups: dict[str, list[str]] = {}
+    for k in parent:
+        groups.setdefault(find(k), []).append(k)
+    ranked = [tuple(sorted(g, key=lambda k: order.get(k, len(order)))) for g in groups.values()]
+    return sorted(ranked, key=lambda g: order.get(g[0], len(order)))
+
+
+def kernel_rows(profile: StepProfile) -> list[KernelRow]:
+    closed = analytic.step_kernels(profile.cfg, profile.workload)
+    rows = []
+    for members in _groups(profile):
+        keys = [key for key in profile.op_s if set(profile.ops[key].kernels) <= set(members)]
+        per_step = np.sum([profile.op_s[key] for key in keys], axis=0)
+        q25, q75 = np.quantile(per_step, [0.25, 0.75])
+        rows.append(
+            KernelRow(
+                name=" + ".join(members),
+                members=members,
+                ops=len(keys),
+                median_s=float(statistics.median(per_step)),
+                q25_s=float(q25),
+                q75_s=float(q75),
+                compiled_flops=sum(profile.ops[k].cost.flops for k in keys),
+                compiled_bytes=sum(profile.ops[k].cost.bytes for k in keys),
+                closed_flops=sum(closed[m].flops for m in members if m in closed),
+                closed_bytes=sum(closed[m].bytes for m in members if m in closed),
+            )
+        )
+    return rows
+
+
+def _place(row: dict, peak: float, bw: float) -> dict:
+    """Bound, achieved rates and the above-the-roof flag of one row (or the step)."""
+    t = row["median_s"]
+    on_roof = roofline.point(row["name"], row["closed_flops"], row["closed_bytes"], peak, bw)
+    compiled = roofline.point(row["name"], row["compiled_flops"], row["compiled_bytes"], peak, bw)
+    row.update(
+        bound_s=on_roof.bound_s,
+        bound=on_roof.bound,
+        compiled_bound_s=compiled.bound_s,
+        fraction_of_bound=on_roof.bound_s / t if t else None,
+        achieved_bytes_per_s=row["closed_bytes"] / t if t else None,
+        achieved_compiled_bytes_per_s=row["compiled_bytes"] / t if t else None,
+        achieved_flops_per_s=row["closed_flops"] / t if t else None,
+        above_roof=None,
+    )
+    if t and t < (1 - ABOVE_ROOF_TOLERANCE) * compiled.bound_s:
+        row["above_roof"] = (
+            "faster than the measured ceilings allow for the bytes the compiled ops move: a "
+            "ceiling is too low (or a cache held the data)"
+        )
+    elif t and t < (1 - ABOVE_ROOF_TOLERANCE) * on_roof.bound_s:
+        row["above_roof"] = (
+            "beats the closed form's bound because the fused, compiled ops move fewer bytes "
+            f"({row['compiled_bytes']:.3g}) than the unfused closed form counts "
+            f"({row['closed_bytes']:.3g})"
+        )
+    return row
+
+
+def profile_report(profile: StepProfile, ceilings: ChipSpec) -> dict:
+    """Rows, the whole step and coverage, on the measured roofline of `ceilings`."""
+    peak = ceilings.peak(profile.cfg.compute_dtype)
+    bw = ceilings.bandwidth_bytes_per_s
+    rows = [_place(asdict(r), peak, bw) for r in kernel_rows(profile)]
+    step = analytic.step_cost(profile.cfg, profile.workload)
+    wall = statistics.median(profile.wall_s)
+    attributed = sum(r["median_s"] for r in rows)
+    step_row = _place(
+        {
+            "name": kernels.STEP_KERNEL,
+            "median_s": wall,
+            "closed_flops": step.flops,
+            "closed_bytes": step.bytes,
+            "compiled_flops": sum(r["compiled_flops"] for r in rows),
+            "compiled_bytes": sum(r["compiled_bytes"] for r in rows),
+        },
+        peak,
+        bw,
+    )
+    unnamed = [r["name"] for r in rows if UNNAMED in r["members"] or kernels.OTHER in r["members"]]
+    return {
+        "model": profile.cfg.to_dict(),
+        "workload": {
+            "phase": profile.workload.phase,
+            "batch": profile.workload.batch,
+            "context": profile.workload.context,
+        },  # fmt: skip
+        "device": profile.device,
+        "steps": profile.steps,
+        "ceilings": {
+            "name": ceilings.name,
+            "peak_flops_per_s": peak,
+            "bandwidth_bytes_per_s": bw,
+            "date": ceilings.date,
+        },  # fmt: skip
+        "rows": rows,
+        "step": step_row,
+        "coverage": attributed / wall if wall else None,
+        "unattributed_rows": unnamed,
+        "unmatched_ops": profile.unmatched_events,
+        "trace_dir": profile.trace_dir,
+    }

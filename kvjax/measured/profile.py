@@ -1,0 +1,190 @@
+"""The step measured in situ: the served step (`kvjax.measured.step`) run under `jax.profiler`,
+every executed op attributed to kernels, timed per kernel inside the real, fused step.
+
+How (DESIGN.md): XLA:CPU emits one profiler event per executed thunk, and a GPU one per kernel,
+each carrying `hlo_op` (the instruction's name in the compiled module), `hlo_module`
+(`jit_<function>`) and `run_id` (one per execution). The compiled module of each jitted function
+(`kvjax.traced.compiled`) maps every instruction to the kernels whose `jax.named_scope`s it holds
+and gives its compiled FLOPs and bytes. Per step, each row (a kernel, or kernels XLA fused
+together, named as such: `attn/softmax + attn/av`) sums the durations of its ops; the report
+takes the median over steps. Rows are the connected groups of kernels that share an executed op,
+so every kernel is in exactly one row and a row's closed form is the sum of its members'.
+
+Coverage is the sum of the rows' time over the step's wall time (Python dispatch and the gaps
+between ops are the rest). The trace is kept: `perfetto_trace.json.gz` (open it in the Perfetto
+UI) and `*.xplane.pb` (XProf / TensorBoard's profile plugin).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import jax
+
+from kvjax import kernels
+from kvjax.analytic import Workload
+from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
+from kvjax.measured.step import served_step
+from kvjax.measured.timing import device_name
+from kvjax.nn.transformer import param_kernel
+from kvjax.traced.compiled import UNNAMED, CompiledOp, compiled_ops
+
+
+@dataclass(frozen=True)
+class OpEvent:
+    """One executed op: the compiled instruction `op` of module `module`, execution `run_id`."""
+
+    op: str
+    module: str
+    run_id: int
+    start_us: float
+    duration_us: float
+
+
+@dataclass
+class StepProfile:
+    cfg: ModelConfig
+    workload: Workload
+    device: str
+    steps: int
+    wall_s: list[float]  # per step, Python's clock around the step
+    op_s: dict[tuple[str, str], list[float]]  # (module, op) -> seconds in each step
+    ops: dict[tuple[str, str], CompiledOp]  # (module, op) -> its kernels and compiled cost
+    trace_dir: str | None
+    unmatched_events: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def load_events(xplane_path: str) -> list[OpEvent]:
+    """Executed-op events of a profile (`jax.profiler.ProfileData`, public API)."""
+    data = jax.profiler.ProfileData.from_file(xplane_path)
+    events = []
+    for plane in data.planes:
+        for line in plane.lines:
+            for e in line.events:
+                stats = dict(e.stats)
+                if "hlo_op" not in stats:  # markers ("end: ...") and executor bookkeeping
+                    continue
+                events.append(
+                    OpEvent(
+                        op=str(stats["hlo_op"]),
+                        module=str(stats.get("hlo_module", "")),
+                        run_id=int(stats.get("run_id", -1)),
+                        start_us=e.start_ns / 1e3,
+                        duration_us=e.duration_ns / 1e3,
+                    )
+                )
+    return events
+
+
+def per_step_op_seconds(
+    events: list[OpEvent], modules: set[str], steps: int
+) -> tuple[dict[tuple[str, str], list[float]], int]:
+    """Seconds of each (module, op) in each step. A module's executions (run ids) are ordered by
+    their first event and numbered as steps; every traced module must have run `steps` times."""
+    runs: dict[str, dict[int, float]] = defaultdict(dict)
+    for e in events:
+        if e.module in modules:
+            first = runs[e.module].get(e.run_id)
+            runs[e.module][e.run_id] = e.start_us if first is None else min(first, e.start_us)
+    index = {}
+    for module in modules:
+        ordered = sorted(runs[module], key=runs[module].get)
+        if len(ordered) != steps:
+            raise KvjaxError(
+                f"the profile holds {len(ordered)} executions of {module}, expected {steps}: "
+                "another program ran the same function during the trace"
+            )
+        index.update({(module, rid): i for i, rid in enumerate(ordered)})
+    seconds: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0] * steps)
+    outside = 0
+    for e in events:
+        if e.module not in modules:
+            outside += 1
+            continue
+        seconds[(e.module, e.op)][index[(e.module, e.run_id)]] += e.duration_us * 1e-6
+    return dict(seconds), outside
+
+
+def profile_step(
+    cfg: ModelConfig,
+    wl: Workload,
+    *,
+    steps: int = 20,
+    warmup: int = 3,
+    trace_dir: str | None = None,
+) -> StepProfile:
+    """Run `steps` served steps under the profiler (after `warmup` untraced ones) and attribute
+    every executed op. The trace stays in `trace_dir` (a temporary folder if None, removed)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise KvjaxError(f"steps={steps!r} must be a positive integer")
+    served = served_step(cfg, wl)
+    names = tuple(kernels.REGISTRY)
+    ops: dict[tuple[str, str], CompiledOp] = {}
+    for name, (fn, args) in served.jits.items():
+        lowered = fn.lower(*args)
+        attributed = compiled_ops(
+            lowered.compile().as_text(),
+            names,
+            param_kernel,
+            lowered.as_text(dialect="hlo", debug_info=True),
+        )
+        ops.update({(f"jit_{name}", op.name): op for op in attributed})
+    carry = served.carry
+    for _ in range(warmup):
+        carry = jax.block_until_ready(served.step(carry))
+    own = trace_dir is None
+    logdir = tempfile.mkdtemp(prefix="kvjax-profile-") if own else str(trace_dir)
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0  # the default records every Python call: slow, unused
+    wall = []
+    jax.profiler.start_trace(logdir, create_perfetto_trace=True, profiler_options=options)
+    try:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            carry = jax.block_until_ready(served.step(carry))
+            wall.append(time.perf_counter() - t0)
+    finally:
+        jax.profiler.stop_trace()
+    found = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")),
+                   key=os.path.getmtime)  # fmt: skip
+    if not found:
+        raise KvjaxError(f"jax.profiler wrote no *.xplane.pb under {logdir}")
+    events = load_events(found[-1])
+    modules = {f"jit_{name}" for name in served.jits}
+    op_s, _ = per_step_op_seconds(events, modules, steps)
+    unmatched = [key for key in op_s if key not in ops]
+    for key in unmatched:  # an executed op the compiled text does not list: never dropped
+        ops[key] = CompiledOp(key[1], "?", (UNNAMED,), (), ops_cost_zero())
+    if own:
+        import shutil
+
+        shutil.rmtree(logdir, ignore_errors=True)
+    return StepProfile(
+        cfg=cfg,
+        workload=wl,
+        device=device_name(),
+        steps=steps,
+        wall_s=wall,
+        op_s=op_s,
+        ops=ops,
+        trace_dir=None if own else os.path.dirname(found[-1]),
+        unmatched_events=len(unmatched),
+    )
+
+
+def ops_cost_zero():
+    from kvjax.traced.hlo import Cost
+
+    return Cost()
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
