@@ -57,28 +57,30 @@ def run_point(point) -> list[dict]:
                             k.kernel, phase, "traced", k.flops, k.bytes, peak, bw, chip.name, cfg
                         )
                     )
-        if opts.get("measured", False):
-            from kvjax.measured.bench import bench_point
-            from kvjax.measured.ceilings import load_or_measure_ceilings
-
-            ceilings = load_or_measure_ceilings()
-            mpeak, mbw = ceilings.peak(dtype), ceilings.bandwidth_bytes_per_s
-            for p in bench_point(
-                cfg, w, ceilings, include_step=False, budget_s=float(opts.get("budget_s", 0.5))
-            ):
-                if p["kernel"] in layer:
-                    records.append(
-                        _point(
-                            p["kernel"],
-                            phase,
-                            "measured",
-                            p["closed_flops"],
-                            p["closed_bytes"],
-                            mpeak,
-                            mbw,
-                            ceilings.name,
-                            cfg,
-                            seconds=p["median_s"],
-                        )
-                    )
+        if opts.get("measured", False):  # every kernel timed inside the real step
+            records += _measured_in_situ(cfg, w, opts)
     return records
+
+
+def _measured_in_situ(cfg, wl, opts) -> list[dict]:
+    from kvjax.measured.attribution import reports_on_ceilings
+    from kvjax.measured.ceilings import load_or_measure_ceilings
+    from kvjax.measured.profile import profile_sweep
+
+    ceilings = load_or_measure_ceilings()
+    profiles = profile_sweep([cfg], wl, steps=int(opts.get("steps", 8)), rounds=2)
+    (report,) = reports_on_ceilings(
+        profiles, ceilings, remeasure=lambda: load_or_measure_ceilings(refresh=True)
+    )
+    peak, bw = report["ceilings"]["peak_flops_per_s"], report["ceilings"]["bandwidth_bytes_per_s"]
+    out = []
+    for row in report["rows"]:
+        if not row["closed_flops"] or not row["closed_bytes"]:
+            continue  # glue rows have no closed form to place
+        flops, bytes_, chip = row["closed_flops"], row["closed_bytes"], report["ceilings"]["name"]
+        record = _point(row["name"], wl.phase, "measured", flops, bytes_, peak, bw, chip, cfg,
+                        seconds=row["median_s"])  # fmt: skip
+        record.update(members=list(row["members"]), above_roof=row["above_roof"],
+                      coverage=report["coverage"], measured="in situ")  # fmt: skip
+        out.append(record)
+    return out

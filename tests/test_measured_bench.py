@@ -25,7 +25,14 @@ def test_ceilings_are_positive_and_cached(cache_home):
     assert ceilings_cache_path().exists() and str(cache_home) in str(ceilings_cache_path())
     assert first.peak("f32") > 1e9 and first.peak("bf16") > 1e9
     assert first.bandwidth_bytes_per_s > 1e9 and first.date
-    assert first.extra["update_bandwidth_bytes_per_s"] > 1e9
+    by_kernel = first.extra["bandwidth_bytes_per_s_by_kernel"]
+    assert set(by_kernel) == {"read", "gemv", "copy", "triad"}
+    assert first.bandwidth_bytes_per_s == max(by_kernel.values())  # an upper bound of them all
+    for name, trials in first.extra["bandwidth_trials_bytes_per_s"].items():
+        assert len(trials) == 3 and max(trials) == by_kernel[name]
+    assert first.peak("f32") == max(
+        max(r) for r in first.extra["flops_trials_per_s"]["f32"].values()
+    )
     again = load_or_measure_ceilings()  # read back, not measured
     assert again == first
 

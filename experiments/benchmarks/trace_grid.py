@@ -3,9 +3,9 @@
     python3 -m experiments.benchmarks.trace_grid [--out experiments/results/trace_grid.csv]
 
 For each point one decoder layer is traced (XLA, lowered stage) and multiplied by num_layers
-(tests/test_traced_step.py proves this equals the unrolled trace), then compared with the closed form:
-the worst matmul-kernel FLOPs and bytes ratios, the worst FLOPs ratio over all kernels, and the
-step's FLOPs and bytes ratios. Writes a CSV (pandas) and prints a summary.
+(tests/test_traced_step.py proves this equals the unrolled trace), then compared with the closed
+form: the worst matmul-kernel FLOPs and bytes ratios, the worst FLOPs ratio over all kernels,
+and the step's FLOPs and bytes ratios. Writes a CSV (pandas) and prints a summary.
 """
 
 from __future__ import annotations

@@ -28,7 +28,14 @@ def add_parser(sub) -> None:
     )
     add_model_args(p, kv_heads_sweep=True)
     add_workload_args(p)
-    p.add_argument("--steps", type=int, default=20, help="profiled steps (default 20)")
+    p.add_argument("--steps", type=int, default=20, help="profiled steps per point (default 20)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="the points are profiled round-robin in this many rounds (default 2), so a change "
+        "of the machine's speed biases no point",
+    )
     p.add_argument(
         "--trace-dir",
         default=None,
@@ -40,9 +47,9 @@ def add_parser(sub) -> None:
 
 
 def profile_report(args: argparse.Namespace) -> dict[str, Any]:
-    from kvjax.measured.attribution import profile_report as rows_report
+    from kvjax.measured.attribution import reports_on_ceilings
     from kvjax.measured.ceilings import load_or_measure_ceilings
-    from kvjax.measured.profile import profile_step
+    from kvjax.measured.profile import profile_sweep
 
     base, wl = resolve_model(args), resolve_workload(args)
     cfgs = [base.replace(num_kv_heads=k) for k in (args.kv_heads or [base.num_kv_heads])]
@@ -50,21 +57,25 @@ def profile_report(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(args.trace_dir or f"runs/profiles/{base.name}-{wl.phase}-{stamp}")
     with render.progress("measuring ceilings (cached per device)"):
         ceilings = load_or_measure_ceilings(refresh=args.refresh_ceilings)
-    points = []
-    for cfg in cfgs:
-        with render.progress(f"profiling {cfg.name} num_kv_heads={cfg.num_kv_heads}"):
-            prof = profile_step(
-                cfg, wl, steps=args.steps, trace_dir=str(root / f"kv{cfg.num_kv_heads}")
-            )
-        points.append(rows_report(prof, ceilings))
+    rounds = min(args.rounds, args.steps)
+    with render.progress(
+        f"profiling {base.name} over num_kv_heads {[c.num_kv_heads for c in cfgs]}"
+    ):
+        profiles = profile_sweep(
+            cfgs, wl, steps=-(-args.steps // rounds), rounds=rounds, trace_root=str(root)
+        )
+    points = reports_on_ceilings(
+        profiles, ceilings, remeasure=lambda: load_or_measure_ceilings(refresh=True)
+    )
     return {"trace_root": str(root), "points": points}
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        from kvjax.errors import KvjaxError
+    for flag in ("steps", "rounds"):
+        if getattr(args, flag) < 1:
+            from kvjax.errors import KvjaxError
 
-        raise KvjaxError(f"--steps {args.steps} must be a positive integer")
+            raise KvjaxError(f"--{flag} {getattr(args, flag)} must be a positive integer")
     return emit(args, profile_report(args), print_profile)
 
 

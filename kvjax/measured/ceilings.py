@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -19,9 +20,8 @@ from kvjax.measured.timing import (
     available_memory_bytes,
     device_name,
     time_fn,
-    time_loop,
 )
-from kvjax.nn.layers import JNP_DTYPES
+from kvjax.nn.layers import JNP_DTYPES, linear
 
 
 def measure_read_bandwidth(
@@ -50,63 +50,109 @@ def measure_read_bandwidth(
     return n * 4 / best.median_s, best
 
 
-def measure_matmul_flops(
-    dtype: str = "f32", n: int = 2048, budget_s: float = 2.0, seed: int = 0
-) -> tuple[float, TimingStats]:
-    """FLOP/s of a large square `jnp.dot` (2n^3 FLOPs); bf16 and f16 accumulate in f32."""
+def _rand(key, shape, dtype=jnp.float32):
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def bandwidth_probes(nbytes: int) -> dict[str, tuple[Callable, list[tuple], float]]:
+    """Memory-bound kernels over f32 arrays of `nbytes` (two copies each, rotated): name ->
+    (jitted function, argument sets, bytes moved per call). `gemv` is the model's own `linear`
+    at B=1, reading an (out, in) weight as the decode step's products do."""
+    n = nbytes // 4
+    k = jax.random.split(jax.random.key(0), 8)
+    vec = [_rand(k[i], (n,)) for i in range(4)]
+    cols = 4096
+    rows = max(1, n // cols)
+    x = _rand(k[4], (1, 1, cols))
+    weights = [_rand(k[5 + i], (rows, cols)) for i in range(2)]
+    return {
+        "read": (jax.jit(jnp.sum), [(v,) for v in vec[:2]], 4.0 * n),
+        "gemv": (jax.jit(linear), [(x, w) for w in weights], 4.0 * (rows * cols + cols + rows)),
+        # written in place (donated): a fresh 512 MB output would time the OS zeroing its pages
+        "copy": (_Donating(lambda a: a + 1.0, vec[2]), [()], 2 * 4.0 * n),
+        "triad": (_Donating(lambda a, b: a + 2.0 * b, vec[3], vec[0]), [()], 3 * 4.0 * n),
+    }
+
+
+class _Donating:
+    """`a = f(a, *rest)` with `a` donated, callable with no arguments (for `time_fn`)."""
+
+    def __init__(self, f, a, *rest):
+        self.f, self.a, self.rest = jax.jit(f, donate_argnums=0), a, rest
+
+    def __call__(self):
+        self.a = self.f(self.a, *self.rest)
+        return self.a
+
+
+def flops_probes(dtype: str, quick: bool) -> dict[str, tuple[Callable, list[tuple], float]]:
+    """Compute-bound products in `dtype` (f32 accumulation): a square `jnp.dot` and the model's
+    `linear` at the prefill shapes of a decoder (M tokens x D into F and back)."""
     jdt = JNP_DTYPES[dtype]
-    keys = jax.random.split(jax.random.key(seed), 4)
-    pairs = [
-        (
-            jax.random.normal(keys[i], (n, n)).astype(jdt),
-            jax.random.normal(keys[i + 1], (n, n)).astype(jdt),
-        )
-        for i in (0, 2)
-    ]
-    dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
-    stats = time_fn(dot, pairs, budget_s=budget_s)
-    return 2 * n**3 / stats.median_s, stats
-
-
-def measure_update_bandwidth(
-    nbytes: int = 512 * 2**20, budget_s: float = 2.0, seed: int = 0
-) -> tuple[float, TimingStats]:
-    """Bytes/s of a donated in-place `x + 1` over f32 (a read and a write of every byte)."""
-    x = jax.random.normal(jax.random.key(seed), (nbytes // 4,), jnp.float32)
-    step = jax.jit(lambda a: a + 1.0, donate_argnums=0)
-    stats, _ = time_loop(step, x, budget_s=budget_s)
-    return 2 * (nbytes // 4) * 4 / stats.median_s, stats
-
-
-def measure_ceilings(budget_s: float = 6.0, quick: bool = False):
-    """Peak matmul FLOP/s (f32 and bf16, f32 accumulation) and memory bandwidth of this device,
-    as a `ChipSpec` named after it. The bandwidth is the read ceiling (a reduction); the donated
-    update's read + write rate is kept in `extra`."""
-    share = budget_s / 5
+    k = jax.random.split(jax.random.key(1), 8)
     n = 512 if quick else 2048
+    m, d, f = (256, 512, 1024) if quick else (1024, 2048, 5632)
+    dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+    lin = jax.jit(lambda x, w: linear(x, w, out_dtype=jnp.float32))
+    return {
+        f"square{n}": (
+            dot,
+            [(_rand(k[i], (n, n), jdt), _rand(k[i + 1], (n, n), jdt)) for i in (0, 2)],
+            2.0 * n**3,
+        ),  # fmt: skip
+        f"linear{m}x{d}x{f}": (
+            lin,
+            [(_rand(k[4 + i], (1, m, d), jdt), _rand(k[6 + i], (f, d), jdt)) for i in (0, 1)],
+            2.0 * m * d * f,
+        ),  # fmt: skip
+        f"linear{m}x{f}x{d}": (
+            lin,
+            [(_rand(k[5], (1, m, f), jdt), _rand(k[7], (d, f), jdt))],
+            2.0 * m * d * f,
+        ),  # fmt: skip
+    }
+
+
+def best_rates(probes: dict, trials: int, budget_s: float) -> dict[str, list[float]]:
+    """Rates (amount / median time) of every probe in every trial, the probes interleaved within
+    each trial so that a change of the machine's mode shows in all of them alike."""
+    rates: dict[str, list[float]] = {name: [] for name in probes}
+    share = budget_s / max(1, trials * len(probes))
+    for _ in range(trials):
+        for name, (fn, arg_sets, amount) in probes.items():
+            stats = time_fn(fn, arg_sets, min_runs=3, budget_s=share)
+            rates[name].append(amount / stats.median_s)
+    return rates
+
+
+def measure_ceilings(budget_s: float = 8.0, quick: bool = False, trials: int = 3) -> ChipSpec:
+    """This device's roofline as a `ChipSpec`: a ceiling is an upper bound, so each is the best
+    rate of several kernels over several interleaved trials. Bandwidth: the most bytes per second
+    moved by a reduction, the step's own matrix-vector product, a copy or a triad (STREAM's
+    kernels), at sizes far above the last-level cache, on all the cores XLA uses. Peak FLOP/s per
+    dtype: the best of a square product and the step's own products at prefill shapes. Every
+    trial's rate is kept in `extra` (this kind of machine reads memory in two modes)."""
     nbytes = (32 if quick else 512) * 2**20
-    f32, f32_stats = measure_matmul_flops("f32", n, share)
-    bf16, bf16_stats = measure_matmul_flops("bf16", n, share)
-    read_bw, read_stats = measure_read_bandwidth(nbytes, budget_s=2 * share)
-    update_bw, update_stats = measure_update_bandwidth(nbytes, budget_s=share)
+    bw = best_rates(bandwidth_probes(nbytes), trials, budget_s / 2)
+    peaks, flops = {}, {}
+    for dtype in ("f32", "bf16"):
+        flops[dtype] = best_rates(flops_probes(dtype, quick), 1 if quick else 2, budget_s / 4)
+        peaks[dtype] = max(max(r) for r in flops[dtype].values())
+    best_bw = {name: max(r) for name, r in bw.items()}
     return ChipSpec(
         name=f"measured {device_name()}",
-        peak_flops_per_s={"f32": f32, "bf16": bf16},
-        bandwidth_bytes_per_s=read_bw,
+        peak_flops_per_s=peaks,
+        bandwidth_bytes_per_s=max(best_bw.values()),
         memory_bytes=available_memory_bytes(),
         source=f"measured by kvjax on {device_name()} (jax {jax.__version__})",
         date=datetime.date.today().isoformat(),
-        notes="matmul: square jnp.dot; bandwidth: read-only jnp.sum, best of 3 trials",
+        notes=f"bandwidth: best of {', '.join(bw)} ({max(best_bw, key=best_bw.get)} highest); "
+        f"peak: best of square and prefill-shaped products; {trials} interleaved trials",
         extra={
-            "update_bandwidth_bytes_per_s": update_bw,
-            "matmul_n": n,
+            "bandwidth_bytes_per_s_by_kernel": best_bw,
+            "bandwidth_trials_bytes_per_s": bw,
+            "flops_trials_per_s": flops,
             "bandwidth_array_bytes": nbytes,
-            "timings": {
-                "matmul_f32": f32_stats.to_dict(),
-                "matmul_bf16": bf16_stats.to_dict(),
-                "read": read_stats.to_dict(),
-                "update": update_stats.to_dict(),
-            },
         },
     )
 

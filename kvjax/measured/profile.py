@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import glob
 import os
-import statistics
+import shutil
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 
@@ -35,6 +37,7 @@ from kvjax.measured.step import served_step
 from kvjax.measured.timing import device_name
 from kvjax.nn.transformer import param_kernel
 from kvjax.traced.compiled import UNNAMED, CompiledOp, compiled_ops
+from kvjax.traced.hlo import Cost
 
 
 @dataclass(frozen=True)
@@ -113,18 +116,24 @@ def per_step_op_seconds(
     return dict(seconds), outside
 
 
-def profile_step(
-    cfg: ModelConfig,
-    wl: Workload,
-    *,
-    steps: int = 20,
-    warmup: int = 3,
-    trace_dir: str | None = None,
-) -> StepProfile:
-    """Run `steps` served steps under the profiler (after `warmup` untraced ones) and attribute
-    every executed op. The trace stays in `trace_dir` (a temporary folder if None, removed)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise KvjaxError(f"steps={steps!r} must be a positive integer")
+@dataclass
+class Prepared:
+    """A served step compiled, its executed ops attributed, ready to be traced repeatedly."""
+
+    cfg: ModelConfig
+    workload: Workload
+    served: Any
+    ops: dict[tuple[str, str], CompiledOp]
+    carry: Any = None
+
+    @property
+    def modules(self) -> set[str]:
+        return {f"jit_{name}" for name in self.served.jits}
+
+
+def prepare(cfg: ModelConfig, wl: Workload, warmup: int = 3) -> Prepared:
+    """The served step (refused before allocation if it does not fit), its compiled modules
+    attributed per op (`kvjax.traced.compiled`), run `warmup` times untraced."""
     served = served_step(cfg, wl)
     names = tuple(kernels.REGISTRY)
     ops: dict[tuple[str, str], CompiledOp] = {}
@@ -140,51 +149,112 @@ def profile_step(
     carry = served.carry
     for _ in range(warmup):
         carry = jax.block_until_ready(served.step(carry))
-    own = trace_dir is None
-    logdir = tempfile.mkdtemp(prefix="kvjax-profile-") if own else str(trace_dir)
+    return Prepared(cfg, wl, served, ops, carry)
+
+
+def trace_steps(prepared: Prepared, steps: int, logdir: str):
+    """`steps` steps under the profiler: (seconds per op per step, wall per step, trace folder)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise KvjaxError(f"steps={steps!r} must be a positive integer")
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = 0  # the default records every Python call: slow, unused
     wall = []
+    carry = prepared.carry
     jax.profiler.start_trace(logdir, create_perfetto_trace=True, profiler_options=options)
     try:
         for _ in range(steps):
             t0 = time.perf_counter()
-            carry = jax.block_until_ready(served.step(carry))
+            carry = jax.block_until_ready(prepared.served.step(carry))
             wall.append(time.perf_counter() - t0)
     finally:
         jax.profiler.stop_trace()
+    prepared.carry = carry
     found = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")),
                    key=os.path.getmtime)  # fmt: skip
     if not found:
         raise KvjaxError(f"jax.profiler wrote no *.xplane.pb under {logdir}")
-    events = load_events(found[-1])
-    modules = {f"jit_{name}" for name in served.jits}
-    op_s, _ = per_step_op_seconds(events, modules, steps)
+    op_s, _ = per_step_op_seconds(load_events(found[-1]), prepared.modules, steps)
+    return op_s, wall, os.path.dirname(found[-1])
+
+
+def _profile(prepared: Prepared, op_s, wall, trace_dir) -> StepProfile:
+    ops = dict(prepared.ops)
     unmatched = [key for key in op_s if key not in ops]
     for key in unmatched:  # an executed op the compiled text does not list: never dropped
-        ops[key] = CompiledOp(key[1], "?", (UNNAMED,), (), ops_cost_zero())
-    if own:
-        import shutil
-
-        shutil.rmtree(logdir, ignore_errors=True)
+        ops[key] = CompiledOp(key[1], "?", (UNNAMED,), (), Cost())
     return StepProfile(
-        cfg=cfg,
-        workload=wl,
+        cfg=prepared.cfg,
+        workload=prepared.workload,
         device=device_name(),
-        steps=steps,
-        wall_s=wall,
+        steps=len(wall),
+        wall_s=list(wall),
         op_s=op_s,
         ops=ops,
-        trace_dir=None if own else os.path.dirname(found[-1]),
+        trace_dir=trace_dir,
         unmatched_events=len(unmatched),
     )
 
 
-def ops_cost_zero():
-    from kvjax.traced.hlo import Cost
+def profile_step(
+    cfg: ModelConfig,
+    wl: Workload,
+    *,
+    steps: int = 20,
+    warmup: int = 3,
+    trace_dir: str | None = None,
+) -> StepProfile:
+    """Run `steps` served steps under the profiler (after `warmup` untraced ones) and attribute
+    every executed op. The trace stays in `trace_dir` (a temporary folder if None, removed)."""
+    prepared = prepare(cfg, wl, warmup)
+    logdir = trace_dir or tempfile.mkdtemp(prefix="kvjax-profile-")
+    try:
+        op_s, wall, folder = trace_steps(prepared, steps, logdir)
+    finally:
+        if trace_dir is None:
+            shutil.rmtree(logdir, ignore_errors=True)
+    return _profile(prepared, op_s, wall, folder if trace_dir else None)
 
-    return Cost()
 
+def profile_sweep(
+    cfgs: list[ModelConfig],
+    wl: Workload,
+    *,
+    steps: int = 10,
+    rounds: int = 3,
+    trace_root: str | None = None,
+    between: Callable[[int], None] | None = None,
+) -> list[StepProfile]:
+    """The points of a sweep profiled interleaved: every model prepared first, then `rounds`
+    rounds of `steps` steps each, round-robin, with `between(round)` (a ceiling measurement)
+    before each round, so a change of the machine's bandwidth mode biases no point."""
+    from kvjax.analytic import kv_cache_bytes, weight_bytes
+    from kvjax.measured.kernels import check_fits
+    from kvjax.traced.step import cache_len
 
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
+    rows = cache_len(wl.phase, wl.context)
+    total = sum(weight_bytes(c) + kv_cache_bytes(c, rows, wl.batch) for c in cfgs)
+    check_fits(f"the {len(cfgs)} models of the sweep (weights + KV caches)", total)
+    prepared = [prepare(cfg, wl) for cfg in cfgs]
+    op_s: list[dict] = [defaultdict(list) for _ in cfgs]
+    wall: list[list[float]] = [[] for _ in cfgs]
+    folders: list[list[str]] = [[] for _ in cfgs]
+    for r in range(rounds):
+        if between is not None:
+            between(r)
+        for i, p in enumerate(prepared):
+            own = trace_root is None
+            logdir = (tempfile.mkdtemp(prefix="kvjax-profile-") if own else
+                      os.path.join(trace_root, f"kv{p.cfg.num_kv_heads}", f"round{r}"))  # fmt: skip
+            try:
+                seconds, w, folder = trace_steps(p, steps, logdir)
+            finally:
+                if own:
+                    shutil.rmtree(logdir, ignore_errors=True)
+            done = len(wall[i])
+            for key, values in seconds.items():
+                op_s[i][key] += [0.0] * (done - len(op_s[i][key])) + values
+            for key in op_s[i]:  # an op absent this round ran for no time in it
+                op_s[i][key] += [0.0] * (done + steps - len(op_s[i][key]))
+            wall[i] += w
+            folders[i].append(None if own else folder)
+    return [_profile(p, dict(op_s[i]), wall[i], folders[i][-1]) for i, p in enumerate(prepared)]

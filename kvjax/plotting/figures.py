@@ -13,6 +13,9 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
+from kvjax.plotting.measured import _label_measured, kernel_bound  # noqa: E402
+from kvjax.plotting.style import kv_palette  # noqa: E402
+
 COLUMN_WIDTH_IN = 3.5  # one column of a two-column paper
 GIB = 2**30
 # Fixed metadata: no dates or versions in the files, so reruns are byte-identical.
@@ -23,13 +26,6 @@ PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
 def theme() -> None:
     sns.set_theme(context="paper", style="whitegrid", font_scale=0.9)
     plt.rcParams.update({"svg.hashsalt": "kvjax", "pdf.fonttype": 42})
-
-
-def kv_palette(values) -> dict[int, tuple]:
-    """One colour per num_kv_heads, the same in every figure (ordered by value)."""
-    keys = sorted({int(v) for v in values})
-    colors = sns.color_palette("viridis", n_colors=max(len(keys), 2))
-    return {k: colors[i] for i, k in enumerate(keys)}
 
 
 def kv_vs_context(records: pd.DataFrame, ax) -> None:
@@ -97,6 +93,7 @@ def _panel_roofline(ax, df, chip) -> None:
             )
         else:
             ax.scatter(g.intensity, y, color=colors[phase], **style, label=f"{phase}, measured")
+            _label_measured(ax, g, peak, bw)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
@@ -319,6 +316,7 @@ FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "hkv_quality": ("hkv_quality", hkv_quality, (2 * COLUMN_WIDTH_IN, 2.6)),
     "gqa_uptrain": ("gqa_uptrain", gqa_uptrain, (2 * COLUMN_WIDTH_IN, 2.4)),
     "tensor_parallel": ("tensor_parallel", tensor_parallel, (2 * COLUMN_WIDTH_IN, 2.8)),
+    "kernel_bound": ("profile", kernel_bound, (2 * COLUMN_WIDTH_IN, 2.8)),
 }
 
 

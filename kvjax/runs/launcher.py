@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
 import pkgutil
 from collections.abc import Callable
@@ -123,7 +124,11 @@ def run_experiment(
         for i, key, point in todo:
             if on_point:
                 on_point(i, key)
-            records = module.run_point(point)
+            if "artifacts" in inspect.signature(module.run_point).parameters:
+                # files an experiment keeps beside its records (a profile's traces)
+                records = module.run_point(point, artifacts=run.artifacts_dir(key))
+            else:
+                records = module.run_point(point)
             run.write_point(key, records)
             run.write_manifest(keys)
             bar.advance(task)

@@ -92,6 +92,10 @@ class RunDir:
             },
         )
 
+    def artifacts_dir(self, key: str) -> Path:
+        """A folder for files a point keeps beside its record (traces), named like its record."""
+        return self.path / "artifacts" / point_file_name(key).removesuffix(".json")
+
     def done(self, key: str) -> bool:
         return (self.points_dir / point_file_name(key)).exists()
 

@@ -1,0 +1,71 @@
+"""What the measured view adds to the figures: kernel labels and above-the-roof marks on a
+roofline panel, and each kernel's measured time inside the step against its bound."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from kvjax.plotting.style import kv_palette
+
+
+def short_kernel(name: str) -> str:
+    """`attn/softmax + attn/av` -> `softmax+av`: a kernel row's label on a crowded axis (norms
+    and residuals keep their prefix: there is one per sublayer)."""
+    drop = ("attn/", "mlp/", "kv_cache/")
+    return "+".join(
+        part.removeprefix(next((d for d in drop if part.startswith(d)), ""))
+        for part in name.split(" + ")
+    )
+
+
+def _label_measured(ax, g: pd.DataFrame, peak: float, bw: float) -> None:
+    """Each measured point labelled with its kernel; a point above the roof (by the record's
+    flag or by where it lands) circled in red, so the figure never shows one silently."""
+    for _, r in g.iterrows():
+        roof = min(peak, r.intensity * bw)
+        above = r.achieved_flops_per_s > roof * 1.0001 or (
+            "above_roof" in r and isinstance(r.above_roof, str)
+        )
+        ax.annotate(short_kernel(r.kernel), (r.intensity, r.achieved_flops_per_s), fontsize=3.5,
+                    xytext=(2, 1.5), textcoords="offset points", color="0.25")  # fmt: skip
+        if above:
+            ax.scatter([r.intensity], [r.achieved_flops_per_s], s=45, facecolors="none",
+                       edgecolors="red", linewidths=0.7)  # fmt: skip
+    if any(g.achieved_flops_per_s > [min(peak, i * bw) * 1.0001 for i in g.intensity]):
+        ax.text(0.02, 0.97, "red ring: above the measured roof (see the record's reason)",
+                transform=ax.transAxes, fontsize=4.5, color="red", va="top")  # fmt: skip
+
+
+def kernel_bound(records: pd.DataFrame, fig) -> None:
+    """Every kernel (row) timed inside the step against its roofline bound, per num_kv_heads:
+    bound / measured, 1 on the roof; a triangle marks a row flagged above the roof."""
+    df = records[records.experiment == "profile"]
+    panels = list(dict.fromkeys(zip(df.device, df.phase, strict=True)))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    palette = kv_palette(df.num_kv_heads)
+    for ax, (device, phase) in zip(axes, panels, strict=True):
+        g = df[(df.device == device) & (df.phase == phase)]
+        g = g[(g.closed_bytes > 0) | (g.kernel == "step")]
+        order = list(dict.fromkeys(g.kernel))
+        heads = sorted({int(k) for k in g.num_kv_heads})
+        width = 0.8 / len(heads)
+        for j, k in enumerate(heads):
+            gk = g[g.num_kv_heads == k].set_index("kernel").reindex(order)
+            xs = [i + (j - (len(heads) - 1) / 2) * width for i in range(len(order))]
+            ax.bar(xs, gk.fraction_of_bound, width, color=palette[k], label=f"h_kv={k}")
+            for x, frac, flag in zip(xs, gk.fraction_of_bound, gk.above_roof, strict=True):
+                if isinstance(flag, str):
+                    ax.scatter([x], [frac + 0.04], marker="v", s=8, color="red")
+        ax.axhline(1.0, color="0.2", lw=0.8, ls="--")
+        ax.set_xticks(range(len(order)), [short_kernel(k) for k in order], rotation=65,
+                      ha="right", fontsize=4.5)  # fmt: skip
+        ax.set_ylabel("bound / measured (1 = roof)", fontsize=6)
+        steps = g[g.kernel == "step"]
+        cover = (
+            f", coverage {steps.coverage.min():.0%}-{steps.coverage.max():.0%}"
+            if len(steps)
+            else ""
+        )
+        wl = f"B={int(g.batch.iloc[0])}, S={int(g.context.iloc[0])}"
+        ax.set_title(f"{g.model.iloc[0]} {phase}, {wl}, in situ on {device}{cover}", fontsize=6)
+        ax.legend(fontsize=5, frameon=True)
