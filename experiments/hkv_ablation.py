@@ -1,22 +1,26 @@
 """Over num_kv_heads: KV bytes, attention intensity, predicted (closed-form bound on the measured
-ceilings) and measured decode-step time, and XLA's traced step bytes."""
+ceilings) and measured decode-step time, and XLA's traced step bytes.
+
+The points of the sweep are measured together, interleaved (`run_points`): every model is built
+first, then each is timed for a few steps in turn, round after round, with the read bandwidth
+re-measured before each round, so a change of the machine's bandwidth mode biases no point.
+A point measured below its bound, or whose time moves against its bytes along the sweep, is
+flagged in its record (and the figure)."""
 
 from kvjax import analytic
 from kvjax.analytic import roofline
 from kvjax.runs.config import resolve
 
+NOISE = 0.05  # a time differing by less than this from another's is within timing noise
 
-def run_point(point) -> list[dict]:
-    from kvjax.measured.ceilings import load_or_measure_ceilings
-    from kvjax.measured.step import time_decode_step
+
+def _closed_record(point, ceilings) -> dict:
     from kvjax.traced.step import trace_step
 
     cfg, wl, _ = resolve(point)
-    opts = point.options
     step = analytic.step_cost(cfg, wl)
-    ceilings = load_or_measure_ceilings()
     peak, bw = ceilings.peak(cfg.compute_dtype), ceilings.bandwidth_bytes_per_s
-    record = {
+    return {
         "model": cfg.name,
         "num_kv_heads": cfg.num_kv_heads,
         "batch": wl.batch,
@@ -31,8 +35,32 @@ def run_point(point) -> list[dict]:
         "predicted_s": roofline.point("decode step", step.flops, step.bytes, peak, bw).bound_s,
         "device": ceilings.name,
     }
-    if opts.get("measured", True):
-        stats = time_decode_step(cfg, wl, budget_s=float(opts.get("budget_s", 1.0)))
-        record["measured_s"] = stats.median_s
-        record["measured_iqr_s"] = stats.iqr_s
-    return [record]
+
+
+def run_points(points) -> list[list[dict]]:
+    """Every point's record, the measured ones timed interleaved."""
+    from kvjax.measured.ceilings import load_or_measure_ceilings
+    from kvjax.measured.interleave import flag_sweep, time_interleaved
+
+    ceilings = load_or_measure_ceilings()
+    records = [_closed_record(p, ceilings) for p in points]
+    measured = [i for i, p in enumerate(points) if p.options.get("measured", True)]
+    if measured:
+        opts = points[measured[0]].options
+        timed = time_interleaved(
+            [resolve(points[i])[:2] for i in measured],
+            rounds=int(opts.get("rounds", 3)),
+            budget_s=float(opts.get("budget_s", 1.0)),
+        )
+        for i, result in zip(measured, timed.points, strict=True):
+            records[i].update(
+                measured_s=result.median_s,
+                measured_iqr_s=result.iqr_s,
+                bandwidth_rounds_bytes_per_s=timed.bandwidth_rounds_bytes_per_s,
+            )
+        flag_sweep([records[i] for i in measured], "closed_step_bytes", NOISE)
+    return [[r] for r in records]
+
+
+def run_point(point) -> list[dict]:
+    return run_points([point])[0]

@@ -65,10 +65,13 @@ def run_ceilings(args: argparse.Namespace) -> int:
     print(f"{spec.name} ({spec.date}; cached in {ceilings_cache_path()})")
     for dtype, peak in spec.peak_flops_per_s.items():
         print(f"  matmul {dtype:<5}      {fmt_rate(peak, 'FLOP/s')}")
-    print(f"  bandwidth         {fmt_rate(spec.bandwidth_bytes_per_s, 'B/s')} (the best of:)")
+    print(
+        f"  bandwidth         {fmt_rate(spec.bandwidth_bytes_per_s, 'B/s')} (best read: read, gemv)"
+    )
     for name, trials in spec.extra.get("bandwidth_trials_bytes_per_s", {}).items():
         spread = ", ".join(fmt_rate(r, "B/s") for r in trials)
-        print(f"    {name:<7}         best {fmt_rate(max(trials), 'B/s')} (trials: {spread})")
+        kind = "read + write, in place" if name in ("copy", "triad") else "read"
+        print(f"    {name:<7} {kind:<22} best {fmt_rate(max(trials), 'B/s')} (trials: {spread})")
     print(f"  ridge (f32)       {sig(spec.ridge('f32'))} FLOP/byte")
     return 0
 

@@ -25,7 +25,12 @@ def add_parsers(sub) -> None:
     run.set_defaults(func=run_run)
 
     figures = sub.add_parser("figures", help="regenerate paper_figures/ from the records")
-    figures.add_argument("--runs", default="runs")
+    figures.add_argument(
+        "--runs",
+        nargs="+",
+        default=["runs"],
+        help="runs folder(s); several are merged (e.g. a GPU run's folder beside a CPU run's)",
+    )
     figures.add_argument("--out", default="paper_figures")
     figures.set_defaults(func=run_figures)
 

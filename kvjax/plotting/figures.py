@@ -13,7 +13,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-from kvjax.plotting.measured import _label_measured, kernel_bound  # noqa: E402
+from kvjax.plotting.measured import _label_measured, kernel_bound, mark_flags  # noqa: E402
 from kvjax.plotting.style import kv_palette  # noqa: E402
 
 COLUMN_WIDTH_IN = 3.5  # one column of a two-column paper
@@ -135,6 +135,8 @@ def decode_latency(records: pd.DataFrame, fig) -> None:
                 mfc="none" if bound else color,
                 label=f"h_kv={k}{suffix}",
             )
+            if source == "measured" and "flagged" in gk:
+                mark_flags(ax, gk.batch, gk.step_floor_s * 1e3, gk["flagged"])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
@@ -188,8 +190,10 @@ def hkv_ablation(records: pd.DataFrame, fig) -> None:
             marker="o",
             ms=3,
             color="#c44e52",
-            label="measured (median)",
+            label="measured (median, interleaved)",
         )
+        if "flagged" in df:
+            mark_flags(ax, df.num_kv_heads, df.measured_s * 1e3, df["flagged"])
     ax.set_xscale("log", base=2)
     ax.set_ylim(bottom=0)  # a time axis from zero: the gap is read as a ratio
     ax.set_xlabel("num_kv_heads h_kv")

@@ -69,3 +69,12 @@ def kernel_bound(records: pd.DataFrame, fig) -> None:
         wl = f"B={int(g.batch.iloc[0])}, S={int(g.context.iloc[0])}"
         ax.set_title(f"{g.model.iloc[0]} {phase}, {wl}, in situ on {device}{cover}", fontsize=6)
         ax.legend(fontsize=5, frameon=True)
+
+
+def mark_flags(ax, xs, ys, flags) -> None:
+    """Red rings on the measured points whose record carries flags (below the bound, against
+    the trend of the bytes): a figure never shows one silently."""
+    hit = [(x, y) for x, y, f in zip(xs, ys, flags, strict=True) if isinstance(f, str) and f]
+    if hit:
+        ax.scatter(*zip(*hit, strict=True), s=45, facecolors="none", edgecolors="red",
+                   linewidths=0.7, label="flagged (see the record)", zorder=5)  # fmt: skip

@@ -111,14 +111,15 @@ class RunDir:
         return out
 
 
-def load_records(runs: str | Path, experiment: str | None = None):
-    """Every record under a runs folder (or one experiment's), as a pandas DataFrame."""
+def load_records(runs, experiment: str | None = None):
+    """Every record under a runs folder, or several (a GPU run's folder beside a CPU run's), or
+    one experiment's, as a pandas DataFrame."""
     import pandas as pd
     import yaml
 
-    root = Path(runs)
+    roots = [Path(r) for r in ([runs] if isinstance(runs, str | Path) else runs)]
     rows = []
-    for f in sorted(root.glob("*/*/points/*.json")):
+    for f in sorted(f for root in roots for f in root.glob("*/*/points/*.json")):
         data = json.loads(f.read_text())
         run_dir = f.parent.parent
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
