@@ -6,7 +6,7 @@ from kvjax.runs.config import resolve
 
 
 def run_point(point, artifacts=None) -> list[dict]:
-    from kvjax.measured.attribution import reports_on_ceilings
+    from kvjax.measured.attribution import report_records, reports_on_ceilings
     from kvjax.measured.ceilings import load_or_measure_ceilings, measure_read_bandwidth
     from kvjax.measured.profile import profile_sweep
 
@@ -32,24 +32,6 @@ def run_point(point, artifacts=None) -> list[dict]:
         profiles, ceilings, remeasure=lambda: load_or_measure_ceilings(refresh=True)
     )
     records = []
-    for prof, report in zip(profiles, reports, strict=True):
-        common = {
-            "model": cfg.name,
-            "num_kv_heads": prof.cfg.num_kv_heads,
-            "phase": wl.phase,
-            "batch": wl.batch,
-            "context": wl.context,
-            "device": report["device"],
-            "chip": ceilings.name,
-            "peak_flops_per_s": report["ceilings"]["peak_flops_per_s"],
-            "bandwidth_bytes_per_s": report["ceilings"]["bandwidth_bytes_per_s"],
-            "bandwidth_rounds_bytes_per_s": rounds_bw,
-            "coverage": report["coverage"],
-            "steps": report["steps"],
-            "trace_dir": report["trace_dir"],
-            "source": "in situ",
-        }
-        for row in [*report["rows"], report["step"]]:
-            records.append({**common, **{("kernel" if k == "name" else k): v
-                                         for k, v in row.items()}})  # fmt: skip
+    for report in reports:
+        records += report_records(report, model=cfg.name, bandwidth_rounds_bytes_per_s=rounds_bw)
     return records

@@ -1,5 +1,6 @@
 """The measured view's harness: ceilings, placement, refusal, the bench command. No speeds."""
 
+import glob
 import json
 
 import pytest
@@ -129,8 +130,19 @@ def test_bench_rejects_bad_sweep():
 def test_gpu_check_quick_runs_on_cpu(tmp_path, cache_home):
     from experiments.benchmarks.gpu_check import main as gpu_check
 
-    gpu_check([str(tmp_path / "out"), "--quick"])
-    for name in ("environment", "ceilings", "attention_sweep", "decode_step", "done"):
-        assert (tmp_path / "out" / f"{name}.json").exists()
-    sweep = json.loads((tmp_path / "out" / "attention_sweep.json").read_text())
+    out = tmp_path / "out"
+    gpu_check([str(out), "--quick"])
+    for name in ("environment", "ceilings", "attention_sweep", "done"):
+        assert (out / f"{name}.json").exists()
+    sweep = json.loads((out / "attention_sweep.json").read_text())
     assert [p["num_kv_heads"] for p in sweep["points"]] == [1, 8, 32]
+    # its runs folder is drawn by `kvjax figures` beside another
+    from kvjax.plotting import make_figures
+    from kvjax.runs.records import load_records
+
+    records = load_records([out / "runs"])
+    assert set(records.experiment) == {"profile"}
+    assert sorted(set(records.num_kv_heads)) == [1, 3, 12] and sorted(set(records.batch)) == [1, 4]
+    assert glob.glob(str(out / "traces" / "B1-kv3" / "plugins" / "profile" / "*" / "*.xplane.pb"))
+    written = make_figures(records, tmp_path / "figs")
+    assert {p.name for p in written} == {"kernel_bound.png", "kernel_bound.pdf"}

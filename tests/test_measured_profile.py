@@ -33,6 +33,10 @@ def test_events_are_grouped_per_step_by_execution():
     assert seconds[("jit_attend", "dot.1")] == pytest.approx([4e-6, 5e-6])  # by first event
     assert seconds[("jit_append", "scatter")] == pytest.approx([3e-6, 6e-6])
     assert outside == 1
+    # a backend that records no run id: the k-th execution of an op belongs to step k
+    no_ids = [OpEvent(e.op, e.module, -1, e.start_us, e.duration_us) for e in ev]
+    by_order, _ = per_step_op_seconds(no_ids, {"jit_attend", "jit_append"}, steps=2)
+    assert by_order == seconds
     with pytest.raises(KvjaxError, match="3 executions of jit_attend, expected 2"):
         extra = OpEvent("dot.1", "jit_attend", run_id=9, start_us=200.0, duration_us=1.0)
         per_step_op_seconds([*ev, extra], {"jit_attend", "jit_append"}, steps=2)

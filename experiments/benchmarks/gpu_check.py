@@ -1,8 +1,16 @@
-"""The GPU check: ceilings, the decode-attention num_kv_heads sweep, and the llama-3-8b decode
-step in bf16 at B in {1, 16}, written as records into a folder. Under 8 minutes on one GPU.
+"""The GPU check, one command, about 6 minutes on one H200: this device's ceilings (bf16 and f32
+matmul, HBM read, in-place copy and triad), the decode step of a llama-3-8b-shaped model (8 of its
+32 layers, to fit the time) in bf16 profiled in situ over num_kv_heads {1, 2, 4, 8, 32} at
+B in {1, 16}, S = 8192 (every kernel's time inside the step, its compiled and closed-form FLOPs
+and bytes, on the measured roofline), and the decode-attention num_kv_heads sweep.
 
-    python3 -m experiments.benchmarks.gpu_check OUT_DIR          # on a GPU machine
-    python3 -m experiments.benchmarks.gpu_check OUT_DIR --quick  # small shapes, any machine
+    PYTHONPATH=. python3 -m experiments.benchmarks.gpu_check OUT_DIR           # on a GPU
+    PYTHONPATH=. python3 -m experiments.benchmarks.gpu_check OUT_DIR --quick   # any machine
+
+OUT_DIR/runs is a runs folder (`kvjax figures --runs runs OUT_DIR/runs` draws it beside this
+machine's records); OUT_DIR/traces keeps the profiles (Perfetto / XProf). Its imports stay within
+jax, numpy and kvjax's measured view: the GPU machine has no omegaconf or yaml (the configs it
+writes are JSON, which YAML readers take).
 """
 
 from __future__ import annotations
@@ -18,13 +26,13 @@ from pathlib import Path
 import jax
 
 from experiments.benchmarks.attention_sweep import run as attention_sweep
-from kvjax import analytic, get_model_config, kernels
-from kvjax.analytic import KernelCost, Workload
-from kvjax.measured.bench import place
+from kvjax import get_model_config
+from kvjax.analytic import Workload
+from kvjax.files import write_json_atomic, write_text_atomic
+from kvjax.measured.attribution import report_records, reports_on_ceilings
 from kvjax.measured.ceilings import measure_ceilings
-from kvjax.measured.step import time_decode_step
+from kvjax.measured.profile import profile_step
 from kvjax.measured.timing import device_name
-from kvjax.runs.records import write_json_atomic
 
 
 def environment() -> dict:
@@ -39,58 +47,65 @@ def environment() -> dict:
     }
 
 
+def write_run(runs: Path, experiment: str, config: dict, points: dict[str, list[dict]]) -> None:
+    """A run folder as `kvjax run` writes one (config, environment, one file per point)."""
+    from kvjax.runs.records import point_file_name
+
+    run = runs / experiment / "gpu_check"
+    write_text_atomic(run / "config.yaml", json.dumps({"experiment": experiment, **config}))
+    write_json_atomic(run / "environment.json", environment())
+    for key, records in points.items():
+        write_json_atomic(run / "points" / point_file_name(key), {"key": key, "records": records})
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--quick", action="store_true", help="small shapes for a CPU test run")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, any machine (tests)")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - t0:5.0f} s] {message}", flush=True)
+
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "environment.json", environment())
-
     ceilings = measure_ceilings(budget_s=2.0 if args.quick else 8.0, quick=args.quick)
     write_json_atomic(args.out / "ceilings.json", ceilings.to_dict())
-    print(
-        f"[{time.perf_counter() - t0:5.0f} s] ceilings: {ceilings.peak_flops_per_s}, "
-        f"{ceilings.bandwidth_bytes_per_s / 1e9:.1f} GB/s",
-        flush=True,
-    )
+    log(f"ceilings: {ceilings.peak_flops_per_s}, {ceilings.bandwidth_bytes_per_s / 1e9:.1f} GB/s")
 
-    dtype = "f32" if args.quick else "bf16"
+    if args.quick:
+        base, context, batches, heads = get_model_config("tiny-gqa"), 256, (1, 4), (1, 3, 12)
+    else:
+        base = get_model_config("llama-3-8b").replace(num_layers=8, name="llama-3-8b-8-layers")
+        context, batches, heads = 8192, (1, 16), (1, 2, 4, 8, 32)
+    points: dict[str, list[dict]] = {}
+    for batch in batches:
+        wl = Workload("decode", batch, context)
+        for k in heads:
+            cfg = base.replace(num_kv_heads=k)
+            trace = args.out / "traces" / f"B{batch}-kv{k}"
+            prof = profile_step(cfg, wl, steps=5 if args.quick else 20, trace_dir=str(trace))
+            (report,) = reports_on_ceilings([prof], ceilings)
+            points[f"workload.batch={batch},model.num_kv_heads={k}"] = report_records(report)
+            step = report["step"]
+            log(f"{cfg.name} h_kv={k} B={batch}: {step['median_s'] * 1e3:.3f} ms, "
+                f"{100 * step['fraction_of_bound']:.0f}% of bound, coverage "
+                f"{100 * report['coverage']:.0f}%")  # fmt: skip
+    sweep = {"workload.batch": list(batches), "model.num_kv_heads": list(heads)}
+    config = {"model": base.to_dict(), "workload": {"phase": "decode", "context": context},
+              "sweep": sweep}  # fmt: skip
+    write_run(args.out / "runs", "profile", config, points)
+
     sweep = attention_sweep(
-        dtype=dtype,
+        dtype="f32" if args.quick else "bf16",
         context=1024 if args.quick else 32768,
         kv_heads=(1, 8, 32) if args.quick else (1, 2, 4, 8, 16, 32),
         budget_s=0.2 if args.quick else 2.0,
         ceilings=ceilings,
     )
     write_json_atomic(args.out / "attention_sweep.json", sweep)
-    print(f"[{time.perf_counter() - t0:5.0f} s] attention sweep: {sweep['ratios']}", flush=True)
-
-    if args.quick:
-        cfg, context, batches = get_model_config("tiny-gqa"), 256, (1, 4)
-    else:
-        cfg, context, batches = get_model_config("llama-3-8b"), 4096, (1, 16)
-    steps = []
-    for batch in batches:
-        wl = Workload("decode", batch, context)
-        stats = time_decode_step(cfg, wl, budget_s=0.5 if args.quick else 5.0)
-        step = analytic.step_cost(cfg, wl)
-        point = place(
-            kernels.STEP_KERNEL,
-            KernelCost(kernels.STEP_KERNEL, step.flops, step.bytes),
-            stats,
-            ceilings,
-            cfg.compute_dtype,
-        )
-        point.update(model=cfg.name, batch=batch, context=context)
-        steps.append(point)
-        print(
-            f"[{time.perf_counter() - t0:5.0f} s] {cfg.name} decode B={batch}: "
-            f"{stats.median_s * 1e3:.2f} ms, {100 * point['fraction_of_bound']:.0f}% of bound",
-            flush=True,
-        )
-    write_json_atomic(args.out / "decode_step.json", {"points": steps})
+    log(f"attention sweep: {sweep['ratios']}")
     (args.out / "done.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
 
 

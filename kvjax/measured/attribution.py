@@ -180,3 +180,27 @@ def reports_on_ceilings(profiles: list[StepProfile], ceilings: ChipSpec, remeasu
         notes=f"{ceilings.notes}; re-measured after a kernel beat it: the higher of both kept",
     )
     return [{**profile_report(p, best), "ceilings_remeasured": True} for p in profiles]
+
+
+def report_records(report: dict, **common) -> list[dict]:
+    """A profile report as flat records (one per row and one for the step) for a run folder:
+    the `profile` experiment's and the GPU check's, drawn by `kvjax figures` (kernel_bound)."""
+    wl, c = report["workload"], report["ceilings"]
+    base = {
+        "model": report["model"]["name"],
+        "num_kv_heads": report["model"]["num_kv_heads"],
+        "phase": wl["phase"],
+        "batch": wl["batch"],
+        "context": wl["context"],
+        "device": report["device"],
+        "chip": c["name"],
+        "peak_flops_per_s": c["peak_flops_per_s"],
+        "bandwidth_bytes_per_s": c["bandwidth_bytes_per_s"],
+        "coverage": report["coverage"],
+        "steps": report["steps"],
+        "trace_dir": report["trace_dir"],
+        "source": "in situ",
+        **common,
+    }
+    rows = [*report["rows"], report["step"]]
+    return [{**base, **{("kernel" if k == "name" else k): v for k, v in r.items()}} for r in rows]

@@ -91,28 +91,43 @@ def per_step_op_seconds(
     events: list[OpEvent], modules: set[str], steps: int
 ) -> tuple[dict[tuple[str, str], list[float]], int]:
     """Seconds of each (module, op) in each step. A module's executions (run ids) are ordered by
-    their first event and numbered as steps; every traced module must have run `steps` times."""
+    their first event and numbered as steps. Where the events carry no usable run id (a backend
+    that does not record it), the k-th execution of each op is given to step k."""
     runs: dict[str, dict[int, float]] = defaultdict(dict)
     for e in events:
         if e.module in modules:
             first = runs[e.module].get(e.run_id)
             runs[e.module][e.run_id] = e.start_us if first is None else min(first, e.start_us)
     index = {}
+    by_order = set()
     for module in modules:
         ordered = sorted(runs[module], key=runs[module].get)
-        if len(ordered) != steps:
+        if len(ordered) == steps:
+            index.update({(module, rid): i for i, rid in enumerate(ordered)})
+        elif ordered == [-1]:
+            by_order.add(module)
+        else:
             raise KvjaxError(
                 f"the profile holds {len(ordered)} executions of {module}, expected {steps}: "
                 "another program ran the same function during the trace"
             )
-        index.update({(module, rid): i for i, rid in enumerate(ordered)})
     seconds: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0] * steps)
     outside = 0
+    seen: dict[tuple[str, str], int] = defaultdict(int)
+    count: dict[tuple[str, str], int] = defaultdict(int)
     for e in events:
+        count[(e.module, e.op)] += 1
+    for e in sorted(events, key=lambda e: e.start_us):
         if e.module not in modules:
             outside += 1
             continue
-        seconds[(e.module, e.op)][index[(e.module, e.run_id)]] += e.duration_us * 1e-6
+        key = (e.module, e.op)
+        if e.module in by_order:  # the same number of executions of an op in every step
+            step = min(seen[key] // max(1, count[key] // steps), steps - 1)
+            seen[key] += 1
+        else:
+            step = index[(e.module, e.run_id)]
+        seconds[key][step] += e.duration_us * 1e-6
     return dict(seconds), outside
 
 

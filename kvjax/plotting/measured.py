@@ -40,11 +40,13 @@ def kernel_bound(records: pd.DataFrame, fig) -> None:
     """Every kernel (row) timed inside the step against its roofline bound, per num_kv_heads:
     bound / measured, 1 on the roof; a triangle marks a row flagged above the roof."""
     df = records[records.experiment == "profile"]
-    panels = list(dict.fromkeys(zip(df.device, df.phase, strict=True)))
+    keys = ["device", "model", "phase", "batch", "context"]
+    panels = list(dict.fromkeys(zip(*(df[k] for k in keys), strict=True)))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     palette = kv_palette(df.num_kv_heads)
-    for ax, (device, phase) in zip(axes, panels, strict=True):
-        g = df[(df.device == device) & (df.phase == phase)]
+    for ax, panel in zip(axes, panels, strict=True):
+        device, phase = panel[0], panel[2]
+        g = df[(df[keys] == pd.Series(panel, index=keys)).all(axis=1)]
         g = g[(g.closed_bytes > 0) | (g.kernel == "step")]
         order = list(dict.fromkeys(g.kernel))
         heads = sorted({int(k) for k in g.num_kv_heads})
