@@ -6,28 +6,42 @@ of their bytes (`kvjax.measured.interleave`)."""
 
 from kvjax import analytic
 from kvjax.analytic import Workload, roofline
+from kvjax.runs import options as o
 from kvjax.runs.config import resolve
+
+OPTIONS = {
+    "batches": o.list_of(o.POSITIVE_INT),
+    "measured": o.BOOLEAN,
+    "budget_s": o.POSITIVE,
+    "rounds": o.POSITIVE_INT,
+}
 
 
 def run_point(point) -> list[dict]:
     cfg, wl, chip = resolve(point)
     opts = point.options
-    measured = bool(opts.get("measured", False))
-    if measured:
-        from kvjax.measured.ceilings import load_or_measure_ceilings
+    batches = [int(b) for b in opts.get("batches", [1, 2, 4, 8, 16, 32, 64, 128, 256])]
+    workloads = [Workload("decode", b, wl.context) for b in batches]
+    result = None
+    if opts.get("measured", False):  # on this machine, under the read ceiling of this run
+        from kvjax.measured.ceilings import in_run_ceilings, load_or_measure_ceilings
+        from kvjax.measured.interleave import time_interleaved
 
-        chip = load_or_measure_ceilings()
-    dtype = cfg.compute_dtype
-    peak, bw = chip.peak(dtype), chip.bandwidth_bytes_per_s
-    records, timed = [], []
-    for batch in opts.get("batches", [1, 2, 4, 8, 16, 32, 64, 128, 256]):
-        w = Workload("decode", int(batch), wl.context)
+        result = time_interleaved(
+            [(cfg, w) for w in workloads],
+            rounds=int(opts.get("rounds", 3)),
+            budget_s=float(opts.get("budget_s", 1.0)),
+        )
+        chip = in_run_ceilings(load_or_measure_ceilings(), result.bandwidth_rounds_bytes_per_s)
+    peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
+    records, measured = [], []
+    for i, w in enumerate(workloads):
         step = analytic.step_cost(cfg, w)
         on_roof = roofline.point("decode step", step.flops, step.bytes, peak, bw)
         record = {
             "model": cfg.name,
             "num_kv_heads": cfg.num_kv_heads,
-            "batch": int(batch),
+            "batch": w.batch,
             "context": wl.context,
             "chip": chip.name,
             "source": "closed form",
@@ -37,22 +51,9 @@ def run_point(point) -> list[dict]:
             "fraction_of_peak": on_roof.attainable_flops_per_s / peak,
         }
         records.append(record)
-        timed.append((w, record, step))
-    if measured:
-        records += _measured([(cfg, w) for w, _, _ in timed], timed, peak, opts)
-    return records
-
-
-def _measured(points, timed, peak, opts) -> list[dict]:
-    from kvjax.measured.interleave import flag_sweep, time_interleaved
-
-    result = time_interleaved(
-        points, rounds=int(opts.get("rounds", 3)), budget_s=float(opts.get("budget_s", 1.0))
-    )
-    out = []
-    for t, (_, record, step) in zip(result.points, timed, strict=True):
-        out.append(
-            {
+        if result is not None:
+            t = result.points[i]
+            measured.append({
                 **record,
                 "source": "measured",
                 "step_floor_s": t.median_s,
@@ -62,7 +63,9 @@ def _measured(points, timed, peak, opts) -> list[dict]:
                 "predicted_s": record["step_floor_s"],
                 "closed_step_bytes": step.bytes,
                 "bandwidth_rounds_bytes_per_s": result.bandwidth_rounds_bytes_per_s,
-            }
-        )
-    flag_sweep(out, "closed_step_bytes")
-    return out
+            })  # fmt: skip
+    if measured:
+        from kvjax.measured.interleave import flag_sweep
+
+        flag_sweep(measured, "closed_step_bytes")
+    return records + measured

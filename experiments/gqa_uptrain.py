@@ -6,11 +6,20 @@ import dataclasses
 
 from flax import nnx
 
+from experiments.hkv_quality import OPTIONS as QUALITY_OPTIONS
 from experiments.hkv_quality import setup
 from kvjax import analytic
 from kvjax.nn import Transformer
 from kvjax.quality.convert import METHODS, convert_kv_heads
 from kvjax.quality.train import evaluate, train
+from kvjax.runs import options as o
+
+OPTIONS = {
+    **QUALITY_OPTIONS,
+    "uptrain_fraction": o.FRACTION,
+    "kv_heads": o.list_of(o.POSITIVE_INT),
+    "methods": o.list_of(o.one_of(*METHODS)),
+}
 
 
 def run_point(point) -> list[dict]:

@@ -9,7 +9,10 @@ flagged in its record (and the figure)."""
 
 from kvjax import analytic
 from kvjax.analytic import roofline
+from kvjax.runs import options as o
 from kvjax.runs.config import resolve
+
+OPTIONS = {"measured": o.BOOLEAN, "budget_s": o.POSITIVE, "rounds": o.POSITIVE_INT}
 
 NOISE = 0.05  # a time differing by less than this from another's is within timing noise
 
@@ -38,13 +41,14 @@ def _closed_record(point, ceilings) -> dict:
 
 
 def run_points(points) -> list[list[dict]]:
-    """Every point's record, the measured ones timed interleaved."""
-    from kvjax.measured.ceilings import load_or_measure_ceilings
+    """Every point's record, the measured ones timed interleaved and placed under the read
+    ceiling measured in the same run."""
+    from kvjax.measured.ceilings import in_run_ceilings, load_or_measure_ceilings
     from kvjax.measured.interleave import flag_sweep, time_interleaved
 
     ceilings = load_or_measure_ceilings()
-    records = [_closed_record(p, ceilings) for p in points]
     measured = [i for i, p in enumerate(points) if p.options.get("measured", True)]
+    timed = None
     if measured:
         opts = points[measured[0]].options
         timed = time_interleaved(
@@ -52,6 +56,9 @@ def run_points(points) -> list[list[dict]]:
             rounds=int(opts.get("rounds", 3)),
             budget_s=float(opts.get("budget_s", 1.0)),
         )
+        ceilings = in_run_ceilings(ceilings, timed.bandwidth_rounds_bytes_per_s)
+    records = [_closed_record(p, ceilings) for p in points]
+    if timed is not None:
         for i, result in zip(measured, timed.points, strict=True):
             records[i].update(
                 measured_s=result.median_s,

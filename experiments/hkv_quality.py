@@ -5,7 +5,27 @@ from flax import nnx
 from kvjax import analytic
 from kvjax.nn import Transformer
 from kvjax.quality.train import TrainConfig, train
+from kvjax.runs import options as o
 from kvjax.runs.config import resolve
+
+# The data and the training loop's settings (every TrainConfig field, typed from its default).
+OPTIONS = {
+    "task": o.one_of("stdlib", "recall"),
+    "num_pairs": o.POSITIVE_INT,
+    "num_queries": o.POSITIVE_INT,
+    "max_bytes": o.POSITIVE_INT,
+    "seq_len": o.POSITIVE_INT,
+    "steps": o.POSITIVE_INT,
+    "batch_size": o.POSITIVE_INT,
+    "learning_rate": o.POSITIVE,
+    "warmup_steps": o.NONNEGATIVE_INT,
+    "weight_decay": o.NONNEGATIVE,
+    "clip_norm": o.POSITIVE,
+    "eval_every": o.POSITIVE_INT,
+    "eval_batches": o.POSITIVE_INT,
+    "checkpoint_every": o.NONNEGATIVE_INT,
+    "seed": o.NONNEGATIVE_INT,
+}
 
 
 def make_task(name: str, cfg, options):

@@ -2,7 +2,10 @@
 
 from kvjax import analytic
 from kvjax.analytic.variants import variant_kv_heads
+from kvjax.runs import options as o
 from kvjax.runs.config import resolve
+
+OPTIONS = {"contexts": o.list_of(o.POSITIVE_INT)}
 
 
 def run_point(point) -> list[dict]:

@@ -2,12 +2,19 @@
 in options.kv_heads, interleaved round-robin with the read bandwidth re-measured before each
 round, placed on this machine's measured roofline. One record per kernel row and one per step."""
 
+from kvjax.runs import options as o
 from kvjax.runs.config import resolve
+
+OPTIONS = {
+    "kv_heads": o.list_of(o.POSITIVE_INT),
+    "steps": o.POSITIVE_INT,
+    "rounds": o.POSITIVE_INT,
+}
 
 
 def run_point(point, artifacts=None) -> list[dict]:
     from kvjax.measured.attribution import report_records, reports_on_ceilings
-    from kvjax.measured.ceilings import load_or_measure_ceilings, measure_read_bandwidth
+    from kvjax.measured.ceilings import ReadCeiling, in_run_ceilings, load_or_measure_ceilings
     from kvjax.measured.profile import profile_sweep
 
     cfg, wl, _ = resolve(point)
@@ -16,9 +23,10 @@ def run_point(point, artifacts=None) -> list[dict]:
     cfgs = [cfg.replace(num_kv_heads=k) for k in kv_heads]
     ceilings = load_or_measure_ceilings()
     rounds_bw = []
+    read_ceiling = ReadCeiling()
 
-    def between(_round):  # the ceiling re-measured among the points
-        rounds_bw.append(measure_read_bandwidth(256 * 2**20, budget_s=0.3, trials=2)[0])
+    def between(_round):  # the read ceiling re-measured among the points
+        rounds_bw.append(read_ceiling())
 
     profiles = profile_sweep(
         cfgs,
@@ -28,8 +36,10 @@ def run_point(point, artifacts=None) -> list[dict]:
         trace_root=None if artifacts is None else str(artifacts),
         between=between,
     )
-    reports = reports_on_ceilings(
-        profiles, ceilings, remeasure=lambda: load_or_measure_ceilings(refresh=True)
+    reports = reports_on_ceilings(  # placed under the read ceiling of this very run
+        profiles,
+        in_run_ceilings(ceilings, rounds_bw),
+        remeasure=lambda: in_run_ceilings(ceilings, [*rounds_bw, read_ceiling()]),
     )
     records = []
     for report in reports:

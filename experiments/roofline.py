@@ -3,7 +3,15 @@ preset, and (options.measured) timed on this machine against its measured ceilin
 
 from kvjax import analytic
 from kvjax.analytic import Workload, roofline
+from kvjax.runs import options as o
 from kvjax.runs.config import resolve
+
+OPTIONS = {
+    "phases": o.list_of(o.one_of("prefill", "decode")),
+    "traced": o.BOOLEAN,
+    "measured": o.BOOLEAN,
+    "steps": o.POSITIVE_INT,
+}
 
 
 def _point(kernel, phase, source, flops, bytes_, peak, bw, chip, cfg, seconds=None):
@@ -64,13 +72,17 @@ def run_point(point) -> list[dict]:
 
 def _measured_in_situ(cfg, wl, opts) -> list[dict]:
     from kvjax.measured.attribution import reports_on_ceilings
-    from kvjax.measured.ceilings import load_or_measure_ceilings
+    from kvjax.measured.ceilings import ReadCeiling, in_run_ceilings, load_or_measure_ceilings
     from kvjax.measured.profile import profile_sweep
 
     ceilings = load_or_measure_ceilings()
-    profiles = profile_sweep([cfg], wl, steps=int(opts.get("steps", 8)), rounds=2)
-    (report,) = reports_on_ceilings(
-        profiles, ceilings, remeasure=lambda: load_or_measure_ceilings(refresh=True)
+    read_ceiling, bandwidths = ReadCeiling(), []
+    profiles = profile_sweep([cfg], wl, steps=int(opts.get("steps", 8)), rounds=2,
+                             between=lambda _: bandwidths.append(read_ceiling()))  # fmt: skip
+    (report,) = reports_on_ceilings(  # under the read ceiling measured in this run
+        profiles,
+        in_run_ceilings(ceilings, bandwidths),
+        remeasure=lambda: in_run_ceilings(ceilings, [*bandwidths, read_ceiling()]),
     )
     peak, bw = report["ceilings"]["peak_flops_per_s"], report["ceilings"]["bandwidth_bytes_per_s"]
     out = []

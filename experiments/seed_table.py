@@ -1,7 +1,10 @@
 """The seed's MHA/GQA/MQA KV-cache table for any model (closed form)."""
 
 from kvjax.analytic.variants import variants_table
+from kvjax.runs import options as o
 from kvjax.runs.config import resolve
+
+OPTIONS = {"points": o.PAIRS}
 
 
 def run_point(point) -> list[dict]:

@@ -10,7 +10,14 @@ against the sharded program itself:
 """
 
 from kvjax.analytic import Workload
+from kvjax.runs import options as o
 from kvjax.runs.config import resolve
+
+OPTIONS = {
+    "link_latency_s": o.NONNEGATIVE,
+    "trace_up_to_tp": o.NONNEGATIVE_INT,
+    "trace_dtype": o.one_of("f32", "bf16", "f16"),
+}
 
 TENSOR_PARALLEL = True
 

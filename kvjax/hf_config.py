@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,9 @@ def read_hf_json(path: Path) -> dict[str, Any]:
     if path.is_dir():
         path = path / "config.json"
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise KvjaxError(f"model config {str(path)!r} is not text (UTF-8 JSON expected)") from None
     except OSError as exc:
         raise KvjaxError(f"cannot read model config {str(path)!r}: {exc.strerror or exc}") from None
     try:
@@ -40,57 +43,102 @@ def read_hf_json(path: Path) -> dict[str, Any]:
         raise KvjaxError(
             f"model config {str(path)!r} is not valid JSON (line {exc.lineno}: {exc.msg})"
         ) from None
+    except RecursionError:
+        raise KvjaxError(f"model config {str(path)!r} is nested too deeply") from None
     if not isinstance(data, dict):
         raise KvjaxError(f"model config {str(path)!r} must hold a JSON object")
     return data
 
 
+class _Fields:
+    """Typed reads of a config.json's fields: a wrong type or range is one line naming the
+    field, never a Python error and never a silent default (a 0 stays 0 and is refused)."""
+
+    def __init__(self, data: dict[str, Any], where: str):
+        self.data, self.where = data, where
+
+    def _bad(self, key: str, want: str) -> KvjaxError:
+        return KvjaxError(f"{self.where}: {key}={self.data[key]!r} must be {want}")
+
+    def integer(self, key: str, default: Any = None) -> Any:
+        if key not in self.data or self.data[key] is None:
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self._bad(key, "a positive integer")
+        return value
+
+    def number(self, key: str) -> float | None:
+        if key not in self.data or self.data[key] is None:
+            return None
+        value = self.data[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise self._bad(key, "a positive number")
+        if not math.isfinite(value):
+            raise self._bad(key, "a finite positive number")
+        return float(value)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        if key not in self.data or self.data[key] is None:
+            return default
+        if not isinstance(self.data[key], bool):
+            raise self._bad(key, "true or false")
+        return self.data[key]
+
+    def text(self, key: str, allowed=None) -> str | None:
+        if key not in self.data or self.data[key] is None:
+            return None
+        value = self.data[key]
+        if not isinstance(value, str):
+            raise self._bad(key, "a string")
+        if allowed is not None and value not in allowed:
+            raise KvjaxError(
+                f"{self.where}: {key}={value!r} is not supported; allowed: {', '.join(allowed)}"
+            )
+        return value
+
+
 def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
+    """A `ModelConfig` from a local config.json; `overrides` (the CLI's --kv-heads, ...) replace
+    the file's values before validation, so a documented override of a bad value works."""
     path = Path(path)
     data = read_hf_json(path)
-    model_type = data.get("model_type", "llama")
+    where = f"config {str(path)!r}"
+    f = _Fields(data, where)
+    model_type = f.text("model_type") or "llama"
     if model_type not in _HF_MODEL_TYPES:
         raise KvjaxError(
-            f"config {str(path)!r}: model_type={model_type!r} is not supported; "
+            f"{where}: model_type={model_type!r} is not supported; "
             f"allowed: {', '.join(_HF_MODEL_TYPES)}"
         )
-    missing = [key for key in _HF_REQUIRED if key not in data]
+    missing = [
+        key for key in _HF_REQUIRED if data.get(key) is None and _HF_REQUIRED[key] not in overrides
+    ]
     if missing:
         needed = ", ".join(f"{k!r} (for {_HF_REQUIRED[k]})" for k in missing)
-        raise KvjaxError(f"config {str(path)!r} is incomplete: missing {needed}")
-    fields: dict[str, Any] = {new: data[old] for old, new in _HF_REQUIRED.items()}
-    fields["num_kv_heads"] = data.get("num_key_value_heads") or data["num_attention_heads"]
-    # Hugging Face's own default when head_dim is absent (Llama-2 and Mistral configs omit it).
-    if data.get("head_dim") is not None:
-        fields["head_dim"] = data["head_dim"]
-    else:
-        if not isinstance(data["hidden_size"], int) or not isinstance(
-            data["num_attention_heads"], int
-        ):
-            raise KvjaxError(
-                f"config {str(path)!r}: hidden_size and num_attention_heads must be integers"
-            )
-        fields["head_dim"] = data["hidden_size"] // max(data["num_attention_heads"], 1)
-    act = data.get("hidden_activation") or data.get("hidden_act") or "silu"
-    if act not in _HF_ACTIVATIONS:
-        raise KvjaxError(
-            f"config {str(path)!r}: hidden_act={act!r} is not supported; "
-            f"allowed: {', '.join(_HF_ACTIVATIONS)}"
-        )
-    fields["mlp_activation"] = _HF_ACTIVATIONS[act]
-    fields["tied_embeddings"] = bool(data.get("tie_word_embeddings", model_type == "gemma"))
-    fields["qkv_bias"] = bool(data.get("attention_bias", model_type == "qwen2"))
-    if data.get("torch_dtype") or data.get("dtype"):
-        fields["weight_dtype"] = data.get("torch_dtype") or data.get("dtype")
-        fields["kv_dtype"] = fields["weight_dtype"]
-    if "rope_theta" in data:
-        fields["rope_theta"] = float(data["rope_theta"])
-    if "rms_norm_eps" in data:
-        fields["norm_eps"] = float(data["rms_norm_eps"])
+        raise KvjaxError(f"{where} is incomplete: missing {needed}")
+    fields: dict[str, Any] = {}
+    for old, new in _HF_REQUIRED.items():
+        fields[new] = overrides[new] if new in overrides else f.integer(old)
+    # Hugging Face's defaults when absent: as many KV heads as heads (MHA) and d_model / heads
+    # (Llama-2 and Mistral configs omit head_dim). A value present must be valid: 0 is refused.
+    fields["num_kv_heads"] = f.integer("num_key_value_heads", default=fields["num_heads"])
+    fields["head_dim"] = f.integer("head_dim", default=fields["d_model"] // fields["num_heads"])
+    act = f.text("hidden_activation", _HF_ACTIVATIONS) or f.text("hidden_act", _HF_ACTIVATIONS)
+    fields["mlp_activation"] = _HF_ACTIVATIONS[act or "silu"]
+    fields["tied_embeddings"] = f.boolean("tie_word_embeddings", model_type == "gemma")
+    fields["qkv_bias"] = f.boolean("attention_bias", model_type == "qwen2")
+    dtype = f.text("torch_dtype") or f.text("dtype")
+    if dtype:
+        fields["weight_dtype"] = fields["kv_dtype"] = dtype
+    for old, new in (("rope_theta", "rope_theta"), ("rms_norm_eps", "norm_eps")):
+        if (value := f.number(old)) is not None:
+            fields[new] = value
     folder = path if path.is_dir() else path.parent
-    fields["name"] = data.get("_name_or_path") or folder.name or "hf-config"
+    name = data.get("_name_or_path")
+    fields["name"] = name if isinstance(name, str) and name else (folder.name or "hf-config")
     fields.update(overrides)
     try:
         return ModelConfig(**fields)
     except KvjaxError as exc:
-        raise KvjaxError(f"config {str(path)!r}: {exc}") from None
+        raise KvjaxError(f"{where}: {exc}") from None

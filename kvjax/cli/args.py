@@ -18,6 +18,7 @@ from kvjax.hf_config import from_hf_config
 DEFAULT_MODEL = "seed-70b"
 DEFAULT_CHIP = "h100-sxm"
 _SUFFIXES = {"k": 2**10, "m": 2**20}
+MAX_INT = 2**53  # beyond this an integer is no longer exact as a float: no real batch or context
 
 
 # ---------------------------------------------------------------------------------------------
@@ -37,6 +38,8 @@ def positive_int(text: str) -> int:
         ) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer (> 0)")
+    if value > MAX_INT:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}... is too large (at most 2**53)")
     return value
 
 
@@ -48,6 +51,21 @@ def positive_float(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
     return value
+
+
+def in_range(low: float, high: float, unit: str):
+    """A positive number within [low, high] (a chip's rate or size): 1e-300 B/s is a typo, not
+    a chip, and would print infinite times."""
+
+    def parse(text: str) -> float:
+        value = positive_float(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is outside the sane range {low:g} .. {high:g} {unit}"
+            )
+        return value
+
+    return parse
 
 
 def dtype_name(text: str) -> str:
@@ -83,6 +101,11 @@ def int_list(text: str) -> list[int]:
         ) from None
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r} must list positive integers, e.g. 1,2,4,8")
+    if any(v > MAX_INT for v in values):
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}... lists a value too large (> 2**53)")
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{text!r} lists {repeated[0]} more than once")
     return values
 
 
@@ -122,18 +145,23 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
 def add_chip_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("chip")
     g.add_argument("--chip", default=None, help=f"chip preset (default {DEFAULT_CHIP})")
-    g.add_argument("--peak-flops", type=positive_float, help="peak FLOP/s for the compute dtype")
-    g.add_argument("--bandwidth", type=positive_float, help="memory bandwidth in bytes/s")
-    g.add_argument("--memory", type=positive_float, help="memory capacity in bytes")
+    g.add_argument(
+        "--peak-flops", type=in_range(1e6, 1e21, "FLOP/s"), help="peak FLOP/s (compute dtype)"
+    )
+    g.add_argument("--bandwidth", type=in_range(1e6, 1e16, "B/s"), help="memory bandwidth, B/s")
+    g.add_argument("--memory", type=in_range(1e6, 1e16, "bytes"), help="memory capacity, bytes")
+
+
+def model_from_name(name: str, **changes: Any) -> ModelConfig:
+    """A preset name or a local Hugging Face config.json (or its folder), with `changes` applied
+    before validation: every command that takes a model takes the same forms."""
+    path = Path(name)
+    if path.suffix == ".json" or path.is_dir() or path.exists() or "/" in name:
+        return from_hf_config(path, **changes)
+    return get_model_config(name, **changes)
 
 
 def resolve_model(args: argparse.Namespace) -> ModelConfig:
-    name = args.model
-    path = Path(name)
-    if path.suffix == ".json" or path.is_dir() or path.exists() or "/" in name:
-        cfg = from_hf_config(path)
-    else:
-        cfg = get_model_config(name)
     changes: dict[str, Any] = {
         field: getattr(args, flag)
         for flag, field in _SIZE_FLAGS.items()
@@ -145,7 +173,7 @@ def resolve_model(args: argparse.Namespace) -> ModelConfig:
         changes["weight_dtype"] = args.weight_dtype
     if getattr(args, "kv_dtype", None):
         changes["kv_dtype"] = args.kv_dtype
-    return cfg.replace(**changes) if changes else cfg
+    return model_from_name(args.model, **changes)
 
 
 def resolve_workload(args: argparse.Namespace) -> Workload:
@@ -161,9 +189,23 @@ def resolve_chip(args: argparse.Namespace, cfg: ModelConfig) -> ChipSpec:
 
 
 def json_default(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
     raise TypeError(f"cannot serialise {type(x).__name__}")
+
+
+def finite_json(x: Any) -> Any:
+    """`x` with every non-finite float replaced by null: the output is always valid JSON (the
+    standard has no Infinity or NaN)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite_json(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [finite_json(v) for v in x]
+    return x
+
+
+def dumps(report: Any) -> str:
+    return json.dumps(finite_json(report), indent=2, default=json_default, allow_nan=False)
 
 
 def finite(x: float) -> float | None:
@@ -173,7 +215,7 @@ def finite(x: float) -> float | None:
 def emit(args: argparse.Namespace, report: dict[str, Any], render) -> int:
     """`--json` prints the report as one object; otherwise it is rendered as tables."""
     if args.json:
-        print(json.dumps(report, indent=2, default=json_default))
+        print(dumps(report))
     else:
         render(report)
     return 0

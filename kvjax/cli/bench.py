@@ -4,7 +4,6 @@ the decode step, on that roofline)."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from kvjax.cli import render
@@ -12,8 +11,8 @@ from kvjax.cli.args import (
     add_chip_args,
     add_model_args,
     add_workload_args,
+    dumps,
     emit,
-    json_default,
     positive_float,
     resolve_chip,
     resolve_model,
@@ -60,7 +59,7 @@ def run_ceilings(args: argparse.Namespace) -> int:
     with render.progress("measuring matmul and bandwidth ceilings"):
         spec = load_or_measure_ceilings(refresh=args.refresh, quick=args.quick)
     if args.json:
-        print(json.dumps(spec.to_dict(), indent=2, default=json_default))
+        print(dumps(spec.to_dict()))
         return 0
     print(f"{spec.name} ({spec.date}; cached in {ceilings_cache_path()})")
     for dtype, peak in spec.peak_flops_per_s.items():
@@ -79,7 +78,7 @@ def run_ceilings(args: argparse.Namespace) -> int:
 def bench_report(args: argparse.Namespace) -> dict[str, Any]:
     from rich.progress import Progress
 
-    from kvjax.measured.bench import bench_point
+    from kvjax.measured.bench import bench_point, check_bench_fits
     from kvjax.measured.ceilings import load_or_measure_ceilings
     from kvjax.measured.timing import device_name
 
@@ -87,6 +86,8 @@ def bench_report(args: argparse.Namespace) -> dict[str, Any]:
     kv_heads = args.kv_heads or [base.num_kv_heads]
     cfgs = [base.replace(num_kv_heads=k) for k in kv_heads]  # validated before any timing
     chip = resolve_chip(args, base) if (args.chip or args.peak_flops or args.bandwidth) else None
+    for cfg in cfgs:  # refused before the ceilings or any kernel allocate anything
+        check_bench_fits(cfg, wl, not args.no_step)
     with render.progress("measuring ceilings (cached per device)"):
         ceilings = load_or_measure_ceilings(refresh=args.refresh_ceilings)
     names = args.kernels.split(",") if args.kernels else None

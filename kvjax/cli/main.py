@@ -1,5 +1,11 @@
 """The `kvjax` command: one parser builder per subcommand (in `kvjax.cli.<name>`), and the error
-boundary that turns bad input into one line and exit 2."""
+boundary that turns bad input into one line and exit 2.
+
+Telling input errors from programming errors: everything kvjax validates raises `KvjaxError`
+(a field, a file, a flag, with what is allowed); the environment refusing a file (no such file,
+read-only folder, full disk) is an `OSError`, which names its path. Both are the user's to fix
+and print one line. Anything else is a bug in kvjax and keeps its traceback.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +42,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KvjaxError as exc:
         print(f"kvjax {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the file system said no: name the path and why
+        where = f" {exc.filename!r}" if exc.filename else ""
+        print(f"kvjax {args.command}: error: cannot use{where}: {exc.strerror or exc}",
+              file=sys.stderr)  # fmt: skip
         return 2
 
 

@@ -48,24 +48,29 @@ def add_parser(sub) -> None:
 
 def profile_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.measured.attribution import reports_on_ceilings
-    from kvjax.measured.ceilings import load_or_measure_ceilings
-    from kvjax.measured.profile import profile_sweep
+    from kvjax.measured.ceilings import ReadCeiling, in_run_ceilings, load_or_measure_ceilings
+    from kvjax.measured.profile import check_sweep_fits, profile_sweep
 
     base, wl = resolve_model(args), resolve_workload(args)
     cfgs = [base.replace(num_kv_heads=k) for k in (args.kv_heads or [base.num_kv_heads])]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     root = Path(args.trace_dir or f"runs/profiles/{base.name}-{wl.phase}-{stamp}")
+    check_sweep_fits(cfgs, wl)  # before the ceilings or any model allocate anything
     with render.progress("measuring ceilings (cached per device)"):
         ceilings = load_or_measure_ceilings(refresh=args.refresh_ceilings)
     rounds = min(args.rounds, args.steps)
     with render.progress(
         f"profiling {base.name} over num_kv_heads {[c.num_kv_heads for c in cfgs]}"
     ):
+        read_ceiling, bandwidths = ReadCeiling(), []
         profiles = profile_sweep(
-            cfgs, wl, steps=-(-args.steps // rounds), rounds=rounds, trace_root=str(root)
-        )
-    points = reports_on_ceilings(
-        profiles, ceilings, remeasure=lambda: load_or_measure_ceilings(refresh=True)
+            cfgs, wl, steps=-(-args.steps // rounds), rounds=rounds, trace_root=str(root),
+            between=lambda _: bandwidths.append(read_ceiling()),
+        )  # fmt: skip
+    points = reports_on_ceilings(  # under the read ceiling measured in this run
+        profiles,
+        in_run_ceilings(ceilings, bandwidths),
+        remeasure=lambda: in_run_ceilings(ceilings, [*bandwidths, read_ceiling()]),
     )
     return {"trace_root": str(root), "points": points}
 

@@ -38,7 +38,11 @@ def add_parsers(sub) -> None:
         "explore",
         help="write the interactive B / S / num_kv_heads explorer as one offline HTML file",
     )
-    explore.add_argument("--model", default=DEFAULT_MODEL, help="initial model preset")
+    explore.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="initial model: a preset or a Hugging Face config.json (as calc takes)",
+    )
     explore.add_argument("--chip", default=DEFAULT_CHIP, help="initial chip preset")
     explore.add_argument("--out", default="explorer.html", help="the .html file to write")
     explore.set_defaults(func=run_explore)
@@ -54,19 +58,33 @@ def run_run(args: argparse.Namespace) -> int:
 
 
 def run_figures(args: argparse.Namespace) -> int:
-    from kvjax.plotting import make_figures, write_explorer
+    """Draw every figure whose records exist; say which runs were read, which figures were drawn
+    and which were skipped for lack of records."""
+    from kvjax.errors import KvjaxError
+    from kvjax.plotting import FIGURES, make_figures, write_explorer
     from kvjax.runs.records import load_records
 
-    written = make_figures(load_records(args.runs), args.out)
+    for root in args.runs:
+        if not Path(root).is_dir():
+            raise KvjaxError(f"--runs {root!r} is not a folder (run `kvjax run` first)")
+    records = load_records(args.runs)
+    runs = sorted(set(zip(records.run_name, records.run_id, strict=True))) if len(records) else []
+    print(f"read {len(records)} records of {len(runs)} runs in {', '.join(args.runs)}")
+    written = make_figures(records, args.out)
     written.append(write_explorer(Path(args.out) / "explorer.html"))
     for path in written:
         print(path)
+    have = set(records.experiment) if len(records) else set()
+    for name, (experiment, _, _) in FIGURES.items():
+        if experiment not in have:
+            print(f"skipped {name}: no records of experiment {experiment}")
     return 0
 
 
 def run_explore(args: argparse.Namespace) -> int:
+    from kvjax.cli.args import model_from_name
     from kvjax.plotting import write_explorer
 
-    path = write_explorer(args.out, model=args.model, chip=args.chip)
+    path = write_explorer(args.out, model=model_from_name(args.model), chip=args.chip)
     print(f"wrote {path} (open it in a browser; it needs no server and no network)")
     return 0

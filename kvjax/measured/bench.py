@@ -11,7 +11,7 @@ from kvjax.analytic import KernelCost, Workload, roofline
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
-from kvjax.measured.kernels import kernel_benches, time_kernel
+from kvjax.measured.kernels import check_fits, kernel_benches, time_kernel
 from kvjax.measured.step import time_decode_step
 from kvjax.measured.timing import TimingStats
 
@@ -52,6 +52,14 @@ def place(
     return point
 
 
+def check_bench_fits(cfg: ModelConfig, wl: Workload, include_step: bool = True) -> None:
+    """The largest allocation a bench makes, refused before anything is allocated: the whole
+    step (weights + KV cache) when it is timed."""
+    if include_step and wl.phase == "decode":
+        needed = analytic.weight_bytes(cfg) + analytic.kv_cache_bytes(cfg, wl.context, wl.batch)
+        check_fits(f"the {cfg.name} decode step (weights + KV cache)", needed)
+
+
 def bench_point(
     cfg: ModelConfig,
     wl: Workload,
@@ -65,6 +73,7 @@ def bench_point(
     """Measured points of one (config, workload): the kernels named (default: all) and the whole
     step."""
     dtype = cfg.compute_dtype
+    check_bench_fits(cfg, wl, include_step and (names is None or kernels.STEP_KERNEL in names))
     benches = kernel_benches(cfg, wl)
     wanted = names or list(benches)
     unknown = [k for k in wanted if k not in benches and k != kernels.STEP_KERNEL]

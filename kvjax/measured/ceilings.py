@@ -3,6 +3,7 @@ bandwidth, as a `ChipSpec` cached per device (`kvjax ceilings`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -123,6 +124,36 @@ def best_rates(probes: dict, trials: int, budget_s: float) -> dict[str, list[flo
             stats = time_fn(fn, arg_sets, min_runs=3, budget_s=share)
             rates[name].append(amount / stats.median_s)
     return rates
+
+
+class ReadCeiling:
+    """The read ceiling (best of `jnp.sum` and the model's GEMV) measured again and again during
+    a run, its probes built once: `ceiling()` -> bytes/s now. A bound is taken against the best of
+    these in-run measurements (the machine's mode in that run), never against another run's."""
+
+    def __init__(self, nbytes: int = 256 * 2**20):
+        probes = bandwidth_probes(nbytes)
+        self.probes = {name: probes[name] for name in ("read", "gemv")}
+
+    def __call__(self, budget_s: float = 0.4) -> float:
+        return max(max(r) for r in best_rates(self.probes, 1, budget_s).values())
+
+
+def in_run_ceilings(ceilings: ChipSpec, bandwidths: list[float]) -> ChipSpec:
+    """`ceilings` with the bandwidth measured in this run (the best of `bandwidths`): the roof
+    the run's kernels are placed under; the cached value is kept in `extra`."""
+    if not bandwidths:
+        return ceilings
+    return dataclasses.replace(
+        ceilings,
+        name=f"{ceilings.name} (read ceiling measured in the run)",
+        bandwidth_bytes_per_s=max(bandwidths),
+        extra={
+            **ceilings.extra,
+            "cached_bandwidth_bytes_per_s": ceilings.bandwidth_bytes_per_s,
+            "in_run_bandwidths_bytes_per_s": list(bandwidths),
+        },  # fmt: skip
+    )
 
 
 def measure_ceilings(budget_s: float = 8.0, quick: bool = False, trials: int = 3) -> ChipSpec:

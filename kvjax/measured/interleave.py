@@ -19,7 +19,7 @@ import numpy as np
 from kvjax import analytic
 from kvjax.analytic import Workload
 from kvjax.config import ModelConfig
-from kvjax.measured.ceilings import measure_read_bandwidth
+from kvjax.measured.ceilings import ReadCeiling
 from kvjax.measured.kernels import check_fits
 from kvjax.measured.step import served_step
 from kvjax.traced.step import cache_len
@@ -42,7 +42,8 @@ def time_interleaved(
     points: list[tuple[ModelConfig, Workload]], rounds: int = 3, budget_s: float = 1.0
 ) -> InterleavedTiming:
     """Each point's served step (`kvjax.measured.step`) timed in `rounds` turns of about
-    `budget_s / rounds` seconds each, round-robin, after the read bandwidth of the round."""
+    `budget_s / rounds` seconds each, round-robin, after the read ceiling of the round
+    (`ReadCeiling`: the best of a reduction and the model's GEMV)."""
     needed = sum(
         analytic.weight_bytes(c)
         + analytic.kv_cache_bytes(c, cache_len(w.phase, w.context), w.batch)
@@ -60,8 +61,9 @@ def time_interleaved(
         per_step.append(time.perf_counter() - t0)
     times: list[list[float]] = [[] for _ in points]
     bandwidth = []
+    read_ceiling = ReadCeiling()
     for _ in range(rounds):
-        bandwidth.append(measure_read_bandwidth(256 * 2**20, budget_s=0.2, trials=1)[0])
+        bandwidth.append(read_ceiling())
         for i, s in enumerate(served):
             n = max(3, int(budget_s / rounds / max(per_step[i], 1e-6)))
             for _ in range(n):

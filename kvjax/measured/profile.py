@@ -230,6 +230,17 @@ def profile_step(
     return _profile(prepared, op_s, wall, folder if trace_dir else None)
 
 
+def check_sweep_fits(cfgs: list[ModelConfig], wl: Workload) -> None:
+    """Every model of a sweep is resident at once: refused before anything is allocated."""
+    from kvjax.analytic import kv_cache_bytes, weight_bytes
+    from kvjax.measured.kernels import check_fits
+    from kvjax.traced.step import cache_len
+
+    rows = cache_len(wl.phase, wl.context)
+    total = sum(weight_bytes(c) + kv_cache_bytes(c, rows, wl.batch) for c in cfgs)
+    check_fits(f"the {len(cfgs)} model(s) of the sweep (weights + KV caches)", total)
+
+
 def profile_sweep(
     cfgs: list[ModelConfig],
     wl: Workload,
@@ -242,13 +253,7 @@ def profile_sweep(
     """The points of a sweep profiled interleaved: every model prepared first, then `rounds`
     rounds of `steps` steps each, round-robin, with `between(round)` (a ceiling measurement)
     before each round, so a change of the machine's bandwidth mode biases no point."""
-    from kvjax.analytic import kv_cache_bytes, weight_bytes
-    from kvjax.measured.kernels import check_fits
-    from kvjax.traced.step import cache_len
-
-    rows = cache_len(wl.phase, wl.context)
-    total = sum(weight_bytes(c) + kv_cache_bytes(c, rows, wl.batch) for c in cfgs)
-    check_fits(f"the {len(cfgs)} models of the sweep (weights + KV caches)", total)
+    check_sweep_fits(cfgs, wl)
     prepared = [prepare(cfg, wl) for cfg in cfgs]
     op_s: list[dict] = [defaultdict(list) for _ in cfgs]
     wall: list[list[float]] = [[] for _ in cfgs]

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 from kvjax import kernels
 from kvjax.errors import KvjaxError
 
+MAX_POSITIONS = 2**31 - 1  # positions are int32
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +31,10 @@ class KVCache:
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise KvjaxError(f"{name}={value!r} must be a positive integer")
+        if max_len > MAX_POSITIONS:
+            raise KvjaxError(
+                f"max_len={max_len} exceeds the model's int32 positions (at most {MAX_POSITIONS})"
+            )
         shape = (batch_size, num_kv_heads, max_len, head_dim)
         return cls(
             k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),

@@ -14,22 +14,24 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kvjax.config import DTYPE_BYTES, PRESETS
+from kvjax.config import DTYPE_BYTES, PRESETS, ModelConfig
 from kvjax.errors import KvjaxError, unknown_name_error
 from kvjax.files import write_text_atomic
 from kvjax.hardware import CHIPS
 
 
+def _model_entry(cfg: ModelConfig) -> dict[str, Any]:
+    d = cfg.to_dict()
+    d["compute_dtype"] = cfg.compute_dtype
+    d["kv_head_choices"] = cfg.kv_head_choices()
+    return d
+
+
 def explorer_data() -> dict[str, Any]:
     """Everything the page needs, from the Python presets (nothing retyped)."""
-    models = {}
-    for name, cfg in PRESETS.items():
-        if name.startswith("tiny"):
-            continue
-        d = cfg.to_dict()
-        d["compute_dtype"] = cfg.compute_dtype
-        d["kv_head_choices"] = cfg.kv_head_choices()
-        models[name] = d
+    models = {
+        name: _model_entry(cfg) for name, cfg in PRESETS.items() if not name.startswith("tiny")
+    }
     chips = {
         name: {
             "peak_flops_per_s": chip.peak_flops_per_s,
@@ -42,18 +44,28 @@ def explorer_data() -> dict[str, Any]:
     return {"models": models, "chips": chips, "dtype_bytes": DTYPE_BYTES}
 
 
-def render_explorer(model: str = "seed-70b", chip: str = "h100-sxm") -> str:
+def render_explorer(model: str | ModelConfig = "seed-70b", chip: str = "h100-sxm") -> str:
+    """The page, opening on `model`: a preset's name, or any `ModelConfig` (a config.json's),
+    which joins the presets in the page."""
     data = explorer_data()
+    if isinstance(model, ModelConfig):
+        cfg, model = model, model.name
+        if PRESETS.get(model) != cfg:
+            model = model if model not in data["models"] else f"{model} (custom)"
+            data["models"][model] = _model_entry(cfg)
     if model not in data["models"]:
         raise unknown_name_error("model", model, data["models"])
     if chip not in data["chips"]:
         raise unknown_name_error("chip", chip, data["chips"])
     payload = json.dumps({**data, "default_model": model, "default_chip": chip})
     template = resources.files("kvjax").joinpath("assets/explorer.html").read_text()
-    return template.replace("/*DATA*/null", payload.replace("</", "<\\/"))
+    # no '<' left in the data: a name from a config file cannot close the script or open a tag
+    return template.replace("/*DATA*/null", payload.replace("<", "\\u003c"))
 
 
-def write_explorer(path: str | Path, model: str = "seed-70b", chip: str = "h100-sxm") -> Path:
+def write_explorer(
+    path: str | Path, model: str | ModelConfig = "seed-70b", chip: str = "h100-sxm"
+) -> Path:
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
         raise KvjaxError(f"--out={str(path)!r} must name an .html file")

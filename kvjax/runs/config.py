@@ -89,7 +89,9 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     path = Path(path)
     source = str(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise KvjaxError(f"{source}: is not text (a UTF-8 YAML file expected)") from None
     except OSError as exc:
         raise KvjaxError(f"{source}: cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
@@ -100,6 +102,13 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         ) from None
     if not isinstance(raw, dict):
         raise KvjaxError(f"{source}: must hold a mapping of keys (experiment:, model:, ...)")
+    for section in ("model", "workload", "chip", "sweep", "options"):
+        if section in raw and not isinstance(raw[section], dict):
+            raise KvjaxError(
+                f"{source}: {section}: must be a mapping of keys, got {type(raw[section]).__name__}"
+                + (" (a sweep maps keys to lists: 'model.num_kv_heads: [1, 8]')"
+                   if section == "sweep" else "")
+            )  # fmt: skip
     schema = OmegaConf.structured(ExperimentConfig)
     try:
         cfg = OmegaConf.merge(schema, OmegaConf.create(raw))
@@ -109,16 +118,28 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         if "=" not in item:
             raise KvjaxError(f"override {item!r} must be key=value (e.g. model.num_kv_heads=4)")
         key, value = (part.strip() for part in item.split("=", 1))
+        if key in ("sweep", "model", "workload", "chip", "options"):
+            raise KvjaxError(
+                f"{source}: override {item!r} replaces a whole section; override one key "
+                f"(e.g. {key}.<key>=...; a sweep list: sweep.model.num_kv_heads=[1,8])"
+            )
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise KvjaxError(
+                f"{source}: override {item!r}: malformed value ({getattr(exc, 'problem', exc)})"
+            ) from None
         if key.startswith("sweep."):  # sweep keys hold dots themselves: sweep.workload.tp=[1,2]
-            swept = yaml.safe_load(value)
-            if not isinstance(swept, list):
+            if not isinstance(parsed, list):
                 raise KvjaxError(f"{source}: override {item!r}: a sweep takes a list, e.g. [1, 2]")
-            cfg.sweep[key[len("sweep.") :]] = swept
+            cfg.sweep[key[len("sweep.") :]] = parsed
             continue
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException as exc:
             raise _error(f"{source} (override {item!r})", exc) from None
+        if key == "model.preset" and not any(o.startswith("model.name=") for o in overrides):
+            cfg.model.name = None  # the file's label named its preset, not this one
     for item in overrides:  # a swept key would be replaced by the sweep: never silently
         key = item.split("=", 1)[0].strip()
         if not key.startswith("sweep.") and key in cfg.sweep:

@@ -17,6 +17,7 @@ from typing import Any
 
 from kvjax.errors import KvjaxError
 from kvjax.runs.config import expand, load_config, point_key, to_dict
+from kvjax.runs.options import check_options
 from kvjax.runs.records import RunDir
 
 DEFAULT_CONFIG = Path("configs/default.yaml")
@@ -50,8 +51,8 @@ def suite_members(config_path: str | Path) -> list[Path] | None:
 
     path = Path(config_path)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None  # load_config reports it
     if not isinstance(raw, dict) or "suite" not in raw:
         return None
@@ -72,25 +73,19 @@ def run_config(config_path, overrides=(), runs_root="runs", run_id=None, progres
     if overrides or run_id:
         raise KvjaxError(f"{config_path}: a suite takes no overrides or --run-id; run a member")
     for m in members:  # validate every member before running any
-        load_config(m)
+        validated(m, ())
     return [run_experiment(m, (), runs_root, None, progress) for m in members]
 
 
-def run_experiment(
-    config_path: str | Path = DEFAULT_CONFIG,
-    overrides: tuple[str, ...] | list[str] = (),
-    runs_root: str | Path = "runs",
-    run_id: str | None = None,
-    progress: bool = True,
-    on_point: Callable[[int, str], None] | None = None,
-) -> RunDir:
-    """Run (or resume) every point; returns the run folder."""
+def validated(config_path, overrides):
+    """(config, experiment module, points) with everything checked before anything runs: the
+    config's keys and values, every point's model, workload and chip, the options against the
+    experiment's schema, and parallelism only where the experiment models it."""
     cfg = load_config(config_path, overrides)
     try:
         module = experiment_module(cfg.experiment)
     except KvjaxError as exc:
         raise KvjaxError(f"{config_path}: experiment: {exc}") from None
-    config = to_dict(cfg)
     points = expand(cfg)
     parallel = sorted({(p.workload.tp, p.workload.dp) for p in points} - {(1, 1)})
     if parallel and not getattr(module, "TENSOR_PARALLEL", False):
@@ -105,12 +100,35 @@ def run_experiment(
             f"does not model parallelism (it would ignore them); experiments that do: "
             f"{', '.join(models)}"
         )
+    check_options(module, points, config_path)
+    return cfg, module, points
+
+
+def run_experiment(
+    config_path: str | Path = DEFAULT_CONFIG,
+    overrides: tuple[str, ...] | list[str] = (),
+    runs_root: str | Path = "runs",
+    run_id: str | None = None,
+    progress: bool = True,
+    on_point: Callable[[int, str], None] | None = None,
+) -> RunDir:
+    """Run (or resume) every point; returns the run folder."""
+    cfg, module, points = validated(config_path, overrides)
+    config = to_dict(cfg)
     keys = [point_key(cfg, p) for p in points]
     run = RunDir(runs_root, cfg.name or cfg.experiment, run_id or default_run_id(config))
-    try:
-        run.start(config, keys)
-    except ValueError as exc:
-        raise KvjaxError(str(exc)) from None
+    run.check_config(config)
+    if all(run.done(k) for k in keys):
+        return run  # finished: nothing is written (a read-only folder resumes as a no-op)
+    with run.lock():
+        _run_points(run, module, cfg, config, keys, points, progress, on_point)
+    return run
+
+
+def _run_points(run, module, cfg, config, keys, points, progress, on_point) -> None:
+    for k in keys:
+        run.set_aside_corrupt(k)
+    run.start(config, keys)
     todo = [(i, k, p) for i, (k, p) in enumerate(zip(keys, points, strict=True)) if not run.done(k)]
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -145,4 +163,3 @@ def run_experiment(
             run.write_point(key, records)
             run.write_manifest(keys)
             bar.advance(task)
-    return run

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from kvjax.errors import KvjaxError
 from kvjax.files import write_json_atomic, write_text_atomic
 
 
@@ -52,34 +56,101 @@ def point_file_name(key: str) -> str:
     return f"{slug}-{hashlib.sha1(key.encode()).hexdigest()[:8]}.json"
 
 
+PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def check_plain_name(what: str, name: str) -> str:
+    """A run id or experiment name becomes a folder: letters, digits, '.', '_', '-', never a
+    path (`../../x` would write outside the runs folder)."""
+    if not isinstance(name, str) or not PLAIN_NAME.match(name):
+        raise KvjaxError(
+            f"{what}={name!r} must be a plain name: letters, digits, '.', '_' or '-', starting "
+            "with a letter or digit, at most 100 characters"
+        )
+    return name
+
+
+def read_point(path: Path) -> dict[str, Any] | None:
+    """A point file's content, or None when it does not parse as a point (a crash of another
+    tool, a full disk): such a file never counts as a finished point."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("key"), str)
+    ok = ok and isinstance(data.get("records"), list)
+    return data if ok and all(isinstance(r, dict) for r in data["records"]) else None
+
+
+def _warn(message: str) -> None:
+    import sys
+
+    print(f"kvjax: warning: {message}", file=sys.stderr)
+
+
 class RunDir:
     """One run of one experiment: its resolved config, environment, manifest and point records."""
 
     def __init__(self, root: str | Path, experiment: str, run_id: str):
-        self.path = Path(root) / experiment / run_id
+        self.path = Path(root) / check_plain_name("experiment", experiment) / check_plain_name(
+            "run id", run_id
+        )
         self.points_dir = self.path / "points"
 
-    def start(self, config: dict[str, Any], keys: list[str]) -> None:
+    def check_config(self, config: dict[str, Any]) -> str:
+        """The config's text; refused if the folder holds a run of another config."""
         import yaml
 
-        self.points_dir.mkdir(parents=True, exist_ok=True)
         config_text = yaml.safe_dump(config, sort_keys=False)
         old = self.path / "config.yaml"
         if old.exists() and old.read_text() != config_text:
-            raise ValueError(
+            raise KvjaxError(
                 f"{self.path} holds a run of a different config; choose another --run-id"
             )
-        write_text_atomic(old, config_text)
+        return config_text
+
+    def start(self, config: dict[str, Any], keys: list[str]) -> None:
+        """Before computing points: the config (checked), the environment (a resumed run keeps
+        its first and records each resume) and the manifest. A finished run writes nothing, so it
+        can be resumed as a no-op from a read-only folder."""
+        config_text = self.check_config(config)
+        self.points_dir.mkdir(parents=True, exist_ok=True)
+        if not (self.path / "config.yaml").exists():
+            write_text_atomic(self.path / "config.yaml", config_text)
         env = self.path / "environment.json"
-        if env.exists():  # a resumed run keeps its first environment and records each resume
-            write_json_atomic(
-                self.path
-                / f"environment-resumed-{len(list(self.path.glob('environment-resumed-*')))}.json",
-                environment(),
-            )
+        if env.exists():
+            resumed = len(list(self.path.glob("environment-resumed-*")))
+            write_json_atomic(self.path / f"environment-resumed-{resumed}.json", environment())
         else:
             write_json_atomic(env, environment())
         self.write_manifest(keys)
+
+    @contextmanager
+    def lock(self):
+        """Held while this process writes the run: a second `kvjax run` of the same folder is
+        refused with the holder's pid (a lock left by a process that died is taken over)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock = self.path / ".lock"
+        for _ in range(2):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                break
+            except FileExistsError:
+                pid = _lock_holder(lock)
+                if pid is not None and _alive(pid):
+                    raise KvjaxError(
+                        f"{self.path} is being written by another kvjax run (pid {pid}); wait "
+                        f"for it to finish, or remove {lock} if that process is gone"
+                    ) from None
+                lock.unlink(missing_ok=True)  # its holder died: take it over
+        else:
+            raise KvjaxError(f"cannot lock {self.path}: {lock} keeps reappearing")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        try:
+            yield self
+        finally:
+            lock.unlink(missing_ok=True)
 
     def write_manifest(self, keys: list[str]) -> None:
         write_json_atomic(
@@ -97,7 +168,20 @@ class RunDir:
         return self.path / "artifacts" / point_file_name(key).removesuffix(".json")
 
     def done(self, key: str) -> bool:
-        return (self.points_dir / point_file_name(key)).exists()
+        """Finished: its record file exists and parses as this point's."""
+        path = self.points_dir / point_file_name(key)
+        if not path.exists():
+            return False
+        data = read_point(path)
+        return data is not None and data["key"] == key
+
+    def set_aside_corrupt(self, key: str) -> None:
+        """A point file that does not parse is renamed (kept for inspection) and recomputed."""
+        path = self.points_dir / point_file_name(key)
+        if path.exists() and not self.done(key):
+            kept = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            path.rename(kept)
+            _warn(f"{path} did not parse as a point: set aside as {kept.name}, recomputing")
 
     def write_point(self, key: str, records: list[dict[str, Any]]) -> None:
         write_json_atomic(self.points_dir / point_file_name(key), {"key": key, "records": records})
@@ -105,10 +189,30 @@ class RunDir:
     def records(self) -> list[dict[str, Any]]:
         out = []
         for f in sorted(self.points_dir.glob("*.json")):
-            data = json.loads(f.read_text())
+            data = read_point(f)
+            if data is None:
+                _warn(f"{f} does not parse as a point: skipped")
+                continue
             for r in data["records"]:
                 out.append({"point": data["key"], **r})
         return out
+
+
+def _lock_holder(lock: Path) -> int | None:
+    try:
+        return int(lock.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def load_records(runs, experiment: str | None = None):
@@ -120,7 +224,10 @@ def load_records(runs, experiment: str | None = None):
     roots = [Path(r) for r in ([runs] if isinstance(runs, str | Path) else runs)]
     rows = []
     for f in sorted(f for root in roots for f in root.glob("*/*/points/*.json")):
-        data = json.loads(f.read_text())
+        data = read_point(f)
+        if data is None:
+            _warn(f"{f} does not parse as a point: skipped")
+            continue
         run_dir = f.parent.parent
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
         exp = config.get("experiment", run_dir.parent.name)
