@@ -188,7 +188,9 @@ def test_abstract_model_allocates_nothing():
 def test_cache_layout_and_dtype():
     cfg = get_model_config("tiny-gqa", kv_dtype="bf16")
     cache = Transformer(cfg, rngs=nnx.Rngs(0)).init_cache(5, 11)
-    assert cache.k[0].shape == (5, 3, 11, 8)  # (B, K, S, H)
+    assert cache.k[0].shape == (5, 3, 8, 11)  # (B, K, H, S)
+    assert cache.v[0].shape == (5, 3, 11, 8)  # (B, K, S, H)
+    assert cache.max_len == 11
     assert cache.k[0].dtype == jnp.bfloat16 and len(cache.v) == cfg.num_layers
     assert cache.nbytes == analytic.kv_cache_bytes(cfg, 11, 5)
 

@@ -70,7 +70,7 @@ def kernel_benches(cfg: ModelConfig, wl: Workload) -> dict[str, KernelBench]:
     if wl.phase == "decode":
         C = S - 1
         pos = lambda key: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
-        add(kernels.SCORES, decode_scores, [((B, K, G, H), a), ((B, K, H), a), ((B, K, C, H), kv)])
+        add(kernels.SCORES, decode_scores, [((B, K, G, H), a), ((B, K, H), a), ((B, K, H, C), kv)])
         add(
             kernels.SOFTMAX,
             partial(decode_softmax, head_dim=H, dtype=a),
@@ -83,7 +83,7 @@ def kernel_benches(cfg: ModelConfig, wl: Workload) -> dict[str, KernelBench]:
         )
         attention_args = [
             ((B, K, G, H), a), ((B, K, H), a), ((B, K, H), a),
-            ((B, K, C, H), kv), ((B, K, C, H), kv), pos,
+            ((B, K, H, C), kv), ((B, K, C, H), kv), pos,
         ]  # fmt: skip
         add(kernels.ATTENTION, attend_cache, attention_args, analytic.attention_cost(cfg, wl))
     else:

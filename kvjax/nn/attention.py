@@ -89,11 +89,12 @@ def attend_causal(q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array) -> j
     return jnp.transpose(o_BKGTH, (0, 3, 1, 2, 4))  # to BTKGH, outside the kernels
 
 
-def decode_scores(q_BKGH, k_new_BKH, k_cache_BKSH):
-    """q . K_cache (f32) and the new token's own score q . k_new."""
+def decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS):
+    """q . K_cache (f32) and the new token's own score q . k_new (K cached (B, K, H, S):
+    `kvjax.nn.kv_cache` says why)."""
     dtype = q_BKGH.dtype
     s_BKGS = jnp.einsum(
-        "BKGH,BKSH->BKGS", q_BKGH, k_cache_BKSH.astype(dtype), preferred_element_type=jnp.float32
+        "BKGH,BKHS->BKGS", q_BKGH, k_cache_BKHS.astype(dtype), preferred_element_type=jnp.float32
     )
     s_self_BKG = jnp.einsum("BKGH,BKH->BKG", q_BKGH, k_new_BKH, preferred_element_type=jnp.float32)
     return s_BKGS, s_self_BKG
@@ -124,7 +125,7 @@ def attend_cache(
     q_BKGH: jax.Array,
     k_new_BKH: jax.Array,
     v_new_BKH: jax.Array,
-    k_cache_BKSH: jax.Array,
+    k_cache_BKHS: jax.Array,
     v_cache_BKSH: jax.Array,
     pos_B: jax.Array,
 ) -> jax.Array:
@@ -135,7 +136,7 @@ def attend_cache(
     The three kernels are separate functions so `kvjax.measured.kernels` can time each alone.
     """
     with jax.named_scope(kernels.SCORES):
-        s_BKGS, s_self_BKG = decode_scores(q_BKGH, k_new_BKH, k_cache_BKSH)
+        s_BKGS, s_self_BKG = decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS)
     with jax.named_scope(kernels.SOFTMAX):
         p_BKGS, p_self_BKG = decode_softmax(
             s_BKGS, s_self_BKG, pos_B, q_BKGH.shape[-1], q_BKGH.dtype

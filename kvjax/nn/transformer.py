@@ -161,7 +161,8 @@ class Transformer(nnx.Module):
         return self._head(x_BTD), kvs
 
     def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """An empty cache: per layer K and V [B, K, max_len, H] in the KV dtype, positions 0."""
+        """An empty cache: per layer K [B, K, H, max_len] and V [B, K, max_len, H] in the KV
+        dtype, positions 0."""
         cfg = self.cfg
         return KVCache.zeros(
             cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim, kv_dtype(cfg)
