@@ -7,3 +7,17 @@ code is unaffected: jit runs on the first device unless arrays say otherwise.
 from kvjax.devices import request_host_devices
 
 request_host_devices(8)
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from support import require  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def devices():
+    """The 8 simulated CPU devices of the sharded-model tests (a failure in CI, not a skip)."""
+    require(
+        len(jax.devices()) >= 8,
+        "needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/conftest.py)",
+    )
+    return jax.devices()

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from support import require
 
 from kvjax import KvjaxError, get_model_config
 from kvjax.analytic.parallel import (
@@ -26,15 +25,6 @@ TPS = (1, 2, 4, 8)
 def tiny(num_kv_heads: int, **changes):
     base = dict(num_heads=16, num_kv_heads=num_kv_heads, head_dim=6, d_ff=56, vocab_size=104)
     return get_model_config("tiny-gqa", **(base | changes)).replace(name=f"tp-k{num_kv_heads}")
-
-
-@pytest.fixture(scope="module")
-def devices():
-    require(
-        len(jax.devices()) >= 8,
-        "needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/conftest.py)",
-    )
-    return jax.devices()
 
 
 def run_both(cfg, tp, dp=1, B=4, T=5, steps=3, max_len=11):

@@ -3,9 +3,7 @@ bytes of the compiled module against kvjax.analytic.parallel's closed form (8 si
 
 import json
 
-import jax
 import pytest
-from support import require
 
 from kvjax import KvjaxError, get_model_config
 from kvjax.analytic.parallel import kv_cache_bytes_per_device, weight_bytes_per_device
@@ -47,15 +45,6 @@ def test_ring_bytes_per_device():
     s = summarize(collectives(HLO))
     assert s["all-reduce"]["count"] == 3
     assert s["all-reduce"]["bytes_per_device"] == pytest.approx(2 * 7 / 8 * 384 + 1.5 * 64 + 70)
-
-
-@pytest.fixture(scope="module")
-def devices():
-    require(
-        len(jax.devices()) >= 8,
-        "needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/conftest.py)",
-    )
-    return jax.devices()
 
 
 def f32_model(num_kv_heads, num_layers=2):
