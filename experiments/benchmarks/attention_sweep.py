@@ -1,5 +1,5 @@
-"""Benchmark: decode attention over num_kv_heads on the machine at hand, against its measured
-read bandwidth and against the closed form's proportions.
+"""Benchmark: decode attention over num_kv_heads on the machine at hand, against the read ceiling
+measured in the same run and against the closed form's proportions.
 
     python3 -m experiments.benchmarks.attention_sweep [--dtype f32] [--context 32768] [--out FILE]
 
@@ -21,9 +21,9 @@ from kvjax import kernels
 from kvjax.analytic import Workload
 from kvjax.config import ModelConfig
 from kvjax.measured.bench import place
-from kvjax.measured.ceilings import load_or_measure_ceilings
-from kvjax.measured.kernels import kernel_benches, time_kernel
-from kvjax.measured.timing import device_name
+from kvjax.measured.ceilings import ReadCeiling, in_run_ceilings, load_or_measure_ceilings
+from kvjax.measured.kernels import input_sets, kernel_benches
+from kvjax.measured.timing import device_name, summarize, time_fn
 from kvjax.runs.records import write_json_atomic
 
 
@@ -44,16 +44,29 @@ def attention_cfg(num_kv_heads: int, dtype: str) -> ModelConfig:
 
 
 def run(
-    dtype="f32", context=32768, batch=1, kv_heads=(1, 2, 4, 8, 16, 32), budget_s=2.0, ceilings=None
-):
+    dtype="f32", context=32768, batch=1, kv_heads=(1, 2, 4, 8, 16, 32), budget_s=2.0, ceilings=None,
+    rounds=3,
+):  # fmt: skip
+    """Each num_kv_heads' decode attention timed interleaved (in turns over `rounds`), against
+    the read ceiling measured before each round (the best of the rounds: this run's ceiling)."""
     ceilings = ceilings or load_or_measure_ceilings()
+    wl = Workload("decode", batch, context)
+    benches = [kernel_benches(attention_cfg(k, dtype), wl)[kernels.ATTENTION] for k in kv_heads]
+    sets = [input_sets(kb, rotation_bytes=2**28) for kb in benches]
+    read_ceiling, bandwidths = ReadCeiling(), []
+    times: list[list[float]] = [[] for _ in kv_heads]
+    for _ in range(rounds):
+        bandwidths.append(read_ceiling())
+        for i, kb in enumerate(benches):
+            stats = time_fn(kb.fn, sets[i], min_runs=3, budget_s=budget_s / rounds)
+            times[i] += [stats.median_s] * stats.runs  # the round's median, weighted by runs
+    ceilings = in_run_ceilings(ceilings, bandwidths)
     points = []
-    for k in kv_heads:
-        cfg = attention_cfg(k, dtype)
-        wl = Workload("decode", batch, context)
-        kb = kernel_benches(cfg, wl)[kernels.ATTENTION]
-        stats = time_kernel(kb, budget_s=budget_s)
-        p = place(kernels.ATTENTION, kb.closed, stats, ceilings, cfg.compute_dtype)
+    for k, kb, ts in zip(kv_heads, benches, times, strict=True):
+        stats = summarize(ts)
+        p = place(
+            kernels.ATTENTION, kb.closed, stats, ceilings, attention_cfg(k, dtype).compute_dtype
+        )
         p["num_kv_heads"] = k
         p["kv_bytes"] = kb.closed.kv_bytes
         p["kv_bytes_per_s"] = kb.closed.kv_bytes / stats.median_s

@@ -116,17 +116,21 @@ def check_fits(what: str, needed: float) -> None:
         )
 
 
-def time_kernel(
-    kb: KernelBench, budget_s: float = 1.0, rotation_bytes: int = ROTATION_BYTES
-) -> TimingStats:
-    """Median time of one kernel, rotating input sets so their total exceeds `rotation_bytes`."""
-    shapes_bytes = kb.closed.bytes  # close to the inputs' size; checked before allocating
-    check_fits(f"kernel {kb.name}", shapes_bytes)
+def input_sets(kb: KernelBench, rotation_bytes: int = ROTATION_BYTES) -> list[tuple]:
+    """Random input sets of a kernel, enough that their total exceeds `rotation_bytes` (each
+    call streams its inputs from memory, not from a cache); refused first if they cannot fit."""
+    check_fits(f"kernel {kb.name}", kb.closed.bytes)  # about the inputs' size
     first = kb.make_args(0)
     per_set = max(1, _input_bytes(first))
     n_sets = int(min(MAX_SETS, max(1, math.ceil(rotation_bytes / per_set))))
     free = available_memory_bytes()
     if free is not None:
         n_sets = max(1, min(n_sets, int(0.5 * free // per_set)))
-    sets = [first] + [kb.make_args(i) for i in range(1, n_sets)]
-    return time_fn(kb.fn, sets, budget_s=budget_s)
+    return [first] + [kb.make_args(i) for i in range(1, n_sets)]
+
+
+def time_kernel(
+    kb: KernelBench, budget_s: float = 1.0, rotation_bytes: int = ROTATION_BYTES
+) -> TimingStats:
+    """Median time of one kernel over its rotated input sets."""
+    return time_fn(kb.fn, input_sets(kb, rotation_bytes), budget_s=budget_s)
