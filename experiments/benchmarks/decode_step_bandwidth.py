@@ -6,8 +6,10 @@ time against its roofline bound under the read ceiling measured in the same run.
 
 The batches are timed interleaved (`kvjax.measured.interleave`: every model built first, timed in
 turns over rounds, the read ceiling, the best of a `jnp.sum` and the model's own matrix-vector
-product, measured before each round). Bytes moved are the closed form's decode-step bytes
-(weights read once, KV cache read whole). f32 on CPU (DESIGN.md: bf16 matrix-vector products are
+product, measured before each round). Each round's time is set against that round's ceiling (this
+machine reads memory in two modes that switch between rounds) and the median over rounds kept;
+the time against the best round's ceiling is kept too. Bytes moved are the closed form's
+decode-step bytes (weights read once, KV cache read whole). f32 on CPU (DESIGN.md: bf16 matrix-vector products are
 converted on every call there). The targets of issue 14: B=1 at >= 85% of the read ceiling,
 B in {2, 4} within 1.25x and B in {8, 16} within 1.5x of the bound.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+import statistics
 from pathlib import Path
 
 import jax
@@ -69,12 +72,19 @@ def run(cfg: ModelConfig, context: int, batches, rounds: int = 4, budget_s: floa
     for w, t in zip(workloads, timed.points, strict=True):
         step = analytic.step_cost(cfg, w)
         bound = roofline.point("decode step", step.flops, step.bytes, peak, read_ceiling)
-        ratio = t.median_s / bound.bound_s
+        # each round against that round's ceiling (the machine's mode then), the median of them
+        per_round = [
+            t_r / roofline.point("step", step.flops, step.bytes, peak, bw_r).bound_s
+            for t_r, bw_r in zip(t.round_median_s, timed.bandwidth_rounds_bytes_per_s, strict=True)
+        ]
+        ratio = statistics.median(per_round)
         points.append({
             "batch": w.batch, "median_s": t.median_s, "iqr_s": t.iqr_s, "runs": t.runs,
             "closed_step_bytes": step.bytes, "bound_s": bound.bound_s, "bound": bound.bound,
-            "time_over_bound": ratio, "achieved_bytes_per_s": step.bytes / t.median_s,
-            "fraction_of_read_ceiling": step.bytes / t.median_s / read_ceiling,
+            "time_over_bound": ratio, "time_over_bound_per_round": per_round,
+            "time_over_best_bound": t.median_s / bound.bound_s,
+            "achieved_bytes_per_s": step.bytes / t.median_s,
+            "fraction_of_read_ceiling": 1 / ratio,
             "target_time_over_bound": TARGETS.get(w.batch),
             "meets_target": None if w.batch not in TARGETS else ratio <= TARGETS[w.batch],
         })  # fmt: skip
@@ -116,9 +126,9 @@ def main(argv=None) -> None:
             f" (target <= {p['target_time_over_bound']:.2f}x: "
             f"{'met' if p['meets_target'] else 'missed'})")  # fmt: skip
         share = 100 * p["fraction_of_read_ceiling"]
-        print(f"  B={p['batch']:>2}: {p['median_s'] * 1e3:7.2f} ms, bound {p['bound_s'] * 1e3:6.2f}"
-              f" ms, {p['time_over_bound']:.2f}x the bound, {share:.0f}% of the read ceiling"
-              f"{target}")  # fmt: skip
+        print(f"  B={p['batch']:>2}: {p['median_s'] * 1e3:7.2f} ms, {p['time_over_bound']:.2f}x "
+              f"its bound ({share:.0f}% of the read ceiling) per round, "
+              f"{p['time_over_best_bound']:.2f}x under the best round's{target}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ class Timed:
     median_s: float
     iqr_s: float
     runs: int
+    round_median_s: list[float]  # the median of each round, beside that round's ceiling
 
 
 @dataclass(frozen=True)
@@ -60,20 +61,24 @@ def time_interleaved(
         carries[i] = jax.block_until_ready(s.step(carries[i]))
         per_step.append(time.perf_counter() - t0)
     times: list[list[float]] = [[] for _ in points]
+    rounds_s: list[list[float]] = [[] for _ in points]
     bandwidth = []
     read_ceiling = ReadCeiling()
     for _ in range(rounds):
         bandwidth.append(read_ceiling())
         for i, s in enumerate(served):
             n = max(3, int(budget_s / rounds / max(per_step[i], 1e-6)))
+            this_round = []
             for _ in range(n):
                 t0 = time.perf_counter()
                 carries[i] = jax.block_until_ready(s.step(carries[i]))
-                times[i].append(time.perf_counter() - t0)
+                this_round.append(time.perf_counter() - t0)
+            times[i] += this_round
+            rounds_s[i].append(statistics.median(this_round))
     timed = []
-    for ts in times:
+    for ts, rs in zip(times, rounds_s, strict=True):
         q25, q75 = np.quantile(ts, [0.25, 0.75])
-        timed.append(Timed(statistics.median(ts), float(q75 - q25), len(ts)))
+        timed.append(Timed(statistics.median(ts), float(q75 - q25), len(ts), rs))
     return InterleavedTiming(timed, bandwidth)
 
 
