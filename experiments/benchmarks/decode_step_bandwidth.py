@@ -10,8 +10,8 @@ product, measured before each round). Each round's time is set against that roun
 machine reads memory in two modes that switch between rounds) and the median over rounds kept;
 the time against the best round's ceiling is kept too. Bytes moved are the closed form's
 decode-step bytes (weights read once, KV cache read whole). f32 on CPU (DESIGN.md: bf16
-matrix-vector products are converted on every call there). The targets of issue 14: B=1 at >= 85% of the read ceiling,
-B in {2, 4} within 1.25x and B in {8, 16} within 1.5x of the bound.
+matrix-vector products are converted on every call there). The targets of issue 14: B=1 at
+>= 85% of the read ceiling, B in {2, 4} within 1.25x and B in {8, 16} within 1.5x of the bound.
 """
 
 from __future__ import annotations
