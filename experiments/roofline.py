@@ -40,19 +40,20 @@ def _point(kernel, phase, source, flops, bytes_, peak, bw, chip, cfg, seconds=No
 def run_point(point) -> list[dict]:
     cfg, wl, chip = resolve(point)
     opts = point.options
-    dtype = cfg.compute_dtype
-    if opts.get("measured", False):  # everything on this machine's measured roofline
-        from kvjax.measured.ceilings import load_or_measure_ceilings
-
-        chip = load_or_measure_ceilings()
-    peak, bw = chip.peak(dtype), chip.bandwidth_bytes_per_s
+    phases = list(opts.get("phases", ["prefill", "decode"]))
+    peak, bw, chip_name = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s, chip.name
+    reports = {}
+    if opts.get("measured", False):  # every kernel timed inside the real step, on this machine
+        reports = _measured_in_situ(cfg, wl, phases, opts)
+        c = next(iter(reports.values()))["ceilings"]  # one roof for both phases: this run's
+        peak, bw, chip_name = c["peak_flops_per_s"], c["bandwidth_bytes_per_s"], c["name"]
     records = []
-    for phase in opts.get("phases", ["prefill", "decode"]):
+    for phase in phases:
         w = Workload(phase, wl.batch, wl.context)
         layer = analytic.layer_kernels(cfg, w) | analytic.head_kernels(cfg, w)
         for name, k in layer.items():
             records.append(
-                _point(name, phase, "closed form", k.flops, k.bytes, peak, bw, chip.name, cfg)
+                _point(name, phase, "closed form", k.flops, k.bytes, peak, bw, chip_name, cfg)
             )
         if opts.get("traced", True):
             from kvjax.traced.step import trace_step
@@ -62,37 +63,38 @@ def run_point(point) -> list[dict]:
                 if k.layer in (None, 0) and k.kernel in layer:
                     records.append(
                         _point(
-                            k.kernel, phase, "traced", k.flops, k.bytes, peak, bw, chip.name, cfg
+                            k.kernel, phase, "traced", k.flops, k.bytes, peak, bw, chip_name, cfg
                         )
                     )
-        if opts.get("measured", False):  # every kernel timed inside the real step
-            records += _measured_in_situ(cfg, w, opts)
+        for row in reports[phase]["rows"] if reports else []:
+            if not row["closed_flops"] or not row["closed_bytes"]:
+                continue  # glue rows have no closed form to place
+            record = _point(row["name"], phase, "measured", row["closed_flops"],
+                            row["closed_bytes"], peak, bw, chip_name, cfg,
+                            seconds=row["median_s"])  # fmt: skip
+            record.update(members=list(row["members"]), above_roof=row["above_roof"],
+                          coverage=reports[phase]["coverage"], measured="in situ")  # fmt: skip
+            records.append(record)
     return records
 
 
-def _measured_in_situ(cfg, wl, opts) -> list[dict]:
+def _measured_in_situ(cfg, wl, phases, opts) -> dict[str, dict]:
+    """Each phase's step profiled in situ, all placed under the read ceiling measured in this
+    run (before each round of each phase)."""
     from kvjax.measured.attribution import reports_on_ceilings
     from kvjax.measured.ceilings import ReadCeiling, in_run_ceilings, load_or_measure_ceilings
     from kvjax.measured.profile import profile_sweep
 
     ceilings = load_or_measure_ceilings()
     read_ceiling, bandwidths = ReadCeiling(), []
-    profiles = profile_sweep([cfg], wl, steps=int(opts.get("steps", 8)), rounds=2,
-                             between=lambda _: bandwidths.append(read_ceiling()))  # fmt: skip
-    (report,) = reports_on_ceilings(  # under the read ceiling measured in this run
+    profiles = [
+        profile_sweep([cfg], Workload(phase, wl.batch, wl.context), steps=int(opts.get("steps", 8)),
+                      rounds=2, between=lambda _: bandwidths.append(read_ceiling()))[0]
+        for phase in phases
+    ]  # fmt: skip
+    reports = reports_on_ceilings(
         profiles,
         in_run_ceilings(ceilings, bandwidths),
         remeasure=lambda: in_run_ceilings(ceilings, [*bandwidths, read_ceiling()]),
     )
-    peak, bw = report["ceilings"]["peak_flops_per_s"], report["ceilings"]["bandwidth_bytes_per_s"]
-    out = []
-    for row in report["rows"]:
-        if not row["closed_flops"] or not row["closed_bytes"]:
-            continue  # glue rows have no closed form to place
-        flops, bytes_, chip = row["closed_flops"], row["closed_bytes"], report["ceilings"]["name"]
-        record = _point(row["name"], wl.phase, "measured", flops, bytes_, peak, bw, chip, cfg,
-                        seconds=row["median_s"])  # fmt: skip
-        record.update(members=list(row["members"]), above_roof=row["above_roof"],
-                      coverage=report["coverage"], measured="in situ")  # fmt: skip
-        out.append(record)
-    return out
+    return dict(zip(phases, reports, strict=True))

@@ -146,8 +146,8 @@ def in_run_ceilings(ceilings: ChipSpec, bandwidths: list[float]) -> ChipSpec:
         return ceilings
     return dataclasses.replace(
         ceilings,
-        name=f"{ceilings.name} (read ceiling measured in the run)",
         bandwidth_bytes_per_s=max(bandwidths),
+        notes=f"{ceilings.notes}; bandwidth: the read ceiling measured in the run",
         extra={
             **ceilings.extra,
             "cached_bandwidth_bytes_per_s": ceilings.bandwidth_bytes_per_s,

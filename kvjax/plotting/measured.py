@@ -32,8 +32,9 @@ def _label_measured(ax, g: pd.DataFrame, peak: float, bw: float) -> None:
             ax.scatter([r.intensity], [r.achieved_flops_per_s], s=45, facecolors="none",
                        edgecolors="red", linewidths=0.7)  # fmt: skip
     if any(g.achieved_flops_per_s > [min(peak, i * bw) * 1.0001 for i in g.intensity]):
-        ax.text(0.02, 0.97, "red ring: above the measured roof (see the record's reason)",
-                transform=ax.transAxes, fontsize=4.5, color="red", va="top")  # fmt: skip
+        ax.text(0.02, 0.02, "red ring: above the measured roof\n(the record says why)",
+                transform=ax.transAxes, fontsize=4.5, color="red", va="bottom",
+                ha="left")  # fmt: skip
 
 
 def kernel_bound(records: pd.DataFrame, fig) -> None:
