@@ -9,10 +9,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kvjax.errors import KvjaxError
+
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next(p for p in path.parents if p.exists())
+        raise KvjaxError(f"cannot write {str(path)!r}: {str(blocker)!r} is not a folder") from None
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600: honour the umask like open() does
     try:

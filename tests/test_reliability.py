@@ -120,7 +120,7 @@ def test_file_system_refusals_name_the_path(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     line = _one_line_exit_2(["explore", "--out", str(blocker / "x.html")], capsys)
-    assert "cannot use" in line and "a_file" in line
+    assert "a_file' is not a folder" in line
 
 
 def test_overriding_the_preset_drops_the_files_label(tmp_path):
