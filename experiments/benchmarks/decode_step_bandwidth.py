@@ -26,39 +26,35 @@ import jax
 
 from kvjax import analytic
 from kvjax.analytic import Workload, roofline
-from kvjax.config import ModelConfig
+from kvjax.config import ModelConfig, get_model_config
 from kvjax.files import write_json_atomic
 from kvjax.measured.ceilings import load_or_measure_ceilings
 from kvjax.measured.interleave import time_interleaved
 from kvjax.measured.timing import device_name
 
 MODELS = {
-    # the default run's small model (llama-2-7b cut to 2 layers of d_model 1024): 0.41 GB f32
-    "small": ModelConfig(
-        name="small-f32",
+    # the default run's small model (configs/*_cpu.yaml: llama-2-7b cut to 2 layers of 1024)
+    "small": get_model_config(
+        "llama-2-7b",
         num_layers=2,
         d_model=1024,
         num_heads=8,
         num_kv_heads=8,
-        head_dim=128,
         d_ff=2816,
-        vocab_size=32000,
         weight_dtype="f32",
         kv_dtype="f32",
-    ),  # fmt: skip
+    ).replace(name="small-f32"),
     # about 0.49e9 parameters: 1.97 GB of f32 weights
-    "bench": ModelConfig(
-        name="bench-0.5b-f32",
+    "bench": get_model_config(
+        "llama-2-7b",
         num_layers=8,
         d_model=2048,
         num_heads=16,
         num_kv_heads=4,
-        head_dim=128,
         d_ff=5632,
-        vocab_size=32000,
         weight_dtype="f32",
         kv_dtype="f32",
-    ),  # fmt: skip
+    ).replace(name="bench-0.5b-f32"),
 }
 TARGETS = {1: 1 / 0.85, 2: 1.25, 4: 1.25, 8: 1.5, 16: 1.5}  # time / bound at most
 

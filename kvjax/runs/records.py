@@ -92,8 +92,10 @@ class RunDir:
     """One run of one experiment: its resolved config, environment, manifest and point records."""
 
     def __init__(self, root: str | Path, experiment: str, run_id: str):
-        self.path = Path(root) / check_plain_name("experiment", experiment) / check_plain_name(
-            "run id", run_id
+        self.path = (
+            Path(root)
+            / check_plain_name("experiment", experiment)
+            / check_plain_name("run id", run_id)
         )
         self.points_dir = self.path / "points"
 
