@@ -16,18 +16,11 @@ from kvjax.errors import KvjaxError, unknown_name_error
 # fp8 or int8 model is sized the same way.
 DTYPE_BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "fp8": 1, "int8": 1}
 _DTYPE_ALIASES = {
-    "float32": "f32",
-    "fp32": "f32",
-    "bfloat16": "bf16",
-    "float16": "f16",
-    "fp16": "f16",
-    "half": "f16",
-    "float8": "fp8",
-    "float8_e4m3fn": "fp8",
-    "float8_e5m2": "fp8",
-    "e4m3": "fp8",
-}
+    "float32": "f32", "fp32": "f32", "bfloat16": "bf16", "float16": "f16", "fp16": "f16",
+    "half": "f16", "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8",
+}  # fmt: skip
 ACTIVATIONS = ("silu", "gelu")
+MLA_FORMS = ("absorbed", "naive")
 
 
 def canonical_dtype(dtype: str, field: str = "dtype") -> str:
@@ -52,6 +45,8 @@ _INT_FIELDS = (
     "d_ff",
     "vocab_size",
 )
+# Multi-head latent attention (DeepSeek-V2/V3); 0 = absent. `kv_lora_rank > 0` makes a model MLA.
+_MLA_INT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
 
 @dataclass(frozen=True)
@@ -78,6 +73,11 @@ class ModelConfig:
     kv_dtype: str = "bf16"
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    mla_decode: str = "absorbed"
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -107,12 +107,61 @@ class ModelConfig:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise KvjaxError(f"{field}={value!r} must be a positive number")
+        self._check_mla()
+
+    def _check_mla(self) -> None:
+        for field in _MLA_INT_FIELDS:
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise KvjaxError(f"{field}={value!r} must be a non-negative integer (0: no MLA)")
+        if self.mla_decode not in MLA_FORMS:
+            raise KvjaxError(
+                f"mla_decode={self.mla_decode!r} is not supported; allowed: {', '.join(MLA_FORMS)}"
+            )
+        if not self.kv_lora_rank:
+            for field in ("q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, field):
+                    raise KvjaxError(
+                        f"{field}={getattr(self, field)} is an MLA field, but kv_lora_rank=0 "
+                        f"(not MLA); set kv_lora_rank > 0 or {field}=0"
+                    )
+            return
+        rope = self.qk_rope_head_dim
+        if rope <= 0 or rope % 2 or rope >= self.head_dim:
+            raise KvjaxError(
+                f"qk_rope_head_dim={rope} must be even and in 2 .. head_dim-1={self.head_dim - 1} "
+                f"for MLA (head_dim = qk_nope_head_dim + qk_rope_head_dim)"
+            )
+        if self.v_head_dim <= 0:
+            raise KvjaxError(f"v_head_dim={self.v_head_dim} must be a positive integer for MLA")
+        if self.num_kv_heads != self.num_heads:
+            raise KvjaxError(
+                f"num_kv_heads={self.num_kv_heads} must equal num_heads={self.num_heads} for MLA "
+                f"(kv_lora_rank={self.kv_lora_rank}): every head re-expands its own key and value "
+                f"from the shared latent"
+            )
+        if self.qkv_bias:
+            raise KvjaxError("qkv_bias=True is not supported with MLA (kv_lora_rank > 0)")
 
     # Derived sizes (levanter style: properties, never stored).
     @property
     def group_size(self) -> int:
         """G = N / K query heads per kv head."""
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_nope_head_dim(self) -> int:
+        """MLA: the part of each query/key head without RoPE (head_dim - qk_rope_head_dim)."""
+        return self.head_dim - self.qk_rope_head_dim
+
+    @property
+    def o_head_dim(self) -> int:
+        """Width of each head's attention output: v_head_dim for MLA, else head_dim."""
+        return self.v_head_dim if self.is_mla else self.head_dim
 
     @property
     def q_dim(self) -> int:
@@ -137,6 +186,8 @@ class ModelConfig:
 
     @property
     def attention_variant(self) -> str:
+        if self.is_mla:
+            return "MLA"
         if self.num_kv_heads == self.num_heads:
             return "MHA"
         if self.num_kv_heads == 1:
@@ -144,7 +195,9 @@ class ModelConfig:
         return "GQA"
 
     def kv_head_choices(self) -> list[int]:
-        """Every valid num_kv_heads for this model: the divisors of num_heads."""
+        """Every valid num_kv_heads for this model: the divisors of num_heads (MLA: N only)."""
+        if self.is_mla:
+            return [self.num_heads]
         return [k for k in range(1, self.num_heads + 1) if self.num_heads % k == 0]
 
     def replace(self, **changes: Any) -> ModelConfig:
@@ -160,7 +213,8 @@ class ModelConfig:
 
     @classmethod
     def from_hf_config(cls, path: str | Path, **overrides: Any) -> ModelConfig:
-        """Read a local Hugging Face `config.json` (Llama, Mistral, Qwen2, Gemma). No network."""
+        """Read a local Hugging Face `config.json` (Llama, Mistral, Qwen2, Gemma, dense
+        DeepSeek-V2/V3). No network."""
         from kvjax.hf_config import from_hf_config
 
         return from_hf_config(path, **overrides)
@@ -326,6 +380,11 @@ _TINY = dict(
 _preset(ModelConfig(name="tiny-mha", num_kv_heads=12, **_TINY))
 _preset(ModelConfig(name="tiny-gqa", num_kv_heads=3, **_TINY))
 _preset(ModelConfig(name="tiny-mqa", num_kv_heads=1, **_TINY))
+# Tiny MLA: every MLA width distinct too (nope 6 + rope 4 = head_dim 10, v 7, latent 20, q rank 24).
+_TINY_MLA = dict(_TINY, head_dim=10, num_kv_heads=12, kv_lora_rank=20, qk_rope_head_dim=4,
+                 v_head_dim=7)  # fmt: skip
+_preset(ModelConfig(name="tiny-mla", **_TINY_MLA))
+_preset(ModelConfig(name="tiny-mla-q", q_lora_rank=24, **_TINY_MLA))
 
 
 def get_model_config(name: str, **overrides: Any) -> ModelConfig:

@@ -25,7 +25,8 @@ _HF_ACTIVATIONS = {
     "gelu_pytorch_tanh": "gelu",
     "gelu_fast": "gelu",
 }
-_HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma")
+_HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma", "deepseek_v2", "deepseek_v3")
+_MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 
 
 def read_hf_json(path: Path) -> dict[str, Any]:
@@ -98,6 +99,36 @@ class _Fields:
         return value
 
 
+def _mla_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: str) -> dict:
+    """DeepSeek-V2/V3 attention: the latent fields, head_dim = qk_nope + qk_rope (Hugging Face
+    writes `head_dim` = qk_rope_head_dim there, which is not the query/key width). A model with
+    mixture-of-experts layers is refused by name until kvjax models MoE (it would be mis-sized)."""
+    experts = f.integer("n_routed_experts", default=0)
+    first_dense = data.get("first_k_dense_replace") or 0
+    if isinstance(first_dense, bool) or not isinstance(first_dense, int) or first_dense < 0:
+        raise KvjaxError(f"{where}: first_k_dense_replace={first_dense!r} must be an integer >= 0")
+    layers = fields["num_layers"]
+    if experts and first_dense < layers:
+        raise KvjaxError(
+            f"{where}: model_type={model_type!r} has mixture-of-experts layers "
+            f"(n_routed_experts={experts} from layer first_k_dense_replace={first_dense} of "
+            f"num_hidden_layers={layers}); MoE is not supported yet, and sizing those layers as "
+            f"dense would be wrong. A config whose layers are all dense (first_k_dense_replace >= "
+            f"num_hidden_layers, or n_routed_experts null) is supported"
+        )
+    out = {"kv_lora_rank": f.integer("kv_lora_rank"), "q_lora_rank": f.integer("q_lora_rank", 0)}
+    nope, rope = f.integer("qk_nope_head_dim"), f.integer("qk_rope_head_dim")
+    out["v_head_dim"] = f.integer("v_head_dim")
+    given = {"kv_lora_rank": out["kv_lora_rank"], "qk_nope_head_dim": nope,
+             "qk_rope_head_dim": rope, "v_head_dim": out["v_head_dim"]}  # fmt: skip
+    missing = [key for key, value in given.items() if not value]
+    if missing:
+        raise KvjaxError(f"{where} is incomplete for MLA: missing {', '.join(missing)}")
+    out["qk_rope_head_dim"], out["head_dim"] = rope, nope + rope
+    out["num_kv_heads"] = fields["num_heads"]  # every head expands its own key and value
+    return out
+
+
 def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     """A `ModelConfig` from a local config.json; `overrides` (the CLI's --kv-heads, ...) replace
     the file's values before validation, so a documented override of a bad value works."""
@@ -124,6 +155,8 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     # (Llama-2 and Mistral configs omit head_dim). A value present must be valid: 0 is refused.
     fields["num_kv_heads"] = f.integer("num_key_value_heads", default=fields["num_heads"])
     fields["head_dim"] = f.integer("head_dim", default=fields["d_model"] // fields["num_heads"])
+    if model_type in _MLA_MODEL_TYPES:
+        fields.update(_mla_fields(f, data, fields, model_type, where))
     act = f.text("hidden_activation", _HF_ACTIVATIONS) or f.text("hidden_act", _HF_ACTIVATIONS)
     fields["mlp_activation"] = _HF_ACTIVATIONS[act or "silu"]
     fields["tied_embeddings"] = f.boolean("tie_word_embeddings", model_type == "gemma")

@@ -15,6 +15,9 @@ Letters (the seed's and the scaling book's). Formulas, einsum strings and array-
     N query heads       K kv heads          G = N / K query heads per kv head
     H head dim          L layers            V vocabulary
     M = B * T tokens    R = B * N attention rows    O, I a linear's output and input widths
+MLA (multi-head latent attention, DeepSeek-V2/V3) adds:
+    A kv_lora_rank (latent width)    P qk_rope_head_dim    U qk_nope_head_dim (H = U + P)
+    W v_head_dim        Q q_lora_rank
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ LETTERS = {
     "R": "attention rows, B * N",
     "O": "a linear's output width",
     "I": "a linear's input width",
+    "A": "MLA latent width, kv_lora_rank",
+    "P": "MLA RoPE key/query width, qk_rope_head_dim",
+    "U": "MLA key/query width without RoPE, qk_nope_head_dim (H = U + P)",
+    "W": "MLA value head width, v_head_dim",
+    "Q": "MLA query low rank, q_lora_rank",
 }
 
 # Kinds: how the closed form counts a kernel and how its traced bytes compare.
@@ -117,6 +125,26 @@ DOWN = _k("mlp/down", MATMUL, True, "h @ W_down")
 RESIDUAL_MLP = _k("residual/mlp", ELEMENTWISE, True, "x + MLP output")
 NORM_FINAL = _k("norm/final", ELEMENTWISE, False, "RMSNorm before the LM head", _NORM_NOTE)
 LM_HEAD = _k("lm_head", MATMUL, False, "x @ W_vocab: f32 logits")
+
+# Multi-head latent attention (MLA). The cache holds the latent c (A wide, normed) and the shared
+# RoPE key (P wide) of every position; `kvjax.analytic.step` derives each kernel's cost.
+Q_A_PROJ = _k("attn/q_a_proj", MATMUL, True, "MLA: x @ W_qa: the query's low-rank latent (Q)")
+NORM_Q_A = _k("norm/q_a", ELEMENTWISE, True, "MLA: RMSNorm of the query latent", _NORM_NOTE)
+Q_B_PROJ = _k("attn/q_b_proj", MATMUL, True, "MLA: query latent @ W_qb: N*(U+P) query features")
+KV_A_PROJ = _k(
+    "attn/kv_a_proj", MATMUL, True, "MLA: x @ W_kva: the latent c (A) and the shared RoPE key (P)"
+)
+NORM_KV_A = _k("norm/kv_a", ELEMENTWISE, True, "MLA: RMSNorm of the latent", _NORM_NOTE)
+KV_B_PROJ = _k(
+    "attn/kv_b_proj", MATMUL, True,
+    "MLA naive/prefill: latents @ W_kvb: per-head keys (U) and values (W) of every position",
+)  # fmt: skip
+Q_ABSORB = _k(
+    "attn/q_absorb", MATMUL, True, "MLA absorbed: q_nope @ W_uk per head: the query in latent space"
+)
+V_UP = _k(
+    "attn/v_up", MATMUL, True, "MLA absorbed: latent attention output @ W_uv per head: values (W)"
+)
 
 ATTENTION = _k("attention", FUSED, True, "scores, softmax and av as one kernel",
                members=(SCORES, SOFTMAX, AV))  # fmt: skip

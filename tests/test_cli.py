@@ -76,7 +76,9 @@ def test_calc_context_suffix_and_variants(capsys):
         2560 * 1024,
         320 * 1024,
         40 * 1024,
+        80 * (512 + 64) * 2,  # the MLA row: DeepSeek-V2's recipe for H=128 (A=4H, P=H/2)
     ]
+    assert out["variants"][3]["variant"] == "MLA A=512 P=64"
 
 
 def test_calc_config_json_path(capsys, tmp_path):

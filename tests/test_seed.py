@@ -51,11 +51,16 @@ def test_seed_one_head_costs_512_bytes_per_token_per_layer():
 
 def test_seed_table_from_variants_report_matches_cells():
     rows = variants_table(seed(8), get_chip("h100-sxm"))
+    mla, rows = rows[3], rows[:3]  # the seed's three rows, then kvjax's MLA row
     assert [(r["variant"], r["num_kv_heads"]) for r in rows] == [
         ("MHA", 64),
         ("GQA", 8),
         ("MQA", 1),
     ]
+    # MLA with DeepSeek-V2's recipe for d_h=128 (latent 4*128, RoPE 64): 80 x 576 x 2 bytes
+    assert mla["variant"] == "MLA A=512 P=64"
+    assert mla["kv_bytes_per_token"] == 80 * 576 * 2 == 90 * KiB
+    assert mla["cache_reduction_vs_mha"] == 2560 / 90
     assert [r["cache_reduction_vs_mha"] for r in rows] == [1, 8, 64]  # "h/h_kv x smaller"
     assert [r["kv_bytes_per_token"] / KiB for r in rows] == [2560, 320, 40]
     assert [r["cache"][0]["kv_cache_bytes"] / GiB for r in rows] == [20.0, 2.5, 0.3125]

@@ -16,6 +16,12 @@ MATMULS = {
     kernels.UP,
     kernels.DOWN,
     kernels.LM_HEAD,
+    kernels.Q_A_PROJ,
+    kernels.Q_B_PROJ,
+    kernels.KV_A_PROJ,
+    kernels.KV_B_PROJ,
+    kernels.Q_ABSORB,
+    kernels.V_UP,
 }
 STRICT_BYTES = MATMULS | {kernels.RESIDUAL_ATTN, kernels.RESIDUAL_MLP}
 
@@ -39,12 +45,18 @@ def check_against_closed_form(trace, step_rel=0.02):
     return rows
 
 
-@pytest.mark.parametrize("name", ["tiny-mha", "tiny-gqa", "tiny-mqa"])
+@pytest.mark.parametrize(
+    "name", ["tiny-mha", "tiny-gqa", "tiny-mqa", "tiny-mla", "tiny-mla-q", "tiny-mla-naive"]
+)
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "bf16+fp8"])
 @pytest.mark.parametrize("batch,context", [(1, 7), (3, 12)])
 def test_tiny_traces_match_closed_form(name, phase, dtype, batch, context):
-    cfg = get_model_config(name, weight_dtype=dtype, kv_dtype=dtype)
+    weights, kv = dtype.split("+") if "+" in dtype else (dtype, dtype)
+    naive = name.endswith("-naive")
+    cfg = get_model_config(name.removesuffix("-naive"), weight_dtype=weights, kv_dtype=kv)
+    if naive:
+        cfg = cfg.replace(mla_decode="naive")
     trace = trace_step(cfg, phase, batch, context)
     assert trace.stage == "lowered" and trace.backend == "cpu"
     # the per-kernel records sum to XLA's whole-module figure

@@ -50,6 +50,11 @@ def _check_tp(cfg: ModelConfig, tp: int) -> None:
 
 def device_config(cfg: ModelConfig, tp: int) -> ModelConfig:
     """The shapes one device computes: N/tp query heads, its KV heads, d_ff/tp, vocab/tp."""
+    if cfg.is_mla and tp > 1:
+        raise KvjaxError(
+            f"tp={tp}: tensor parallelism of MLA (kv_lora_rank={cfg.kv_lora_rank}) is not modelled "
+            f"yet (each device would hold the whole latent cache); use tp=1"
+        )
     n_dev, k_dev = cfg.num_heads // tp, kv_heads_per_device(cfg, tp)
     if n_dev % k_dev:
         raise KvjaxError(

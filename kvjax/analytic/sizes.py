@@ -1,5 +1,5 @@
 """Sizes in closed form: parameters, weight bytes, and the KV cache = 2 * L * K * H * S * B * bytes
-(the 2 is K and V). Pure Python; letters: `kvjax.kernels`."""
+(the 2 is K and V; MLA caches L * (A + P) * S * B * bytes). Pure Python; letters: kvjax.kernels."""
 
 from __future__ import annotations
 
@@ -7,15 +7,43 @@ from kvjax import kernels
 from kvjax.config import ModelConfig
 
 
+def mla_attention_param_counts(cfg: ModelConfig) -> dict[str, int]:
+    """MLA's attention parameters of one layer (Hugging Face DeepseekV3Attention, no biases):
+    q path D*N*H (or D*Q + Q + Q*N*H through the low rank), W_kva D*(A+P), its norm A,
+    W_kvb A*N*(U+W) (split here into the key part, read by q_absorb, and the value part), o N*W*D.
+    """
+    D, N, H, A, P = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    U, W, Q = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.q_lora_rank
+    q = (
+        {kernels.Q_A_PROJ: D * Q, kernels.NORM_Q_A: Q, kernels.Q_B_PROJ: Q * N * H}
+        if Q
+        else {kernels.Q_PROJ: D * N * H}
+    )
+    return {
+        **q,
+        kernels.KV_A_PROJ: D * (A + P),
+        kernels.NORM_KV_A: A,
+        kernels.Q_ABSORB: N * U * A,  # W_uk (the key half of kv_b_proj)
+        kernels.V_UP: N * W * A,  # W_uv (the value half)
+        kernels.O_PROJ: N * W * D,
+    }
+
+
 def layer_param_counts(cfg: ModelConfig) -> dict[str, int]:
     """Parameters of one decoder layer, by component."""
     D, N, K, H, F = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff
     bias_q, bias_kv = (N * H, K * H) if cfg.qkv_bias else (0, 0)
+    if cfg.is_mla:
+        attn = mla_attention_param_counts(cfg)
+    else:
+        attn = {
+            kernels.Q_PROJ: D * N * H + bias_q,
+            kernels.K_PROJ: D * K * H + bias_kv,
+            kernels.V_PROJ: D * K * H + bias_kv,
+            kernels.O_PROJ: N * H * D,
+        }
     return {
-        kernels.Q_PROJ: D * N * H + bias_q,
-        kernels.K_PROJ: D * K * H + bias_kv,
-        kernels.V_PROJ: D * K * H + bias_kv,
-        kernels.O_PROJ: N * H * D,
+        **attn,
         kernels.GATE_UP if cfg.gated_mlp else kernels.UP: (2 if cfg.gated_mlp else 1) * D * F,
         kernels.DOWN: F * D,
         kernels.NORM_ATTN: D,
@@ -42,8 +70,16 @@ def weight_bytes(cfg: ModelConfig) -> int:
     return num_params(cfg) * cfg.weight_bytes_per_element
 
 
+def kv_elements_per_token_per_layer(cfg: ModelConfig) -> int:
+    """2*K*H (a key and a value per kv head), or MLA's A + P (one latent and one shared RoPE
+    key, whatever the number of heads)."""
+    if cfg.is_mla:
+        return cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    return 2 * cfg.num_kv_heads * cfg.head_dim
+
+
 def kv_bytes_per_token_per_layer(cfg: ModelConfig) -> int:
-    return 2 * cfg.num_kv_heads * cfg.head_dim * cfg.kv_bytes_per_element
+    return kv_elements_per_token_per_layer(cfg) * cfg.kv_bytes_per_element
 
 
 def kv_bytes_per_token(cfg: ModelConfig) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from kvjax import kernels
 from kvjax.analytic.costs import INDEX_BYTES, SCORE_BYTES, KernelCost, StepCost, Workload
 from kvjax.config import DTYPE_BYTES, ModelConfig
+from kvjax.errors import KvjaxError
 
 
 def _act_bytes(cfg: ModelConfig) -> int:
@@ -52,39 +53,109 @@ def _residual(name: str, m: int, d: int, a: int) -> KernelCost:
     return KernelCost(name, flops=m * d, bytes=3 * m * d * a)
 
 
+def decode_softmax(R: int, B: int, S: int, a: int) -> KernelCost:
+    """One query row per head and sequence (R rows) over S positions: S - 1 cached and the new.
+
+    mask (B*C compares), scale, where, max (R*C - R), subtract, exp, sum (R*C - R), and multiply
+    by 1/sum: 6*R*C - 2R; per row: self scale, maximum, subtract, add, divide, multiply: 6R; a
+    2-byte model converts the probabilities (R*C + R). exp of every position: R*S.
+    """
+    C = S - 1
+    return KernelCost(
+        kernels.SOFTMAX,
+        flops=6 * R * C + 4 * R + B * C + (R * C + R if a != 4 else 0),
+        bytes=R * S * SCORE_BYTES + R * S * a,
+        transcendentals=R * S,
+    )
+
+
+def prefill_softmax(R: int, T: int, S: int, a: int) -> KernelCost:
+    """The causal T x S softmax of R = B*N heads: E = R*T*S scores.
+
+    causal mask (2*T*S), scale, where, max (E - R*T), its maximum with -inf (R*T), subtract, exp,
+    sum (E - R*T), divide: 6E - R*T + 2*T*S; a 2-byte model converts the probabilities (E).
+    """
+    E = R * T * S
+    return KernelCost(
+        kernels.SOFTMAX,
+        flops=6 * E - R * T + 2 * T * S + (E if a != 4 else 0),
+        bytes=E * SCORE_BYTES + E * a,
+        transcendentals=E,
+    )
+
+
+def rope_cost(M: int, heads: int, H: int, a: int) -> KernelCost:
+    """RoPE over `heads` rotated vectors of H per token (q's and k's): x1*cos - x2*sin,
+    x2*cos + x1*sin, 3 FLOPs an element. Tables: angles = position * inv_freq (M*H/2), inv_freq =
+    1/theta^(2i/H) (3*H/2 incl. one power each), positions to f32 (M); cos and sin: M*H
+    transcendentals. A 2-byte model converts the tables for q and for k (2*M*H)."""
+    elems = M * heads * H
+    return KernelCost(
+        kernels.ROPE,
+        flops=3 * elems + M * H // 2 + M + 3 * (H // 2) + (2 * M * H if a != 4 else 0),
+        bytes=2 * elems * a + M * H * a,
+        transcendentals=M * H + H // 2,
+    )
+
+
 def layer_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
-    """Every kernel of one decoder layer, in execution order.
+    """Every kernel of one decoder layer, in execution order (MLA's attention:
+    `kvjax.analytic.mla`)."""
+    M, D, F = wl.tokens, cfg.d_model, cfg.d_ff
+    w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
+    if cfg.is_mla:
+        from kvjax.analytic.mla import mla_attention_kernels
+
+        attention = mla_attention_kernels(cfg, wl)
+    else:
+        attention = gqa_attention_kernels(cfg, wl)
+    k = [
+        _rmsnorm(kernels.NORM_ATTN, M, D, w, a),
+        *attention,
+        _residual(kernels.RESIDUAL_ATTN, M, D, a),
+        _rmsnorm(kernels.NORM_MLP, M, D, w, a),
+    ]
+    if cfg.gated_mlp:
+        k.append(_matmul(kernels.GATE_UP, M, D, 2 * F, w, a))
+    else:
+        k.append(_matmul(kernels.UP, M, D, F, w, a))
+    # silu(x) = x / (1 + exp(-x)): negate, exp, add, divide, multiply = 4 FLOPs + 1 exp;
+    # gelu (tanh form): 8 FLOPs + 1 tanh; the gated form multiplies by `up` (1 more FLOP).
+    act_flops = {"silu": 4, "gelu": 8}[cfg.mlp_activation] + (1 if cfg.gated_mlp else 0)
+    act_inputs = 2 if cfg.gated_mlp else 1
+    k.append(
+        KernelCost(
+            kernels.ACT,
+            flops=act_flops * M * F,
+            bytes=(act_inputs + 1) * M * F * a,
+            transcendentals=M * F,
+        )
+    )
+    k.append(_matmul(kernels.DOWN, M, F, D, w, a))
+    k.append(_residual(kernels.RESIDUAL_MLP, M, D, a))
+    return {c.name: c for c in k}
+
+
+def gqa_attention_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
+    """The attention kernels of an MHA/GQA/MQA layer, projections to o_proj, in execution order.
 
     Decode attends S positions: C = S - 1 read from the cache plus the new token's own k, v
     (kvjax's model attends the read-only cache and the new row separately, and appends the row
     afterwards). Each count below is derived from the model's dataflow; the trace checks it.
     """
     B, T, S = wl.batch, wl.query_len, wl.context
-    D, N, K, H, F = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff
+    D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     M = B * T
     R = B * N  # attention rows (one per query head per sequence) per query position
     w, a, kv = cfg.weight_bytes_per_element, _act_bytes(cfg), cfg.kv_bytes_per_element
     widen_kv = kv != a  # cache entries converted to the compute dtype before the products
-    narrow = a != 4  # probabilities converted from f32 to the compute dtype
     decode = wl.phase == "decode"
     C = S - 1 if decode else S  # key rows read by the product over the cache / prompt
-    rope_elems = M * (N + K) * H
-
     k = [
-        _rmsnorm(kernels.NORM_ATTN, M, D, w, a),
         _matmul(kernels.Q_PROJ, M, D, N * H, w, a, bias=cfg.qkv_bias),
         _matmul(kernels.K_PROJ, M, D, K * H, w, a, bias=cfg.qkv_bias),
         _matmul(kernels.V_PROJ, M, D, K * H, w, a, bias=cfg.qkv_bias),
-        # q and k rotated: x1*cos - x2*sin, x2*cos + x1*sin: 3 FLOPs an element. Tables: angles
-        # = position * inv_freq (M*H/2), inv_freq = 1/theta^(2i/H) (3*H/2 incl. one power each),
-        # positions to f32 (M); cos and sin: M*H transcendentals. A 2-byte model converts the
-        # tables for q and for k (2*M*H).
-        KernelCost(
-            kernels.ROPE,
-            flops=3 * rope_elems + M * H // 2 + M + 3 * (H // 2) + (2 * M * H if a != 4 else 0),
-            bytes=2 * rope_elems * a + M * H * a,
-            transcendentals=M * H + H // 2,
-        ),
+        rope_cost(M, N + K, H, a),
     ]
     if decode:
         # Per layer two scatters (K and V) of B rows at (b, pos[b]); wrapping negative indices
@@ -109,15 +180,7 @@ def layer_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
             + R * S * SCORE_BYTES,
             kv_bytes=cache_rows * kv,
         )
-        # mask (B*C compares), scale, where, max (R*C - R), subtract, exp, sum (R*C - R), and
-        # multiply by 1/sum: 6*R*C - 2R; per row: self scale, maximum, subtract, add, divide,
-        # multiply: 6R. exp of every position: R*S transcendentals.
-        softmax = KernelCost(
-            kernels.SOFTMAX,
-            flops=6 * R * C + 4 * R + B * C + (R * C + R if narrow else 0),
-            bytes=R * S * SCORE_BYTES + R * S * a,
-            transcendentals=R * S,
-        )
+        softmax = decode_softmax(R, B, S, a)
         # out = P . V_cache + p_self * v_new (an outer product) and their sum.
         av = KernelCost(
             kernels.AV,
@@ -146,47 +209,13 @@ def layer_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
             flops=2 * E * H,
             bytes=M * N * H * a + B * S * K * H * a + E * SCORE_BYTES,
         )
-        # causal mask (2*T*S), scale, where, max (E - R*T), its maximum with -inf (R*T),
-        # subtract, exp, sum (E - R*T), divide: 6E - R*T + 2*T*S.
-        softmax = KernelCost(
-            kernels.SOFTMAX,
-            flops=6 * E - R * T + 2 * T * S + (E if narrow else 0),
-            bytes=E * SCORE_BYTES + E * a,
-            transcendentals=E,
-        )
+        softmax = prefill_softmax(R, T, S, a)
         av = KernelCost(
             kernels.AV,
             flops=2 * E * H,
             bytes=E * a + B * S * K * H * a + M * N * H * a,
         )
-    k += [
-        kv_write,
-        scores,
-        softmax,
-        av,
-        _matmul(kernels.O_PROJ, M, N * H, D, w, a),
-        _residual(kernels.RESIDUAL_ATTN, M, D, a),
-        _rmsnorm(kernels.NORM_MLP, M, D, w, a),
-    ]
-    if cfg.gated_mlp:
-        k.append(_matmul(kernels.GATE_UP, M, D, 2 * F, w, a))
-    else:
-        k.append(_matmul(kernels.UP, M, D, F, w, a))
-    # silu(x) = x / (1 + exp(-x)): negate, exp, add, divide, multiply = 4 FLOPs + 1 exp;
-    # gelu (tanh form): 8 FLOPs + 1 tanh; the gated form multiplies by `up` (1 more FLOP).
-    act_flops = {"silu": 4, "gelu": 8}[cfg.mlp_activation] + (1 if cfg.gated_mlp else 0)
-    act_inputs = 2 if cfg.gated_mlp else 1
-    k.append(
-        KernelCost(
-            kernels.ACT,
-            flops=act_flops * M * F,
-            bytes=(act_inputs + 1) * M * F * a,
-            transcendentals=M * F,
-        )
-    )
-    k.append(_matmul(kernels.DOWN, M, F, D, w, a))
-    k.append(_residual(kernels.RESIDUAL_MLP, M, D, a))
-    return {c.name: c for c in k}
+    return [*k, kv_write, scores, softmax, av, _matmul(kernels.O_PROJ, M, N * H, D, w, a)]
 
 
 def embed_kernel(cfg: ModelConfig, wl: Workload) -> KernelCost:
@@ -239,13 +268,44 @@ def attention_cost(cfg: ModelConfig, wl: Workload) -> KernelCost:
     )
 
 
+def fused_attention_cost(cfg: ModelConfig, wl: Workload) -> KernelCost:
+    """Decode attention as one fused kernel (FlashAttention / FlashMLA style): the FLOPs of
+    scores, softmax and av, moving only what such a kernel must: the cache it attends read once,
+    the queries read and the outputs written (scores and probabilities stay on chip). The
+    cache is K and V (2*K*H per position), MLA absorbed its latent and RoPE key (A + P), MLA
+    naive the per-head keys and values kv_b_proj expanded (N*(H + W)). Its intensity tends to
+    `attention_intensity` as S grows (tests check it)."""
+    if wl.phase != "decode":
+        raise KvjaxError("fused_attention_cost is the decode attention (phase='decode')")
+    B, C, N = wl.batch, wl.context - 1, cfg.num_heads
+    a, kv = _act_bytes(cfg), cfg.kv_bytes_per_element
+    if cfg.is_mla and cfg.mla_decode == "absorbed":
+        A, P = cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        cache, q, out = B * C * (A + P) * kv, B * N * (A + P) * a, B * N * A * a
+    elif cfg.is_mla:  # naive: over the expanded per-head keys and values, in the compute dtype
+        H, W = cfg.head_dim, cfg.v_head_dim
+        cache, q, out = B * C * N * (H + W) * a, B * N * H * a, B * N * W * a
+    else:
+        K, H = cfg.num_kv_heads, cfg.head_dim
+        cache, q, out = 2 * B * C * K * H * kv, B * N * H * a, B * N * H * a
+    unfused = attention_cost(cfg, wl)
+    return KernelCost(
+        kernels.ATTENTION, unfused.flops, cache + q + out, unfused.transcendentals, 0.0, cache
+    )
+
+
 def attention_intensity(cfg: ModelConfig) -> float:
     """The seed's decode attention intensity: (QK^T + PV FLOPs) / KV cache bytes read.
 
     Per cached position: 2*N*H FLOPs for the scores and 2*N*H for P.V, over K*H keys and K*H
     values of `kv` bytes: 4NH / (2KH * kv) = 2N / (K * kv), exactly N/K in a 2-byte cache, for
-    any S and B (the kernels' own ratio tends to it as S grows; tests check both).
+    any S and B (the kernels' own ratio tends to it as S grows; tests check both). MLA:
+    `kvjax.analytic.mla.mla_attention_intensity`.
     """
+    if cfg.is_mla:
+        from kvjax.analytic.mla import mla_attention_intensity
+
+        return mla_attention_intensity(cfg)
     return (
         4
         * cfg.num_heads

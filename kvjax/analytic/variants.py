@@ -1,4 +1,5 @@
-"""The seed's MHA/GQA/MQA table for any model: KV cache per variant, weights and B=1 floor."""
+"""The seed's MHA/GQA/MQA table for any model, with an MLA row: KV cache per variant, weights and
+the B=1 floor, on one axis (cache bytes per token)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ SEED_TABLE_POINTS = ((8192, 1), (131072, 32))
 
 def variant_kv_heads(cfg: ModelConfig) -> list[tuple[str, int]]:
     """The seed's three rows for this model: MHA (K=N), a GQA K, MQA (K=1)."""
-    choices = cfg.kv_head_choices()
-    if 1 < cfg.num_kv_heads < cfg.num_heads:
+    choices = [k for k in range(1, cfg.num_heads + 1) if cfg.num_heads % k == 0]
+    if 1 < cfg.num_kv_heads < cfg.num_heads and not cfg.is_mla:
         gqa = cfg.num_kv_heads
     else:
         middle = [k for k in choices if 1 < k < cfg.num_heads]
@@ -29,36 +30,73 @@ def variant_kv_heads(cfg: ModelConfig) -> list[tuple[str, int]]:
     return rows
 
 
+def mla_variant(cfg: ModelConfig) -> ModelConfig:
+    """The model with MLA attention: itself if it is MLA, else DeepSeek-V2's recipe for its head
+    width H (latent A = 4H, RoPE P = H/2 added to the H-wide keys, values H wide; DeepSeek-V2
+    paper, sec. 2.1: d_c = 4 d_h, d_h^R = d_h / 2), absorbed decode, no query low rank."""
+    if cfg.is_mla:
+        return cfg
+    H = cfg.head_dim
+    rope = max(2, H // 4 * 2)  # H/2, kept even for RoPE's pairs
+    return cfg.replace(
+        num_kv_heads=cfg.num_heads, head_dim=H + rope, kv_lora_rank=4 * H, qk_rope_head_dim=rope,
+        v_head_dim=H, q_lora_rank=0, qkv_bias=False, mla_decode="absorbed",
+    )  # fmt: skip
+
+
+def _row(label: str, k: int, per_token: int, variant: ModelConfig | None, points,
+         intensity: float) -> dict[str, Any]:  # fmt: skip
+    return {
+        "variant": label,
+        "num_kv_heads": k,
+        "kv_bytes_per_token": per_token,
+        "cache": [
+            {"context": s, "batch": b, "kv_cache_bytes": per_token * s * b} for s, b in points
+        ],
+        "params": None if variant is None else analytic.num_params(variant),
+        "weight_bytes": None if variant is None else analytic.weight_bytes(variant),
+        "attention_intensity": intensity,
+    }
+
+
+def variant_rows(
+    cfg: ModelConfig, points: tuple[tuple[int, int], ...] = SEED_TABLE_POINTS
+) -> list[dict[str, Any]]:
+    """The seed's MHA/GQA/MQA rows for any model and an MLA row (`mla_variant`): cache per token
+    and at `points` (context, batch), parameters, weights, decode attention intensity. For an MLA
+    model the MHA/GQA/MQA rows are its attention with K heads of keys (H) and values (W) cached,
+    L*K*(H + W) elements a token (DeepSeek-V3 as MHA: 4.997 MB); their weights are not sized
+    (kvjax has no model whose values are narrower than its keys)."""
+    rows = []
+    for label, k in variant_kv_heads(cfg):
+        if cfg.is_mla:
+            elements = cfg.num_layers * k * (cfg.head_dim + cfg.v_head_dim)
+            intensity = 2 * cfg.num_heads / (k * cfg.kv_bytes_per_element)
+            rows.append(
+                _row(label, k, elements * cfg.kv_bytes_per_element, None, points, intensity)
+            )
+        else:
+            variant = cfg.replace(num_kv_heads=k)
+            rows.append(_row(label, k, analytic.kv_bytes_per_token(variant), variant, points,
+                             analytic.attention_intensity(variant)))  # fmt: skip
+    mla = mla_variant(cfg)
+    label = f"MLA A={mla.kv_lora_rank} P={mla.qk_rope_head_dim}"
+    rows.append(_row(label, mla.num_kv_heads, analytic.kv_bytes_per_token(mla), mla, points,
+                     analytic.attention_intensity(mla)))  # fmt: skip
+    mha = rows[0]["kv_bytes_per_token"]
+    for row in rows:
+        row["cache_reduction_vs_mha"] = mha / row["kv_bytes_per_token"]
+    return rows
+
+
 def variants_table(
     cfg: ModelConfig, chip: ChipSpec, points: tuple[tuple[int, int], ...] = SEED_TABLE_POINTS
 ) -> list[dict[str, Any]]:
-    """The seed's MHA/GQA/MQA table for any model, plus each variant's weights and B=1 floor."""
-    bw = chip.bandwidth_bytes_per_s
-    rows = []
-    mha_per_token = analytic.kv_bytes_per_token(cfg.replace(num_kv_heads=cfg.num_heads))
-    for label, k in variant_kv_heads(cfg):
-        variant = cfg.replace(num_kv_heads=k)
-        per_token = analytic.kv_bytes_per_token(variant)
-        rows.append(
-            {
-                "variant": label,
-                "num_kv_heads": k,
-                "kv_bytes_per_token": per_token,
-                "cache": [
-                    {
-                        "context": s,
-                        "batch": b,
-                        "kv_cache_bytes": analytic.kv_cache_bytes(variant, s, b),
-                    }
-                    for s, b in points
-                ],
-                "cache_reduction_vs_mha": mha_per_token / per_token,
-                "params": analytic.num_params(variant),
-                "weight_bytes": analytic.weight_bytes(variant),
-                "weight_floor_s_per_token": roofline.memory_floor_s(
-                    analytic.weight_bytes(variant), bw
-                ),
-                "attention_intensity": analytic.attention_intensity(variant),
-            }
+    """`variant_rows` with each variant's B=1 floor (its weights read once) on `chip`."""
+    rows = variant_rows(cfg, points)
+    for row in rows:
+        w = row["weight_bytes"]
+        row["weight_floor_s_per_token"] = (
+            None if w is None else roofline.memory_floor_s(w, chip.bandwidth_bytes_per_s)
         )
     return rows

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvjax.analytic import PHASES, Workload
-from kvjax.config import DTYPE_BYTES, ModelConfig, canonical_dtype, get_model_config
+from kvjax.config import DTYPE_BYTES, MLA_FORMS, ModelConfig, canonical_dtype, get_model_config
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, chip_from_numbers, get_chip
 from kvjax.hf_config import from_hf_config
@@ -89,6 +89,13 @@ _SIZE_FLAGS = {
     "d_ff": "d_ff",
     "vocab": "vocab_size",
 }
+# Multi-head latent attention's widths (ModelConfig validates them, naming the field).
+_MLA_FLAGS = {
+    "kv_lora_rank": "kv_lora_rank",
+    "q_lora_rank": "q_lora_rank",
+    "rope_head_dim": "qk_rope_head_dim",
+    "v_head_dim": "v_head_dim",
+}
 
 
 def int_list(text: str) -> list[int]:
@@ -126,6 +133,10 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
         g.add_argument(
             f"--{flag.replace('_', '-')}", dest=flag, type=positive_int, help=f"override {field}"
         )
+    for flag, field in _MLA_FLAGS.items():
+        g.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=int,
+                       help=f"override {field} (MLA; 0 = off)")  # fmt: skip
+    g.add_argument("--mla-decode", choices=MLA_FORMS, help="MLA decode form (default absorbed)")
     g.add_argument("--weight-dtype", type=dtype_name, help="override the weight dtype")
     g.add_argument("--kv-dtype", type=dtype_name, help="override the KV-cache dtype")
 
@@ -167,6 +178,15 @@ def resolve_model(args: argparse.Namespace) -> ModelConfig:
         for flag, field in _SIZE_FLAGS.items()
         if getattr(args, flag, None) is not None
     }
+    changes.update(
+        {
+            field: getattr(args, flag)
+            for flag, field in _MLA_FLAGS.items()
+            if getattr(args, flag, None) is not None
+        }  # fmt: skip
+    )
+    if getattr(args, "mla_decode", None):
+        changes["mla_decode"] = args.mla_decode
     if isinstance(changes.get("num_kv_heads"), list):  # a sweep: the first value is the base
         changes["num_kv_heads"] = changes["num_kv_heads"][0]
     if getattr(args, "weight_dtype", None):

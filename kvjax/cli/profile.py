@@ -91,7 +91,7 @@ def print_profile(report: dict[str, Any]) -> None:
     for point in report["points"]:
         m, wl, c = point["model"], point["workload"], point["ceilings"]
         con.print(
-            f"[bold]{m['name']}[/bold] num_kv_heads={m['num_kv_heads']} | {wl['phase']} | "
+            f"[bold]{m['name']}[/bold] {render.attention_label(m)} | {wl['phase']} | "
             f"B={wl['batch']:,} | S={wl['context']:,} | {point['device']}: "
             f"{fmt_rate(c['peak_flops_per_s'], 'FLOP/s')}, "
             f"{fmt_rate(c['bandwidth_bytes_per_s'], 'B/s')} measured {c['date']}"

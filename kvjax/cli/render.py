@@ -16,6 +16,13 @@ def console():
     return con if con.is_terminal else Console(highlight=False, soft_wrap=True, width=200)
 
 
+def attention_label(m: dict[str, Any]) -> str:
+    """`num_kv_heads=8` for MHA/GQA/MQA; the latent, RoPE width and decode form for MLA."""
+    if m.get("kv_lora_rank"):
+        return f"MLA latent {m['kv_lora_rank']}+{m['qk_rope_head_dim']} ({m['mla_decode']})"
+    return f"num_kv_heads={m['num_kv_heads']}"
+
+
 def print_calc(report: dict[str, Any]) -> None:
     """`kvjax calc`: the summary, the MHA/GQA/MQA table with --variants, the kernels, and the
     per-device table with --tp."""
@@ -25,9 +32,22 @@ def print_calc(report: dict[str, Any]) -> None:
     variants = report.get("variants")
     m, wl, chip = report["model"], report["workload"], report["chip"]
     B, S = wl["batch"], wl["context"]
+    if m.get("kv_lora_rank"):
+        heads = (
+            f"MLA, {m['num_heads']} heads, latent {m['kv_lora_rank']} + RoPE "
+            f"{m['qk_rope_head_dim']} cached, {m['mla_decode']} decode"
+        )
+        ratio = f"absorbed 2N(2A+P)/((A+P)*bytes), N={m['num_heads']}"
+        if m["mla_decode"] == "naive":
+            ratio = "naive: over the re-expanded per-head K and V, like MHA"
+    else:
+        heads = (
+            f"{report['attention_variant']}, num_kv_heads={m['num_kv_heads']} of {m['num_heads']}"
+        )
+        ratio = f"h/h_kv = {m['num_heads']}/{m['num_kv_heads']}"
     con.print(
-        f"[bold]{m['name']}[/bold] ({report['attention_variant']}, num_kv_heads={m['num_kv_heads']}"
-        f" of {m['num_heads']}) | {wl['phase']} | B={B:,} | S={S:,} | chip {chip['name']}"
+        f"[bold]{m['name']}[/bold] ({heads}) | {wl['phase']} | B={B:,} | S={S:,} | "
+        f"chip {chip['name']}"
     )
     con.print(
         f"  params      {report['params']:,} ({fmt_count(report['params'])}); weights "
@@ -47,9 +67,8 @@ def print_calc(report: dict[str, Any]) -> None:
     )
     con.print(
         f"  decode      intensity {sig(report['decode_intensity'])} FLOP/byte (B={B}); attention "
-        f"intensity {sig(report['attention_intensity'])} (h/h_kv = {m['num_heads']}/"
-        f"{m['num_kv_heads']}), {sig(report['attention_kernel_intensity'])} with scores and "
-        f"probabilities"
+        f"intensity {sig(report['attention_intensity'])} ({ratio}), "
+        f"{sig(report['attention_kernel_intensity'])} with scores and probabilities"
     )
     con.print(
         f"  {wl['phase']:<11} {fmt_count(report['step_flops'])}FLOP, "
@@ -81,6 +100,7 @@ def print_calc(report: dict[str, Any]) -> None:
 
     if variants:
         t = Table(title="KV cache by attention variant (sizes binary: KiB, GiB, TiB)")
+        mla_note = variants[0]["params"] is None
         for col in ("variant", "h_kv", "per token"):
             t.add_column(col, justify="right")
         for c in variants[0]["cache"]:
@@ -96,11 +116,18 @@ def print_calc(report: dict[str, Any]) -> None:
                 f"{sig(row['cache_reduction_vs_mha'])}x smaller"
                 if row["cache_reduction_vs_mha"] != 1
                 else "baseline",
-                fmt_count(row["params"]),
-                fmt_seconds(row["weight_floor_s_per_token"]),
+                "n/a" if row["params"] is None else fmt_count(row["params"]),
+                "n/a"
+                if row["weight_floor_s_per_token"] is None
+                else fmt_seconds(row["weight_floor_s_per_token"]),
                 sig(row["attention_intensity"]),
             )
         con.print(t)
+        if mla_note:
+            con.print(
+                "  (MHA/GQA/MQA rows of an MLA model: K heads of keys (head_dim) and values "
+                "(v_head_dim) cached; weights not sized)"
+            )
 
     t = Table(title=f"kernels of the {wl['phase']} step (summed over layers)")
     for col in ("kernel", "FLOPs", "bytes", "FLOP/byte", "bound", "side"):
@@ -148,7 +175,7 @@ def print_trace(report: dict[str, Any]) -> None:
     con = console()
     m, wl = report["model"], report["workload"]
     con.print(
-        f"[bold]{m['name']}[/bold] num_kv_heads={m['num_kv_heads']} | {wl['phase']} | "
+        f"[bold]{m['name']}[/bold] {attention_label(m)} | {wl['phase']} | "
         f"B={wl['batch']:,} | S={wl['context']:,} | XLA {report['stage']} stage on "
         f"{report['backend']} ({report['layers_traced']} layer(s) traced) | chip "
         f"{report['chip']['name']} | traced in {report['trace_seconds']:.1f} s"
@@ -303,7 +330,7 @@ def print_sharded_trace(report: dict[str, Any]) -> None:
     con = console()
     m, wl, c = report["cfg"], report["workload"], report["closed_form"]
     con.print(
-        f"[bold]{m['name']}[/bold] num_kv_heads={m['num_kv_heads']} | {wl['phase']} | "
+        f"[bold]{m['name']}[/bold] {attention_label(m)} | {wl['phase']} | "
         f"B={wl['batch']:,} | S={wl['context']:,} | tp={report['tp']} dp={report['dp']} | XLA "
         f"compiled stage on {report['backend']}, per device (layers compiled: "
         f"{'/'.join(map(str, report['layers_traced']))}) | {report['trace_seconds']:.1f} s"

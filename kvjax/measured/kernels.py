@@ -23,6 +23,7 @@ from kvjax.analytic import KernelCost, Workload
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.measured.timing import TimingStats, available_memory_bytes, time_fn
+from kvjax.nn import mla
 from kvjax.nn.attention import attend_cache, attend_causal, decode_av, decode_scores, decode_softmax
 from kvjax.nn.layers import act_dtype, kv_dtype, linear, rms_norm, weight_dtype
 
@@ -44,12 +45,9 @@ def random_array(key, shape, dtype):
 
 def kernel_benches(cfg: ModelConfig, wl: Workload) -> dict[str, KernelBench]:
     """One layer's kernels (and the LM head) as standalone functions with their input makers."""
-    B, T, S = wl.batch, wl.query_len, wl.context
-    D, N, K, H, F, V = (
-        cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size,
-    )  # fmt: skip
-    G = cfg.group_size
-    a, w, kv = act_dtype(cfg), weight_dtype(cfg), kv_dtype(cfg)
+    B, T = wl.batch, wl.query_len
+    D, F, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    a, w = act_dtype(cfg), weight_dtype(cfg)
     closed = analytic.layer_kernels(cfg, wl) | analytic.head_kernels(cfg, wl)
     out: dict[str, KernelBench] = {}
 
@@ -64,6 +62,24 @@ def kernel_benches(cfg: ModelConfig, wl: Workload) -> dict[str, KernelBench]:
         out[name] = KernelBench(name, jax.jit(fn), make, closed_cost or closed[name])
 
     add(kernels.NORM_ATTN, partial(rms_norm, eps=cfg.norm_eps), [((B, T, D), a), ((D,), w)])
+    if cfg.is_mla:
+        _add_mla(cfg, wl, add)
+    else:
+        _add_gqa(cfg, wl, add)
+    if cfg.gated_mlp:
+        add(kernels.GATE_UP, linear, [((B, T, D), a), ((2 * F, D), w)])
+    else:
+        add(kernels.UP, linear, [((B, T, D), a), ((F, D), w)])
+    add(kernels.DOWN, linear, [((B, T, F), a), ((D, F), w)])
+    add(kernels.LM_HEAD, partial(linear, out_dtype=jnp.float32), [((B, T, D), a), ((V, D), w)])
+    return out
+
+
+def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
+    """MHA/GQA/MQA attention's kernels, projections to o_proj."""
+    B, T, S = wl.batch, wl.query_len, wl.context
+    D, N, K, H, G = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.group_size
+    a, w, kv = act_dtype(cfg), weight_dtype(cfg), kv_dtype(cfg)
     add(kernels.Q_PROJ, linear, [((B, T, D), a), ((N * H, D), w)])
     add(kernels.K_PROJ, linear, [((B, T, D), a), ((K * H, D), w)])
     add(kernels.V_PROJ, linear, [((B, T, D), a), ((K * H, D), w)])
@@ -94,13 +110,56 @@ def kernel_benches(cfg: ModelConfig, wl: Workload) -> dict[str, KernelBench]:
             analytic.attention_cost(cfg, wl),
         )
     add(kernels.O_PROJ, linear, [((B, T, N * H), a), ((D, N * H), w)])
-    if cfg.gated_mlp:
-        add(kernels.GATE_UP, linear, [((B, T, D), a), ((2 * F, D), w)])
+
+
+def _add_mla(cfg: ModelConfig, wl: Workload, add) -> None:
+    """MLA's kernels (`kvjax.nn.mla`'s own functions), projections to o_proj, in the config's
+    decode form; in prefill the latents' expansion (its attention is MHA's, over U + P keys)."""
+    B, T, S = wl.batch, wl.query_len, wl.context
+    D, N, H, A, P = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    U, W, Q = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.q_lora_rank
+    a, w, kv = act_dtype(cfg), weight_dtype(cfg), kv_dtype(cfg)
+    if Q:
+        add(kernels.Q_A_PROJ, linear, [((B, T, D), a), ((Q, D), w)])
+        add(kernels.NORM_Q_A, partial(rms_norm, eps=cfg.norm_eps), [((B, T, Q), a), ((Q,), w)])
+        add(kernels.Q_B_PROJ, linear, [((B, T, Q), a), ((N * H, Q), w)])
     else:
-        add(kernels.UP, linear, [((B, T, D), a), ((F, D), w)])
-    add(kernels.DOWN, linear, [((B, T, F), a), ((D, F), w)])
-    add(kernels.LM_HEAD, partial(linear, out_dtype=jnp.float32), [((B, T, D), a), ((V, D), w)])
-    return out
+        add(kernels.Q_PROJ, linear, [((B, T, D), a), ((N * H, D), w)])
+    add(kernels.KV_A_PROJ, linear, [((B, T, D), a), ((A + P, D), w)])
+    add(kernels.NORM_KV_A, partial(rms_norm, eps=cfg.norm_eps), [((B, T, A), a), ((A,), w)])
+    if wl.phase == "prefill":
+        add(kernels.KV_B_PROJ, mla.expand_prefix, [((B, T, A), a), ((N, U, A), w), ((N, W, A), w)])
+    elif cfg.mla_decode == "naive":
+        C = S - 1
+        pos = lambda key: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
+        add(
+            kernels.KV_B_PROJ,
+            mla.expand_latents,
+            [((B, C, A), kv), ((B, A), a), ((N, U, A), w), ((N, W, A), w)],
+        )
+        attention_args = [
+            ((B, N, U), a), ((B, N, P), a), ((B, C, N, U), a), ((B, C, N, W), a), ((B, N, U), a),
+            ((B, N, W), a), ((B, C, P), kv), ((B, P), a), pos,
+        ]  # fmt: skip
+        add(kernels.ATTENTION, partial(mla.naive_attention, head_dim=H), attention_args,
+            analytic.attention_cost(cfg, wl))  # fmt: skip
+    else:
+        C = S - 1
+        pos = lambda key: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
+        add(kernels.Q_ABSORB, mla.absorb_query, [((B, N, U), a), ((N, U, A), w)])
+        cache = [((N, B, A), a), ((B, N, P), a), ((B, A), a), ((B, P), a), ((B, C, A), kv),
+                 ((B, C, P), kv)]  # fmt: skip
+        add(kernels.SCORES, lambda *x: mla.absorbed_scores(*x)[:2], cache)
+        add(
+            kernels.SOFTMAX,
+            partial(decode_softmax, head_dim=H, dtype=a),
+            [((B, N, C), jnp.float32), ((B, N), jnp.float32), pos],
+        )
+        add(kernels.AV, mla.absorbed_av, [((B, N, C), a), ((B, N), a), ((B, A), a), ((B, C, A), a)])
+        add(kernels.V_UP, mla.up_values, [((B, N, A), a), ((N, W, A), w)])
+        add(kernels.ATTENTION, partial(mla.absorbed_attention, head_dim=H), [*cache, pos],
+            analytic.attention_cost(cfg, wl))  # fmt: skip
+    add(kernels.O_PROJ, linear, [((B, T, N * W), a), ((D, N * W), w)])
 
 
 def _input_bytes(args: tuple) -> int:

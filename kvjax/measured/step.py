@@ -39,7 +39,7 @@ def served_step(cfg: ModelConfig, wl: Workload, seed: int = 0) -> ServedStep:
     allocated if the weights and cache do not fit this device's free memory."""
     from flax import nnx
 
-    from kvjax.nn import CompiledSteps, KVCache, Transformer
+    from kvjax.nn import CompiledSteps, Transformer
 
     rows = cache_len(wl.phase, wl.context)
     needed = analytic.weight_bytes(cfg) + analytic.kv_cache_bytes(cfg, rows, wl.batch)
@@ -47,10 +47,13 @@ def served_step(cfg: ModelConfig, wl: Workload, seed: int = 0) -> ServedStep:
     model = Transformer(cfg, rngs=nnx.Rngs(seed))
     steps = CompiledSteps(model)
     empty = model.init_cache(wl.batch, rows)
-    keys = jax.random.split(jax.random.key(seed + 1), 2 * empty.num_layers)
-    cache = KVCache(
-        k=tuple(random_array(keys[i], x.shape, x.dtype) for i, x in enumerate(empty.k)),
-        v=tuple(random_array(keys[-1 - i], x.shape, x.dtype) for i, x in enumerate(empty.v)),
+    # every cache array random (K and V, or MLA's latents and RoPE keys), positions 0
+    arrays, treedef = jax.tree_util.tree_flatten(dataclasses.replace(empty, pos=None))
+    keys = jax.random.split(jax.random.key(seed + 1), len(arrays))
+    cache = dataclasses.replace(
+        jax.tree_util.tree_unflatten(
+            treedef, [random_array(k, x.shape, x.dtype) for k, x in zip(keys, arrays, strict=True)]
+        ),
         pos=jnp.zeros((wl.batch,), jnp.int32),
     )
     ids = jax.random.randint(jax.random.key(seed + 2), (wl.batch, wl.query_len), 0,

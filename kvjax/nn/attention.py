@@ -63,6 +63,22 @@ class Attention(nnx.Module):
             constrain(v_BTE.reshape(B, T, K, H), DATA, None, KV, None),
         )
 
+    # -- the protocol `kvjax.nn.transformer.Block` drives (shared with `LatentAttention`) --------
+    def cache_rows(self, proj) -> tuple[jax.Array, jax.Array]:
+        """What a position leaves in the cache: (k [B, T, K, H], v [B, T, K, H])."""
+        return proj[1], proj[2]
+
+    def causal(self, proj) -> jax.Array:
+        return attend_causal(*proj)
+
+    def over_cache(self, proj, cache_arrays, pos_B: jax.Array) -> jax.Array:
+        q_BTKGH, k_BTKH, v_BTKH = proj
+        k_cache_BKHS, v_cache_BKSH = cache_arrays
+        o_BKGH = attend_cache(
+            q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], k_cache_BKHS, v_cache_BKSH, pos_B
+        )
+        return o_BKGH[:, None]
+
     def output(self, o_BTKGH: jax.Array) -> jax.Array:
         cfg = self.cfg
         B, T = o_BTKGH.shape[:2]
@@ -102,11 +118,13 @@ def decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS):
 
 def decode_softmax(s_BKGS, s_self_BKG, pos_B, head_dim: int, dtype):
     """Softmax over the valid cached positions [0, pos) and the new token, written out so the
-    new score joins the cached ones without a concat."""
-    S = s_BKGS.shape[-1]
+    new score joins the cached ones without a concat. Scaled by 1/sqrt(head_dim)."""
+    B, S = s_BKGS.shape[0], s_BKGS.shape[-1]
     scale = 1.0 / math.sqrt(head_dim)
     valid_BS = jnp.arange(S)[None, :] < pos_B[:, None]
-    s_BKGS = jnp.where(valid_BS[:, None, None, :], s_BKGS * scale, NEG_INF)
+    # any head axes between B and S (K, G here; N for MLA)
+    valid = valid_BS.reshape((B,) + (1,) * (s_BKGS.ndim - 2) + (S,))
+    s_BKGS = jnp.where(valid, s_BKGS * scale, NEG_INF)
     s_self_BKG = s_self_BKG * scale
     m_BKG = jnp.maximum(jnp.max(s_BKGS, axis=-1), s_self_BKG)
     e_BKGS = jnp.exp(s_BKGS - m_BKG[..., None])

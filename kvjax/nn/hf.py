@@ -1,7 +1,12 @@
-"""Load a local Hugging Face Llama / Mistral / Qwen2 checkpoint (config.json + *.safetensors).
+"""Load a local Hugging Face Llama / Mistral / Qwen2 / dense DeepSeek-V2/V3 checkpoint
+(config.json + *.safetensors).
 
 Nothing is downloaded. Hugging Face stores linear weights as [out, in], as kvjax does, so the
-tensors are taken as they are (gate and up are concatenated into gate_up).
+tensors are taken as they are (gate and up are concatenated into gate_up). DeepSeek (MLA):
+`kv_b_proj` is split per head into `k_up` and `v_up`, and where the checkpoint rotates RoPE pairs
+interleaved (V2 always; V3 with `rope_interleave`), the RoPE rows of the query and key projections
+are permuted to [even; odd], which turns interleaved RoPE into kvjax's rotate-half RoPE exactly
+(scores are dot products, so both sides permuted alike leave them unchanged).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from kvjax.hf_config import from_hf_config, read_hf_json
 from kvjax.nn.layers import weight_dtype
 from kvjax.nn.transformer import Transformer
 
-SUPPORTED = ("llama", "mistral", "qwen2")
+SUPPORTED = ("llama", "mistral", "qwen2", "deepseek_v2", "deepseek_v3")
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -48,12 +53,69 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
             f"checkpoint model_type={model_type!r} is not supported; "
             f"allowed: {', '.join(SUPPORTED)}"
         )
+    data = read_hf_json(folder)
+    rope_scaling = data.get("rope_scaling") or data.get("rope_parameters") or {}
+    if not isinstance(rope_scaling, dict):
+        raise KvjaxError(f"checkpoint rope_scaling={rope_scaling!r} must be an object")
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if kind not in ("default", None):
+        raise KvjaxError(
+            f"checkpoint rope_scaling type {kind!r} is not implemented in kvjax's model (its "
+            f"logits would differ); `kvjax calc`/`trace` of the config are unaffected"
+        )
+    interleaved = model_type == "deepseek_v2" or (
+        model_type == "deepseek_v3" and data.get("rope_interleave", True)
+    )
     tensors = _read_safetensors(folder)
-    return from_hf_tensors(cfg, tensors)
+    return from_hf_tensors(cfg, tensors, rope_interleaved=interleaved)
 
 
-def from_hf_tensors(cfg: ModelConfig, tensors: dict[str, np.ndarray]) -> Transformer:
-    D, N, K, H, F = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff
+def _deinterleave(w_OI: np.ndarray, heads: int, head_dim: int, rope: int) -> np.ndarray:
+    """Rows of each head's last `rope` outputs reordered [0, 2, 4, ...; 1, 3, 5, ...]."""
+    w = w_OI.reshape(heads, head_dim, -1).copy()
+    part = w[:, head_dim - rope :]
+    w[:, head_dim - rope :] = np.concatenate([part[:, 0::2], part[:, 1::2]], axis=1)
+    return w.reshape(w_OI.shape)
+
+
+def _load_mla(cfg: ModelConfig, a, get, put, p: str, interleaved: bool) -> None:
+    D, N, H, A, P = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    U, W, Q = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.q_lora_rank
+
+    def rope_rows(w, heads, head_dim):
+        return _deinterleave(w, heads, head_dim, P) if interleaved else w
+
+    if Q:
+        put(a.q_a_proj, get(p + "self_attn.q_a_proj.weight", (Q, D)))
+        put(a.q_a_norm, get(p + "self_attn.q_a_layernorm.weight", (Q,)))
+        put(a.q_b_proj, rope_rows(get(p + "self_attn.q_b_proj.weight", (N * H, Q)), N, H))
+    else:
+        put(a.q_proj, rope_rows(get(p + "self_attn.q_proj.weight", (N * H, D)), N, H))
+    kv_a = get(p + "self_attn.kv_a_proj_with_mqa.weight", (A + P, D))
+    put(a.kv_a_proj, rope_rows(kv_a, 1, A + P))
+    put(a.kv_a_norm, get(p + "self_attn.kv_a_layernorm.weight", (A,)))
+    kv_b = get(p + "self_attn.kv_b_proj.weight", (N * (U + W), A)).reshape(N, U + W, A)
+    put(a.k_up, kv_b[:, :U])
+    put(a.v_up, kv_b[:, U:])
+    put(a.o_proj, get(p + "self_attn.o_proj.weight", (D, N * W)))
+
+
+def _load_attention(cfg: ModelConfig, a, get, put, p: str) -> None:
+    D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    put(a.q_proj, get(p + "self_attn.q_proj.weight", (N * H, D)))
+    put(a.k_proj, get(p + "self_attn.k_proj.weight", (K * H, D)))
+    put(a.v_proj, get(p + "self_attn.v_proj.weight", (K * H, D)))
+    put(a.o_proj, get(p + "self_attn.o_proj.weight", (D, N * H)))
+    if cfg.qkv_bias:
+        put(a.q_bias, get(p + "self_attn.q_proj.bias", (N * H,)))
+        put(a.k_bias, get(p + "self_attn.k_proj.bias", (K * H,)))
+        put(a.v_bias, get(p + "self_attn.v_proj.bias", (K * H,)))
+
+
+def from_hf_tensors(
+    cfg: ModelConfig, tensors: dict[str, np.ndarray], rope_interleaved: bool = False
+) -> Transformer:
+    D, F = cfg.d_model, cfg.d_ff
     dtype = weight_dtype(cfg)
     used: set[str] = set()
 
@@ -74,14 +136,10 @@ def from_hf_tensors(cfg: ModelConfig, tensors: dict[str, np.ndarray]) -> Transfo
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         a = layer.attn
-        put(a.q_proj, get(p + "self_attn.q_proj.weight", (N * H, D)))
-        put(a.k_proj, get(p + "self_attn.k_proj.weight", (K * H, D)))
-        put(a.v_proj, get(p + "self_attn.v_proj.weight", (K * H, D)))
-        put(a.o_proj, get(p + "self_attn.o_proj.weight", (D, N * H)))
-        if cfg.qkv_bias:
-            put(a.q_bias, get(p + "self_attn.q_proj.bias", (N * H,)))
-            put(a.k_bias, get(p + "self_attn.k_proj.bias", (K * H,)))
-            put(a.v_bias, get(p + "self_attn.v_proj.bias", (K * H,)))
+        if cfg.is_mla:
+            _load_mla(cfg, a, get, put, p, rope_interleaved)
+        else:
+            _load_attention(cfg, a, get, put, p)
         gate = get(p + "mlp.gate_proj.weight", (F, D))
         up = get(p + "mlp.up_proj.weight", (F, D))
         put(layer.mlp.gate_up, np.concatenate([gate, up], axis=0))

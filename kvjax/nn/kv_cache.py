@@ -69,6 +69,9 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(x.size * x.dtype.itemsize for x in (*self.k, *self.v))
 
+    def layer(self, i: int) -> tuple[jax.Array, jax.Array]:
+        return self.k[i], self.v[i]
+
     def write_prefix(self, layer: int, k_BTKH: jax.Array, v_BTKH: jax.Array) -> KVCache:
         """Prefill: rows 0..T-1 of one layer (positions are set by `with_positions`)."""
         with jax.named_scope(kernels.layer_scope(layer)):  # a layout change, outside the kernel

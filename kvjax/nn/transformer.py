@@ -17,9 +17,10 @@ from flax import nnx
 from kvjax import kernels
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
-from kvjax.nn.attention import Attention, attend_cache, attend_causal
+from kvjax.nn.attention import Attention
 from kvjax.nn.kv_cache import KVCache
 from kvjax.nn.layers import RMSNorm, act_dtype, kv_dtype, linear, param, read
+from kvjax.nn.mla import LatentAttention, LatentCache
 from kvjax.nn.sharding import DATA, MODEL, constrain
 
 
@@ -70,18 +71,18 @@ def _gelu_tanh(x: jax.Array) -> jax.Array:
 class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.attn_norm = RMSNorm(cfg)
-        self.attn = Attention(cfg, rngs=rngs)
+        self.attn = LatentAttention(cfg, rngs=rngs) if cfg.is_mla else Attention(cfg, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg)
         self.mlp = MLP(cfg, rngs=rngs)
 
     def __call__(self, x_BTD, positions_BT, attend):
-        """`attend(q_BTKGH, k_BTKH, v_BTKH) -> o_BTKGH` is the only difference between the
-        uncached forward, prefill and decode."""
+        """`attend(attn, projection) -> o` is the only difference between the uncached forward,
+        prefill and decode; `attn` (GQA `Attention` or MLA `LatentAttention`) offers
+        `cache_rows`, `causal` and `over_cache` for it."""
         with jax.named_scope(kernels.NORM_ATTN):
             h_BTD = self.attn_norm(x_BTD)
-        q_BTKGH, k_BTKH, v_BTKH = self.attn.project(h_BTD, positions_BT)
-        o_BTKGH = attend(q_BTKGH, k_BTKH, v_BTKH)
-        a_BTD = self.attn.output(o_BTKGH)
+        proj = self.attn.project(h_BTD, positions_BT)
+        a_BTD = self.attn.output(attend(self.attn, proj))
         with jax.named_scope(kernels.RESIDUAL_ATTN):
             x_BTD = constrain(x_BTD + a_BTD, DATA, None, None)
         with jax.named_scope(kernels.NORM_MLP):
@@ -92,7 +93,8 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-    """A decoder for any `num_kv_heads` dividing `num_heads` (MHA, GQA, MQA)."""
+    """A decoder for any `num_kv_heads` dividing `num_heads` (MHA, GQA, MQA), or with multi-head
+    latent attention (MLA, `cfg.kv_lora_rank > 0`; `kvjax.nn.mla`)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         if not isinstance(cfg, ModelConfig):
@@ -151,19 +153,21 @@ class Transformer(nnx.Module):
         x_BTD = self._embed(tokens_BT)
         kvs = []
 
-        def attend(q, k, v):
-            kvs.append((k, v))
-            return attend_causal(q, k, v)
+        def attend(attn, proj):
+            kvs.append(attn.cache_rows(proj))
+            return attn.causal(proj)
 
         for i, layer in enumerate(self.layers):
             with jax.named_scope(kernels.layer_scope(i)):
                 x_BTD = layer(x_BTD, positions_BT, attend)
         return self._head(x_BTD), kvs
 
-    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """An empty cache: per layer K [B, K, H, max_len] and V [B, K, max_len, H] in the KV
-        dtype, positions 0."""
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache | LatentCache:
+        """An empty cache: per layer K [B, K, H, max_len] and V [B, K, max_len, H] (MLA: latents
+        [B, max_len, A] and RoPE keys [B, max_len, P]) in the KV dtype, positions 0."""
         cfg = self.cfg
+        if cfg.is_mla:
+            return LatentCache.zeros(cfg, batch_size, max_len, kv_dtype(cfg))
         return KVCache.zeros(
             cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim, kv_dtype(cfg)
         )
@@ -195,16 +199,17 @@ class Transformer(nnx.Module):
             if lens is not None and (lens.min() < 1 or lens.max() > T):
                 raise KvjaxError(f"lengths_B must lie in 1 .. T={T}, got {lens.tolist()}")
         logits_BTV, kvs = self._forward(tokens_BT)
-        for i, (k_BTKH, v_BTKH) in enumerate(kvs):
-            cache = cache.write_prefix(i, k_BTKH, v_BTKH)
+        for i, rows in enumerate(kvs):
+            cache = cache.write_prefix(i, *rows)
         return logits_BTV, cache.with_positions(lengths_B)
 
     def decode_logits(self, tokens_B: jax.Array, cache: KVCache):
         """Attend one new token per sequence over the cache, which is only read.
 
-        Returns (logits [B, V], new k rows, new v rows) with rows [B, K, H] per layer, to be
-        written by `cache.append`. Jitting this and the append separately (the cache donated to
-        the append) keeps XLA:CPU from copying the cache; `decode` does both.
+        Returns (logits [B, V], new k rows, new v rows) with rows [B, K, H] per layer (MLA: new
+        latents [B, A] and RoPE keys [B, P]), to be written by `cache.append`. Jitting this and
+        the append separately (the cache donated to the append) keeps XLA:CPU from copying the
+        cache; `decode` does both.
         """
         self._check_tokens(tokens_B, 1, "tokens_B")
         B = tokens_B.shape[0]
@@ -224,13 +229,11 @@ class Transformer(nnx.Module):
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
 
-            def attend(q_BTKGH, k_BTKH, v_BTKH, i=i):
-                new_k.append(k_BTKH[:, 0])
-                new_v.append(v_BTKH[:, 0])
-                o_BKGH = attend_cache(
-                    q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], cache.k[i], cache.v[i], cache.pos
-                )
-                return o_BKGH[:, None]
+            def attend(attn, proj, i=i):
+                row_a, row_b = attn.cache_rows(proj)
+                new_k.append(row_a[:, 0])
+                new_v.append(row_b[:, 0])
+                return attn.over_cache(proj, cache.layer(i), cache.pos)
 
             with jax.named_scope(kernels.layer_scope(i)):
                 x_BTD = layer(x_BTD, positions_BT, attend)
@@ -261,6 +264,12 @@ PARAM_KERNELS = {
     "attn_norm": kernels.NORM_ATTN, "mlp_norm": kernels.NORM_MLP,
     "final_norm": kernels.NORM_FINAL, "embed": kernels.EMBED, "lm_head": kernels.LM_HEAD,
     "k": kernels.SCORES, "v": kernels.AV,  # the KV cache: cache.k[i], cache.v[i]
+    # MLA: the latent cache is read first by the scores (absorbed) or kv_b_proj (naive, which
+    # the consumer rule in `kvjax.traced.compiled` finds); its up-projections and norms
+    "latent": kernels.SCORES, "k_rope": kernels.SCORES,
+    "q_a_proj": kernels.Q_A_PROJ, "q_a_norm": kernels.NORM_Q_A, "q_b_proj": kernels.Q_B_PROJ,
+    "kv_a_proj": kernels.KV_A_PROJ, "kv_a_norm": kernels.NORM_KV_A,
+    "k_up": kernels.Q_ABSORB, "v_up": kernels.V_UP,
 }  # fmt: skip
 _PATH_PART = re.compile(r"\['(\w+)'\]|\[(\d+)\]|\.(\w+)")
 

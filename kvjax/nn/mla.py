@@ -1,0 +1,347 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) and its latent cache.
+
+Letters: `kvjax.kernels` (A latent width, P RoPE width, U = H - P key width without RoPE, W value
+width, Q query low rank). Each position caches c = norm(x @ W_kva)[:A] (the latent) and the shared
+RoPE key k_r = rope((x @ W_kva)[A:]): (A + P) elements per layer, whatever N is.
+
+Per head n, key and value are re-expanded from the latent: k_n = [c @ W_uk[n].T, k_r] and
+v_n = c @ W_uv[n].T (Hugging Face's `kv_b_proj` is [W_uk; W_uv] per head, stored here as
+`k_up` (N, U, A) and `v_up` (N, W, A), out x in per head: at B=1 XLA:CPU runs the absorbed
+decode's v_up as matrix-vector products, 1.2x faster stored (N, W, A) than (N, A, W) here, 497 vs
+595 us per step in the profile of `configs/mla_ablation.yaml`'s A=512 model: two profiles, not an
+interleaved benchmark). Two ways to decode one token over a cache of S positions:
+- naive (Hugging Face): expand all S cached latents to per-head keys and values every step, then
+  attend as MHA (`attn/kv_b_proj`, then `attn/scores` over U + P wide keys, `attn/av`);
+- absorbed (DeepSeek's inference code, vLLM): q_n . k_n = (q_n,nope @ W_uk[n]) . c + q_n,r . k_r, so
+  the query is folded into latent space once (`attn/q_absorb`), attention runs MQA-like over the
+  cached latents themselves, and the value up-projection follows attention (`attn/v_up`).
+Both are exact; `tests/test_nn_mla.py` checks they agree. Prefill (and the uncached forward) runs
+the expanded form, as DeepSeek and vLLM do. The softmax scale is 1/sqrt(U + P).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kvjax import kernels
+from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
+from kvjax.nn.attention import NEG_INF, decode_softmax
+from kvjax.nn.kv_cache import MAX_POSITIONS
+from kvjax.nn.layers import apply_rope, linear, param, read, rms_norm, rope_tables, weight_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentProjection:
+    """One layer's projections of T tokens: the query split in its two parts, and the cache rows."""
+
+    q_nope_BTNU: jax.Array
+    q_rope_BTNP: jax.Array  # RoPE applied
+    c_BTA: jax.Array  # the normed latent
+    k_rope_BTP: jax.Array  # RoPE applied
+
+
+class LatentAttention(nnx.Module):
+    """MLA's projections and both decode forms (`cfg.mla_decode`)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        D, N, H, A, P = (
+            cfg.d_model,
+            cfg.num_heads,
+            cfg.head_dim,
+            cfg.kv_lora_rank,
+            cfg.qk_rope_head_dim,
+        )
+        U, W, Q = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.q_lora_rank
+        # Weights (out, in) as Hugging Face stores them; kv_b_proj split per head into k_up, v_up.
+        if Q:
+            self.q_a_proj = param(rngs, (Q, D), D, cfg)
+            self.q_a_norm = nnx.Param(jnp.ones((Q,), weight_dtype(cfg)))
+            self.q_b_proj = param(rngs, (N * H, Q), Q, cfg)
+        else:
+            self.q_proj = param(rngs, (N * H, D), D, cfg)
+        self.kv_a_proj = param(rngs, (A + P, D), D, cfg)
+        self.kv_a_norm = nnx.Param(jnp.ones((A,), weight_dtype(cfg)))
+        self.k_up = param(rngs, (N, U, A), A, cfg)
+        self.v_up = param(rngs, (N, W, A), A, cfg)
+        self.o_proj = param(rngs, (D, N * W), N * W, cfg)
+
+    def project(self, x_BTD: jax.Array, positions_BT: jax.Array) -> LatentProjection:
+        cfg = self.cfg
+        B, T, _ = x_BTD.shape
+        N, H, A, U = cfg.num_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_nope_head_dim
+        if cfg.q_lora_rank:
+            with jax.named_scope(kernels.Q_A_PROJ):
+                qa_BTQ = linear(x_BTD, read(self.q_a_proj, cfg))
+            with jax.named_scope(kernels.NORM_Q_A):
+                qa_BTQ = rms_norm(qa_BTQ, read(self.q_a_norm, cfg), cfg.norm_eps)
+            with jax.named_scope(kernels.Q_B_PROJ):
+                q_BTE = linear(qa_BTQ, read(self.q_b_proj, cfg))
+        else:
+            with jax.named_scope(kernels.Q_PROJ):
+                q_BTE = linear(x_BTD, read(self.q_proj, cfg))
+        with jax.named_scope(kernels.KV_A_PROJ):
+            kva_BTE = linear(x_BTD, read(self.kv_a_proj, cfg))
+        # Splits are layout glue between kernels (slices; free once compiled).
+        q_BTNH = q_BTE.reshape(B, T, N, H)
+        q_nope_BTNU, q_rope_BTNP = q_BTNH[..., :U], q_BTNH[..., U:]
+        c_BTA, k_rope_BTP = kva_BTE[..., :A], kva_BTE[..., A:]
+        with jax.named_scope(kernels.NORM_KV_A):
+            c_BTA = rms_norm(c_BTA, read(self.kv_a_norm, cfg), cfg.norm_eps)
+        with jax.named_scope(kernels.ROPE):
+            cos, sin = rope_tables(positions_BT, cfg.qk_rope_head_dim, cfg.rope_theta)
+            q_rope_BTNP = apply_rope(q_rope_BTNP, cos, sin)
+            k_rope_BTP = apply_rope(k_rope_BTP, cos, sin)
+        return LatentProjection(q_nope_BTNU, q_rope_BTNP, c_BTA, k_rope_BTP)
+
+    # -- the protocol `kvjax.nn.transformer.Block` drives (shared with `Attention`) -------------
+    def cache_rows(self, proj: LatentProjection) -> tuple[jax.Array, jax.Array]:
+        """What a position leaves in the cache: (latent [B, T, A], RoPE key [B, T, P])."""
+        return proj.c_BTA, proj.k_rope_BTP
+
+    def causal(self, proj: LatentProjection) -> jax.Array:
+        """Full causal attention of T queries over the same T positions, keys and values expanded
+        (prefill and the uncached forward): o [B, T, N, W]."""
+        cfg = self.cfg
+        T, dtype, f32 = proj.c_BTA.shape[1], proj.q_nope_BTNU.dtype, jnp.float32
+        q_rope_BNTP = jnp.transpose(proj.q_rope_BTNP, (0, 2, 1, 3))  # layout, outside the kernels
+        with jax.named_scope(kernels.KV_B_PROJ):
+            k_BSNU, v_BSNW = expand_prefix(proj.c_BTA, read(self.k_up, cfg), read(self.v_up, cfg))
+        with jax.named_scope(kernels.SCORES):
+            s_BNTS = jnp.einsum(
+                "BTNU,BSNU->BNTS", proj.q_nope_BTNU, k_BSNU, preferred_element_type=f32
+            ) + jnp.einsum(
+                "BNTP,BSP->BNTS", q_rope_BNTP, proj.k_rope_BTP, preferred_element_type=f32
+            )
+        with jax.named_scope(kernels.SOFTMAX):
+            causal_TS = jnp.tril(jnp.ones((T, T), jnp.bool_))
+            s_BNTS = jnp.where(causal_TS, s_BNTS * (1.0 / math.sqrt(cfg.head_dim)), NEG_INF)
+            p_BNTS = jax.nn.softmax(s_BNTS, axis=-1).astype(dtype)
+        with jax.named_scope(kernels.AV):
+            o_BNTW = jnp.einsum("BNTS,BSNW->BNTW", p_BNTS, v_BSNW)
+        return jnp.transpose(o_BNTW, (0, 2, 1, 3))  # to BTNW, outside the kernels
+
+    def over_cache(self, proj: LatentProjection, cache_arrays, pos_B: jax.Array) -> jax.Array:
+        """One new query per sequence over its cached positions [0, pos) and itself: o [B, 1, N,
+        W], in the config's decode form. The cache is only read (as `attend_cache`)."""
+        c_cache_BSA, kr_cache_BSP = cache_arrays
+        args = (proj.q_nope_BTNU[:, 0], proj.q_rope_BTNP[:, 0], proj.c_BTA[:, 0],
+                proj.k_rope_BTP[:, 0], c_cache_BSA, kr_cache_BSP, pos_B)  # fmt: skip
+        if self.cfg.mla_decode == "naive":
+            return self._naive(*args)[:, None]
+        o_NBW = self._absorbed(*args)
+        return jnp.transpose(o_NBW, (1, 0, 2))[:, None]  # to B1NW, outside the kernels
+
+    def _naive(self, q_nope_BNU, q_rope_BNP, c_new_BA, kr_new_BP, c_cache_BSA, kr_cache_BSP, pos_B):
+        cfg, dtype = self.cfg, q_nope_BNU.dtype
+        with jax.named_scope(kernels.KV_B_PROJ):
+            k_BSNU, v_BSNW, k_new_BNU, v_new_BNW = expand_latents(
+                c_cache_BSA, c_new_BA, read(self.k_up, cfg), read(self.v_up, cfg)
+            )
+        with jax.named_scope(kernels.SCORES):
+            s_BNS, s_self_BN = naive_scores(
+                q_nope_BNU, q_rope_BNP, k_BSNU, k_new_BNU, kr_cache_BSP, kr_new_BP
+            )
+        with jax.named_scope(kernels.SOFTMAX):
+            p_BNS, p_self_BN = decode_softmax(s_BNS, s_self_BN, pos_B, cfg.head_dim, dtype)
+        with jax.named_scope(kernels.AV):
+            return naive_av(p_BNS, p_self_BN, v_BSNW, v_new_BNW)
+
+    def _absorbed(
+        self, q_nope_BNU, q_rope_BNP, c_new_BA, kr_new_BP, c_cache_BSA, kr_cache_BSP, pos_B
+    ):
+        """o [N, B, W] (head-major: the per-head products leave it so)."""
+        cfg = self.cfg
+        with jax.named_scope(kernels.Q_ABSORB):
+            q_lat_NBA = absorb_query(q_nope_BNU, read(self.k_up, cfg))
+        with jax.named_scope(kernels.SCORES):
+            s_BNS, s_self_BN, c_cache_BSA = absorbed_scores(
+                q_lat_NBA, q_rope_BNP, c_new_BA, kr_new_BP, c_cache_BSA, kr_cache_BSP
+            )
+        with jax.named_scope(kernels.SOFTMAX):
+            p_BNS, p_self_BN = decode_softmax(
+                s_BNS, s_self_BN, pos_B, cfg.head_dim, q_nope_BNU.dtype
+            )
+        with jax.named_scope(kernels.AV):
+            o_lat_BNA = absorbed_av(p_BNS, p_self_BN, c_new_BA, c_cache_BSA)
+        with jax.named_scope(kernels.V_UP):
+            return up_values(o_lat_BNA, read(self.v_up, cfg))
+
+    def output(self, o_BTNW: jax.Array) -> jax.Array:
+        B, T = o_BTNW.shape[:2]
+        o_BTE = o_BTNW.reshape(B, T, -1)
+        with jax.named_scope(kernels.O_PROJ):
+            return linear(o_BTE, read(self.o_proj, self.cfg))
+
+
+def expand_prefix(c_BSA, w_uk_NUA, w_uv_NWA):
+    """Prefill: per-head keys (no RoPE) [B, S, N, U] and values [B, S, N, W] of the latents."""
+    k_BSNU = jnp.einsum("BSA,NUA->BSNU", c_BSA, w_uk_NUA)
+    return k_BSNU, jnp.einsum("BSA,NWA->BSNW", c_BSA, w_uv_NWA)
+
+
+def absorb_query(q_nope_BNU, w_uk_NUA):
+    """The query in latent space, head-major [N, B, A] (the per-head product's natural order)."""
+    return jnp.einsum("BNU,NUA->NBA", q_nope_BNU, w_uk_NUA)
+
+
+def up_values(o_lat_BNA, w_uv_NWA):
+    """The latent attention output through each head's W_uv: [N, B, W]."""
+    return jnp.einsum("BNA,NWA->NBW", o_lat_BNA, w_uv_NWA)
+
+
+def expand_latents(c_cache_BSA, c_new_BA, w_uk_NUA, w_uv_NWA):
+    """Naive decode: per-head keys (no RoPE) and values of every cached latent and the new one."""
+    c_cache_BSA = c_cache_BSA.astype(c_new_BA.dtype)
+    k_BSNU = jnp.einsum("BSA,NUA->BSNU", c_cache_BSA, w_uk_NUA)
+    v_BSNW = jnp.einsum("BSA,NWA->BSNW", c_cache_BSA, w_uv_NWA)
+    k_new_BNU = jnp.einsum("BA,NUA->BNU", c_new_BA, w_uk_NUA)
+    v_new_BNW = jnp.einsum("BA,NWA->BNW", c_new_BA, w_uv_NWA)
+    return k_BSNU, v_BSNW, k_new_BNU, v_new_BNW
+
+
+def naive_scores(q_nope_BNU, q_rope_BNP, k_BSNU, k_new_BNU, kr_cache_BSP, kr_new_BP):
+    """MHA-like scores over the expanded keys and the shared RoPE keys (f32), and the own."""
+    f32 = jnp.float32
+    kr_cache_BSP = kr_cache_BSP.astype(q_nope_BNU.dtype)
+    s_BNS = jnp.einsum("BNU,BSNU->BNS", q_nope_BNU, k_BSNU, preferred_element_type=f32)
+    s_BNS = s_BNS + jnp.einsum("BNP,BSP->BNS", q_rope_BNP, kr_cache_BSP, preferred_element_type=f32)
+    s_self_BN = jnp.einsum("BNU,BNU->BN", q_nope_BNU, k_new_BNU, preferred_element_type=f32)
+    s_self_BN = s_self_BN + jnp.einsum(
+        "BNP,BP->BN", q_rope_BNP, kr_new_BP, preferred_element_type=f32
+    )
+    return s_BNS, s_self_BN
+
+
+def naive_av(p_BNS, p_self_BN, v_BSNW, v_new_BNW):
+    o_BNW = jnp.einsum("BNS,BSNW->BNW", p_BNS, v_BSNW)
+    return o_BNW + jnp.einsum("BN,BNW->BNW", p_self_BN, v_new_BNW)
+
+
+def naive_attention(q_nope_BNU, q_rope_BNP, k_BSNU, v_BSNW, k_new_BNU, v_new_BNW, kr_cache_BSP,
+                    kr_new_BP, pos_B, head_dim: int):  # fmt: skip
+    """Naive decode attention (scores, softmax, av over expanded keys/values), for timing alone."""
+    s_BNS, s_self_BN = naive_scores(
+        q_nope_BNU, q_rope_BNP, k_BSNU, k_new_BNU, kr_cache_BSP, kr_new_BP
+    )
+    p_BNS, p_self_BN = decode_softmax(s_BNS, s_self_BN, pos_B, head_dim, q_nope_BNU.dtype)
+    return naive_av(p_BNS, p_self_BN, v_BSNW, v_new_BNW)
+
+
+def absorbed_scores(q_lat_NBA, q_rope_BNP, c_new_BA, kr_new_BP, c_cache_BSA, kr_cache_BSP):
+    """MQA-like scores over the cached latents: q_lat . c + q_rope . k_r (f32), the new token's
+    own score, and the latents in the compute dtype (for av).
+
+    The products run cache-first, [B, S, N] = c[B, S, A] . q_lat[B, A, N]^T, then the f32 scores
+    are transposed to [B, N, S]: in that order XLA:CPU reads the cache as stored, while q . c
+    ([B, N, S] directly) made it copy the whole latent cache to [B, A, S] every step (measured:
+    67 MB of 381 MB a step, 28% of the time, at S=8192, A=512, two layers).
+    """
+    f32, dtype = jnp.float32, q_lat_NBA.dtype
+    c_cache_BSA, kr_cache_BSP = c_cache_BSA.astype(dtype), kr_cache_BSP.astype(dtype)
+    s_BSN = jnp.einsum("BSA,NBA->BSN", c_cache_BSA, q_lat_NBA, preferred_element_type=f32)
+    s_BSN = s_BSN + jnp.einsum("BSP,BNP->BSN", kr_cache_BSP, q_rope_BNP, preferred_element_type=f32)
+    s_BNS = jnp.transpose(s_BSN, (0, 2, 1))
+    s_self_BN = jnp.einsum("NBA,BA->BN", q_lat_NBA, c_new_BA, preferred_element_type=f32)
+    s_self_BN = s_self_BN + jnp.einsum(
+        "BNP,BP->BN", q_rope_BNP, kr_new_BP, preferred_element_type=f32
+    )
+    return s_BNS, s_self_BN, c_cache_BSA
+
+
+def absorbed_av(p_BNS, p_self_BN, c_new_BA, c_cache_BSA):
+    """P . latents: the attention output in latent space [B, N, A]."""
+    o_BNA = jnp.einsum("BNS,BSA->BNA", p_BNS, c_cache_BSA)
+    return o_BNA + jnp.einsum("BN,BA->BNA", p_self_BN, c_new_BA)
+
+
+def absorbed_attention(q_lat_NBA, q_rope_BNP, c_new_BA, kr_new_BP, c_cache_BSA, kr_cache_BSP,
+                       pos_B, head_dim: int):  # fmt: skip
+    """Absorbed decode attention (scores, softmax, av) as one function, for timing alone."""
+    s_BNS, s_self_BN, c_cache_BSA = absorbed_scores(
+        q_lat_NBA, q_rope_BNP, c_new_BA, kr_new_BP, c_cache_BSA, kr_cache_BSP
+    )
+    p_BNS, p_self_BN = decode_softmax(s_BNS, s_self_BN, pos_B, head_dim, q_lat_NBA.dtype)
+    return absorbed_av(p_BNS, p_self_BN, c_new_BA, c_cache_BSA)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LatentCache:
+    """MLA's cache: per layer the latents [B, S, A] and the RoPE keys [B, S, P] (one array each,
+    read by the scores and, for the latent, by av too: one layout serves both), and positions."""
+
+    latent: tuple[jax.Array, ...]
+    k_rope: tuple[jax.Array, ...]
+    pos: jax.Array
+
+    @classmethod
+    def zeros(cls, cfg: ModelConfig, batch_size: int, max_len: int, dtype) -> LatentCache:
+        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise KvjaxError(f"{name}={value!r} must be a positive integer")
+        if max_len > MAX_POSITIONS:
+            raise KvjaxError(
+                f"max_len={max_len} exceeds the model's int32 positions (at most {MAX_POSITIONS})"
+            )
+        L, A, P = cfg.num_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        return cls(
+            latent=tuple(jnp.zeros((batch_size, max_len, A), dtype) for _ in range(L)),
+            k_rope=tuple(jnp.zeros((batch_size, max_len, P), dtype) for _ in range(L)),
+            pos=jnp.zeros((batch_size,), jnp.int32),
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return self.latent[0].shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.latent[0].shape[1]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.latent)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(x.size * x.dtype.itemsize for x in (*self.latent, *self.k_rope))
+
+    def layer(self, i: int) -> tuple[jax.Array, jax.Array]:
+        return self.latent[i], self.k_rope[i]
+
+    def write_prefix(self, layer: int, c_BTA: jax.Array, k_rope_BTP: jax.Array) -> LatentCache:
+        """Prefill: rows 0..T-1 of one layer (positions are set by `with_positions`)."""
+        with jax.named_scope(f"{kernels.layer_scope(layer)}/{kernels.KV_WRITE}"):
+            c = jax.lax.dynamic_update_slice(
+                self.latent[layer], c_BTA.astype(self.latent[layer].dtype), (0, 0, 0)
+            )
+            kr = jax.lax.dynamic_update_slice(
+                self.k_rope[layer], k_rope_BTP.astype(self.k_rope[layer].dtype), (0, 0, 0)
+            )
+        return dataclasses.replace(
+            self,
+            latent=self.latent[:layer] + (c,) + self.latent[layer + 1 :],
+            k_rope=self.k_rope[:layer] + (kr,) + self.k_rope[layer + 1 :],
+        )
+
+    def with_positions(self, pos_B: jax.Array) -> LatentCache:
+        return dataclasses.replace(self, pos=pos_B.astype(jnp.int32))
+
+    def append(self, c_new: tuple[jax.Array, ...], kr_new: tuple[jax.Array, ...]) -> LatentCache:
+        """Decode: write one row per sequence per layer ([B, A] and [B, P]) at `pos`."""
+        b = jnp.arange(self.batch_size)
+        cs, krs = [], []
+        for layer, (cc, kc, cn, kn) in enumerate(
+            zip(self.latent, self.k_rope, c_new, kr_new, strict=True)
+        ):
+            with jax.named_scope(f"{kernels.layer_scope(layer)}/{kernels.KV_WRITE}"):
+                cs.append(cc.at[b, self.pos, :].set(cn.astype(cc.dtype)))
+                krs.append(kc.at[b, self.pos, :].set(kn.astype(kc.dtype)))
+        return LatentCache(latent=tuple(cs), k_rope=tuple(krs), pos=self.pos + 1)
