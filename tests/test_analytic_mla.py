@@ -50,7 +50,9 @@ def test_deepseek_v3_attention_parameters_by_hand():
 
 def test_decode_attention_intensity_naive_is_mha_absorbed_is_1_9_n():
     naive = V3.replace(mla_decode="naive")
-    assert analytic.attention_intensity(naive) == 1.0  # like MHA in bf16: N/K = 1
+    # like MHA in bf16 (N/K = 1), but the RoPE key is read once for all heads
+    assert analytic.attention_intensity(naive) == 2 * 128 * 320 / (128 * 256 * 2 + 64 * 2)
+    assert analytic.attention_intensity(naive) == pytest.approx(1.25, abs=0.005)
     absorbed = analytic.attention_intensity(V3)
     assert absorbed == 2 * 128 * (2 * 512 + 64) / (576 * 2)
     assert absorbed / 128 == pytest.approx(1.89, abs=0.005)
@@ -71,10 +73,10 @@ def test_kernel_intensity_tends_to_the_closed_form_as_s_grows(form):
         cache_bytes = ks[kernels.SCORES].kv_bytes
         assert ks[kernels.AV].kv_bytes == ((1 << 20) - 1) * 512 * 2  # av reads the latent
         assert flops / cache_bytes == pytest.approx(analytic.attention_intensity(cfg), rel=0.01)
-    else:  # scores and av read the expanded keys (N*H) and values (N*W) kv_b_proj wrote
+    else:  # scores and av read the expanded keys (N*U) and values (N*W) and the RoPE keys (P)
         assert kernels.KV_B_PROJ in ks and kernels.Q_ABSORB not in ks
-        expanded = ((1 << 20) - 1) * 128 * (192 + 128) * 2
-        assert flops / expanded == pytest.approx(1.0, rel=0.01)
+        expanded = ((1 << 20) - 1) * (128 * (128 + 128) + 64) * 2
+        assert flops / expanded == pytest.approx(analytic.attention_intensity(cfg), rel=0.01)
 
 
 def test_absorbed_decode_moves_far_fewer_bytes_than_naive():
@@ -93,3 +95,28 @@ def test_prefill_is_the_same_in_both_forms():
     assert analytic.step_kernels(V3, wl) == analytic.step_kernels(
         V3.replace(mla_decode="naive"), wl
     )
+
+
+@pytest.mark.parametrize(
+    "cfg", [V3, V3.replace(mla_decode="naive"), V3.replace(kv_dtype="fp8")], ids=str
+)
+def test_fused_attention_reads_the_cache_once_and_tends_to_the_closed_form(cfg):
+    wl = Workload("decode", 2, 1 << 20)
+    fused = analytic.fused_attention_cost(cfg, wl)
+    unfused = analytic.attention_cost(cfg, wl)
+    assert fused.flops == unfused.flops and fused.bytes < unfused.bytes
+    # what it reads: the latent and RoPE key of every cached position (naive: expanded K and V)
+    naive = 128 * (128 + 128) * 2 + 64 * 2  # expanded keys and values, the shared RoPE key
+    per_position = 576 * cfg.kv_bytes_per_element if cfg.mla_decode == "absorbed" else naive
+    assert fused.kv_bytes == 2 * ((1 << 20) - 1) * per_position
+    # the softmax's ~7 FLOPs a score are in the kernel, not in the seed-style ratio: within 2%
+    assert fused.intensity == pytest.approx(analytic.attention_intensity(cfg), rel=0.02)
+
+
+def test_fused_attention_of_gqa_is_the_seeds_h_over_h_kv():
+    from kvjax import get_model_config
+
+    cfg = get_model_config("seed-70b")
+    fused = analytic.fused_attention_cost(cfg, Workload("decode", 1, 1 << 20))
+    assert fused.kv_bytes == ((1 << 20) - 1) * 2 * 8 * 128 * 2
+    assert fused.intensity == pytest.approx(64 / 8, rel=0.02)

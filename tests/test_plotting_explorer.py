@@ -10,7 +10,11 @@ import shutil
 import pytest
 from support import require, require_module
 
+from kvjax.analytic import Workload
+from kvjax.analytic.variants import mla_variant
 from kvjax.cli import main
+from kvjax.cli.args import finite_json
+from kvjax.cli.calc import calc_report
 from kvjax.config import PRESETS
 from kvjax.hardware import CHIPS
 from kvjax.plotting.explorer import explorer_data, render_explorer, write_explorer
@@ -109,15 +113,23 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
         assert round(_number(shown["out-ridge"])) == 295
         page.screenshot(path=str(tmp_path / "explorer_default.png"), full_page=True)
 
-        for _ in range(20):
+        for i in range(30):
             model = rng.choice(models)
             chip = rng.choice(sorted(CHIPS))
             kv_heads = rng.choice(PRESETS[model].kv_head_choices())
             kv_dtype = rng.choice(["bf16", "f16", "f32", "fp8", "int8"])
+            attention = ["gqa", "absorbed", "naive"][i % 3]  # a third each: GQA, MLA's two forms
             b_exp, s_exp = rng.randint(0, 10), rng.randint(7, 20)
             page.select_option("#model", model)
             page.select_option("#chip", chip)
-            page.select_option("#kv_heads", str(kv_heads))
+            page.select_option("#attention", attention)
+            latent = None
+            if attention == "gqa":
+                page.select_option("#kv_heads", str(kv_heads))
+            else:
+                options = page.eval_on_selector_all("#latent option", "os => os.map(o => o.value)")
+                latent = int(rng.choice(options))
+                page.select_option("#latent", str(latent))
             page.select_option("#kv_dtype", kv_dtype)
             for slider, value in (("batch", b_exp), ("context", s_exp)):
                 page.eval_on_selector(
@@ -126,8 +138,15 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                     value,
                 )
             shown = read()
-            want = _calc(model, chip, 2**b_exp, 2**s_exp, kv_heads, kv_dtype, capsys)
-            point = (model, chip, 2**b_exp, 2**s_exp, kv_heads, kv_dtype)
+            if latent is None:
+                want = _calc(model, chip, 2**b_exp, 2**s_exp, kv_heads, kv_dtype, capsys)
+            else:  # the page's MLA: kvjax's MLA variant of the preset (`calc --variants`' row)
+                mla = mla_variant(PRESETS[model]).replace(
+                    kv_lora_rank=latent, mla_decode=attention, kv_dtype=kv_dtype
+                )
+                wl = Workload("decode", 2**b_exp, 2**s_exp)
+                want = finite_json(calc_report(mla, wl, CHIPS[chip]))
+            point = (model, chip, 2**b_exp, 2**s_exp, kv_heads, kv_dtype, attention, latent)
             for element, (key, scale) in OUTPUTS.items():
                 # shown to 4 significant digits: agree to half a unit in the last place
                 assert _number(shown[element]) == pytest.approx(want[key] * scale, rel=6e-4), (

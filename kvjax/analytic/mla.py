@@ -11,8 +11,9 @@ for the same attention as MHA.
 
 Decode attention per cached position, per layer, FLOPs over cache bytes read:
 - naive: the cached latents are expanded every step (`attn/kv_b_proj`: 2*A*N*(U + W) FLOPs a
-  position), then scores and av run over N per-head keys (H) and values (W) as MHA: 2*N*(H + W)
-  FLOPs over N*(H + W) expanded elements, 2/bytes FLOPs a byte (1 in bf16), like MHA's N/K = 1;
+  position), then scores and av run over N per-head keys (U, and the shared RoPE key P) and values
+  (W) as MHA: 2*N*(H + W) FLOPs over N*(U + W) + P elements, 1.25 FLOP/byte in bf16 for V3's
+  widths: MHA's N/K = 1, raised a little by the RoPE key read once for all heads;
 - absorbed: the scores read the latent and the RoPE key once for all N heads (2*N*(A + P)) and
   av the latent (2*N*A): 2*N*(2A + P) / ((A + P) * bytes) = 1.89*N in bf16 for A=512, P=64
   (242 FLOP/byte at N=128: just under an H100's bf16 ridge of 295; fp8 caches or two query
@@ -205,11 +206,12 @@ def _decode_absorbed(cfg: ModelConfig, wl: Workload, widen: bool) -> list[Kernel
 
 def mla_attention_intensity(cfg: ModelConfig) -> float:
     """Decode attention FLOPs (scores + av) per byte of what they read, per cached position:
-    absorbed 2N(2A + P) / ((A + P) * bytes); naive 2N(H + W) / (N(H + W) * bytes) = 2 / bytes,
-    the expanded keys and values being what its scores and av read (module docstring)."""
+    absorbed 2N(2A + P) / ((A + P) * bytes); naive 2N(H + W) / (N(U + W) * a + P * bytes), the
+    expanded keys and values (compute dtype, a bytes) and the shared RoPE key being what its
+    scores and av read: 1.25 for DeepSeek-V3 in bf16, MHA's 1 but for the shared RoPE key."""
     N, H, A, P, W = (cfg.num_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
                      cfg.v_head_dim)  # fmt: skip
-    kv = cfg.kv_bytes_per_element
+    kv, U = cfg.kv_bytes_per_element, cfg.qk_nope_head_dim
     if cfg.mla_decode == "naive":
-        return 2 * N * (H + W) / (N * (H + W) * kv)
+        return 2 * N * (H + W) / (N * (U + W) * _act_bytes(cfg) + P * kv)
     return 2 * N * (2 * A + P) / ((A + P) * kv)

@@ -273,8 +273,8 @@ def fused_attention_cost(cfg: ModelConfig, wl: Workload) -> KernelCost:
     scores, softmax and av, moving only what such a kernel must: the cache it attends read once,
     the queries read and the outputs written (scores and probabilities stay on chip). The
     cache is K and V (2*K*H per position), MLA absorbed its latent and RoPE key (A + P), MLA
-    naive the per-head keys and values kv_b_proj expanded (N*(H + W)). Its intensity tends to
-    `attention_intensity` as S grows (tests check it)."""
+    naive the per-head keys and values kv_b_proj expanded (N*(U + W)) and the shared RoPE key.
+    Its intensity tends to `attention_intensity` as S grows (tests check it)."""
     if wl.phase != "decode":
         raise KvjaxError("fused_attention_cost is the decode attention (phase='decode')")
     B, C, N = wl.batch, wl.context - 1, cfg.num_heads
@@ -282,9 +282,10 @@ def fused_attention_cost(cfg: ModelConfig, wl: Workload) -> KernelCost:
     if cfg.is_mla and cfg.mla_decode == "absorbed":
         A, P = cfg.kv_lora_rank, cfg.qk_rope_head_dim
         cache, q, out = B * C * (A + P) * kv, B * N * (A + P) * a, B * N * A * a
-    elif cfg.is_mla:  # naive: over the expanded per-head keys and values, in the compute dtype
-        H, W = cfg.head_dim, cfg.v_head_dim
-        cache, q, out = B * C * N * (H + W) * a, B * N * H * a, B * N * W * a
+    elif cfg.is_mla:  # naive: the expanded per-head keys (U) and values (W), the shared RoPE key
+        H, U, W, P = cfg.head_dim, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.qk_rope_head_dim
+        cache = B * C * (N * (U + W) * a + P * kv)
+        q, out = B * N * H * a, B * N * W * a
     else:
         K, H = cfg.num_kv_heads, cfg.head_dim
         cache, q, out = 2 * B * C * K * H * kv, B * N * H * a, B * N * H * a
