@@ -109,3 +109,16 @@ def test_mla_reports_itself_and_its_widths():
     assert cfg.attention_variant == "MLA" and cfg.kv_head_choices() == [12]
     assert (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.o_head_dim) == (6, 4, 7)
     assert get_model_config("tiny-gqa").o_head_dim == 8
+
+
+def test_mla_data_parallel_generates_the_same_and_tensor_parallel_is_refused(devices):
+    from kvjax.nn.sharding import make_mesh, shard_model
+
+    model = make("tiny-mla", seed=4)
+    prompt = toks(model.cfg, (4, 5), seed=5)
+    mesh = make_mesh(model.cfg, 1, dp=2)
+    np.testing.assert_array_equal(
+        generate(shard_model(model, mesh), prompt, 4), generate(model, prompt, 4)
+    )
+    with pytest.raises(KvjaxError, match="tp=2: sharding an MLA model .* not implemented yet"):
+        make_mesh(model.cfg, 2)

@@ -45,6 +45,11 @@ def mesh_shape(cfg: ModelConfig, tp: int, dp: int = 1) -> tuple[int, int, int]:
     for name, value in (("tp", tp), ("dp", dp)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise KvjaxError(f"{name}={value!r} must be a positive integer")
+    if cfg.is_mla and tp > 1:
+        raise KvjaxError(
+            f"tp={tp}: sharding an MLA model (kv_lora_rank={cfg.kv_lora_rank}) is not implemented "
+            f"yet; use tp=1 (data parallelism, dp, works)"
+        )
     K = cfg.num_kv_heads
     allowed = [
         t
@@ -178,6 +183,13 @@ def init_cache(model, batch_size: int, max_len: int, mesh: Mesh):
 
 
 def cache_shardings(cache, mesh: Mesh):
+    if hasattr(cache, "latent"):  # MLA: latents and RoPE keys split over sequences only
+        rows = NamedSharding(mesh, P(DATA))
+        return type(cache)(
+            latent=tuple(rows for _ in cache.latent),
+            k_rope=tuple(rows for _ in cache.k_rope),
+            pos=NamedSharding(mesh, P(DATA)),
+        )
     kv = NamedSharding(mesh, cache_spec())
     return type(cache)(
         k=tuple(kv for _ in cache.k),
