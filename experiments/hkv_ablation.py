@@ -1,5 +1,6 @@
-"""Over num_kv_heads: KV bytes, attention intensity, predicted (closed-form bound on the measured
-ceilings) and measured decode-step time, and XLA's traced step bytes.
+"""Over num_kv_heads (or, for an MLA model, kv_lora_rank: `configs/mla_ablation.yaml`; the figure
+puts both on one axis, KV bytes per token): attention intensity, predicted (closed-form bound on
+the measured ceilings) and measured decode-step time, and XLA's traced step bytes.
 
 The points of the sweep are measured together, interleaved (`run_points`): every model is built
 first, then each is timed for a few steps in turn, round after round, with the read bandwidth
@@ -25,7 +26,9 @@ def _closed_record(point, ceilings) -> dict:
     peak, bw = ceilings.peak(cfg.compute_dtype), ceilings.bandwidth_bytes_per_s
     return {
         "model": cfg.name,
+        "attention_kind": cfg.attention_variant,
         "num_kv_heads": cfg.num_kv_heads,
+        "kv_lora_rank": cfg.kv_lora_rank,
         "batch": wl.batch,
         "context": wl.context,
         "kv_bytes_per_token": analytic.kv_bytes_per_token(cfg),

@@ -1,7 +1,9 @@
 """Every kernel of prefill and decode placed on a roofline: closed form and traced on a chip
-preset, and (options.measured) timed on this machine against its measured ceilings."""
+preset, and (options.measured) timed on this machine against its measured ceilings. Decode also
+places its attention as one fused kernel reading the cache once (`fused_attention_cost`): the
+seed's h/h_kv for GQA, about 1.9 N for MLA's absorbed form."""
 
-from kvjax import analytic
+from kvjax import analytic, kernels
 from kvjax.analytic import Workload, roofline
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
@@ -55,6 +57,10 @@ def run_point(point) -> list[dict]:
             records.append(
                 _point(name, phase, "closed form", k.flops, k.bytes, peak, bw, chip_name, cfg)
             )
+        if phase == "decode":  # the seed's decode attention intensity: the cache read once
+            fused = analytic.fused_attention_cost(cfg, w)
+            records.append(_point(kernels.ATTENTION, phase, "closed form, fused", fused.flops,
+                                  fused.bytes, peak, bw, chip_name, cfg))  # fmt: skip
         if opts.get("traced", True):
             from kvjax.traced.step import trace_step
 

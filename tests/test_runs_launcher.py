@@ -65,7 +65,8 @@ def test_interrupted_sweep_resumes_without_recomputing(tmp_path, monkeypatch):
     assert {"jax", "flax", "backend", "device", "xla_flags"} <= env.keys()
     assert (run_dir / "config.yaml").read_text().startswith("experiment: kv_vs_context")
     df = load_records(tmp_path / "runs")
-    assert len(df) == 10 * 3 * 2  # points x variants x contexts
+    assert len(df) == 10 * 4 * 2  # points x variants (MHA, GQA, MQA, MLA) x contexts
+    assert set(df.variant) == {"MHA", "GQA", "MQA", "MLA A=512 P=64"}
     assert set(df.num_kv_heads) >= {1, 32}
 
     calls.clear()
@@ -192,7 +193,7 @@ def test_suite_errors(tmp_path):
     with pytest.raises(KvjaxError, match="a suite takes no overrides"):
         run_config(good, ["model.num_kv_heads=1"])
     runs = run_config(good, runs_root=tmp_path / "runs", progress=False)
-    assert len(runs) == 1 and len(runs[0].records()) == 60
+    assert len(runs) == 1 and len(runs[0].records()) == 80
 
 
 QUALITY_MODEL = """

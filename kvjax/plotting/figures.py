@@ -14,7 +14,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 from kvjax.plotting.measured import _label_measured, kernel_bound, mark_flags  # noqa: E402
-from kvjax.plotting.style import kv_palette  # noqa: E402
+from kvjax.plotting.style import MLA_COLOR, kv_palette, variant_color  # noqa: E402
 
 COLUMN_WIDTH_IN = 3.5  # one column of a two-column paper
 GIB = 2**30
@@ -33,17 +33,18 @@ def kv_vs_context(records: pd.DataFrame, ax) -> None:
     df = records[records.experiment == "kv_vs_context"]
     model = df.model.iloc[0]
     df = df[df.model == model]
-    palette = kv_palette(df.num_kv_heads)
+    palette = kv_palette(df[~df.variant.str.startswith("MLA")].num_kv_heads)
     for (variant, k), g in df.groupby(["variant", "num_kv_heads"], sort=False):
         g = g.sort_values("context")
-        color = palette[int(k)]
+        color = variant_color(variant, k, palette)
+        mla = str(variant).startswith("MLA")
         ax.plot(
             g.context,
             g.kv_cache_bytes / GIB,
-            marker="o",
+            marker="D" if mla else "o",
             ms=3,
             color=color,
-            label=f"{variant} (h_kv={k})",
+            label=variant if mla else f"{variant} (h_kv={k})",
         )
         ax.axhline(g.weight_bytes.iloc[0] / GIB, color=color, ls="--", lw=0.8)
     ax.set_xscale("log", base=2)
@@ -72,7 +73,13 @@ def _panel_roofline(ax, df, chip) -> None:
             else [min(peak, i * bw) for i in g.intensity]
         )
         style = dict(marker=markers.get(phase, "o"), s=14, linewidths=0.8)
-        if source == "closed form":
+        if source == "closed form, fused":
+            ax.scatter(g.intensity, y, marker="*", s=40, color="#dd8452", edgecolors="0.2",
+                       linewidths=0.4, zorder=3, label="decode attention, fused")  # fmt: skip
+            for x, yy in zip(g.intensity, y, strict=True):
+                ax.annotate(f"{x:.3g}", (x, yy), textcoords="offset points", xytext=(-6, 7),
+                            fontsize=5, color="#dd8452")  # fmt: skip
+        elif source == "closed form":
             ax.scatter(
                 g.intensity,
                 y,
@@ -106,6 +113,7 @@ def roofline(records: pd.DataFrame, fig) -> None:
     """Every kernel on the roofline: hollow = closed form, x = traced, filled = measured."""
     df = records[records.experiment == "roofline"]
     panels = list(dict.fromkeys(zip(df.model, df.chip, strict=True)))
+    fig.set_size_inches(max(2, len(panels)) * COLUMN_WIDTH_IN, 2.8)  # a column per panel
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (model, chip) in zip(axes, panels, strict=True):
         _panel_roofline(ax, df[(df.model == model) & (df.chip == chip)], chip)
@@ -170,37 +178,44 @@ def decode_intensity(records: pd.DataFrame, fig) -> None:
 
 
 def hkv_ablation(records: pd.DataFrame, fig) -> None:
-    """Decode step time over num_kv_heads: predicted (closed-form bound on the measured
-    ceilings) against measured."""
-    df = records[records.experiment == "hkv_ablation"].sort_values("num_kv_heads")
+    """Decode step time over KV-cache bytes per token: GQA sweeping num_kv_heads and MLA sweeping
+    kv_lora_rank on one axis, predicted (closed-form bound on the measured ceilings) against
+    measured, each point labelled with its h_kv or latent width."""
+    df = records[records.experiment == "hkv_ablation"].copy()
+    if "attention_kind" not in df:
+        df["attention_kind"] = "GQA"
+    df["family"] = df.attention_kind.fillna("GQA").map(lambda a: "MLA" if a == "MLA" else "GQA")
     ax = fig.subplots()
-    ax.plot(
-        df.num_kv_heads,
-        df.predicted_s * 1e3,
-        marker="o",
-        ms=3,
-        mfc="none",
-        color="#4c72b0",
-        label="predicted (bound)",
-    )
-    if "measured_s" in df:
-        ax.plot(
-            df.num_kv_heads,
-            df.measured_s * 1e3,
-            marker="o",
-            ms=3,
-            color="#c44e52",
-            label="measured (median, interleaved)",
-        )
-        if "flagged" in df:
-            mark_flags(ax, df.num_kv_heads, df.measured_s * 1e3, df["flagged"])
+    colors = {"GQA": "#4c72b0", "MLA": MLA_COLOR}
+    for family, g in df.groupby("family", sort=True):
+        g = g.sort_values("kv_bytes_per_token")
+        x = g.kv_bytes_per_token / 2**10
+        what = "h_kv" if family == "GQA" else "latent A"
+        c = colors[family]
+        ax.plot(x, g.predicted_s * 1e3, marker="o", ms=3, mfc="none", color=c, ls="--", lw=0.8,
+                label=f"{family} over {what}: predicted (bound)")  # fmt: skip
+        if "measured_s" in g and g.measured_s.notna().any():
+            ax.plot(x, g.measured_s * 1e3, marker="o", ms=3, color=c,
+                    label=f"{family}: measured (median, interleaved)")  # fmt: skip
+            if "flagged" in g:
+                mark_flags(ax, x, g.measured_s * 1e3, g["flagged"])
+        for xi, (_, r) in zip(x, g.iterrows(), strict=True):
+            y = (
+                r.measured_s
+                if "measured_s" in g and pd.notna(r.get("measured_s"))
+                else r.predicted_s
+            )
+            tag = f"A={int(r.kv_lora_rank)}" if family == "MLA" else f"h_kv={int(r.num_kv_heads)}"
+            ax.annotate(tag, (xi, y * 1e3), textcoords="offset points", xytext=(2, 3), fontsize=5,
+                        color=c)  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_ylim(bottom=0)  # a time axis from zero: the gap is read as a ratio
-    ax.set_xlabel("num_kv_heads h_kv")
+    ax.set_xlabel("KV cache per token (KiB, binary)")
     ax.set_ylabel("decode step (ms)")
     r = df.iloc[0]
-    ax.set_title(f"{r.model}, B={int(r.batch)}, S={int(r.context)}, {r.device}", fontsize=7)
-    ax.legend(fontsize=6, frameon=True)
+    models = " vs ".join(dict.fromkeys(df.model))
+    ax.set_title(f"{models}\nB={int(r.batch)}, S={int(r.context)}, {r.device}", fontsize=7)
+    ax.legend(fontsize=5, frameon=True)
 
 
 def hkv_quality(records: pd.DataFrame, fig) -> None:
