@@ -27,6 +27,17 @@ from kvjax.errors import KvjaxError
 MAX_POSITIONS = 2**31 - 1  # positions are int32
 
 
+def check_cache_size(batch_size: int, max_len: int) -> None:
+    """A cache's batch and length, refused in one line before anything is allocated."""
+    for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise KvjaxError(f"{name}={value!r} must be a positive integer")
+    if max_len > MAX_POSITIONS:
+        raise KvjaxError(
+            f"max_len={max_len} exceeds the model's int32 positions (at most {MAX_POSITIONS})"
+        )
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
@@ -38,13 +49,7 @@ class KVCache:
     def zeros(
         cls, num_layers: int, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, dtype
     ) -> KVCache:
-        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise KvjaxError(f"{name}={value!r} must be a positive integer")
-        if max_len > MAX_POSITIONS:
-            raise KvjaxError(
-                f"max_len={max_len} exceeds the model's int32 positions (at most {MAX_POSITIONS})"
-            )
+        check_cache_size(batch_size, max_len)
         k_shape = (batch_size, num_kv_heads, head_dim, max_len)
         v_shape = (batch_size, num_kv_heads, max_len, head_dim)
         return cls(

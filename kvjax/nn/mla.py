@@ -30,9 +30,8 @@ from flax import nnx
 
 from kvjax import kernels
 from kvjax.config import ModelConfig
-from kvjax.errors import KvjaxError
 from kvjax.nn.attention import NEG_INF, decode_softmax
-from kvjax.nn.kv_cache import MAX_POSITIONS
+from kvjax.nn.kv_cache import check_cache_size
 from kvjax.nn.layers import apply_rope, linear, param, read, rms_norm, rope_tables, weight_dtype
 
 
@@ -283,13 +282,7 @@ class LatentCache:
 
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch_size: int, max_len: int, dtype) -> LatentCache:
-        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise KvjaxError(f"{name}={value!r} must be a positive integer")
-        if max_len > MAX_POSITIONS:
-            raise KvjaxError(
-                f"max_len={max_len} exceeds the model's int32 positions (at most {MAX_POSITIONS})"
-            )
+        check_cache_size(batch_size, max_len)
         L, A, P = cfg.num_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim
         return cls(
             latent=tuple(jnp.zeros((batch_size, max_len, A), dtype) for _ in range(L)),
