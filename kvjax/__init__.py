@@ -6,6 +6,7 @@ Every kernel of a decoder step (named once in `kvjax.kernels`) has a closed form
 (`kvjax.analytic.roofline`).
 """
 
+from kvjax import presets  # noqa: F401 (registers the presets in kvjax.config.PRESETS)
 from kvjax.config import ModelConfig, get_model_config
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, get_chip

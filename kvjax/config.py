@@ -78,6 +78,8 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     mla_decode: str = "absorbed"
+    sliding_window: int = 0  # positions a sliding ("L", local) layer attends, itself included
+    layer_pattern: str = "G"  # per layer G (global: full) or L (local: sliding), tiled over L
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -108,6 +110,30 @@ class ModelConfig:
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise KvjaxError(f"{field}={value!r} must be a positive number")
         self._check_mla()
+        self._check_window()
+
+    def _check_window(self) -> None:
+        w, pattern = self.sliding_window, self.layer_pattern
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise KvjaxError(f"sliding_window={w!r} must be a non-negative integer (0: none)")
+        if not isinstance(pattern, str) or not pattern or set(pattern) - {"G", "L"}:
+            raise KvjaxError(
+                f"layer_pattern={pattern!r} must be a string of G (global, full attention) and L "
+                f"(local, sliding window) tiled over the layers, e.g. 'L' (Mistral), 'LG' (Gemma 2)"
+                f", 'LLLLLG' (Gemma 3)"
+            )
+        if "L" in pattern and w == 0:
+            raise KvjaxError(
+                f"layer_pattern={pattern!r} has sliding (L) layers but sliding_window=0; set the "
+                f"window (e.g. sliding_window=4096)"
+            )
+        if w and "L" not in pattern:
+            raise KvjaxError(
+                f"sliding_window={w} but layer_pattern={pattern!r} has no sliding (L) layer; set "
+                f"layer_pattern='L' (every layer sliding) or sliding_window=0"
+            )
+        if w and self.is_mla:
+            raise KvjaxError("sliding_window with MLA (kv_lora_rank > 0) is not supported")
 
     def _check_mla(self) -> None:
         for field in _MLA_INT_FIELDS:
@@ -148,6 +174,14 @@ class ModelConfig:
     def group_size(self) -> int:
         """G = N / K query heads per kv head."""
         return self.num_heads // self.num_kv_heads
+
+    def layer_is_sliding(self, layer: int) -> bool:
+        """Layer `layer` attends a sliding window (its pattern letter is L)."""
+        return self.layer_pattern[layer % len(self.layer_pattern)] == "L"
+
+    @property
+    def num_sliding_layers(self) -> int:
+        return sum(self.layer_is_sliding(i) for i in range(self.num_layers))
 
     @property
     def is_mla(self) -> bool:
@@ -220,171 +254,14 @@ class ModelConfig:
         return from_hf_config(path, **overrides)
 
 
-# --------------------------------------------------------------------------------------------
-# Presets. Each cites the published config it comes from; parameter counts are checked in tests
-# against the published totals.
-# --------------------------------------------------------------------------------------------
+# Presets: defined in `kvjax.presets` (each citing its published config), registered here on
+# import of the package.
 PRESETS: dict[str, ModelConfig] = {}
 
 
 def _preset(cfg: ModelConfig) -> ModelConfig:
     PRESETS[cfg.name] = cfg
     return cfg
-
-
-# The seed's model ("a 70B-parameter, 80-layer model with d_h=128 in BF16", 64 query heads).
-# The seed gives no other dimensions; the rest are Llama-3-70B's (Meta, 2024,
-# meta-llama/Meta-Llama-3-70B config.json), which makes N = 70.55e9 at num_kv_heads=8, the seed's
-# "70B". num_kv_heads is the seed's variable: 64 (MHA), 8 (GQA, default), 1 (MQA). The weights
-# then depend on it (K/V projections are 2*D*K*H per layer): MHA is 79.9e9 parameters, MQA 69.2e9.
-_preset(
-    ModelConfig(
-        name="seed-70b",
-        num_layers=80,
-        d_model=8192,
-        num_heads=64,
-        num_kv_heads=8,
-        head_dim=128,
-        d_ff=28672,
-        vocab_size=128256,
-        rope_theta=500000.0,
-    )
-)
-# meta-llama/Llama-2-7b-hf config.json (Touvron et al., 2023): 6.74e9 parameters.
-_preset(
-    ModelConfig(
-        name="llama-2-7b",
-        num_layers=32,
-        d_model=4096,
-        num_heads=32,
-        num_kv_heads=32,
-        head_dim=128,
-        d_ff=11008,
-        vocab_size=32000,
-        norm_eps=1e-5,
-    )
-)
-# meta-llama/Llama-2-13b-hf config.json: 13.0e9 parameters.
-_preset(
-    ModelConfig(
-        name="llama-2-13b",
-        num_layers=40,
-        d_model=5120,
-        num_heads=40,
-        num_kv_heads=40,
-        head_dim=128,
-        d_ff=13824,
-        vocab_size=32000,
-    )
-)
-# meta-llama/Llama-2-70b-hf config.json: GQA with 8 kv heads, 69.0e9 parameters.
-_preset(
-    ModelConfig(
-        name="llama-2-70b",
-        num_layers=80,
-        d_model=8192,
-        num_heads=64,
-        num_kv_heads=8,
-        head_dim=128,
-        d_ff=28672,
-        vocab_size=32000,
-    )
-)
-# meta-llama/Meta-Llama-3-8B config.json: 8.03e9 parameters, rope_theta 500000.
-_preset(
-    ModelConfig(
-        name="llama-3-8b",
-        num_layers=32,
-        d_model=4096,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        d_ff=14336,
-        vocab_size=128256,
-        rope_theta=500000.0,
-    )
-)
-# meta-llama/Meta-Llama-3-70B config.json: 70.6e9 parameters.
-_preset(
-    ModelConfig(
-        name="llama-3-70b",
-        num_layers=80,
-        d_model=8192,
-        num_heads=64,
-        num_kv_heads=8,
-        head_dim=128,
-        d_ff=28672,
-        vocab_size=128256,
-        rope_theta=500000.0,
-    )
-)
-# mistralai/Mistral-7B-v0.1 config.json (Jiang et al., 2023): 7.24e9 parameters.
-_preset(
-    ModelConfig(
-        name="mistral-7b",
-        num_layers=32,
-        d_model=4096,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        d_ff=14336,
-        vocab_size=32000,
-    )
-)
-# Qwen/Qwen2.5-7B config.json (Qwen team, 2024): 7.61e9 parameters; biases on q, k, v.
-_preset(
-    ModelConfig(
-        name="qwen2.5-7b",
-        num_layers=28,
-        d_model=3584,
-        num_heads=28,
-        num_kv_heads=4,
-        head_dim=128,
-        d_ff=18944,
-        vocab_size=152064,
-        qkv_bias=True,
-        rope_theta=1000000.0,
-        norm_eps=1e-6,
-    )
-)
-# google/gemma-7b config.json (Gemma team, 2024): 8.54e9 parameters; head_dim 256 while
-# d_model / num_heads = 192; GeGLU MLP; tied embeddings.
-_preset(
-    ModelConfig(
-        name="gemma-7b",
-        num_layers=28,
-        d_model=3072,
-        num_heads=16,
-        num_kv_heads=16,
-        head_dim=256,
-        d_ff=24576,
-        vocab_size=256000,
-        mlp_activation="gelu",
-        tied_embeddings=True,
-        norm_eps=1e-6,
-    )
-)
-
-# Tiny test configs: every dimension a distinct size (L=2, K in {12, 3, 1}, G in {1, 4, 12},
-# H=8, D=40, F=56, V=97, N=12), so a transposed axis cannot hide behind an equal size.
-_TINY = dict(
-    num_layers=2,
-    d_model=40,
-    num_heads=12,
-    head_dim=8,
-    d_ff=56,
-    vocab_size=97,
-    weight_dtype="f32",
-    kv_dtype="f32",
-)
-_preset(ModelConfig(name="tiny-mha", num_kv_heads=12, **_TINY))
-_preset(ModelConfig(name="tiny-gqa", num_kv_heads=3, **_TINY))
-_preset(ModelConfig(name="tiny-mqa", num_kv_heads=1, **_TINY))
-# Tiny MLA: every MLA width distinct too (nope 6 + rope 4 = head_dim 10, v 7, latent 20, q rank 24).
-_TINY_MLA = dict(_TINY, head_dim=10, num_kv_heads=12, kv_lora_rank=20, qk_rope_head_dim=4,
-                 v_head_dim=7)  # fmt: skip
-_preset(ModelConfig(name="tiny-mla", **_TINY_MLA))
-_preset(ModelConfig(name="tiny-mla-q", q_lora_rank=24, **_TINY_MLA))
 
 
 def get_model_config(name: str, **overrides: Any) -> ModelConfig:

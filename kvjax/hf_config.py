@@ -129,6 +129,41 @@ def _mla_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: st
     return out
 
 
+_LAYER_TYPES = {"sliding_attention": "L", "full_attention": "G"}
+
+
+def _window_fields(f: _Fields, data: dict, layers: int, model_type: str, where: str) -> dict:
+    """`sliding_window` and the per-layer pattern: an explicit `layer_types` list (newer configs),
+    else Gemma 2's alternation (local first), Gemma 3's `sliding_window_pattern` (n-1 local, then
+    one global), Qwen's `use_sliding_window` with `max_window_layers` (layers from that index on
+    slide), or every layer (Mistral v0.1). A null or absent window is full attention."""
+    window = f.integer("sliding_window", default=0)
+    types = data.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or set(types) - set(_LAYER_TYPES):
+            raise KvjaxError(
+                f"{where}: layer_types must list {layers} entries of "
+                f"{', '.join(_LAYER_TYPES)}, got {str(types)[:80]}"
+            )
+        pattern = "".join(_LAYER_TYPES[t] for t in types)
+        return {"sliding_window": window, "layer_pattern": pattern} if "L" in pattern else {}
+    if not window:
+        return {}
+    if model_type in ("qwen2", "qwen3"):
+        if not f.boolean("use_sliding_window", False):
+            return {}  # Qwen configs carry a window they do not use
+        first = data.get("max_window_layers", 0) or 0
+        pattern = "".join("L" if i >= first else "G" for i in range(layers))
+    elif model_type == "gemma2":
+        pattern = "LG"
+    elif model_type in ("gemma3", "gemma3_text"):
+        every = f.integer("sliding_window_pattern", default=6)
+        pattern = "L" * (every - 1) + "G"
+    else:
+        pattern = "L"
+    return {"sliding_window": window, "layer_pattern": pattern} if "L" in pattern else {}
+
+
 def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     """A `ModelConfig` from a local config.json; `overrides` (the CLI's --kv-heads, ...) replace
     the file's values before validation, so a documented override of a bad value works."""
@@ -157,6 +192,7 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     fields["head_dim"] = f.integer("head_dim", default=fields["d_model"] // fields["num_heads"])
     if model_type in _MLA_MODEL_TYPES:
         fields.update(_mla_fields(f, data, fields, model_type, where))
+    fields.update(_window_fields(f, data, fields["num_layers"], model_type, where))
     act = f.text("hidden_activation", _HF_ACTIVATIONS) or f.text("hidden_act", _HF_ACTIVATIONS)
     fields["mlp_activation"] = _HF_ACTIVATIONS[act or "silu"]
     fields["tied_embeddings"] = f.boolean("tie_word_embeddings", model_type == "gemma")

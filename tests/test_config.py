@@ -113,7 +113,7 @@ def test_unknown_preset_suggests_nearest():
 
 
 def test_every_preset_has_a_citation_comment():
-    source = open(__import__("kvjax.config").config.__file__).read()
+    source = open(__import__("kvjax.presets").presets.__file__).read()
     for name in PRESETS:
         if not name.startswith("tiny"):
             block = source[: source.index(f'name="{name}"')]

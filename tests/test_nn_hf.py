@@ -1,6 +1,7 @@
 """Parity with Hugging Face transformers' LlamaForCausalLM on a tiny random GQA checkpoint that
 the test builds and saves itself (nothing is downloaded)."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from support import require_module
@@ -28,7 +29,10 @@ def save_tiny_llama(folder, tie=False, family="llama", **changes):
         tie_word_embeddings=tie,
     )
     kwargs.update(changes)
-    if family == "qwen2":  # biases on q, k, v; no head_dim key
+    if family == "mistral":
+        config = transformers.MistralConfig(**kwargs)
+        model = transformers.MistralForCausalLM(config).float().eval()
+    elif family == "qwen2":  # biases on q, k, v; no head_dim key
         kwargs.pop("head_dim")
         config = transformers.Qwen2Config(**kwargs)
         model = transformers.Qwen2ForCausalLM(config).float().eval()
@@ -77,3 +81,29 @@ def test_qwen2_with_qkv_bias_matches_transformers(tmp_path):
     with torch.no_grad():
         want = ref(torch.tensor(toks)).logits.numpy()
     np.testing.assert_allclose(model(toks.astype(np.int32)), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("window", [4, 6])
+def test_mistral_sliding_window_matches_transformers(tmp_path, window):
+    """A window shorter than the sequence: the banded prefill, the rolling cache in decode (and a
+    prefill longer than the window, which fills the rolling buffer) all match Hugging Face."""
+    ref = save_tiny_llama(tmp_path, family="mistral", sliding_window=window)
+    model = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32")
+    assert model.cfg.sliding_window == window and model.cfg.layer_pattern == "L"
+    toks = np.random.default_rng(1).integers(0, 97, size=(2, 13))
+    with torch.no_grad():
+        want = ref(torch.tensor(toks)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(model(jnp.asarray(toks))), want, atol=2e-4)
+    for prefix in (3, 8):  # shorter and longer than the window
+        cache = model.init_cache(2, 16)
+        logits, cache = model.prefill(jnp.asarray(toks[:, :prefix]), cache)
+        got = [np.asarray(logits)]
+        for t in range(prefix, 13):
+            step, cache = model.decode(jnp.asarray(toks[:, t]), cache)
+            got.append(np.asarray(step)[:, None])
+        np.testing.assert_allclose(np.concatenate(got, axis=1), want, atol=2e-4)
+        assert {x.shape[-1] for x in cache.k} == {window}  # a rolling buffer of the window
+    # and the window matters: the same weights attending everything differ
+    full = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32", sliding_window=0,
+                         layer_pattern="G")  # fmt: skip
+    assert np.abs(np.asarray(full(jnp.asarray(toks))) - want).max() > 1e-2

@@ -157,6 +157,24 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                 )
             fits = "does not fit" not in shown["out-fits"]
             assert fits == want["fits_in_memory"], point
+        # a sliding-window model past its window: Mistral-7B-v0.1 at 32k holds 4096 positions
+        page.select_option("#model", "mistral-7b")
+        page.select_option("#attention", "gqa")
+        page.select_option("#kv_heads", "8")
+        page.select_option("#kv_dtype", "bf16")
+        page.select_option("#chip", "h100-sxm")
+        for slider, value in (("batch", 0), ("context", 15)):
+            page.eval_on_selector(
+                f"#{slider}",
+                "(el, v) => { el.value = v; el.dispatchEvent(new Event('input')); }",
+                value,
+            )
+        shown = read()
+        want = _calc("mistral-7b", "h100-sxm", 1, 2**15, 8, "bf16", capsys)
+        assert shown["out-kv_cache"] == "0.5000 GiB" and want["kv_cache_bytes"] == 2**29
+        assert page.inner_text("#out-window") == "32 of 32 hold 4096 (window 4096)"
+        for element, (key, scale) in OUTPUTS.items():
+            assert _number(shown[element]) == pytest.approx(want[key] * scale, rel=6e-4), element
         page.screenshot(path=str(tmp_path / "explorer_last.png"), full_page=True)
         if os.environ.get("KVJAX_SCREENSHOT"):
             shutil.copy(tmp_path / "explorer_default.png", os.environ["KVJAX_SCREENSHOT"])

@@ -83,16 +83,48 @@ def kv_bytes_per_token_per_layer(cfg: ModelConfig) -> int:
 
 
 def kv_bytes_per_token(cfg: ModelConfig) -> int:
+    """Per token while every layer holds it (S <= sliding_window); past the window only the global
+    layers' share grows: `kv_cache_bytes`."""
     return cfg.num_layers * kv_bytes_per_token_per_layer(cfg)
 
 
+def kv_positions_held(cfg: ModelConfig, context: int) -> dict[str, int]:
+    """Positions each kind of layer holds at context S: a global layer S, a sliding layer
+    min(S, window) (its rolling buffer), and their total over the layers."""
+    sliding = cfg.num_sliding_layers
+    per_sliding = min(context, cfg.sliding_window) if sliding else 0
+    return {
+        "global_layers": cfg.num_layers - sliding,
+        "sliding_layers": sliding,
+        "global_positions": context,
+        "sliding_positions": per_sliding,
+        "total": (cfg.num_layers - sliding) * context + sliding * per_sliding,
+    }
+
+
 def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1) -> int:
-    return kv_bytes_per_token(cfg) * context * batch
+    """Sum over layers of the positions each holds (`kv_positions_held`) x bytes per position."""
+    return kv_bytes_per_token_per_layer(cfg) * kv_positions_held(cfg, context)["total"] * batch
 
 
-def kv_exceeds_weights_at_context(cfg: ModelConfig, batch: int = 1) -> int:
-    """Smallest context S at which the KV cache of `batch` sequences is larger than the weights."""
-    return weight_bytes(cfg) // (kv_bytes_per_token(cfg) * batch) + 1
+def _context_for_bytes(cfg: ModelConfig, budget: float, batch: int) -> int | None:
+    """Largest S whose cache for `batch` sequences is at most `budget` bytes (None: any S, when
+    every layer is sliding and the full windows fit)."""
+    per = kv_bytes_per_token_per_layer(cfg) * batch
+    rows = budget // per  # layer-positions affordable
+    L, sliding, W = cfg.num_layers, cfg.num_sliding_layers, cfg.sliding_window
+    if not sliding or rows < L * W:  # still inside the window: every layer holds every position
+        return int(rows // L)
+    if sliding == L:
+        return None
+    return int((rows - sliding * W) // (L - sliding))
+
+
+def kv_exceeds_weights_at_context(cfg: ModelConfig, batch: int = 1) -> int | None:
+    """Smallest context S at which the KV cache of `batch` sequences is larger than the weights
+    (None: never, a model whose every layer is sliding and whose windows stay smaller)."""
+    fits = _context_for_bytes(cfg, weight_bytes(cfg), batch)
+    return None if fits is None else fits + 1
 
 
 def max_batch_that_fits(cfg: ModelConfig, memory_bytes: float, context: int) -> int:
@@ -101,7 +133,10 @@ def max_batch_that_fits(cfg: ModelConfig, memory_bytes: float, context: int) -> 
     return max(0, int(free // kv_cache_bytes(cfg, context, 1)))
 
 
-def max_context_that_fits(cfg: ModelConfig, memory_bytes: float, batch: int) -> int:
-    """Longest S whose KV cache for `batch` sequences fits beside the weights."""
+def max_context_that_fits(cfg: ModelConfig, memory_bytes: float, batch: int) -> int | None:
+    """Longest S whose KV cache for `batch` sequences fits beside the weights (None: any S, when
+    every layer is sliding and `batch` full windows fit)."""
     free = memory_bytes - weight_bytes(cfg)
-    return max(0, int(free // (kv_bytes_per_token(cfg) * batch)))
+    if free < 0:
+        return 0
+    return _context_for_bytes(cfg, free, batch)

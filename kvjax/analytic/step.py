@@ -98,9 +98,9 @@ def rope_cost(M: int, heads: int, H: int, a: int) -> KernelCost:
     )
 
 
-def layer_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
+def layer_kernels(cfg: ModelConfig, wl: Workload, sliding: bool = False) -> dict[str, KernelCost]:
     """Every kernel of one decoder layer, in execution order (MLA's attention:
-    `kvjax.analytic.mla`)."""
+    `kvjax.analytic.mla`); `sliding`: a sliding-window layer of the config."""
     M, D, F = wl.tokens, cfg.d_model, cfg.d_ff
     w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
     if cfg.is_mla:
@@ -108,7 +108,7 @@ def layer_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
 
         attention = mla_attention_kernels(cfg, wl)
     else:
-        attention = gqa_attention_kernels(cfg, wl)
+        attention = gqa_attention_kernels(cfg, wl, cfg.sliding_window if sliding else 0)
     k = [
         _rmsnorm(kernels.NORM_ATTN, M, D, w, a),
         *attention,
@@ -136,14 +136,26 @@ def layer_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
     return {c.name: c for c in k}
 
 
-def gqa_attention_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
+def gqa_attention_kernels(cfg: ModelConfig, wl: Workload, window: int = 0) -> list[KernelCost]:
     """The attention kernels of an MHA/GQA/MQA layer, projections to o_proj, in execution order.
 
     Decode attends S positions: C = S - 1 read from the cache plus the new token's own k, v
     (kvjax's model attends the read-only cache and the new row separately, and appends the row
     afterwards). Each count below is derived from the model's dataflow; the trace checks it.
+
+    A sliding layer (`window` W > 0) holds min(S - 1, W) rows in decode: once it holds W it
+    rolls (token t in slot t mod W), reads all W slots and masks the one holding the token W
+    back: the scores and av of C = W rows, plus the mask's 2BW compares and a jnp.remainder
+    (7 ops per position and 3 on the divisor), which the write's slot t mod W costs again. In
+    prefill its mask is banded (5 more ops per T x S entry: a second tril, its negation, the
+    and) when W < T, and a prompt longer than the window fills the rolling buffer by a gather
+    (per slot: 10 ops of index arithmetic and two gathers' 6 bounds checks each; a select per
+    gathered element; 3 on the divisor).
     """
     B, T, S = wl.batch, wl.query_len, wl.context
+    rolling = bool(window) and (S - 1 if wl.phase == "decode" else S + 1) >= window
+    if wl.phase == "decode" and rolling:
+        S = window + 1  # the W slots read and the new token
     D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     M = B * T
     R = B * N  # attention rows (one per query head per sequence) per query position
@@ -160,9 +172,10 @@ def gqa_attention_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
     if decode:
         # Per layer two scatters (K and V) of B rows at (b, pos[b]); wrapping negative indices
         # costs 3 ops per index per scatter: 6B for pos, and 6B for b unless B = 1 (a constant).
+        remainder = 7 * B + 3 if rolling else 0  # the slot, t mod W
         kv_write = KernelCost(
             kernels.KV_WRITE,
-            flops=6 * B + (6 * B if B > 1 else 0) + (2 * B * K * H if widen_kv else 0),
+            flops=6 * B + (6 * B if B > 1 else 0) + (2 * B * K * H if widen_kv else 0) + remainder,
             bytes=2 * B * K * H * (a + kv),
             kv_bytes=2 * B * K * H * kv,
         )
@@ -181,6 +194,8 @@ def gqa_attention_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
             kv_bytes=cache_rows * kv,
         )
         softmax = decode_softmax(R, B, S, a)
+        if rolling:  # the slot about to be overwritten masked: != and & per slot, t mod W
+            softmax = softmax + KernelCost(kernels.SOFTMAX, 2 * B * window + remainder, 0.0)
         # out = P . V_cache + p_self * v_new (an outer product) and their sum.
         av = KernelCost(
             kernels.AV,
@@ -197,11 +212,13 @@ def gqa_attention_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
         )
     else:
         # Prefill writes the T new rows into the cache (one dynamic-update-slice each for K, V).
+        held = min(T, window) if window else T  # rows a sliding layer keeps
+        gather = B * window * (2 * K * H + 22) + 3 if rolling and T > window else 0
         kv_write = KernelCost(
             kernels.KV_WRITE,
-            flops=2 * M * K * H if widen_kv else 0,
-            bytes=2 * M * K * H * (a + kv),
-            kv_bytes=2 * M * K * H * kv,
+            flops=(2 * M * K * H if widen_kv else 0) + gather,
+            bytes=2 * M * K * H * a + 2 * B * held * K * H * kv,
+            kv_bytes=2 * B * held * K * H * kv,
         )
         E = R * T * S  # the full T x S score matrix of every head
         scores = KernelCost(
@@ -210,6 +227,8 @@ def gqa_attention_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
             bytes=M * N * H * a + B * S * K * H * a + E * SCORE_BYTES,
         )
         softmax = prefill_softmax(R, T, S, a)
+        if window and window < T:  # the band: i - j < W
+            softmax = softmax + KernelCost(kernels.SOFTMAX, 5 * T * S, 0.0)
         av = KernelCost(
             kernels.AV,
             flops=2 * E * H,
@@ -245,10 +264,14 @@ def head_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
 
 
 def step_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
-    """Every kernel of the step, layer kernels summed over the L layers."""
+    """Every kernel of the step, layer kernels summed over the L layers (global and sliding)."""
     out = {kernels.EMBED: embed_kernel(cfg, wl)}
+    sliding = cfg.num_sliding_layers
+    local = layer_kernels(cfg, wl, sliding=True) if sliding else {}
     for name, cost in layer_kernels(cfg, wl).items():
-        out[name] = cost.scaled(cfg.num_layers)
+        out[name] = cost.scaled(cfg.num_layers - sliding)
+        if sliding:
+            out[name] = out[name] + local[name].scaled(sliding)
     out.update(head_kernels(cfg, wl))
     return out
 

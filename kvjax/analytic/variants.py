@@ -33,56 +33,76 @@ def variant_kv_heads(cfg: ModelConfig) -> list[tuple[str, int]]:
 def mla_variant(cfg: ModelConfig) -> ModelConfig:
     """The model with MLA attention: itself if it is MLA, else DeepSeek-V2's recipe for its head
     width H (latent A = 4H, RoPE P = H/2 added to the H-wide keys, values H wide; DeepSeek-V2
-    paper, sec. 2.1: d_c = 4 d_h, d_h^R = d_h / 2), absorbed decode, no query low rank."""
+    paper, sec. 2.1: d_c = 4 d_h, d_h^R = d_h / 2), absorbed decode, no query low rank, every
+    layer global (kvjax has no MLA with sliding windows)."""
     if cfg.is_mla:
         return cfg
     H = cfg.head_dim
     rope = max(2, H // 4 * 2)  # H/2, kept even for RoPE's pairs
     return cfg.replace(
         num_kv_heads=cfg.num_heads, head_dim=H + rope, kv_lora_rank=4 * H, qk_rope_head_dim=rope,
-        v_head_dim=H, q_lora_rank=0, qkv_bias=False, mla_decode="absorbed",
+        v_head_dim=H, q_lora_rank=0, qkv_bias=False, mla_decode="absorbed", sliding_window=0,
+        layer_pattern="G",
     )  # fmt: skip
 
 
-def _row(label: str, k: int, per_token: int, variant: ModelConfig | None, points,
-         intensity: float) -> dict[str, Any]:  # fmt: skip
-    return {
-        "variant": label,
-        "num_kv_heads": k,
-        "kv_bytes_per_token": per_token,
-        "cache": [
-            {"context": s, "batch": b, "kv_cache_bytes": per_token * s * b} for s, b in points
-        ],
-        "params": None if variant is None else analytic.num_params(variant),
-        "weight_bytes": None if variant is None else analytic.weight_bytes(variant),
-        "attention_intensity": intensity,
-    }
+def variant_configs(cfg: ModelConfig) -> list[tuple[str, int, ModelConfig | None, int]]:
+    """(label, num_kv_heads, the variant's config, its cache bytes per token) for the seed's
+    MHA/GQA/MQA rows and the MLA row. For an MLA model the MHA/GQA/MQA rows are its attention with
+    K heads of keys (H) and values (W) cached, L*K*(H + W) elements a token (DeepSeek-V3 as MHA:
+    4.997 MB), with no config (kvjax has no model whose values are narrower than its keys)."""
+    out: list[tuple[str, int, ModelConfig | None, int]] = []
+    for label, k in variant_kv_heads(cfg):
+        if cfg.is_mla:
+            elements = cfg.num_layers * k * (cfg.head_dim + cfg.v_head_dim)
+            out.append((label, k, None, elements * cfg.kv_bytes_per_element))
+        else:
+            variant = cfg.replace(num_kv_heads=k)
+            out.append((label, k, variant, analytic.kv_bytes_per_token(variant)))
+    mla = mla_variant(cfg)
+    label = f"MLA A={mla.kv_lora_rank} P={mla.qk_rope_head_dim}"
+    out.append((label, mla.num_kv_heads, mla, analytic.kv_bytes_per_token(mla)))
+    return out
+
+
+def variant_cache_bytes(
+    variant: ModelConfig | None, per_token: int, context: int, batch: int
+) -> int:
+    """A row's cache at (S, B): its config's (sliding windows included), else per token x S x B."""
+    if variant is None:
+        return per_token * context * batch
+    return analytic.kv_cache_bytes(variant, context, batch)
 
 
 def variant_rows(
     cfg: ModelConfig, points: tuple[tuple[int, int], ...] = SEED_TABLE_POINTS
 ) -> list[dict[str, Any]]:
-    """The seed's MHA/GQA/MQA rows for any model and an MLA row (`mla_variant`): cache per token
-    and at `points` (context, batch), parameters, weights, decode attention intensity. For an MLA
-    model the MHA/GQA/MQA rows are its attention with K heads of keys (H) and values (W) cached,
-    L*K*(H + W) elements a token (DeepSeek-V3 as MHA: 4.997 MB); their weights are not sized
-    (kvjax has no model whose values are narrower than its keys)."""
+    """The seed's MHA/GQA/MQA rows for any model and an MLA row (`variant_configs`): cache per
+    token and at `points` (context, batch), parameters, weights, decode attention intensity."""
     rows = []
-    for label, k in variant_kv_heads(cfg):
-        if cfg.is_mla:
-            elements = cfg.num_layers * k * (cfg.head_dim + cfg.v_head_dim)
+    for label, k, variant, per_token in variant_configs(cfg):
+        if variant is None:  # an MLA model's attention as MHA/GQA/MQA
             intensity = 2 * cfg.num_heads / (k * cfg.kv_bytes_per_element)
-            rows.append(
-                _row(label, k, elements * cfg.kv_bytes_per_element, None, points, intensity)
-            )
         else:
-            variant = cfg.replace(num_kv_heads=k)
-            rows.append(_row(label, k, analytic.kv_bytes_per_token(variant), variant, points,
-                             analytic.attention_intensity(variant)))  # fmt: skip
-    mla = mla_variant(cfg)
-    label = f"MLA A={mla.kv_lora_rank} P={mla.qk_rope_head_dim}"
-    rows.append(_row(label, mla.num_kv_heads, analytic.kv_bytes_per_token(mla), mla, points,
-                     analytic.attention_intensity(mla)))  # fmt: skip
+            intensity = analytic.attention_intensity(variant)
+        rows.append(
+            {
+                "variant": label,
+                "num_kv_heads": k,
+                "kv_bytes_per_token": per_token,
+                "cache": [
+                    {
+                        "context": s,
+                        "batch": b,
+                        "kv_cache_bytes": variant_cache_bytes(variant, per_token, s, b),
+                    }
+                    for s, b in points
+                ],  # fmt: skip
+                "params": None if variant is None else analytic.num_params(variant),
+                "weight_bytes": None if variant is None else analytic.weight_bytes(variant),
+                "attention_intensity": intensity,
+            }
+        )
     mha = rows[0]["kv_bytes_per_token"]
     for row in rows:
         row["cache_reduction_vs_mha"] = mha / row["kv_bytes_per_token"]

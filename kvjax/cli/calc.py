@@ -116,6 +116,7 @@ def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any
         "kv_bytes_per_token_per_layer": analytic.kv_bytes_per_token_per_layer(cfg),
         "kv_bytes_per_token": analytic.kv_bytes_per_token(cfg),
         "kv_cache_bytes": kv_cache,
+        "kv_positions_held": analytic.kv_positions_held(cfg, wl.context),
         "decode_flops": decode.flops,
         "decode_bytes": decode.bytes,
         "decode_intensity": decode.intensity,

@@ -9,7 +9,7 @@ from typing import Any
 
 from kvjax import analytic, kernels
 from kvjax.analytic import Workload, parallel, roofline
-from kvjax.cli import render
+from kvjax.cli import render, render_parallel
 from kvjax.cli.args import (
     add_chip_args,
     add_model_args,
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         from kvjax.devices import request_host_devices
 
         request_host_devices(args.tp * args.dp)
-        return emit(args, sharded_trace_report(args), render.print_sharded_trace)
+        return emit(args, sharded_trace_report(args), render_parallel.print_sharded_trace)
     args.stage = args.stage or "lowered"
     return emit(args, trace_report(args), render.print_trace)
 

@@ -68,14 +68,14 @@ class Attention(nnx.Module):
         """What a position leaves in the cache: (k [B, T, K, H], v [B, T, K, H])."""
         return proj[1], proj[2]
 
-    def causal(self, proj) -> jax.Array:
-        return attend_causal(*proj)
+    def causal(self, proj, window: int = 0) -> jax.Array:
+        return attend_causal(*proj, window=window)
 
-    def over_cache(self, proj, cache_arrays, pos_B: jax.Array) -> jax.Array:
+    def over_cache(self, proj, cache_arrays, pos_B: jax.Array, window: int = 0) -> jax.Array:
         q_BTKGH, k_BTKH, v_BTKH = proj
         k_cache_BKHS, v_cache_BKSH = cache_arrays
         o_BKGH = attend_cache(
-            q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], k_cache_BKHS, v_cache_BKSH, pos_B
+            q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], k_cache_BKHS, v_cache_BKSH, pos_B, window
         )
         return o_BKGH[:, None]
 
@@ -87,8 +87,20 @@ class Attention(nnx.Module):
             return linear(o_BTE, read(self.o_proj, cfg))
 
 
-def attend_causal(q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array) -> jax.Array:
-    """Full causal attention of T queries over the same T positions (forward and prefill)."""
+def causal_mask(T: int, window: int = 0) -> jax.Array:
+    """[T, T]: query i sees key j <= i, and with a sliding window only i - j < window (the
+    window counts the query's own position, as Hugging Face's sliding_window)."""
+    mask_TS = jnp.tril(jnp.ones((T, T), jnp.bool_))
+    if window and window < T:
+        mask_TS = mask_TS & ~jnp.tril(jnp.ones((T, T), jnp.bool_), -window)
+    return mask_TS
+
+
+def attend_causal(
+    q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, window: int = 0
+) -> jax.Array:
+    """Causal attention of T queries over the same T positions (forward and prefill), banded to
+    the last `window` positions for a sliding layer."""
     T, H = q_BTKGH.shape[1], q_BTKGH.shape[-1]
     dtype = q_BTKGH.dtype
     q_BKGTH = jnp.transpose(q_BTKGH, (0, 2, 3, 1, 4))  # outside the kernels: a layout change
@@ -97,8 +109,7 @@ def attend_causal(q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array) -> j
             "BKGTH,BSKH->BKGTS", q_BKGTH, k_BSKH, preferred_element_type=jnp.float32
         )
     with jax.named_scope(kernels.SOFTMAX):
-        causal_TS = jnp.tril(jnp.ones((T, T), jnp.bool_))
-        s_BKGTS = jnp.where(causal_TS, s_BKGTS * (1.0 / math.sqrt(H)), NEG_INF)
+        s_BKGTS = jnp.where(causal_mask(T, window), s_BKGTS * (1.0 / math.sqrt(H)), NEG_INF)
         p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(dtype)
     with jax.named_scope(kernels.AV):
         o_BKGTH = jnp.einsum("BKGTS,BSKH->BKGTH", p_BKGTS, v_BSKH.astype(dtype))
@@ -116,12 +127,14 @@ def decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS):
     return s_BKGS, s_self_BKG
 
 
-def decode_softmax(s_BKGS, s_self_BKG, pos_B, head_dim: int, dtype):
+def decode_softmax(s_BKGS, s_self_BKG, pos_B, head_dim: int, dtype, window: int = 0):
     """Softmax over the valid cached positions [0, pos) and the new token, written out so the
     new score joins the cached ones without a concat. Scaled by 1/sqrt(head_dim)."""
     B, S = s_BKGS.shape[0], s_BKGS.shape[-1]
     scale = 1.0 / math.sqrt(head_dim)
     valid_BS = jnp.arange(S)[None, :] < pos_B[:, None]
+    if window:  # a rolling buffer: the slot about to be overwritten holds a token out of window
+        valid_BS = valid_BS & (jnp.arange(S)[None, :] != jnp.remainder(pos_B, window)[:, None])
     # any head axes between B and S (K, G here; N for MLA)
     valid = valid_BS.reshape((B,) + (1,) * (s_BKGS.ndim - 2) + (S,))
     s_BKGS = jnp.where(valid, s_BKGS * scale, NEG_INF)
@@ -146,6 +159,7 @@ def attend_cache(
     k_cache_BKHS: jax.Array,
     v_cache_BKSH: jax.Array,
     pos_B: jax.Array,
+    window: int = 0,
 ) -> jax.Array:
     """One new query per sequence over its cached positions [0, pos) and its own new k, v.
 
@@ -157,7 +171,7 @@ def attend_cache(
         s_BKGS, s_self_BKG = decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS)
     with jax.named_scope(kernels.SOFTMAX):
         p_BKGS, p_self_BKG = decode_softmax(
-            s_BKGS, s_self_BKG, pos_B, q_BKGH.shape[-1], q_BKGH.dtype
+            s_BKGS, s_self_BKG, pos_B, q_BKGH.shape[-1], q_BKGH.dtype, window
         )
     with jax.named_scope(kernels.AV):
         return decode_av(p_BKGS, p_self_BKG, v_new_BKH, v_cache_BKSH)

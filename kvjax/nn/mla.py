@@ -104,7 +104,7 @@ class LatentAttention(nnx.Module):
         """What a position leaves in the cache: (latent [B, T, A], RoPE key [B, T, P])."""
         return proj.c_BTA, proj.k_rope_BTP
 
-    def causal(self, proj: LatentProjection) -> jax.Array:
+    def causal(self, proj: LatentProjection, window: int = 0) -> jax.Array:
         """Full causal attention of T queries over the same T positions, keys and values expanded
         (prefill and the uncached forward): o [B, T, N, W]."""
         cfg = self.cfg
@@ -126,7 +126,9 @@ class LatentAttention(nnx.Module):
             o_BNTW = jnp.einsum("BNTS,BSNW->BNTW", p_BNTS, v_BSNW)
         return jnp.transpose(o_BNTW, (0, 2, 1, 3))  # to BTNW, outside the kernels
 
-    def over_cache(self, proj: LatentProjection, cache_arrays, pos_B: jax.Array) -> jax.Array:
+    def over_cache(
+        self, proj: LatentProjection, cache_arrays, pos_B: jax.Array, window: int = 0
+    ) -> jax.Array:
         """One new query per sequence over its cached positions [0, pos) and itself: o [B, 1, N,
         W], in the config's decode form. The cache is only read (as `attend_cache`)."""
         c_cache_BSA, kr_cache_BSP = cache_arrays
@@ -309,7 +311,12 @@ class LatentCache:
     def layer(self, i: int) -> tuple[jax.Array, jax.Array]:
         return self.latent[i], self.k_rope[i]
 
-    def write_prefix(self, layer: int, c_BTA: jax.Array, k_rope_BTP: jax.Array) -> LatentCache:
+    def layer_window(self, i: int) -> int:
+        return 0  # MLA with sliding windows is refused by the config
+
+    def write_prefix(
+        self, layer: int, c_BTA: jax.Array, k_rope_BTP: jax.Array, lengths_B=None
+    ) -> LatentCache:
         """Prefill: rows 0..T-1 of one layer (positions are set by `with_positions`)."""
         with jax.named_scope(f"{kernels.layer_scope(layer)}/{kernels.KV_WRITE}"):
             c = jax.lax.dynamic_update_slice(

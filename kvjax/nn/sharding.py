@@ -22,6 +22,7 @@ the MLP (`gate_up_blocks`), which splits its output per block; the product is un
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -185,13 +186,15 @@ def init_cache(model, batch_size: int, max_len: int, mesh: Mesh):
 def cache_shardings(cache, mesh: Mesh):
     if hasattr(cache, "latent"):  # MLA: latents and RoPE keys split over sequences only
         rows = NamedSharding(mesh, P(DATA))
-        return type(cache)(
+        return dataclasses.replace(
+            cache,
             latent=tuple(rows for _ in cache.latent),
             k_rope=tuple(rows for _ in cache.k_rope),
             pos=NamedSharding(mesh, P(DATA)),
         )
     kv = NamedSharding(mesh, cache_spec())
-    return type(cache)(
+    return dataclasses.replace(  # keeps the cache's static fields (its windows)
+        cache,
         k=tuple(kv for _ in cache.k),
         v=tuple(kv for _ in cache.v),
         pos=NamedSharding(mesh, P(DATA)),

@@ -153,11 +153,14 @@ class Transformer(nnx.Module):
         x_BTD = self._embed(tokens_BT)
         kvs = []
 
-        def attend(attn, proj):
-            kvs.append(attn.cache_rows(proj))
-            return attn.causal(proj)
-
+        cfg = self.cfg
         for i, layer in enumerate(self.layers):
+
+            def attend(attn, proj, i=i):
+                kvs.append(attn.cache_rows(proj))
+                window = cfg.sliding_window if cfg.layer_is_sliding(i) else 0
+                return attn.causal(proj, window)
+
             with jax.named_scope(kernels.layer_scope(i)):
                 x_BTD = layer(x_BTD, positions_BT, attend)
         return self._head(x_BTD), kvs
@@ -168,9 +171,13 @@ class Transformer(nnx.Module):
         cfg = self.cfg
         if cfg.is_mla:
             return LatentCache.zeros(cfg, batch_size, max_len, kv_dtype(cfg))
-        return KVCache.zeros(
-            cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim, kv_dtype(cfg)
+        windows = tuple(
+            cfg.sliding_window if cfg.layer_is_sliding(i) else 0 for i in range(cfg.num_layers)
         )
+        return KVCache.zeros(
+            cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim, kv_dtype(cfg),
+            windows,
+        )  # fmt: skip
 
     def prefill(self, tokens_BT: jax.Array, cache: KVCache, lengths_B: jax.Array | None = None):
         """Run the prompt into an empty cache: (logits [B, T, V], cache).
@@ -200,7 +207,7 @@ class Transformer(nnx.Module):
                 raise KvjaxError(f"lengths_B must lie in 1 .. T={T}, got {lens.tolist()}")
         logits_BTV, kvs = self._forward(tokens_BT)
         for i, rows in enumerate(kvs):
-            cache = cache.write_prefix(i, *rows)
+            cache = cache.write_prefix(i, *rows, lengths_B=lengths_B)
         return logits_BTV, cache.with_positions(lengths_B)
 
     def decode_logits(self, tokens_B: jax.Array, cache: KVCache):
@@ -233,7 +240,7 @@ class Transformer(nnx.Module):
                 row_a, row_b = attn.cache_rows(proj)
                 new_k.append(row_a[:, 0])
                 new_v.append(row_b[:, 0])
-                return attn.over_cache(proj, cache.layer(i), cache.pos)
+                return attn.over_cache(proj, cache.layer(i), cache.pos, cache.layer_window(i))
 
             with jax.named_scope(kernels.layer_scope(i)):
                 x_BTD = layer(x_BTD, positions_BT, attend)

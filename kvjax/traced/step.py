@@ -164,7 +164,12 @@ def trace_step(
     if stage == "compiled" and layers == "one":
         raise KvjaxError("stage='compiled' traces every layer; use layers='all'")
     t0 = time.perf_counter()
-    traced_cfg = cfg.replace(num_layers=1) if layers == "one" else cfg
+    # "one": one layer of each kind (global, sliding) the model has, each standing for its kind
+    kinds = sorted({cfg.layer_is_sliding(i) for i in range(cfg.num_layers)})
+    traced_cfg = cfg
+    if layers == "one":
+        pattern = "".join("L" if k else "G" for k in kinds)
+        traced_cfg = cfg.replace(num_layers=len(kinds), layer_pattern=pattern)
     fn, args = step_fn(traced_cfg, phase, batch, context)
     lowered = lower_for_cost(fn, args)
     backend = jax.default_backend()
@@ -183,9 +188,11 @@ def trace_step(
             lowered.as_text(dialect="hlo", debug_info=True), _kernel_names(cfg, wl)
         )
         traced = []
-        scale = cfg.num_layers if layers == "one" else 1
         for (layer, name), c in per_kernel.items():
-            layer_ids = range(cfg.num_layers) if (layer is not None and scale > 1) else [layer]
+            layer_ids = [layer]
+            if layer is not None and layers == "one":  # every layer of the traced layer's kind
+                kind = kinds[layer]
+                layer_ids = [i for i in range(cfg.num_layers) if cfg.layer_is_sliding(i) == kind]
             for lid in layer_ids:
                 traced.append(
                     KernelTrace(lid, name, c.flops, c.bytes, c.transcendentals, "lowered", backend)

@@ -1,0 +1,121 @@
+"""Rendering of the tensor-parallel reports (`kvjax calc --tp`, `kvjax trace --tp`) as rich
+tables. No numbers are computed here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvjax.cli.render import _ratio, attention_label, console
+from kvjax.units import fmt_bytes, fmt_count, fmt_rate, fmt_seconds
+
+
+def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    wl = report["workload"]
+    t = Table(
+        title=f"tensor parallel: per device, {wl['phase']} B={wl['batch']:,} S={wl['context']:,} "
+        "(sizes GiB binary; collectives per step, ring; link = bytes / link bandwidth"
+        + (
+            f" + messages x {fmt_seconds(points[0]['link_latency_s'])})"
+            if points and points[0]["link_latency_s"]
+            else ", bandwidth only)"
+        )
+    )
+    for col in (
+        "tp",
+        "KV heads/dev",
+        "KV copies",
+        "weights/dev",
+        "KV cache/dev",
+        "fits",
+        "collectives/dev",
+        "HBM floor",
+        "link",
+        "step floor",
+    ):
+        t.add_column(col, justify="right")
+    for p in points:
+        t.add_row(
+            str(p["tp"]),
+            str(p["kv_heads_per_device"]),
+            f"{p['kv_replication']:g}x",
+            fmt_bytes(p["weight_bytes_per_device"]),
+            fmt_bytes(p["kv_cache_bytes_per_device"]),
+            "-" if p["fits_in_memory"] is None else ("yes" if p["fits_in_memory"] else "no"),
+            fmt_rate(p["collective_bytes_per_step"], "B"),
+            fmt_seconds(p["compute_memory_floor_s"]),
+            "-" if p["link_s"] is None else fmt_seconds(p["link_s"]) if p["link_s"] else "0",
+            "-" if p["step_floor_s"] is None else fmt_seconds(p["step_floor_s"]),
+        )
+    console().print(t)
+
+
+def print_sharded_trace(report: dict[str, Any]) -> None:
+    """`kvjax trace --tp N`: one device's compiled step and its collectives vs the closed form."""
+    from rich.table import Table
+
+    con = console()
+    m, wl, c = report["cfg"], report["workload"], report["closed_form"]
+    con.print(
+        f"[bold]{m['name']}[/bold] {attention_label(m)} | {wl['phase']} | "
+        f"B={wl['batch']:,} | S={wl['context']:,} | tp={report['tp']} dp={report['dp']} | XLA "
+        f"compiled stage on {report['backend']}, per device (layers compiled: "
+        f"{'/'.join(map(str, report['layers_traced']))}) | {report['trace_seconds']:.1f} s"
+    )
+    t = Table(title="one device's step: closed form vs compiled module")
+    for col in ("", "closed form", "traced", "ratio"):
+        t.add_column(col, justify="left" if not col else "right")
+    t.add_row(
+        "FLOPs",
+        fmt_count(report["closed_flops_per_device"]),
+        fmt_count(report["flops_per_device"]),
+        _ratio(report["flops_ratio"]),
+    )
+    t.add_row(
+        "bytes",
+        fmt_rate(report["closed_bytes_per_device"], "B"),
+        fmt_rate(report["bytes_per_device"], "B"),
+        _ratio(report["bytes_ratio"]),
+    )
+    t.add_row(
+        "collective bytes sent",
+        fmt_rate(report["closed_collective_bytes"], "B"),
+        fmt_rate(report["collective_bytes"], "B"),
+        _ratio(report["collective_ratio"]),
+    )
+    con.print(t)
+    k = Table(title="collectives in the compiled HLO (bytes one device sends, ring algorithms)")
+    for col in ("kind", "closed count", "traced count", "traced bytes"):
+        k.add_column(col, justify="left" if col == "kind" else "right")
+    kinds = list(report["closed_collective_counts"]) + [
+        x for x in report["collectives"] if x not in report["closed_collective_counts"]
+    ]
+    for kind in kinds:
+        row = report["collectives"].get(kind, {"count": 0, "bytes_per_device": 0})
+        k.add_row(
+            kind,
+            str(report["closed_collective_counts"].get(kind, 0)),
+            f"{row['count']:g}",
+            fmt_rate(row["bytes_per_device"], "B"),
+        )
+    if kinds:
+        con.print(k)
+    chip = report["chip"]
+    link = report["traced_link_s"]
+    traced = (
+        f"traced floor {fmt_seconds(report['traced_floor_s'])} + link "
+        f"{'-' if link is None else fmt_seconds(link)}"
+        if report["comparable"]
+        else "no traced floor (see the note)"
+    )
+    con.print(
+        f"  on {chip['name']}: closed form KV cache/device "
+        f"{fmt_bytes(c['kv_cache_bytes_per_device'])} ({c['kv_heads_per_device']} KV heads, "
+        f"{c['kv_replication']:g}x copies), weights/device "
+        f"{fmt_bytes(c['weight_bytes_per_device'])}"
+        f"; floor {fmt_seconds(c['compute_memory_floor_s'])} + link "
+        f"{'-' if c['link_s'] is None else fmt_seconds(c['link_s'])}; {traced}"
+    )
+    for note in report["notes"]:
+        con.print(f"  note: {note}")
