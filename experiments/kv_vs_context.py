@@ -2,7 +2,7 @@
 --variants`' rows), beside the weights (the crossover)."""
 
 from kvjax import analytic
-from kvjax.analytic.variants import variant_rows
+from kvjax.analytic.variants import variant_cache_bytes, variant_configs
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
 
@@ -13,21 +13,25 @@ def run_point(point) -> list[dict]:
     cfg, wl, _ = resolve(point)
     contexts = point.options.get("contexts", [2**e for e in range(10, 21)])
     records = []
-    for row in variant_rows(cfg, points=()):
-        per_token = row["kv_bytes_per_token"] * wl.batch
+    for label, k, variant, per_token in variant_configs(cfg):
         # an MLA model's MHA/GQA/MQA rows have no weights of their own: its own stand in
-        weights = row["weight_bytes"] or analytic.weight_bytes(cfg)
+        weights = analytic.weight_bytes(variant or cfg)
+        exceeds = (
+            analytic.kv_exceeds_weights_at_context(variant, wl.batch)
+            if variant is not None
+            else weights // (per_token * wl.batch) + 1
+        )
         for s in contexts:
             records.append(
                 {
                     "model": cfg.name,
-                    "variant": row["variant"],
-                    "num_kv_heads": row["num_kv_heads"],
+                    "variant": label,
+                    "num_kv_heads": k,
                     "batch": wl.batch,
                     "context": int(s),
-                    "kv_cache_bytes": per_token * int(s),
+                    "kv_cache_bytes": variant_cache_bytes(variant, per_token, int(s), wl.batch),
                     "weight_bytes": weights,
-                    "kv_exceeds_weights_at_context": weights // per_token + 1,
+                    "kv_exceeds_weights_at_context": exceeds,
                     "source": "closed form",
                 }
             )
