@@ -30,8 +30,8 @@ from kvjax.runs.records import write_json_atomic
 
 
 def small(window: int):
-    base = get_model_config(
-        "llama-2-7b", name="small-f32-window", num_layers=2, d_model=1024, num_heads=8,
+    base = get_model_config("llama-2-7b").replace(
+        name="small-f32-window", num_layers=2, d_model=1024, num_heads=8,
         num_kv_heads=2, d_ff=2816, weight_dtype="f32", kv_dtype="f32",
     )  # fmt: skip
     return base.replace(sliding_window=window, layer_pattern="L"), base
