@@ -188,3 +188,21 @@ def test_decode_workload_of_a_window_attends_it():
     cfg = get_model_config("mistral-7b")
     ks = analytic.layer_kernels(cfg, Workload("decode", 1, 32768), sliding=True)
     assert ks[kernels.SCORES].kv_bytes == 4096 * 8 * 128 * 2  # the 4096 slots of K
+
+
+def test_calc_reports_the_window_split_and_takes_window_flags(capsys):
+    from kvjax.cli import main
+
+    def calc(*flags):
+        assert main(["calc", "--json", "--model", "mistral-7b", "--context", "32k", *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    out = calc()
+    assert out["kv_cache_bytes"] == GiB // 2 and out["kv_exceeds_weights_at_context"] is None
+    assert out["kv_positions_held"] == {
+        "global_layers": 0, "sliding_layers": 32, "global_positions": 32768,
+        "sliding_positions": 4096, "total": 32 * 4096,
+    }  # fmt: skip
+    assert calc("--sliding-window", "0", "--layer-pattern", "G")["kv_cache_bytes"] == 4 * GiB
+    assert main(["calc", "--model", "mistral-7b", "--sliding-window", "0"]) == 2
+    assert "has sliding (L) layers but sliding_window=0" in capsys.readouterr().err

@@ -137,6 +137,10 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
         g.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=int,
                        help=f"override {field} (MLA; 0 = off)")  # fmt: skip
     g.add_argument("--mla-decode", choices=MLA_FORMS, help="MLA decode form (default absorbed)")
+    g.add_argument("--sliding-window", type=int, help="override sliding_window (0 = none)")
+    g.add_argument(
+        "--layer-pattern", help="override layer_pattern: G global / L sliding, tiled (L, LG, ...)"
+    )
     g.add_argument("--weight-dtype", type=dtype_name, help="override the weight dtype")
     g.add_argument("--kv-dtype", type=dtype_name, help="override the KV-cache dtype")
 
@@ -187,6 +191,9 @@ def resolve_model(args: argparse.Namespace) -> ModelConfig:
     )
     if getattr(args, "mla_decode", None):
         changes["mla_decode"] = args.mla_decode
+    for flag in ("sliding_window", "layer_pattern"):
+        if getattr(args, flag, None) is not None:
+            changes[flag] = getattr(args, flag)
     if isinstance(changes.get("num_kv_heads"), list):  # a sweep: the first value is the base
         changes["num_kv_heads"] = changes["num_kv_heads"][0]
     if getattr(args, "weight_dtype", None):
