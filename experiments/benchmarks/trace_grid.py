@@ -20,24 +20,28 @@ import pandas as pd
 from rich.progress import track
 
 from kvjax import analytic, get_model_config, kernels
+from kvjax.analytic.variants import mla_variant
 from kvjax.config import PRESETS
 from kvjax.traced.step import compare, trace_step
 
-MATMULS = {
-    kernels.Q_PROJ, kernels.K_PROJ, kernels.V_PROJ, kernels.SCORES, kernels.AV, kernels.O_PROJ,
-    kernels.GATE_UP, kernels.UP, kernels.DOWN, kernels.LM_HEAD,
-}  # fmt: skip
+MATMULS = {name for name, k in kernels.REGISTRY.items() if k.kind == kernels.MATMUL}
 
 
-def grid(presets=None, batches=(1, 8), contexts=(512, 4096)):
+def grid(presets=None, batches=(1, 8), contexts=(512, 4096, 8192)):
+    """Every preset over num_kv_heads, and its MLA variant (calc --variants' row) in both decode
+    forms; mistral-7b's window (4096) rolls at S=8192."""
     for name in presets or [p for p in PRESETS if not p.startswith("tiny")]:
         cfg = get_model_config(name)
         kvs = sorted({k for k in (1, 2, 4, 8, cfg.num_heads) if cfg.num_heads % k == 0})
-        for k in kvs:
+        mla = mla_variant(cfg)
+        cfgs = [cfg.replace(num_kv_heads=k) for k in kvs]
+        cfgs += [mla.replace(name=f"{cfg.name}-mla"), mla.replace(name=f"{cfg.name}-mla-naive",
+                                                                  mla_decode="naive")]  # fmt: skip
+        for variant in cfgs:
             for phase in ("prefill", "decode"):
                 for batch in batches:
                     for context in contexts:
-                        yield cfg.replace(num_kv_heads=k), phase, batch, context
+                        yield variant, phase, batch, context
 
 
 def trace_point(cfg, phase, batch, context) -> dict:
