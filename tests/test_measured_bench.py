@@ -132,7 +132,7 @@ def test_gpu_check_quick_runs_on_cpu(tmp_path, cache_home):
 
     out = tmp_path / "out"
     gpu_check([str(out), "--quick"])
-    for name in ("environment", "ceilings", "attention_sweep", "done"):
+    for name in ("environment", "ceilings", "attention_sweep", "mla_attention_sweep", "done"):
         assert (out / f"{name}.json").exists()
     sweep = json.loads((out / "attention_sweep.json").read_text())
     assert [p["num_kv_heads"] for p in sweep["points"]] == [1, 8, 32]
