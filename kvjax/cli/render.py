@@ -265,7 +265,8 @@ def print_bench(report: dict[str, Any]) -> None:
     con = console()
     c, wl = report["ceilings"], report["workload"]
     con.print(
-        f"[bold]{report['model']['name']}[/bold] | {wl['phase']} | B={wl['batch']:,} | "
+        f"[bold]{report['model']['name']}[/bold] {attention_label(report['model'])} | "
+        f"{wl['phase']} | B={wl['batch']:,} | "
         f"S={wl['context']:,} | {report['device']}: {fmt_rate(c['peak_flops_per_s'], 'FLOP/s')}, "
         f"{fmt_rate(c['bandwidth_bytes_per_s'], 'B/s')} measured {c['date']}"
     )
