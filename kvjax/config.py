@@ -20,6 +20,9 @@ _DTYPE_ALIASES = {
     "half": "f16", "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8",
 }  # fmt: skip
 ACTIVATIONS = ("silu", "gelu")
+# Scales of a 1-byte KV cache: one f32 per tensor (per layer, K and V), or per token per KV head.
+KV_SCALES = ("auto", "none", "tensor", "token_head")
+SCALE_BYTES = 4  # scales are f32
 MLA_FORMS = ("absorbed", "naive")
 
 
@@ -80,6 +83,7 @@ class ModelConfig:
     mla_decode: str = "absorbed"
     sliding_window: int = 0  # positions a sliding ("L", local) layer attends, itself included
     layer_pattern: str = "G"  # per layer G (global: full) or L (local: sliding), tiled over L
+    kv_scales: str = "auto"  # a 1-byte cache's scales: `kv_scale_kind` resolves "auto"
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -111,6 +115,29 @@ class ModelConfig:
                 raise KvjaxError(f"{field}={value!r} must be a positive number")
         self._check_mla()
         self._check_window()
+        self._check_scales()
+
+    def _check_scales(self) -> None:
+        if self.kv_scales not in KV_SCALES:
+            raise KvjaxError(
+                f"kv_scales={self.kv_scales!r} is not supported; allowed: {', '.join(KV_SCALES)}"
+            )
+        kind = self.kv_scale_kind
+        if kind != "none" and self.kv_bytes_per_element != 1:
+            raise KvjaxError(
+                f"kv_scales={self.kv_scales!r} applies to a 1-byte cache (kv_dtype int8 or fp8); "
+                f"kv_dtype={self.kv_dtype!r} is stored as it is (kv_scales='none')"
+            )
+        if self.kv_dtype == "int8" and kind != "token_head":
+            raise KvjaxError(
+                f"kv_dtype='int8' needs per-token scales (kv_scales='token_head', the default); "
+                f"kv_scales={self.kv_scales!r} would need a calibrated scale kvjax does not model"
+            )
+        if self.is_mla and kind != "none":
+            raise KvjaxError(
+                f"kv_scales={self.kv_scales!r}: scales for MLA's latent cache are not implemented; "
+                f"use kv_scales='none' (an fp8 latent cast as it is)"
+            )
 
     def _check_window(self) -> None:
         w, pattern = self.sliding_window, self.layer_pattern
@@ -174,6 +201,17 @@ class ModelConfig:
     def group_size(self) -> int:
         """G = N / K query heads per kv head."""
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def kv_scale_kind(self) -> str:
+        """ "none", "tensor" or "token_head": "auto" is per token per KV head for int8 (an f32
+        absmax / 127 for each K and V row of H), per tensor for fp8 (vLLM's uncalibrated
+        k_scale = v_scale = 1.0), none for wider caches and MLA's latent."""
+        if self.kv_scales != "auto":
+            return self.kv_scales
+        if self.kv_dtype == "int8":
+            return "token_head"
+        return "tensor" if self.kv_dtype == "fp8" and not self.is_mla else "none"
 
     def layer_is_sliding(self, layer: int) -> bool:
         """Layer `layer` attends a sliding window (its pattern letter is L)."""

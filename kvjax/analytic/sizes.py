@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from kvjax import kernels
+from kvjax.analytic.quant import scale_bytes_per_token_per_layer, tensor_scale_bytes
 from kvjax.config import ModelConfig
 
 
@@ -79,7 +80,10 @@ def kv_elements_per_token_per_layer(cfg: ModelConfig) -> int:
 
 
 def kv_bytes_per_token_per_layer(cfg: ModelConfig) -> int:
-    return kv_elements_per_token_per_layer(cfg) * cfg.kv_bytes_per_element
+    """The cached elements' bytes, and a 1-byte cache's per-token scales (`analytic.quant`)."""
+    return kv_elements_per_token_per_layer(cfg) * cfg.kv_bytes_per_element + (
+        scale_bytes_per_token_per_layer(cfg)
+    )
 
 
 def kv_bytes_per_token(cfg: ModelConfig) -> int:
@@ -103,8 +107,10 @@ def kv_positions_held(cfg: ModelConfig, context: int) -> dict[str, int]:
 
 
 def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1) -> int:
-    """Sum over layers of the positions each holds (`kv_positions_held`) x bytes per position."""
-    return kv_bytes_per_token_per_layer(cfg) * kv_positions_held(cfg, context)["total"] * batch
+    """Sum over layers of the positions each holds (`kv_positions_held`) x bytes per position, and
+    per-tensor scales (a K and a V scale per layer) where the cache has them."""
+    per_position = kv_bytes_per_token_per_layer(cfg)
+    return per_position * kv_positions_held(cfg, context)["total"] * batch + tensor_scale_bytes(cfg)
 
 
 def _context_for_bytes(cfg: ModelConfig, budget: float, batch: int) -> int | None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from kvjax import kernels
 from kvjax.analytic.costs import INDEX_BYTES, SCORE_BYTES, KernelCost, StepCost, Workload
-from kvjax.config import DTYPE_BYTES, ModelConfig
+from kvjax.analytic.quant import dequantize_cost, quantize_flops
+from kvjax.config import DTYPE_BYTES, SCALE_BYTES, ModelConfig
 from kvjax.errors import KvjaxError
 
 
@@ -161,6 +162,8 @@ def gqa_attention_kernels(cfg: ModelConfig, wl: Workload, window: int = 0) -> li
     R = B * N  # attention rows (one per query head per sequence) per query position
     w, a, kv = cfg.weight_bytes_per_element, _act_bytes(cfg), cfg.kv_bytes_per_element
     widen_kv = kv != a  # cache entries converted to the compute dtype before the products
+    scales = cfg.kv_scale_kind  # a 1-byte cache's: quantized on write, dequantized on read
+    scale_row = SCALE_BYTES if scales == "token_head" else 0  # a K or V row's scale
     decode = wl.phase == "decode"
     C = S - 1 if decode else S  # key rows read by the product over the cache / prompt
     k = [
@@ -173,15 +176,19 @@ def gqa_attention_kernels(cfg: ModelConfig, wl: Workload, window: int = 0) -> li
         # Per layer two scatters (K and V) of B rows at (b, pos[b]); wrapping negative indices
         # costs 3 ops per index per scatter: 6B for pos, and 6B for b unless B = 1 (a constant).
         remainder = 7 * B + 3 if rolling else 0  # the slot, t mod W
+        # token_head scales: two more scatters, their indices wrapped alike
+        scale_index = (6 * B + (6 * B if B > 1 else 0)) if scales == "token_head" else 0
         kv_write = KernelCost(
             kernels.KV_WRITE,
-            flops=6 * B + (6 * B if B > 1 else 0) + (2 * B * K * H if widen_kv else 0) + remainder,
-            bytes=2 * B * K * H * (a + kv),
-            kv_bytes=2 * B * K * H * kv,
-        )
+            flops=6 * B + (6 * B if B > 1 else 0) + (2 * B * K * H if widen_kv else 0) + remainder
+            + quantize_flops(cfg, B * K * H, B * K, a) + scale_index,
+            bytes=2 * B * K * H * (a + kv) + 2 * B * K * scale_row,
+            kv_bytes=2 * B * K * H * kv + 2 * B * K * scale_row,
+        )  # fmt: skip
         cache_rows = B * K * C * H  # elements of K (or V) read from the cache
-        convert = cache_rows if widen_kv else 0
-        convert_bytes = cache_rows * (kv + a) if widen_kv else 0
+        dq_flops, dq_bytes = dequantize_cost(cfg, cache_rows, B * K * C, a)
+        convert = (cache_rows if widen_kv else 0) + dq_flops
+        convert_bytes = (cache_rows * (kv + a) if widen_kv else 0) + dq_bytes
         # scores: q . K_cache (f32 out) and q . k_new, the new token's own score.
         scores = KernelCost(
             kernels.SCORES,
@@ -191,7 +198,7 @@ def gqa_attention_kernels(cfg: ModelConfig, wl: Workload, window: int = 0) -> li
             + convert_bytes
             + B * K * H * a
             + R * S * SCORE_BYTES,
-            kv_bytes=cache_rows * kv,
+            kv_bytes=cache_rows * kv + B * K * C * scale_row,
         )
         softmax = decode_softmax(R, B, S, a)
         if rolling:  # the slot about to be overwritten masked: != and & per slot, t mod W
@@ -208,18 +215,23 @@ def gqa_attention_kernels(cfg: ModelConfig, wl: Workload, window: int = 0) -> li
             + B * K * H * a
             + R * H * a
             + 3 * R * H * a,
-            kv_bytes=cache_rows * kv,
+            kv_bytes=cache_rows * kv + B * K * C * scale_row,
         )
     else:
         # Prefill writes the T new rows into the cache (one dynamic-update-slice each for K, V).
         held = min(T, window) if window else T  # rows a sliding layer keeps
-        gather = B * window * (2 * K * H + 22) + 3 if rolling and T > window else 0
+        # token_head scales are gathered too: two more gathers (6 checks a slot, 1 select each)
+        per_slot = 2 * K * H + 22 + (2 * K + 12 if scales == "token_head" else 0)
+        gather = B * window * per_slot + 3 if rolling and T > window else 0
+        kept = 2 * B * held * K * (H * kv + scale_row)
         kv_write = KernelCost(
             kernels.KV_WRITE,
-            flops=(2 * M * K * H if widen_kv else 0) + gather,
-            bytes=2 * M * K * H * a + 2 * B * held * K * H * kv,
-            kv_bytes=2 * B * held * K * H * kv,
-        )
+            flops=(2 * M * K * H if widen_kv else 0)
+            + gather
+            + quantize_flops(cfg, M * K * H, M * K, a),
+            bytes=2 * M * K * H * a + kept,
+            kv_bytes=kept,
+        )  # fmt: skip
         E = R * T * S  # the full T x S score matrix of every head
         scores = KernelCost(
             kernels.SCORES,

@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from kvjax.analytic import PHASES, Workload
-from kvjax.config import DTYPE_BYTES, MLA_FORMS, ModelConfig, canonical_dtype, get_model_config
+from kvjax.config import (
+    DTYPE_BYTES,
+    KV_SCALES,
+    MLA_FORMS,
+    ModelConfig,
+    canonical_dtype,
+    get_model_config,
+)
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, chip_from_numbers, get_chip
 from kvjax.hf_config import from_hf_config
@@ -139,6 +146,10 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
     g.add_argument("--mla-decode", choices=MLA_FORMS, help="MLA decode form (default absorbed)")
     g.add_argument("--sliding-window", type=int, help="override sliding_window (0 = none)")
     g.add_argument(
+        "--kv-scales", choices=KV_SCALES,
+        help="a 1-byte cache's scales (auto: per token per head for int8, per tensor for fp8)",
+    )  # fmt: skip
+    g.add_argument(
         "--layer-pattern", help="override layer_pattern: G global / L sliding, tiled (L, LG, ...)"
     )
     g.add_argument("--weight-dtype", type=dtype_name, help="override the weight dtype")
@@ -191,7 +202,7 @@ def resolve_model(args: argparse.Namespace) -> ModelConfig:
     )
     if getattr(args, "mla_decode", None):
         changes["mla_decode"] = args.mla_decode
-    for flag in ("sliding_window", "layer_pattern"):
+    for flag in ("sliding_window", "layer_pattern", "kv_scales"):
         if getattr(args, flag, None) is not None:
             changes[flag] = getattr(args, flag)
     if isinstance(changes.get("num_kv_heads"), list):  # a sweep: the first value is the base

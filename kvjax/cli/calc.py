@@ -9,6 +9,7 @@ from typing import Any
 
 from kvjax import analytic, kernels
 from kvjax.analytic import Workload, parallel, roofline
+from kvjax.analytic.quant import scale_bytes_per_token_per_layer, tensor_scale_bytes
 from kvjax.analytic.variants import variants_table
 from kvjax.cli import render
 from kvjax.cli.args import (
@@ -117,6 +118,9 @@ def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any
         "kv_bytes_per_token": analytic.kv_bytes_per_token(cfg),
         "kv_cache_bytes": kv_cache,
         "kv_positions_held": analytic.kv_positions_held(cfg, wl.context),
+        "kv_scales": cfg.kv_scale_kind,
+        "kv_scale_bytes_per_token_per_layer": scale_bytes_per_token_per_layer(cfg),
+        "kv_tensor_scale_bytes": tensor_scale_bytes(cfg),
         "decode_flops": decode.flops,
         "decode_bytes": decode.bytes,
         "decode_intensity": decode.intensity,

@@ -65,6 +65,14 @@ def print_calc(report: dict[str, Any]) -> None:
             else f"for B={B:,} never larger than the weights (every layer's window is smaller)"
         )
     )
+    if report["kv_scales"] != "none":
+        per = report["kv_scale_bytes_per_token_per_layer"]
+        what = (
+            f"f32 scales per token per KV head: {per:,} B per token per layer, included"
+            if report["kv_scales"] == "token_head"
+            else f"one f32 scale per tensor: {report['kv_tensor_scale_bytes']:,} B in all, included"
+        )
+        con.print(f"  scales      {m['kv_dtype']} cache quantized with {what}")
     held = report["kv_positions_held"]
     if held["sliding_layers"]:
         con.print(

@@ -86,7 +86,11 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
     if wl.phase == "decode":
         C = S - 1
         pos = lambda key: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
-        add(kernels.SCORES, decode_scores, [((B, K, G, H), a), ((B, K, H), a), ((B, K, H, C), kv)])
+        # a 1-byte cache's scales: per token per KV head [B, K, C], or one per tensor
+        kind = cfg.kv_scale_kind
+        scale = [] if kind == "none" else [((B, K, C) if kind == "token_head" else (), jnp.float32)]
+        add(kernels.SCORES, decode_scores,
+            [((B, K, G, H), a), ((B, K, H), a), ((B, K, H, C), kv), *scale])  # fmt: skip
         add(
             kernels.SOFTMAX,
             partial(decode_softmax, head_dim=H, dtype=a),
@@ -95,13 +99,17 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
         add(
             kernels.AV,
             decode_av,
-            [((B, K, G, C), a), ((B, K, G), a), ((B, K, H), a), ((B, K, C, H), kv)],
+            [((B, K, G, C), a), ((B, K, G), a), ((B, K, H), a), ((B, K, C, H), kv), *scale],
         )
         attention_args = [
             ((B, K, G, H), a), ((B, K, H), a), ((B, K, H), a),
-            ((B, K, H, C), kv), ((B, K, C, H), kv), pos,
+            ((B, K, H, C), kv), ((B, K, C, H), kv), pos, *(scale * 2),
         ]  # fmt: skip
-        add(kernels.ATTENTION, attend_cache, attention_args, analytic.attention_cost(cfg, wl))
+
+        def attention(q, kn, vn, kc, vc, pos_B, *scales):
+            return attend_cache(q, kn, vn, kc, vc, pos_B, 0, *scales)
+
+        add(kernels.ATTENTION, attention, attention_args, analytic.attention_cost(cfg, wl))
     else:
         add(
             kernels.ATTENTION,

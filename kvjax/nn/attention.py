@@ -11,6 +11,7 @@ from flax import nnx
 
 from kvjax import kernels
 from kvjax.config import ModelConfig
+from kvjax.nn.kv_cache import dequantize
 from kvjax.nn.layers import apply_rope, linear, param, read, rope_tables, weight_dtype
 from kvjax.nn.sharding import DATA, GRP, KV, constrain
 
@@ -73,10 +74,11 @@ class Attention(nnx.Module):
 
     def over_cache(self, proj, cache_arrays, pos_B: jax.Array, window: int = 0) -> jax.Array:
         q_BTKGH, k_BTKH, v_BTKH = proj
-        k_cache_BKHS, v_cache_BKSH = cache_arrays
+        k_cache_BKHS, v_cache_BKSH, k_scale, v_scale = cache_arrays
         o_BKGH = attend_cache(
-            q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], k_cache_BKHS, v_cache_BKSH, pos_B, window
-        )
+            q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], k_cache_BKHS, v_cache_BKSH, pos_B, window,
+            k_scale, v_scale,
+        )  # fmt: skip
         return o_BKGH[:, None]
 
     def output(self, o_BTKGH: jax.Array) -> jax.Array:
@@ -116,13 +118,12 @@ def attend_causal(
     return jnp.transpose(o_BKGTH, (0, 3, 1, 2, 4))  # to BTKGH, outside the kernels
 
 
-def decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS):
+def decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS, k_scale_BKS=None):
     """q . K_cache (f32) and the new token's own score q . k_new (K cached (B, K, H, S):
-    `kvjax.nn.kv_cache` says why)."""
+    `kvjax.nn.kv_cache` says why; a 1-byte cache dequantized by its scales first)."""
     dtype = q_BKGH.dtype
-    s_BKGS = jnp.einsum(
-        "BKGH,BKHS->BKGS", q_BKGH, k_cache_BKHS.astype(dtype), preferred_element_type=jnp.float32
-    )
+    k_cache_BKHS = dequantize(k_cache_BKHS, k_scale_BKS, dtype, axis=2)
+    s_BKGS = jnp.einsum("BKGH,BKHS->BKGS", q_BKGH, k_cache_BKHS, preferred_element_type=jnp.float32)
     s_self_BKG = jnp.einsum("BKGH,BKH->BKG", q_BKGH, k_new_BKH, preferred_element_type=jnp.float32)
     return s_BKGS, s_self_BKG
 
@@ -146,9 +147,10 @@ def decode_softmax(s_BKGS, s_self_BKG, pos_B, head_dim: int, dtype, window: int 
     return (e_BKGS * inv_BKG[..., None]).astype(dtype), (e_self_BKG * inv_BKG).astype(dtype)
 
 
-def decode_av(p_BKGS, p_self_BKG, v_new_BKH, v_cache_BKSH):
+def decode_av(p_BKGS, p_self_BKG, v_new_BKH, v_cache_BKSH, v_scale_BKS=None):
     """P . V_cache + p_self x v_new: two products and one add, no broadcasts."""
-    o_BKGH = jnp.einsum("BKGS,BKSH->BKGH", p_BKGS, v_cache_BKSH.astype(p_BKGS.dtype))
+    v_cache_BKSH = dequantize(v_cache_BKSH, v_scale_BKS, p_BKGS.dtype, axis=3)
+    o_BKGH = jnp.einsum("BKGS,BKSH->BKGH", p_BKGS, v_cache_BKSH)
     return o_BKGH + jnp.einsum("BKG,BKH->BKGH", p_self_BKG, v_new_BKH)
 
 
@@ -160,6 +162,8 @@ def attend_cache(
     v_cache_BKSH: jax.Array,
     pos_B: jax.Array,
     window: int = 0,
+    k_scale_BKS: jax.Array | None = None,
+    v_scale_BKS: jax.Array | None = None,
 ) -> jax.Array:
     """One new query per sequence over its cached positions [0, pos) and its own new k, v.
 
@@ -168,10 +172,10 @@ def attend_cache(
     The three kernels are separate functions so `kvjax.measured.kernels` can time each alone.
     """
     with jax.named_scope(kernels.SCORES):
-        s_BKGS, s_self_BKG = decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS)
+        s_BKGS, s_self_BKG = decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS, k_scale_BKS)
     with jax.named_scope(kernels.SOFTMAX):
         p_BKGS, p_self_BKG = decode_softmax(
             s_BKGS, s_self_BKG, pos_B, q_BKGH.shape[-1], q_BKGH.dtype, window
         )
     with jax.named_scope(kernels.AV):
-        return decode_av(p_BKGS, p_self_BKG, v_new_BKH, v_cache_BKSH)
+        return decode_av(p_BKGS, p_self_BKG, v_new_BKH, v_cache_BKSH, v_scale_BKS)

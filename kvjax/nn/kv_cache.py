@@ -25,6 +25,34 @@ from kvjax import kernels
 from kvjax.errors import KvjaxError
 
 MAX_POSITIONS = 2**31 - 1  # positions are int32
+QMAX = {"int8": 127.0, "float8_e4m3fn": 448.0}  # the largest value a 1-byte cache holds
+
+
+def quantize(x, dtype, kind: str, scale=None, axis: int = -1):
+    """`x` in the cache's dtype, and its scale: "token_head" an f32 absmax / QMAX of each row of
+    H (`axis`), "tensor" the given scalar, "none" a plain cast. int8 is rounded and clipped;
+    fp8 is cast (XLA rounds to nearest)."""
+    if kind == "none":
+        return x.astype(dtype), None
+    qmax = QMAX[jnp.dtype(dtype).name]
+    if kind == "token_head":
+        scale = jnp.max(jnp.abs(x), axis=axis).astype(jnp.float32) / qmax
+        safe = jnp.where(scale > 0, scale, 1.0)  # an all-zero row stays zero
+        y = x.astype(jnp.float32) / jnp.expand_dims(safe, axis)
+    else:
+        y = x.astype(jnp.float32) / scale
+    if jnp.dtype(dtype) == jnp.int8:
+        y = jnp.clip(jnp.round(y), -qmax, qmax)
+    return y.astype(dtype), scale
+
+
+def dequantize(x, scale, dtype, axis: int):
+    """The cache's `x` widened to `dtype` and multiplied by its scale (a scalar, or per row of H:
+    broadcast over `axis`)."""
+    x = x.astype(dtype)
+    if scale is None:
+        return x
+    return x * (jnp.expand_dims(scale, axis) if scale.ndim else scale).astype(dtype)
 
 
 def check_cache_size(batch_size: int, max_len: int) -> None:
@@ -36,6 +64,14 @@ def check_cache_size(batch_size: int, max_len: int) -> None:
         raise KvjaxError(
             f"max_len={max_len} exceeds the model's int32 positions (at most {MAX_POSITIONS})"
         )
+
+
+def _scales(kind: str, batch_size: int, num_kv_heads: int, lens) -> tuple[jax.Array, ...]:
+    if kind == "token_head":
+        return tuple(jnp.zeros((batch_size, num_kv_heads, n), jnp.float32) for n in lens)
+    if kind == "tensor":
+        return tuple(jnp.ones((), jnp.float32) for _ in lens)
+    return ()
 
 
 @jax.tree_util.register_dataclass
@@ -50,13 +86,18 @@ class KVCache:
     v: tuple[jax.Array, ...]  # per layer, [B, K, L_i, H]
     pos: jax.Array  # [B] int32: positions filled so far (the next token's position)
     window: tuple[int, ...] = dataclasses.field(default=(), metadata=dict(static=True))
+    # a 1-byte cache's f32 scales per layer: [B, K, L_i] ("token_head") or [] ("tensor")
+    k_scale: tuple[jax.Array, ...] = ()
+    v_scale: tuple[jax.Array, ...] = ()
+    scales: str = dataclasses.field(default="none", metadata=dict(static=True))
 
     @classmethod
     def zeros(
         cls, num_layers: int, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int,
-        dtype, windows: tuple[int, ...] = (),
+        dtype, windows: tuple[int, ...] = (), scales: str = "none",
     ) -> KVCache:  # fmt: skip
-        """`windows[i]`: layer i's sliding window (0: global); none given, every layer global."""
+        """`windows[i]`: layer i's sliding window (0: global); none given, every layer global.
+        `scales`: a 1-byte cache's ("tensor": 1.0, as vLLM without calibration; "token_head")."""
         check_cache_size(batch_size, max_len)
         windows = tuple(windows) or (0,) * num_layers
         lens = [min(max_len, w) if w else max_len for w in windows]
@@ -69,6 +110,9 @@ class KVCache:
             v=tuple(zeros((batch_size, num_kv_heads, n, head_dim)) for n in lens),
             pos=jnp.zeros((batch_size,), jnp.int32),
             window=tuple(w if w and max_len >= w else 0 for w in windows),
+            k_scale=_scales(scales, batch_size, num_kv_heads, lens),
+            v_scale=_scales(scales, batch_size, num_kv_heads, lens),
+            scales=scales,
         )
 
     @property
@@ -92,10 +136,14 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(x.size * x.dtype.itemsize for x in (*self.k, *self.v))
+        arrays = (*self.k, *self.v, *self.k_scale, *self.v_scale)
+        return sum(x.size * x.dtype.itemsize for x in arrays)
 
-    def layer(self, i: int) -> tuple[jax.Array, jax.Array]:
-        return self.k[i], self.v[i]
+    def layer(self, i: int) -> tuple:
+        """What attention reads: (K, V, K's scales, V's scales), the scales None when absent."""
+        if self.scales == "none":
+            return self.k[i], self.v[i], None, None
+        return self.k[i], self.v[i], self.k_scale[i], self.v_scale[i]
 
     def layer_window(self, i: int) -> int:
         return self._windows()[i]
@@ -111,11 +159,15 @@ class KVCache:
             k_BKHT = jnp.transpose(k_BTKH, (0, 2, 3, 1))
             v_BKTH = jnp.swapaxes(v_BTKH, 1, 2)
         with jax.named_scope(f"{kernels.layer_scope(layer)}/{kernels.KV_WRITE}"):
-            k_BKHT = k_BKHT.astype(self.k[layer].dtype)
-            v_BKTH = v_BKTH.astype(self.v[layer].dtype)
+            ks, vs = (self.k_scale[layer], self.v_scale[layer]) if self.k_scale else (None, None)
+            k_BKHT, ks_BKT = quantize(k_BKHT, self.k[layer].dtype, self.scales, ks, axis=2)
+            v_BKTH, vs_BKT = quantize(v_BKTH, self.v[layer].dtype, self.scales, vs, axis=3)
             if T <= n:
                 k = jax.lax.dynamic_update_slice(self.k[layer], k_BKHT, (0, 0, 0, 0))
                 v = jax.lax.dynamic_update_slice(self.v[layer], v_BKTH, (0, 0, 0, 0))
+                if self.scales == "token_head":
+                    ks = jax.lax.dynamic_update_slice(ks, ks_BKT, (0, 0, 0))
+                    vs = jax.lax.dynamic_update_slice(vs, vs_BKT, (0, 0, 0))
             else:  # slot s holds the last real token t < length with t = s (mod n)
                 if lengths_B is None:
                     lengths_B = jnp.full((k_BTKH.shape[0],), T, jnp.int32)
@@ -124,10 +176,20 @@ class KVCache:
                 t_Bn = jnp.maximum(t_Bn, 0)  # slots no token reached yet: masked by position
                 k = jnp.take_along_axis(k_BKHT, t_Bn[:, None, None, :], axis=3)
                 v = jnp.take_along_axis(v_BKTH, t_Bn[:, None, :, None], axis=2)
-        return dataclasses.replace(
+                if self.scales == "token_head":
+                    ks = jnp.take_along_axis(ks_BKT, t_Bn[:, None, :], axis=2)
+                    vs = jnp.take_along_axis(vs_BKT, t_Bn[:, None, :], axis=2)
+        out = dataclasses.replace(
             self,
             k=self.k[:layer] + (k,) + self.k[layer + 1 :],
             v=self.v[:layer] + (v,) + self.v[layer + 1 :],
+        )
+        if self.scales != "token_head":
+            return out
+        return dataclasses.replace(
+            out,
+            k_scale=self.k_scale[:layer] + (ks,) + self.k_scale[layer + 1 :],
+            v_scale=self.v_scale[:layer] + (vs,) + self.v_scale[layer + 1 :],
         )
 
     def with_positions(self, pos_B: jax.Array) -> KVCache:
@@ -141,11 +203,20 @@ class KVCache:
         the buffers in place.
         """
         b = jnp.arange(self.batch_size)
-        ks, vs = [], []
+        ks, vs, kss, vss = [], [], list(self.k_scale), list(self.v_scale)
         for layer, (kc, vc, kn, vn) in enumerate(zip(self.k, self.v, k_new, v_new, strict=True)):
             with jax.named_scope(f"{kernels.layer_scope(layer)}/{kernels.KV_WRITE}"):
                 w = self.layer_window(layer)
                 slot = jnp.remainder(self.pos, w) if w else self.pos
-                ks.append(kc.at[b, :, :, slot].set(kn.astype(kc.dtype)))
-                vs.append(vc.at[b, :, slot, :].set(vn.astype(vc.dtype)))
-        return dataclasses.replace(self, k=tuple(ks), v=tuple(vs), pos=self.pos + 1)
+                k_sc, v_sc = (kss[layer], vss[layer]) if kss else (None, None)
+                kq, k_row = quantize(kn, kc.dtype, self.scales, k_sc)
+                vq, v_row = quantize(vn, vc.dtype, self.scales, v_sc)
+                ks.append(kc.at[b, :, :, slot].set(kq))
+                vs.append(vc.at[b, :, slot, :].set(vq))
+                if self.scales == "token_head":
+                    kss[layer] = k_sc.at[b, :, slot].set(k_row)
+                    vss[layer] = v_sc.at[b, :, slot].set(v_row)
+        return dataclasses.replace(
+            self, k=tuple(ks), v=tuple(vs), k_scale=tuple(kss), v_scale=tuple(vss),
+            pos=self.pos + 1,
+        )  # fmt: skip

@@ -193,10 +193,14 @@ def cache_shardings(cache, mesh: Mesh):
             pos=NamedSharding(mesh, P(DATA)),
         )
     kv = NamedSharding(mesh, cache_spec())
-    return dataclasses.replace(  # keeps the cache's static fields (its windows)
+    # scales: per token per KV head [B, K, S] as K and V are split; per tensor [] replicated
+    scale = NamedSharding(mesh, P(DATA, KV, None) if cache.scales == "token_head" else P())
+    return dataclasses.replace(  # keeps the cache's static fields (windows, scale kind)
         cache,
         k=tuple(kv for _ in cache.k),
         v=tuple(kv for _ in cache.v),
+        k_scale=tuple(scale for _ in cache.k_scale),
+        v_scale=tuple(scale for _ in cache.v_scale),
         pos=NamedSharding(mesh, P(DATA)),
     )
 

@@ -176,7 +176,7 @@ class Transformer(nnx.Module):
         )
         return KVCache.zeros(
             cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim, kv_dtype(cfg),
-            windows,
+            windows, cfg.kv_scale_kind,
         )  # fmt: skip
 
     def prefill(self, tokens_BT: jax.Array, cache: KVCache, lengths_B: jax.Array | None = None):

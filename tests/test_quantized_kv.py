@@ -1,0 +1,98 @@
+"""Quantized KV caches (int8 with per-token-per-head scales, fp8 per tensor) in the three views:
+their sizes by hand (scales included), the trace against the closed form per kernel (quantize on
+write, dequantize on read), the model's cache against a bf16 cache and the rounding bound."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kvjax import KvjaxError, analytic, get_model_config
+from kvjax.nn import Transformer
+from kvjax.nn.kv_cache import dequantize, quantize
+from kvjax.traced.step import trace_step
+
+
+def test_int8_cache_with_f32_scales_is_1_plus_4_over_h_of_half_bf16():
+    bf16 = get_model_config("llama-3-8b")
+    int8 = bf16.replace(kv_dtype="int8")
+    assert int8.kv_scale_kind == "token_head"
+    H = bf16.head_dim
+    assert analytic.kv_bytes_per_token(int8) == analytic.kv_bytes_per_token(bf16) / 2 * (1 + 4 / H)
+    assert analytic.kv_bytes_per_token(int8) == 66 * 1024  # 64 KiB of int8 + 2 KiB of scales
+    fp8 = bf16.replace(kv_dtype="fp8")  # one f32 scale per layer for K and for V
+    assert fp8.kv_scale_kind == "tensor"
+    assert analytic.kv_cache_bytes(fp8, 32768) == analytic.kv_cache_bytes(bf16, 32768) // 2 + 32 * 8
+
+
+@pytest.mark.parametrize("kv,scales", [("int8", "auto"), ("fp8", "auto"), ("fp8", "token_head"),
+                                       ("fp8", "none")])  # fmt: skip
+@pytest.mark.parametrize("weights", ["f32", "bf16"])
+@pytest.mark.parametrize("phase,batch,context", [("prefill", 1, 7), ("prefill", 3, 12),
+                                                 ("decode", 1, 7), ("decode", 3, 12)])  # fmt: skip
+@pytest.mark.parametrize("pattern,window", [("G", 0), ("LG", 5)])
+def test_quantized_traces_match_the_closed_form(kv, scales, weights, phase, batch, context,
+                                                pattern, window):  # fmt: skip
+    from test_traced_step import check_against_closed_form
+
+    cfg = get_model_config("tiny-gqa", weight_dtype=weights, kv_dtype=kv, kv_scales=scales,
+                           sliding_window=window, layer_pattern=pattern)  # fmt: skip
+    check_against_closed_form(trace_step(cfg, phase, batch, context))
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_quantized_cache_decodes_close_to_a_bf16_cache(kv):
+    ref = get_model_config("tiny-gqa", weight_dtype="bf16", kv_dtype="bf16")
+    models = [Transformer(c, rngs=nnx.Rngs(0)) for c in (ref, ref.replace(kv_dtype=kv))]
+    ids = jax.random.randint(jax.random.key(1), (2, 12), 0, 97)
+    outs, caches = [], []
+    for model in models:
+        cache = model.init_cache(2, 16)
+        logits, cache = model.prefill(ids[:, :7], cache)
+        steps = [logits]
+        for t in range(7, 12):
+            step, cache = model.decode(ids[:, t], cache)
+            steps.append(step[:, None])
+        outs.append(np.asarray(jnp.concatenate(steps, 1), np.float32))
+        caches.append(cache)
+    scale = np.abs(outs[0]).max()
+    err = np.abs(outs[1] - outs[0]).max()
+    assert err < 0.05 * scale, (err, scale)  # int8 ~1%, fp8 ~2% of the largest logit here
+    assert caches[1].k[0].dtype == (jnp.int8 if kv == "int8" else jnp.float8_e4m3fn)
+    assert caches[1].nbytes == analytic.kv_cache_bytes(models[1].cfg, 16, 2)
+    if kv == "int8":
+        assert (
+            caches[1].k_scale[0].shape == (2, 3, 16) and caches[1].k_scale[0].dtype == jnp.float32
+        )
+
+
+def test_int8_rounding_is_within_half_a_step():
+    x = jax.random.normal(jax.random.key(0), (4, 3, 5, 8), jnp.float32) * 3
+    q, scale = quantize(x, jnp.int8, "token_head", axis=3)
+    assert q.dtype == jnp.int8 and scale.shape == (4, 3, 5)
+    back = dequantize(q, scale, jnp.float32, axis=3)
+    assert np.all(np.abs(np.asarray(back - x)) <= np.asarray(scale)[..., None] / 2 + 1e-6)
+    assert int(jnp.abs(q.astype(jnp.int32)).max()) == 127  # each row's absmax maps to 127
+    zero, s0 = quantize(jnp.zeros((2, 8)), jnp.int8, "token_head")
+    assert not np.any(np.asarray(zero)) and not np.any(np.asarray(s0))  # no NaN from 0 / 0
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"kv_scales": "tensor"}, "kv_scales='tensor' applies to a 1-byte cache"),
+        ({"kv_dtype": "int8", "kv_scales": "tensor"}, "kv_dtype='int8' needs per-token scales"),
+        ({"kv_dtype": "int8", "kv_scales": "none"}, "kv_dtype='int8' needs per-token scales"),
+        ({"kv_scales": "per_block"}, "kv_scales='per_block' is not supported; allowed: auto"),
+    ],
+)
+def test_bad_scale_configs_name_the_field(changes, message):
+    with pytest.raises(KvjaxError, match=message):
+        get_model_config("tiny-gqa", **changes)
+
+
+def test_mla_latent_scales_are_refused_by_name():
+    with pytest.raises(KvjaxError, match="scales for MLA's latent cache are not implemented"):
+        get_model_config("tiny-mla", kv_dtype="int8")
+    assert get_model_config("tiny-mla", kv_dtype="fp8").kv_scale_kind == "none"
