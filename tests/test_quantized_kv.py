@@ -96,3 +96,38 @@ def test_mla_latent_scales_are_refused_by_name():
     with pytest.raises(KvjaxError, match="scales for MLA's latent cache are not implemented"):
         get_model_config("tiny-mla", kv_dtype="int8")
     assert get_model_config("tiny-mla", kv_dtype="fp8").kv_scale_kind == "none"
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_the_forward_with_a_quantized_cache_matches_decoding_from_one(kv):
+    """The quality switch: `model(tokens, kv_dtype)` attends K and V as the cache holds them; it
+    agrees with decoding token by token from a quantized cache (the decode step attends its own
+    row fresh, so to within the quantization error itself), and differs from the plain forward."""
+    cfg = get_model_config("tiny-gqa")
+    plain = Transformer(cfg, rngs=nnx.Rngs(0))
+    cached = Transformer(cfg.replace(kv_dtype=kv), rngs=nnx.Rngs(0))
+    ids = jax.random.randint(jax.random.key(1), (2, 12), 0, 97)
+    cache = cached.init_cache(2, 12)
+    logits, cache = cached.prefill(ids[:, :1], cache)
+    steps = [logits]
+    for t in range(1, 12):
+        step, cache = cached.decode(ids[:, t], cache)
+        steps.append(step[:, None])
+    decoded = np.asarray(jnp.concatenate(steps, 1))
+    switched, full = np.asarray(plain(ids, kv)), np.asarray(plain(ids))
+    err = np.abs(decoded - full).max()
+    assert err > 1e-3  # the quantization shows
+    assert np.abs(switched - decoded).max() < err  # closer to the quantized decode than full is
+    with pytest.raises(KvjaxError, match="kv_dtype='bf16': the forward quantizes a 1-byte"):
+        plain(ids, "bf16")
+
+
+def test_evaluate_takes_the_cache_dtype():
+    from kvjax.quality.train import eval_step
+
+    model = Transformer(get_model_config("tiny-gqa"), rngs=nnx.Rngs(0))
+    ids = jax.random.randint(jax.random.key(2), (2, 10), 0, 97)
+    mask = jnp.ones(ids.shape, jnp.float32)
+    base = float(eval_step(model, ids, jnp.roll(ids, -1, 1), mask)[0])
+    int8 = float(eval_step(model, ids, jnp.roll(ids, -1, 1), mask, "int8")[0])
+    assert int8 != base and abs(int8 - base) < 0.01 * base

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +66,8 @@ def make_optimizer(model: Transformer, tc: TrainConfig) -> nnx.Optimizer:
     return nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 
-def loss_and_accuracy(model: Transformer, tokens, targets, mask):
-    logits = model(tokens)
+def loss_and_accuracy(model: Transformer, tokens, targets, mask, kv_dtype=None):
+    logits = model(tokens, kv_dtype)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     denom = jnp.maximum(mask.sum(), 1.0)
     correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
@@ -83,16 +84,20 @@ def train_step(model: Transformer, optimizer: nnx.Optimizer, tokens, targets, ma
     return loss
 
 
-@nnx.jit
-def eval_step(model: Transformer, tokens, targets, mask):
-    return loss_and_accuracy(model, tokens, targets, mask)
+@partial(nnx.jit, static_argnames=("kv_dtype",))
+def eval_step(model: Transformer, tokens, targets, mask, kv_dtype=None):
+    return loss_and_accuracy(model, tokens, targets, mask, kv_dtype)
 
 
-def evaluate(model, data, tc: TrainConfig, seed_offset: int = 10_000) -> dict[str, float]:
+def evaluate(
+    model, data, tc: TrainConfig, seed_offset: int = 10_000, kv_dtype: str | None = None
+) -> dict[str, float]:
+    """Validation loss and accuracy; `kv_dtype` ("int8", "fp8") attends K and V as a quantized
+    cache would hold them (`Transformer.__call__`): a trained model's quality with that cache."""
     losses, accs = [], []
     for i in range(tc.eval_batches):
         b = data.batch(tc.seed + seed_offset, i, tc.batch_size, tc.seq_len)
-        loss, acc = eval_step(model, b.tokens, b.targets, b.mask)
+        loss, acc = eval_step(model, b.tokens, b.targets, b.mask, kv_dtype)
         losses.append(float(loss))
         accs.append(float(acc))
     return {"val_loss": float(np.mean(losses)), "val_accuracy": float(np.mean(accs))}
