@@ -47,13 +47,13 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
     if not folder.is_dir():
         raise KvjaxError(f"checkpoint {str(folder)!r} is not a directory")
     cfg = from_hf_config(folder, **overrides)
-    model_type = read_hf_json(folder).get("model_type", "llama")
+    data = read_hf_json(folder)
+    model_type = data.get("model_type", "llama")
     if model_type not in SUPPORTED:
         raise KvjaxError(
             f"checkpoint model_type={model_type!r} is not supported; "
             f"allowed: {', '.join(SUPPORTED)}"
         )
-    data = read_hf_json(folder)
     rope_scaling = data.get("rope_scaling") or data.get("rope_parameters") or {}
     if not isinstance(rope_scaling, dict):
         raise KvjaxError(f"checkpoint rope_scaling={rope_scaling!r} must be an object")

@@ -199,9 +199,7 @@ def up_values(o_lat_BNA, w_uv_NWA):
 
 def expand_latents(c_cache_BSA, c_new_BA, w_uk_NUA, w_uv_NWA):
     """Naive decode: per-head keys (no RoPE) and values of every cached latent and the new one."""
-    c_cache_BSA = c_cache_BSA.astype(c_new_BA.dtype)
-    k_BSNU = jnp.einsum("BSA,NUA->BSNU", c_cache_BSA, w_uk_NUA)
-    v_BSNW = jnp.einsum("BSA,NWA->BSNW", c_cache_BSA, w_uv_NWA)
+    k_BSNU, v_BSNW = expand_prefix(c_cache_BSA.astype(c_new_BA.dtype), w_uk_NUA, w_uv_NWA)
     k_new_BNU = jnp.einsum("BA,NUA->BNU", c_new_BA, w_uk_NUA)
     v_new_BNW = jnp.einsum("BA,NWA->BNW", c_new_BA, w_uv_NWA)
     return k_BSNU, v_BSNW, k_new_BNU, v_new_BNW
