@@ -1,12 +1,18 @@
 """KV cache against context for each attention variant (MHA, GQA, MQA and MLA, `kvjax calc
---variants`' rows), beside the weights (the crossover)."""
+--variants`' rows), beside the weights (the crossover); and for the sliding-window presets
+(`windowed`), their cache as published (local layers hold the window) against every layer global."""
 
 from kvjax import analytic
 from kvjax.analytic.variants import variant_cache_bytes, variant_configs
+from kvjax.config import PRESETS, get_model_config
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
 
-OPTIONS = {"contexts": o.list_of(o.POSITIVE_INT)}
+OPTIONS = {
+    "contexts": o.list_of(o.POSITIVE_INT),
+    "windowed": o.list_of(o.one_of(*PRESETS)),
+}
+WINDOWS, ALL_GLOBAL = "as published (windows)", "every layer global"
 
 
 def run_point(point) -> list[dict]:
@@ -35,4 +41,16 @@ def run_point(point) -> list[dict]:
                     "source": "closed form",
                 }
             )
+    for name in point.options.get("windowed", []):
+        windowed = get_model_config(name)
+        full = windowed.replace(sliding_window=0, layer_pattern="G")
+        for label, c in ((WINDOWS, windowed), (ALL_GLOBAL, full)):
+            for s in contexts:
+                records.append({
+                    "model": name, "variant": label, "num_kv_heads": c.num_kv_heads,
+                    "batch": wl.batch, "context": int(s),
+                    "kv_cache_bytes": analytic.kv_cache_bytes(c, int(s), wl.batch),
+                    "weight_bytes": analytic.weight_bytes(c), "window": c.sliding_window,
+                    "layer_pattern": c.layer_pattern, "source": "closed form",
+                })  # fmt: skip
     return records

@@ -19,23 +19,29 @@ _DTYPE_ALIASES = {
     "float32": "f32", "fp32": "f32", "bfloat16": "bf16", "float16": "f16", "fp16": "f16",
     "half": "f16", "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8",
 }  # fmt: skip
+# Packed sub-byte KV caches (KIVI-style, Liu et al. 2024): closed form only (no model array), in
+# bytes per element.
+PACKED_KV_BYTES: dict[str, float] = {"int4": 0.5, "int2": 0.25}
 ACTIVATIONS = ("silu", "gelu")
-# Scales of a 1-byte KV cache: one f32 per tensor (per layer, K and V), or per token per KV head.
-KV_SCALES = ("auto", "none", "tensor", "token_head")
+# Scales of a quantized KV cache: one f32 per tensor (per layer, K and V), per token per KV head,
+# or (packed 4/2-bit) per group of `kv_group_size` elements an f16 scale and an f16 zero point.
+KV_SCALES = ("auto", "none", "tensor", "token_head", "group")
 SCALE_BYTES = 4  # scales are f32
+GROUP_SCALE_BYTES = 4  # a group's f16 scale and f16 zero point
 MLA_FORMS = ("absorbed", "naive")
 
 
-def canonical_dtype(dtype: str, field: str = "dtype") -> str:
-    """Normalise a dtype name ('bfloat16' -> 'bf16'), or raise naming the field and the allowed."""
+def canonical_dtype(dtype: str, field: str = "dtype", packed: bool = False) -> str:
+    """Normalise a dtype name ('bfloat16' -> 'bf16'), or raise naming the field and the allowed;
+    `packed`: the 4/2-bit KV dtypes are allowed too."""
+    allowed = [*DTYPE_BYTES, *(PACKED_KV_BYTES if packed else ())]
     if not isinstance(dtype, str):
-        raise KvjaxError(
-            f"{field}={dtype!r} is not a dtype name; allowed: {', '.join(DTYPE_BYTES)}"
-        )
+        raise KvjaxError(f"{field}={dtype!r} is not a dtype name; allowed: {', '.join(allowed)}")
     key = dtype.strip().lower()
     key = _DTYPE_ALIASES.get(key, key)
-    if key not in DTYPE_BYTES:
-        raise KvjaxError(f"{field}={dtype!r} is not supported; allowed: {', '.join(DTYPE_BYTES)}")
+    if key not in allowed:
+        hint = " (int4/int2 are KV-cache dtypes only)" if key in PACKED_KV_BYTES else ""
+        raise KvjaxError(f"{field}={dtype!r} is not supported{hint}; allowed: {', '.join(allowed)}")
     return key
 
 
@@ -48,6 +54,9 @@ _INT_FIELDS = (
     "d_ff",
     "vocab_size",
 )
+_BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "norm_plus_one", "scale_embeddings",
+                "sandwich_norms", "qk_norm")  # fmt: skip
+_OPTIONAL_NUMBERS = ("query_pre_attn_scalar", "rope_local_theta", "attn_softcap", "final_softcap")
 # Multi-head latent attention (DeepSeek-V2/V3); 0 = absent. `kv_lora_rank > 0` makes a model MLA.
 _MLA_INT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
@@ -83,7 +92,18 @@ class ModelConfig:
     mla_decode: str = "absorbed"
     sliding_window: int = 0  # positions a sliding ("L", local) layer attends, itself included
     layer_pattern: str = "G"  # per layer G (global: full) or L (local: sliding), tiled over L
-    kv_scales: str = "auto"  # a 1-byte cache's scales: `kv_scale_kind` resolves "auto"
+    kv_scales: str = "auto"  # a quantized cache's scales: `kv_scale_kind` resolves "auto"
+    kv_group_size: int = 32  # packed 4/2-bit caches: elements per scale/zero group (KIVI's 32)
+    # Gemma / Qwen3 details (the defaults are Llama's):
+    norm_plus_one: bool = False  # Gemma: RMSNorm scales by (1 + w), in f32, w stored from 0
+    scale_embeddings: bool = False  # Gemma: embeddings times sqrt(d_model)
+    sandwich_norms: bool = False  # Gemma 2/3: RMSNorm on the attention and MLP outputs too
+    qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm of every q and k head (over head_dim)
+    query_pre_attn_scalar: float = 0.0  # softmax scale 1/sqrt(this) (0: head_dim)
+    rope_local_theta: float = 0.0  # sliding layers' RoPE base (Gemma 3: 10000; 0: rope_theta)
+    rope_linear_factor: float = 1.0  # positions / factor in layers on rope_theta (HF "linear")
+    attn_softcap: float = 0.0  # scores = c * tanh(scores / c) before the mask (Gemma 2: 50)
+    final_softcap: float = 0.0  # logits = c * tanh(logits / c) (Gemma 2: 30)
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -99,7 +119,7 @@ class ModelConfig:
                 f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}; "
                 f"allowed num_kv_heads: {', '.join(map(str, divisors))}"
             )
-        for field in ("gated_mlp", "tied_embeddings", "qkv_bias"):
+        for field in _BOOL_FIELDS:
             if not isinstance(getattr(self, field), bool):
                 raise KvjaxError(f"{field}={getattr(self, field)!r} must be true or false")
         if self.mlp_activation not in ACTIVATIONS:
@@ -108,11 +128,17 @@ class ModelConfig:
                 f"allowed: {', '.join(ACTIVATIONS)}"
             )
         object.__setattr__(self, "weight_dtype", canonical_dtype(self.weight_dtype, "weight_dtype"))
-        object.__setattr__(self, "kv_dtype", canonical_dtype(self.kv_dtype, "kv_dtype"))
-        for field in ("rope_theta", "norm_eps"):
+        object.__setattr__(self, "kv_dtype", canonical_dtype(self.kv_dtype, "kv_dtype", True))
+        for field in ("rope_theta", "norm_eps", "rope_linear_factor"):
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise KvjaxError(f"{field}={value!r} must be a positive number")
+        for field in _OPTIONAL_NUMBERS:
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise KvjaxError(f"{field}={value!r} must be a number >= 0 (0: off)")
+            if value == float("inf"):
+                raise KvjaxError(f"{field}={value!r} must be finite (0: off)")
         self._check_mla()
         self._check_window()
         self._check_scales()
@@ -122,7 +148,28 @@ class ModelConfig:
             raise KvjaxError(
                 f"kv_scales={self.kv_scales!r} is not supported; allowed: {', '.join(KV_SCALES)}"
             )
-        kind = self.kv_scale_kind
+        kind, G = self.kv_scale_kind, self.kv_group_size
+        if isinstance(G, bool) or not isinstance(G, int) or G <= 0:
+            raise KvjaxError(f"kv_group_size={G!r} must be a positive integer")
+        if self.kv_packed:
+            if kind != "group":
+                raise KvjaxError(
+                    f"kv_dtype={self.kv_dtype!r} needs grouped scales (kv_scales='group', the "
+                    f"default); kv_scales={self.kv_scales!r} is not modelled for a packed cache"
+                )
+            if self.head_dim % G:
+                raise KvjaxError(
+                    f"kv_group_size={G} must divide head_dim={self.head_dim} (a value row is "
+                    f"quantized in groups of kv_group_size)"
+                )
+            if self.is_mla:
+                raise KvjaxError(f"kv_dtype={self.kv_dtype!r} is not modelled for MLA's latent")
+            return
+        if kind == "group":
+            raise KvjaxError(
+                f"kv_scales='group' applies to a packed 4/2-bit cache (kv_dtype int4 or int2), "
+                f"not kv_dtype={self.kv_dtype!r}"
+            )
         if kind != "none" and self.kv_bytes_per_element != 1:
             raise KvjaxError(
                 f"kv_scales={self.kv_scales!r} applies to a 1-byte cache (kv_dtype int8 or fp8); "
@@ -193,8 +240,17 @@ class ModelConfig:
                 f"(kv_lora_rank={self.kv_lora_rank}): every head re-expands its own key and value "
                 f"from the shared latent"
             )
-        if self.qkv_bias:
-            raise KvjaxError("qkv_bias=True is not supported with MLA (kv_lora_rank > 0)")
+        if self.rope_linear_factor != 1.0:
+            raise KvjaxError(
+                f"rope_linear_factor={self.rope_linear_factor} is not supported with MLA "
+                f"(kv_lora_rank > 0)"
+            )
+        for field in ("qkv_bias", "qk_norm", "attn_softcap", "query_pre_attn_scalar",
+                      "norm_plus_one"):  # fmt: skip
+            if getattr(self, field):
+                raise KvjaxError(
+                    f"{field}={getattr(self, field)!r} is not supported with MLA (kv_lora_rank > 0)"
+                )
 
     # Derived sizes (levanter style: properties, never stored).
     @property
@@ -204,14 +260,30 @@ class ModelConfig:
 
     @property
     def kv_scale_kind(self) -> str:
-        """ "none", "tensor" or "token_head": "auto" is per token per KV head for int8 (an f32
+        """ "none", "tensor", "token_head" or "group": "auto" is grouped for the packed int4/int2
+        caches (KIVI: an f16 scale and zero point per kv_group_size elements), per token per KV
+        head for int8 (an f32
         absmax / 127 for each K and V row of H), per tensor for fp8 (vLLM's uncalibrated
         k_scale = v_scale = 1.0), none for wider caches and MLA's latent."""
         if self.kv_scales != "auto":
             return self.kv_scales
+        if self.kv_packed:
+            return "group"
         if self.kv_dtype == "int8":
             return "token_head"
         return "tensor" if self.kv_dtype == "fp8" and not self.is_mla else "none"
+
+    @property
+    def attn_scale(self) -> float:
+        """The softmax scale: 1/sqrt(query_pre_attn_scalar) (Gemma), else 1/sqrt(head_dim)."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def layer_rope(self, layer: int) -> tuple[float, float]:
+        """(RoPE base, linear position factor) of layer `layer`: a sliding layer of a model with
+        `rope_local_theta` (Gemma 3) uses that base unscaled, every other the global pair."""
+        if self.rope_local_theta and self.layer_is_sliding(layer):
+            return self.rope_local_theta, 1.0
+        return self.rope_theta, self.rope_linear_factor
 
     def layer_is_sliding(self, layer: int) -> bool:
         """Layer `layer` attends a sliding window (its pattern letter is L)."""
@@ -248,8 +320,14 @@ class ModelConfig:
         return DTYPE_BYTES[self.weight_dtype]
 
     @property
-    def kv_bytes_per_element(self) -> int:
-        return DTYPE_BYTES[self.kv_dtype]
+    def kv_bytes_per_element(self) -> float:
+        """1, 2, 4; 0.5 and 0.25 for the packed int4 / int2 caches (closed form only)."""
+        return PACKED_KV_BYTES.get(self.kv_dtype) or DTYPE_BYTES[self.kv_dtype]
+
+    @property
+    def kv_packed(self) -> bool:
+        """A packed 4/2-bit cache: sized and costed in closed form, no model array holds it."""
+        return self.kv_dtype in PACKED_KV_BYTES
 
     @property
     def compute_dtype(self) -> str:

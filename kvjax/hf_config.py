@@ -25,7 +25,17 @@ _HF_ACTIVATIONS = {
     "gelu_pytorch_tanh": "gelu",
     "gelu_fast": "gelu",
 }
-_HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma", "deepseek_v2", "deepseek_v3")
+_HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3",
+                   "deepseek_v2", "deepseek_v3")  # fmt: skip
+_GEMMA = ("gemma", "gemma2", "gemma3_text", "gemma3")
+# Gemma3TextConfig's defaults (transformers 5), which the Hub's gemma-3 configs rely on: their
+# text_config omits what equals these.
+_GEMMA3_DEFAULTS = {
+    "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
+    "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "tie_word_embeddings": True,
+}  # fmt: skip
 _MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 
 
@@ -132,6 +142,15 @@ def _mla_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: st
 _LAYER_TYPES = {"sliding_attention": "L", "full_attention": "G"}
 
 
+def _period(pattern: str) -> str:
+    """The shortest prefix that tiles to `pattern` ('LGLGL' -> 'LG'; 62 Gemma 3 layers ->
+    'LLLLLG'): the same layers, written as the model card does."""
+    for p in range(1, len(pattern) + 1):
+        if all(pattern[i] == pattern[i % p] for i in range(len(pattern))):
+            return pattern[:p]
+    return pattern
+
+
 def _window_fields(f: _Fields, data: dict, layers: int, model_type: str, where: str) -> dict:
     """`sliding_window` and the per-layer pattern: an explicit `layer_types` list (newer configs),
     else Gemma 2's alternation (local first), Gemma 3's `sliding_window_pattern` (n-1 local, then
@@ -145,7 +164,7 @@ def _window_fields(f: _Fields, data: dict, layers: int, model_type: str, where: 
                 f"{where}: layer_types must list {layers} entries of "
                 f"{', '.join(_LAYER_TYPES)}, got {str(types)[:80]}"
             )
-        pattern = "".join(_LAYER_TYPES[t] for t in types)
+        pattern = _period("".join(_LAYER_TYPES[t] for t in types))
         return {"sliding_window": window, "layer_pattern": pattern} if "L" in pattern else {}
     if not window:
         return {}
@@ -155,13 +174,74 @@ def _window_fields(f: _Fields, data: dict, layers: int, model_type: str, where: 
         first = data.get("max_window_layers", 0) or 0
         pattern = "".join("L" if i >= first else "G" for i in range(layers))
     elif model_type == "gemma2":
-        pattern = "LG"
+        pattern = "LG"  # Gemma2Config: layer i slides when i is even
     elif model_type in ("gemma3", "gemma3_text"):
         every = f.integer("sliding_window_pattern", default=6)
         pattern = "L" * (every - 1) + "G"
     else:
         pattern = "L"
     return {"sliding_window": window, "layer_pattern": pattern} if "L" in pattern else {}
+
+
+def rope_scalings(data: dict) -> list[dict]:
+    """Every RoPE scaling dict of a config: `rope_scaling`, and `rope_parameters` flat or per
+    layer type (transformers 5)."""
+    out = []
+    for key in ("rope_scaling", "rope_parameters"):
+        value = data.get(key)
+        if isinstance(value, dict):
+            nested = [v for v in value.values() if isinstance(v, dict)]
+            out.extend(nested if nested else [value])
+        elif value is not None:
+            raise KvjaxError(f"config {key}={value!r} must be an object")
+    return out
+
+
+def _rope_fields(f: _Fields, data: dict, model_type: str, where: str) -> dict:
+    """RoPE bases and linear scaling: `rope_theta` / `rope_scaling` (transformers 4), or
+    `rope_parameters` (transformers 5: flat, or per layer type for Gemma 3); Gemma 3's local
+    base `rope_local_base_freq`. A non-linear scaling (YaRN, llama3, ...) does not change the
+    costs and is left out (the checkpoint loader refuses it: `kvjax.nn.hf`)."""
+    out: dict[str, float] = {}
+    params = data.get("rope_parameters")
+    if not isinstance(params, dict):
+        params = {}
+    full = params.get("full_attention", params)
+    local = params.get("sliding_attention", {})
+    full = full if isinstance(full, dict) else {}
+    scaling = data.get("rope_scaling") or (full if "rope_type" in full else {})
+    if not isinstance(scaling, dict):
+        raise KvjaxError(f"{where}: rope_scaling={scaling!r} must be an object")
+    theta = full.get("rope_theta") if isinstance(full, dict) else None
+    theta = theta if theta is not None else f.number("rope_theta")
+    if theta is not None:
+        out["rope_theta"] = theta
+    local_theta = local.get("rope_theta") if isinstance(local, dict) else None
+    local_theta = local_theta if local_theta is not None else f.number("rope_local_base_freq")
+    if local_theta is not None and model_type in ("gemma3", "gemma3_text"):
+        out["rope_local_theta"] = local_theta
+    if scaling.get("rope_type", scaling.get("type")) == "linear":
+        out["rope_linear_factor"] = scaling.get("factor", 1.0)
+    return out
+
+
+def _gemma_qwen_fields(f: _Fields, model_type: str) -> dict:
+    """Gemma's (1 + w) norms and sqrt(D) embedding scale; Gemma 2/3's sandwich norms, softmax
+    scale and soft-capping; Gemma 3's and Qwen3's q/k norms."""
+    out: dict[str, Any] = {}
+    if model_type in _GEMMA:
+        out.update(norm_plus_one=True, scale_embeddings=True)
+    if model_type in ("gemma2", "gemma3", "gemma3_text"):
+        out["sandwich_norms"] = True
+        if (scalar := f.number("query_pre_attn_scalar")) is not None:
+            out["query_pre_attn_scalar"] = scalar
+        for old, new in (("attn_logit_softcapping", "attn_softcap"),
+                         ("final_logit_softcapping", "final_softcap")):  # fmt: skip
+            if (cap := f.number(old)) is not None:
+                out[new] = cap
+    if model_type in ("gemma3", "gemma3_text", "qwen3"):
+        out["qk_norm"] = True
+    return out
 
 
 def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
@@ -177,6 +257,14 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
             f"{where}: model_type={model_type!r} is not supported; "
             f"allowed: {', '.join(_HF_MODEL_TYPES)}"
         )
+    if model_type in ("gemma3", "gemma3_text"):  # the multimodal config's text model
+        text = data.get("text_config", data) if model_type == "gemma3" else data
+        if not isinstance(text, dict):
+            raise KvjaxError(f"{where}: text_config must be an object")
+        data = {**_GEMMA3_DEFAULTS, **{k: v for k, v in text.items() if v is not None},
+                "_name_or_path": data.get("_name_or_path"),
+                "torch_dtype": text.get("torch_dtype") or data.get("torch_dtype")}  # fmt: skip
+        f = _Fields(data, where)
     missing = [
         key for key in _HF_REQUIRED if data.get(key) is None and _HF_REQUIRED[key] not in overrides
     ]
@@ -195,14 +283,15 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     fields.update(_window_fields(f, data, fields["num_layers"], model_type, where))
     act = f.text("hidden_activation", _HF_ACTIVATIONS) or f.text("hidden_act", _HF_ACTIVATIONS)
     fields["mlp_activation"] = _HF_ACTIVATIONS[act or "silu"]
-    fields["tied_embeddings"] = f.boolean("tie_word_embeddings", model_type == "gemma")
+    fields["tied_embeddings"] = f.boolean("tie_word_embeddings", model_type in _GEMMA)
     fields["qkv_bias"] = f.boolean("attention_bias", model_type == "qwen2")
     dtype = f.text("torch_dtype") or f.text("dtype")
     if dtype:
         fields["weight_dtype"] = fields["kv_dtype"] = dtype
-    for old, new in (("rope_theta", "rope_theta"), ("rms_norm_eps", "norm_eps")):
-        if (value := f.number(old)) is not None:
-            fields[new] = value
+    if (value := f.number("rms_norm_eps")) is not None:
+        fields["norm_eps"] = value
+    fields.update(_rope_fields(f, data, model_type, where))
+    fields.update(_gemma_qwen_fields(f, model_type))
     folder = path if path.is_dir() else path.parent
     name = data.get("_name_or_path")
     fields["name"] = name if isinstance(name, str) and name else (folder.name or "hf-config")

@@ -93,6 +93,9 @@ NORM_ATTN = _k("norm/attn", ELEMENTWISE, True, "RMSNorm before attention", _NORM
 Q_PROJ = _k("attn/q_proj", MATMUL, True, "x @ W_q: N*H query features")
 K_PROJ = _k("attn/k_proj", MATMUL, True, "x @ W_k: K*H key features")
 V_PROJ = _k("attn/v_proj", MATMUL, True, "x @ W_v: K*H value features")
+QK_NORM = _k(
+    "attn/qk_norm", ELEMENTWISE, True, "Qwen3 / Gemma 3: RMSNorm of every q and k head", _NORM_NOTE
+)
 ROPE = _k(
     "attn/rope", ELEMENTWISE, True, "rotary position embedding of q and k",
     "unfused elementwise: cos/sin tables, halves, four multiplies and two adds each materialised "
@@ -112,6 +115,9 @@ SOFTMAX = _k(
 )  # fmt: skip
 AV = _k("attn/av", MATMUL, True, "probabilities . V")
 O_PROJ = _k("attn/o_proj", MATMUL, True, "attention output @ W_o")
+NORM_POST_ATTN = _k(
+    "norm/post_attn", ELEMENTWISE, True, "Gemma 2/3: RMSNorm of the attention output", _NORM_NOTE
+)
 RESIDUAL_ATTN = _k("residual/attn", ELEMENTWISE, True, "x + attention output")
 NORM_MLP = _k("norm/mlp", ELEMENTWISE, True, "RMSNorm before the MLP", _NORM_NOTE)
 GATE_UP = _k("mlp/gate_up", MATMUL, True, "x @ [W_gate; W_up] (gated MLP)")
@@ -122,9 +128,16 @@ ACT = _k(
     "materialised in the lowered module; the closed form counts one fused pass",
 )  # fmt: skip
 DOWN = _k("mlp/down", MATMUL, True, "h @ W_down")
+NORM_POST_MLP = _k(
+    "norm/post_mlp", ELEMENTWISE, True, "Gemma 2/3: RMSNorm of the MLP output", _NORM_NOTE
+)
 RESIDUAL_MLP = _k("residual/mlp", ELEMENTWISE, True, "x + MLP output")
 NORM_FINAL = _k("norm/final", ELEMENTWISE, False, "RMSNorm before the LM head", _NORM_NOTE)
 LM_HEAD = _k("lm_head", MATMUL, False, "x @ W_vocab: f32 logits")
+LOGIT_SOFTCAP = _k(
+    "lm_head/softcap", ELEMENTWISE, False, "Gemma 2: logits = c * tanh(logits / c)",
+    "unfused elementwise: divide, tanh and multiply each materialised in the lowered module",
+)  # fmt: skip
 
 # Multi-head latent attention (MLA). The cache holds the latent c (A wide, normed) and the shared
 # RoPE key (P wide) of every position; `kvjax.analytic.step` derives each kernel's cost.

@@ -125,7 +125,8 @@ _preset(
     )
 )
 # google/gemma-7b config.json (Gemma team, 2024): 8.54e9 parameters; head_dim 256 while
-# d_model / num_heads = 192; GeGLU MLP; tied embeddings.
+# d_model / num_heads = 192; GeGLU MLP; tied embeddings; Gemma's (1 + w) RMSNorm and the
+# embeddings scaled by sqrt(d_model) (Hugging Face GemmaRMSNorm, GemmaModel).
 _preset(
     ModelConfig(
         name="gemma-7b",
@@ -138,6 +139,73 @@ _preset(
         vocab_size=256000,
         mlp_activation="gelu",
         tied_embeddings=True,
+        norm_eps=1e-6,
+        norm_plus_one=True,
+        scale_embeddings=True,
+    )
+)
+# google/gemma-2-9b config.json (Gemma team, 2024, "Gemma 2"): 9,241,705,984 parameters;
+# local (4096-token window) and global layers alternate, local first; sandwich norms; softmax
+# scale 1/sqrt(query_pre_attn_scalar = 256); attention logits soft-capped at 50, final at 30.
+_GEMMA = dict(mlp_activation="gelu", tied_embeddings=True, norm_eps=1e-6, norm_plus_one=True,
+              scale_embeddings=True, sandwich_norms=True)  # fmt: skip
+_preset(
+    ModelConfig(
+        name="gemma-2-9b",
+        num_layers=42,
+        d_model=3584,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=256,
+        d_ff=14336,
+        vocab_size=256000,
+        sliding_window=4096,
+        layer_pattern="LG",
+        query_pre_attn_scalar=256.0,
+        attn_softcap=50.0,
+        final_softcap=30.0,
+        **_GEMMA,
+    )
+)
+# google/gemma-3-27b-it config.json, text_config (Gemma team, 2025, "Gemma 3"): the language
+# model's 27,009,346,304 parameters (27.4e9 with the SigLIP vision encoder, not modelled); 62
+# layers, five local (1024-token window, RoPE base 10k) per global one (base 1e6, linear scaling
+# x8 for 128k), q/k norms, softmax scale 1/sqrt(168), no soft-capping.
+_preset(
+    ModelConfig(
+        name="gemma-3-27b",
+        num_layers=62,
+        d_model=5376,
+        num_heads=32,
+        num_kv_heads=16,
+        head_dim=128,
+        d_ff=21504,
+        vocab_size=262208,
+        sliding_window=1024,
+        layer_pattern="LLLLLG",
+        qk_norm=True,
+        query_pre_attn_scalar=168.0,
+        rope_theta=1_000_000.0,
+        rope_local_theta=10_000.0,
+        rope_linear_factor=8.0,
+        **_GEMMA,
+    )
+)
+# Qwen/Qwen3-8B config.json (Qwen team, 2025, "Qwen3"): 8,190,735,360 parameters (the card's
+# "8.2B", 6.95B non-embedding); q/k norms, head_dim 128, no biases, untied; its config carries a
+# sliding_window that use_sliding_window=false leaves unused: every layer is global.
+_preset(
+    ModelConfig(
+        name="qwen3-8b",
+        num_layers=36,
+        d_model=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        d_ff=12288,
+        vocab_size=151936,
+        qk_norm=True,
+        rope_theta=1_000_000.0,
         norm_eps=1e-6,
     )
 )

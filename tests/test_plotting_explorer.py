@@ -10,7 +10,7 @@ import shutil
 import pytest
 from support import require, require_module
 
-from kvjax.analytic import Workload
+from kvjax.analytic import Workload, step_cost
 from kvjax.analytic.variants import mla_variant
 from kvjax.cli import main
 from kvjax.cli.args import finite_json
@@ -120,7 +120,8 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
             attention = ["gqa", "absorbed", "naive"][i % 3]  # a third each: GQA, MLA's two forms
             # int8 caches need per-token scales, not modelled for MLA's latent (the page's
             # int8 option is disabled there)
-            kv_dtype = rng.choice(["bf16", "f16", "f32", "fp8"] + (["int8"] if i % 3 == 0 else []))
+            per_row = ["int8", "int4", "int2"]  # per-row scales: GQA only
+            kv_dtype = rng.choice(["bf16", "f16", "f32", "fp8"] + (per_row if i % 3 == 0 else []))
             b_exp, s_exp = rng.randint(0, 10), rng.randint(7, 20)
             page.select_option("#model", model)
             page.select_option("#chip", chip)
@@ -175,17 +176,49 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
         want = _calc("mistral-7b", "h100-sxm", 1, 2**15, 8, "bf16", capsys)
         assert shown["out-kv_cache"] == "0.5000 GiB" and want["kv_cache_bytes"] == 2**29
         assert page.inner_text("#out-window") == "32 of 32 hold 4096 (window 4096)"
-        for kv_dtype in ("bf16", "int8", "fp8"):  # quantized caches with their scales
+        for kv_dtype in ("bf16", "int8", "fp8", "int4", "int2"):  # quantized, with their scales
             page.select_option("#kv_dtype", kv_dtype)
             shown = read()
             want = _calc("mistral-7b", "h100-sxm", 1, 2**15, 8, kv_dtype, capsys)
+            js = (
+                "decodeStep(Object.assign({}, DATA.models['mistral-7b'], "
+                f"{{kv_dtype: '{kv_dtype}'}}), 1, 32768)"
+            )
+            closed = step_cost(
+                PRESETS["mistral-7b"].replace(kv_dtype=kv_dtype), Workload("decode", 1, 32768)
+            )
+            assert page.evaluate(js) == [pytest.approx(closed.flops, rel=1e-12),
+                                         pytest.approx(closed.bytes, rel=1e-12)]  # fmt: skip
             for element, (key, scale) in OUTPUTS.items():
                 assert _number(shown[element]) == pytest.approx(want[key] * scale, rel=6e-4), (
                     kv_dtype,
                     element,
                 )
-        # int8 with f32 scales per token per head: (1 + 4/128) x half the bf16 cache
-        assert want["kv_cache_bytes"] == 2**28 + 32 * 2 * 4  # fp8: + the per-tensor scales
+        # int2 with an f16 scale and zero point per 32 elements: (0.25 + 4/32) / 2 of the bf16 cache
+        assert want["kv_cache_bytes"] == 2**29 * 3 // 16
+        # Gemma 2 / Gemma 3 / Qwen3: sandwich and q/k norms, (1 + w), embedding scale, soft-caps,
+        # local RoPE bases, past their windows (batch 4, 32k)
+        for model, kv_heads in (("gemma-2-9b", 8), ("gemma-3-27b", 16), ("qwen3-8b", 8)):
+            page.select_option("#model", model)
+            page.select_option("#attention", "gqa")
+            page.select_option("#kv_heads", str(kv_heads))
+            page.select_option("#kv_dtype", "bf16")
+            page.eval_on_selector(
+                "#batch", "el => { el.value = 2; el.dispatchEvent(new Event('input')); }"
+            )
+            shown = read()
+            # the page's decode step, kernel by kernel, is the closed form's exactly (these
+            # models' extra norms and caps are too small to show in 4 digits)
+            flops, nbytes = page.evaluate(f"decodeStep(DATA.models['{model}'], 4, 32768)")
+            closed = step_cost(PRESETS[model], Workload("decode", 4, 32768))
+            assert (flops, nbytes) == (pytest.approx(closed.flops, rel=1e-12),
+                                       pytest.approx(closed.bytes, rel=1e-12))  # fmt: skip
+            want = _calc(model, "h100-sxm", 4, 2**15, kv_heads, "bf16", capsys)
+            for element, (key, scale) in OUTPUTS.items():
+                assert _number(shown[element]) == pytest.approx(want[key] * scale, rel=6e-4), (
+                    model,
+                    element,
+                )
         page.screenshot(path=str(tmp_path / "explorer_last.png"), full_page=True)
         if os.environ.get("KVJAX_SCREENSHOT"):
             shutil.copy(tmp_path / "explorer_default.png", os.environ["KVJAX_SCREENSHOT"])

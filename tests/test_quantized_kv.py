@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from kvjax import KvjaxError, analytic, get_model_config
+from kvjax import KvjaxError, analytic, get_model_config, kernels
 from kvjax.nn import Transformer
 from kvjax.nn.kv_cache import dequantize, quantize
 from kvjax.traced.step import trace_step
@@ -131,3 +131,65 @@ def test_evaluate_takes_the_cache_dtype():
     base = float(eval_step(model, ids, jnp.roll(ids, -1, 1), mask)[0])
     int8 = float(eval_step(model, ids, jnp.roll(ids, -1, 1), mask, "int8")[0])
     assert int8 != base and abs(int8 - base) < 0.01 * base
+
+
+def test_packed_4_and_2_bit_caches_by_hand():
+    """KIVI-style int4 / int2 (closed form only): 0.5 or 0.25 bytes an element plus an f16 scale
+    and an f16 zero point (4 B) per group of G elements."""
+    bf16 = get_model_config("llama-3-8b")  # 32 layers, 8 KV heads of 128
+    S = 32768
+    full = analytic.kv_cache_bytes(bf16, S)
+    assert full == 2 * 32 * 8 * 128 * S * 2  # 4 GiB
+    int4 = bf16.replace(kv_dtype="int4")
+    assert int4.kv_scale_kind == "group" and int4.kv_group_size == 32
+    # per element 0.5 + 4/32 = 0.625 B: 1.25 GiB, 0.3125 of the bf16 cache
+    assert analytic.kv_cache_bytes(int4, S) == 2 * 32 * 8 * 128 * S * 5 // 8 == 5 * 2**28
+    assert analytic.kv_bytes_per_token_per_layer(int4) == 2 * 8 * (128 // 2 + 128 // 32 * 4)
+    # int2 with groups of 128 (one per row): 0.25 + 4/128 = 0.28125 B an element
+    int2 = bf16.replace(kv_dtype="int2", kv_group_size=128)
+    assert analytic.kv_cache_bytes(int2, S) * 64 == full * 9
+    # the decode step reads what is cached: the cache reads' bytes follow the packed size
+    wl = analytic.Workload("decode", 1, S + 1)
+    read = analytic.step_kernels(int4, wl)[kernels.SCORES].kv_bytes
+    assert read == analytic.kv_cache_bytes(int4, S) / 2  # the keys' half (scores), V in av
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"weight_dtype": "int4"}, r"weight_dtype='int4' is not supported \(int4/int2 are KV"),
+        ({"kv_dtype": "int4", "kv_scales": "token_head"}, "needs grouped scales"),
+        ({"kv_dtype": "int4", "kv_group_size": 48}, "kv_group_size=48 must divide head_dim=128"),
+        ({"kv_dtype": "int8", "kv_scales": "group"}, "kv_scales='group' applies to a packed"),
+        ({"kv_group_size": 0}, "kv_group_size=0 must be a positive integer"),
+    ],
+)
+def test_bad_packed_configs_name_the_field(changes, message):
+    with pytest.raises(KvjaxError, match=message):
+        get_model_config("llama-3-8b", **changes)
+
+
+def test_packed_cache_is_closed_form_only():
+    with pytest.raises(KvjaxError, match="modelled in the closed form only"):
+        Transformer(
+            get_model_config("tiny-gqa", kv_dtype="int4", kv_group_size=4), rngs=nnx.Rngs(0)
+        )
+    with pytest.raises(KvjaxError, match="not modelled for MLA"):
+        get_model_config("tiny-mla", kv_dtype="int4", head_dim=8, qk_rope_head_dim=4,
+                         kv_group_size=4)  # fmt: skip
+
+
+def test_calc_prints_a_packed_cache(capsys):
+    import json
+
+    from kvjax.cli.main import main
+
+    assert main(["calc", "--model", "llama-3-8b", "--context", "32k", "--kv-dtype", "int4",
+                 "--kv-group-size", "64", "--json"]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    # 0.5 + 4/64 = 0.5625 B an element
+    assert out["kv_cache_bytes"] == 2 * 32 * 8 * 128 * 32768 * 9 // 16
+    assert out["kv_scales"] == "group" and out["kv_scale_bytes_per_token_per_layer"] == 2 * 8 * 8
+    with pytest.raises(SystemExit) as exit_:
+        main(["calc", "--model", "llama-3-8b", "--kv-dtype", "int3"])
+    assert exit_.value.code == 2 and "int8, int4, int2" in capsys.readouterr().err

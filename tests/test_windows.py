@@ -31,13 +31,10 @@ def test_mistral_7b_v01_cache_at_32k_is_half_a_gib():
     assert analytic.kv_exceeds_weights_at_context(cfg, batch=64) == 1727  # before the window
 
 
-def test_gemma_3_27b_like_cache_by_hand():
-    # Gemma 3 27B's attention (google/gemma-3-27b-it text_config): 62 layers, 16 KV heads of 128,
-    # five local layers of 1024 per global one: 52 local, 10 global. MLP and vocab do not matter.
-    cfg = ModelConfig(
-        name="gemma-3-27b-attention", num_layers=62, d_model=5376, num_heads=32, num_kv_heads=16,
-        head_dim=128, d_ff=21504, vocab_size=262208, sliding_window=1024, layer_pattern="LLLLLG",
-    )  # fmt: skip
+def test_gemma_3_27b_cache_by_hand():
+    # Gemma 3 27B (google/gemma-3-27b-it text_config): 62 layers, 16 KV heads of 128, five local
+    # layers of 1024 per global one: 52 local, 10 global.
+    cfg = get_model_config("gemma-3-27b")
     held = analytic.kv_positions_held(cfg, 32768)
     assert (held["sliding_layers"], held["global_layers"]) == (52, 10)
     per_position = 2 * 16 * 128 * 2  # 8 KiB per layer per token in bf16

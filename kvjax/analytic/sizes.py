@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from kvjax import kernels
-from kvjax.analytic.quant import scale_bytes_per_token_per_layer, tensor_scale_bytes
+from kvjax.analytic.quant import exact, scale_bytes_per_token_per_layer, tensor_scale_bytes
 from kvjax.config import ModelConfig
 
 
@@ -43,12 +43,16 @@ def layer_param_counts(cfg: ModelConfig) -> dict[str, int]:
             kernels.V_PROJ: D * K * H + bias_kv,
             kernels.O_PROJ: N * H * D,
         }
+    if cfg.qk_norm:
+        attn[kernels.QK_NORM] = 2 * H
+    sandwich = {kernels.NORM_POST_ATTN: D, kernels.NORM_POST_MLP: D} if cfg.sandwich_norms else {}
     return {
         **attn,
         kernels.GATE_UP if cfg.gated_mlp else kernels.UP: (2 if cfg.gated_mlp else 1) * D * F,
         kernels.DOWN: F * D,
         kernels.NORM_ATTN: D,
         kernels.NORM_MLP: D,
+        **sandwich,
     }
 
 
@@ -81,8 +85,9 @@ def kv_elements_per_token_per_layer(cfg: ModelConfig) -> int:
 
 def kv_bytes_per_token_per_layer(cfg: ModelConfig) -> int:
     """The cached elements' bytes, and a 1-byte cache's per-token scales (`analytic.quant`)."""
-    return kv_elements_per_token_per_layer(cfg) * cfg.kv_bytes_per_element + (
-        scale_bytes_per_token_per_layer(cfg)
+    return exact(
+        kv_elements_per_token_per_layer(cfg) * cfg.kv_bytes_per_element
+        + scale_bytes_per_token_per_layer(cfg)
     )
 
 

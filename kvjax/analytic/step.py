@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from kvjax import kernels
 from kvjax.analytic.costs import INDEX_BYTES, SCORE_BYTES, KernelCost, StepCost, Workload
-from kvjax.analytic.quant import dequantize_cost, quantize_flops
-from kvjax.config import DTYPE_BYTES, SCALE_BYTES, ModelConfig
+from kvjax.analytic.quant import dequantize_cost, quantize_flops, scale_bytes_per_row
+from kvjax.config import DTYPE_BYTES, ModelConfig
 from kvjax.errors import KvjaxError
 
 
@@ -38,20 +38,33 @@ def _matmul(
     )
 
 
-def _rmsnorm(name: str, m: int, d: int, w: int, a: int) -> KernelCost:
-    """x * rsqrt(mean(x^2) + eps) * scale, reduced in f32.
+def _rmsnorm(
+    name: str, m: int, d: int, w: int, a: int, plus_one: bool = False, weights: int = 1
+) -> KernelCost:
+    """x * rsqrt(mean(x^2) + eps) * scale, reduced in f32; `m` rows of width `d`.
 
     FLOPs: x*x (md), the sum (md - m), /d and +eps (2m), x*inv (md), *scale (md) = 4md + m, one
-    rsqrt per row; a 2-byte model also converts x to f32 and back (2md).
+    rsqrt per row; a 2-byte model also converts x to f32 and back (2md). Gemma's (1 + w) adds
+    d, and in a 2-byte model w's conversion to f32 (d). `weights`: scale vectors read (the q/k
+    norms' two).
     """
     flops = 4 * m * d + m + (2 * m * d if a != 4 else 0)
+    if plus_one:
+        flops += weights * d * (2 if a != 4 else 1)
+    d_w = weights * d
     return KernelCost(
-        name, flops=flops, bytes=2 * m * d * a + d * w, transcendentals=m, weight_bytes=d * w
+        name, flops=flops, bytes=2 * m * d * a + d_w * w, transcendentals=m, weight_bytes=d_w * w
     )
 
 
 def _residual(name: str, m: int, d: int, a: int) -> KernelCost:
     return KernelCost(name, flops=m * d, bytes=3 * m * d * a)
+
+
+def softcap_cost(name: str, elements: int, a: int = 0) -> KernelCost:
+    """c * tanh(x / c) over `elements` (Gemma 2): a divide and a multiply, one tanh each;
+    `a` > 0: a pass of its own over f32 values (the logits), else inside the softmax."""
+    return KernelCost(name, flops=2 * elements, bytes=2 * elements * a, transcendentals=elements)
 
 
 def decode_softmax(R: int, B: int, S: int, a: int) -> KernelCost:
@@ -85,15 +98,21 @@ def prefill_softmax(R: int, T: int, S: int, a: int) -> KernelCost:
     )
 
 
-def rope_cost(M: int, heads: int, H: int, a: int) -> KernelCost:
+def rope_cost(M: int, heads: int, H: int, a: int, scaled: bool = False) -> KernelCost:
     """RoPE over `heads` rotated vectors of H per token (q's and k's): x1*cos - x2*sin,
     x2*cos + x1*sin, 3 FLOPs an element. Tables: angles = position * inv_freq (M*H/2), inv_freq =
     1/theta^(2i/H) (3*H/2 incl. one power each), positions to f32 (M); cos and sin: M*H
-    transcendentals. A 2-byte model converts the tables for q and for k (2*M*H)."""
+    transcendentals. A 2-byte model converts the tables for q and for k (2*M*H). `scaled`:
+    linear scaling divides inv_freq by the factor (H/2)."""
     elems = M * heads * H
     return KernelCost(
         kernels.ROPE,
-        flops=3 * elems + M * H // 2 + M + 3 * (H // 2) + (2 * M * H if a != 4 else 0),
+        flops=3 * elems
+        + M * H // 2
+        + M
+        + 3 * (H // 2)
+        + (2 * M * H if a != 4 else 0)
+        + (H // 2 if scaled else 0),
         bytes=2 * elems * a + M * H * a,
         transcendentals=M * H + H // 2,
     )
@@ -109,12 +128,15 @@ def layer_kernels(cfg: ModelConfig, wl: Workload, sliding: bool = False) -> dict
 
         attention = mla_attention_kernels(cfg, wl)
     else:
-        attention = gqa_attention_kernels(cfg, wl, cfg.sliding_window if sliding else 0)
+        attention = gqa_attention_kernels(cfg, wl, cfg.sliding_window if sliding else 0, sliding)
+    one = cfg.norm_plus_one
+    post_attn = [_rmsnorm(kernels.NORM_POST_ATTN, M, D, w, a, one)] if cfg.sandwich_norms else []
     k = [
-        _rmsnorm(kernels.NORM_ATTN, M, D, w, a),
+        _rmsnorm(kernels.NORM_ATTN, M, D, w, a, one),
         *attention,
+        *post_attn,
         _residual(kernels.RESIDUAL_ATTN, M, D, a),
-        _rmsnorm(kernels.NORM_MLP, M, D, w, a),
+        _rmsnorm(kernels.NORM_MLP, M, D, w, a, one),
     ]
     if cfg.gated_mlp:
         k.append(_matmul(kernels.GATE_UP, M, D, 2 * F, w, a))
@@ -133,11 +155,15 @@ def layer_kernels(cfg: ModelConfig, wl: Workload, sliding: bool = False) -> dict
         )
     )
     k.append(_matmul(kernels.DOWN, M, F, D, w, a))
+    if cfg.sandwich_norms:
+        k.append(_rmsnorm(kernels.NORM_POST_MLP, M, D, w, a, one))
     k.append(_residual(kernels.RESIDUAL_MLP, M, D, a))
     return {c.name: c for c in k}
 
 
-def gqa_attention_kernels(cfg: ModelConfig, wl: Workload, window: int = 0) -> list[KernelCost]:
+def gqa_attention_kernels(
+    cfg: ModelConfig, wl: Workload, window: int = 0, sliding: bool = False
+) -> list[KernelCost]:
     """The attention kernels of an MHA/GQA/MQA layer, projections to o_proj, in execution order.
 
     Decode attends S positions: C = S - 1 read from the cache plus the new token's own k, v
@@ -163,15 +189,19 @@ def gqa_attention_kernels(cfg: ModelConfig, wl: Workload, window: int = 0) -> li
     w, a, kv = cfg.weight_bytes_per_element, _act_bytes(cfg), cfg.kv_bytes_per_element
     widen_kv = kv != a  # cache entries converted to the compute dtype before the products
     scales = cfg.kv_scale_kind  # a 1-byte cache's: quantized on write, dequantized on read
-    scale_row = SCALE_BYTES if scales == "token_head" else 0  # a K or V row's scale
+    scale_row = scale_bytes_per_row(cfg)  # a K or V row's scales (token_head, group)
     decode = wl.phase == "decode"
     C = S - 1 if decode else S  # key rows read by the product over the cache / prompt
     k = [
         _matmul(kernels.Q_PROJ, M, D, N * H, w, a, bias=cfg.qkv_bias),
         _matmul(kernels.K_PROJ, M, D, K * H, w, a, bias=cfg.qkv_bias),
         _matmul(kernels.V_PROJ, M, D, K * H, w, a, bias=cfg.qkv_bias),
-        rope_cost(M, N + K, H, a),
     ]
+    if cfg.qk_norm:  # every q and k head normed over H: M*(N + K) rows, two scale vectors
+        k.append(_rmsnorm(kernels.QK_NORM, M * (N + K), H, w, a, cfg.norm_plus_one, weights=2))
+    scaled = cfg.rope_linear_factor != 1.0 and not (sliding and cfg.rope_local_theta)
+    k.append(rope_cost(M, N + K, H, a, scaled))
+    cap = cfg.attn_softcap
     if decode:
         # Per layer two scatters (K and V) of B rows at (b, pos[b]); wrapping negative indices
         # costs 3 ops per index per scatter: 6B for pos, and 6B for b unless B = 1 (a constant).
@@ -201,6 +231,8 @@ def gqa_attention_kernels(cfg: ModelConfig, wl: Workload, window: int = 0) -> li
             kv_bytes=cache_rows * kv + B * K * C * scale_row,
         )
         softmax = decode_softmax(R, B, S, a)
+        if cap:  # every score, the new token's own included
+            softmax = softmax + softcap_cost(kernels.SOFTMAX, R * S)
         if rolling:  # the slot about to be overwritten masked: != and & per slot, t mod W
             softmax = softmax + KernelCost(kernels.SOFTMAX, 2 * B * window + remainder, 0.0)
         # out = P . V_cache + p_self * v_new (an outer product) and their sum.
@@ -239,6 +271,8 @@ def gqa_attention_kernels(cfg: ModelConfig, wl: Workload, window: int = 0) -> li
             bytes=M * N * H * a + B * S * K * H * a + E * SCORE_BYTES,
         )
         softmax = prefill_softmax(R, T, S, a)
+        if cap:
+            softmax = softmax + softcap_cost(kernels.SOFTMAX, E)
         if window and window < T:  # the band: i - j < W
             softmax = softmax + KernelCost(kernels.SOFTMAX, 5 * T * S, 0.0)
         av = KernelCost(
@@ -259,7 +293,7 @@ def embed_kernel(cfg: ModelConfig, wl: Workload) -> KernelCost:
     w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
     return KernelCost(
         kernels.EMBED,
-        flops=M * D + 6 * M,
+        flops=M * D + 6 * M + (M * D if cfg.scale_embeddings else 0),  # Gemma's x sqrt(D)
         bytes=M * D * w + M * INDEX_BYTES + M * D * a,
         weight_bytes=M * D * w,
     )
@@ -269,10 +303,13 @@ def head_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
     """Final norm and the LM head (f32 logits for all T positions, as prefill returns them)."""
     M, D, V = wl.tokens, cfg.d_model, cfg.vocab_size
     w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
-    return {
-        kernels.NORM_FINAL: _rmsnorm(kernels.NORM_FINAL, M, D, w, a),
+    out = {
+        kernels.NORM_FINAL: _rmsnorm(kernels.NORM_FINAL, M, D, w, a, cfg.norm_plus_one),
         kernels.LM_HEAD: _matmul(kernels.LM_HEAD, M, D, V, w, a, out=SCORE_BYTES),
     }
+    if cfg.final_softcap:
+        out[kernels.LOGIT_SOFTCAP] = softcap_cost(kernels.LOGIT_SOFTCAP, M * V, SCORE_BYTES)
+    return out
 
 
 def step_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:

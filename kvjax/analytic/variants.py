@@ -34,7 +34,9 @@ def mla_variant(cfg: ModelConfig) -> ModelConfig:
     """The model with MLA attention: itself if it is MLA, else DeepSeek-V2's recipe for its head
     width H (latent A = 4H, RoPE P = H/2 added to the H-wide keys, values H wide; DeepSeek-V2
     paper, sec. 2.1: d_c = 4 d_h, d_h^R = d_h / 2), absorbed decode, no query low rank, every
-    layer global (kvjax has no MLA with sliding windows)."""
+    layer global (kvjax has no MLA with sliding windows), and DeepSeek's attention details in
+    place of Gemma's / Qwen3's (no q/k norms, soft-capping, scalar, local RoPE base or scaling;
+    Llama-style norms)."""
     if cfg.is_mla:
         return cfg
     H = cfg.head_dim
@@ -42,7 +44,8 @@ def mla_variant(cfg: ModelConfig) -> ModelConfig:
     return cfg.replace(
         num_kv_heads=cfg.num_heads, head_dim=H + rope, kv_lora_rank=4 * H, qk_rope_head_dim=rope,
         v_head_dim=H, q_lora_rank=0, qkv_bias=False, mla_decode="absorbed", sliding_window=0,
-        layer_pattern="G",
+        layer_pattern="G", qk_norm=False, attn_softcap=0.0, query_pre_attn_scalar=0.0,
+        rope_local_theta=0.0, rope_linear_factor=1.0, norm_plus_one=False,
     )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from kvjax.config import (
     DTYPE_BYTES,
     KV_SCALES,
     MLA_FORMS,
+    PACKED_KV_BYTES,
     ModelConfig,
     canonical_dtype,
     get_model_config,
@@ -75,13 +76,19 @@ def in_range(low: float, high: float, unit: str):
     return parse
 
 
-def dtype_name(text: str) -> str:
+def dtype_name(text: str, packed: bool = False) -> str:
     try:
-        return canonical_dtype(text)
+        return canonical_dtype(text, packed=packed)
     except KvjaxError:
+        allowed = [*DTYPE_BYTES, *(PACKED_KV_BYTES if packed else ())]
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a dtype; allowed: {', '.join(DTYPE_BYTES)}"
+            f"{text!r} is not a dtype; allowed: {', '.join(allowed)}"
         ) from None
+
+
+def kv_dtype_name(text: str) -> str:
+    """A KV-cache dtype: the model dtypes and the packed int4 / int2 (closed form only)."""
+    return dtype_name(text, packed=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,13 +154,20 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
     g.add_argument("--sliding-window", type=int, help="override sliding_window (0 = none)")
     g.add_argument(
         "--kv-scales", choices=KV_SCALES,
-        help="a 1-byte cache's scales (auto: per token per head for int8, per tensor for fp8)",
+        help="a quantized cache's scales (auto: per token per head for int8, per tensor for fp8, "
+        "per group for int4/int2)",
     )  # fmt: skip
+    g.add_argument(
+        "--kv-group-size", type=int, help="int4/int2: elements per f16 scale + zero (default 32)"
+    )
     g.add_argument(
         "--layer-pattern", help="override layer_pattern: G global / L sliding, tiled (L, LG, ...)"
     )
     g.add_argument("--weight-dtype", type=dtype_name, help="override the weight dtype")
-    g.add_argument("--kv-dtype", type=dtype_name, help="override the KV-cache dtype")
+    g.add_argument(
+        "--kv-dtype", type=kv_dtype_name,
+        help="override the KV-cache dtype (int4/int2: KIVI-style packed, closed form only)",
+    )  # fmt: skip
 
 
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
@@ -202,7 +216,7 @@ def resolve_model(args: argparse.Namespace) -> ModelConfig:
     )
     if getattr(args, "mla_decode", None):
         changes["mla_decode"] = args.mla_decode
-    for flag in ("sliding_window", "layer_pattern", "kv_scales"):
+    for flag in ("sliding_window", "layer_pattern", "kv_scales", "kv_group_size"):
         if getattr(args, flag, None) is not None:
             changes[flag] = getattr(args, flag)
     if isinstance(changes.get("num_kv_heads"), list):  # a sweep: the first value is the base

@@ -67,11 +67,18 @@ def print_calc(report: dict[str, Any]) -> None:
     )
     if report["kv_scales"] != "none":
         per = report["kv_scale_bytes_per_token_per_layer"]
-        what = (
-            f"f32 scales per token per KV head: {per:,} B per token per layer, included"
-            if report["kv_scales"] == "token_head"
-            else f"one f32 scale per tensor: {report['kv_tensor_scale_bytes']:,} B in all, included"
-        )
+        kind = report["kv_scales"]
+        if kind == "token_head":
+            what = f"f32 scales per token per KV head: {per:,} B per token per layer, included"
+        elif kind == "group":
+            what = (
+                f"an f16 scale and zero point per {m['kv_group_size']} elements (KIVI-style, "
+                f"closed form only): {per:,g} B per token per layer, included"
+            )
+        else:
+            what = (
+                f"one f32 scale per tensor: {report['kv_tensor_scale_bytes']:,} B in all, included"
+            )
         con.print(f"  scales      {m['kv_dtype']} cache quantized with {what}")
     held = report["kv_positions_held"]
     if held["sliding_layers"]:

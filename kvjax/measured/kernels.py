@@ -61,7 +61,8 @@ def kernel_benches(cfg: ModelConfig, wl: Workload) -> dict[str, KernelBench]:
 
         out[name] = KernelBench(name, jax.jit(fn), make, closed_cost or closed[name])
 
-    add(kernels.NORM_ATTN, partial(rms_norm, eps=cfg.norm_eps), [((B, T, D), a), ((D,), w)])
+    norm = partial(rms_norm, eps=cfg.norm_eps, plus_one=cfg.norm_plus_one)
+    add(kernels.NORM_ATTN, norm, [((B, T, D), a), ((D,), w)])
     if cfg.is_mla:
         _add_mla(cfg, wl, add)
     else:
@@ -83,6 +84,14 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
     add(kernels.Q_PROJ, linear, [((B, T, D), a), ((N * H, D), w)])
     add(kernels.K_PROJ, linear, [((B, T, D), a), ((K * H, D), w)])
     add(kernels.V_PROJ, linear, [((B, T, D), a), ((K * H, D), w)])
+    if cfg.qk_norm:
+
+        def qk_norm(q, k, q_scale, k_scale):
+            norm = partial(rms_norm, eps=cfg.norm_eps, plus_one=cfg.norm_plus_one)
+            return norm(q, q_scale), norm(k, k_scale)
+
+        add(kernels.QK_NORM, qk_norm,
+            [((B, T, K, G, H), a), ((B, T, K, H), a), ((H,), w), ((H,), w)])  # fmt: skip
     if wl.phase == "decode":
         C = S - 1
         pos = lambda key: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
@@ -93,7 +102,9 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
             [((B, K, G, H), a), ((B, K, H), a), ((B, K, H, C), kv), *scale])  # fmt: skip
         add(
             kernels.SOFTMAX,
-            partial(decode_softmax, head_dim=H, dtype=a),
+            partial(
+                decode_softmax, head_dim=H, dtype=a, scale=cfg.attn_scale, softcap=cfg.attn_softcap
+            ),  # fmt: skip
             [((B, K, G, C), jnp.float32), ((B, K, G), jnp.float32), pos],
         )
         add(
@@ -107,13 +118,15 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
         ]  # fmt: skip
 
         def attention(q, kn, vn, kc, vc, pos_B, *scales):
-            return attend_cache(q, kn, vn, kc, vc, pos_B, 0, *scales)
+            k_scale, v_scale = scales or (None, None)
+            return attend_cache(q, kn, vn, kc, vc, pos_B, 0, k_scale, v_scale, cfg.attn_scale,
+                                cfg.attn_softcap)  # fmt: skip
 
         add(kernels.ATTENTION, attention, attention_args, analytic.attention_cost(cfg, wl))
     else:
         add(
             kernels.ATTENTION,
-            attend_causal,
+            partial(attend_causal, scale=cfg.attn_scale, softcap=cfg.attn_softcap),
             [((B, T, K, G, H), a), ((B, T, K, H), a), ((B, T, K, H), a)],
             analytic.attention_cost(cfg, wl),
         )

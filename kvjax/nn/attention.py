@@ -12,7 +12,7 @@ from flax import nnx
 from kvjax import kernels
 from kvjax.config import ModelConfig
 from kvjax.nn.kv_cache import dequantize
-from kvjax.nn.layers import apply_rope, linear, param, read, rope_tables, weight_dtype
+from kvjax.nn.layers import RMSNorm, apply_rope, linear, param, read, rope_tables, weight_dtype
 from kvjax.nn.sharding import DATA, GRP, KV, constrain
 
 NEG_INF = -1e30  # finite, so a fully masked row never produces NaN
@@ -21,8 +21,9 @@ NEG_INF = -1e30  # finite, so a fully masked row never produces NaN
 class Attention(nnx.Module):
     """The projections of one layer; the attention itself is `attend_causal` / `attend_cache`."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs):
         self.cfg = cfg
+        self.rope = cfg.layer_rope(layer)  # (base, linear factor): Gemma 3's local layers differ
         D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         # Weights stored 2-D, (out, in): q (N*H, D), k and v (K*H, D), o (D, N*H).
         self.q_proj = param(rngs, (N * H, D), D, cfg)
@@ -33,6 +34,9 @@ class Attention(nnx.Module):
             self.q_bias = nnx.Param(jnp.zeros((N * H,), weight_dtype(cfg)))
             self.k_bias = nnx.Param(jnp.zeros((K * H,), weight_dtype(cfg)))
             self.v_bias = nnx.Param(jnp.zeros((K * H,), weight_dtype(cfg)))
+        if cfg.qk_norm:  # Qwen3, Gemma 3: one RMSNorm over head_dim shared by the heads
+            self.q_norm = RMSNorm(cfg, H)
+            self.k_norm = RMSNorm(cfg, H)
 
     def project(self, x_BTD: jax.Array, positions_BT: jax.Array):
         """q [B, T, K, G, H] (RoPE applied), k [B, T, K, H] (RoPE applied), v [B, T, K, H]."""
@@ -51,11 +55,15 @@ class Attention(nnx.Module):
             v_BTE = linear(x_BTD, read(self.v_proj, cfg))
             if cfg.qkv_bias:
                 v_BTE = v_BTE + read(self.v_bias, cfg)
+        # Query head n = k * G + g uses kv head k (Hugging Face's repeat_kv order).
+        q_BTKGH = q_BTE.reshape(B, T, K, G, H)
+        k_BTKH = k_BTE.reshape(B, T, K, H)
+        if cfg.qk_norm:
+            with jax.named_scope(kernels.QK_NORM):
+                q_BTKGH = self.q_norm(q_BTKGH)
+                k_BTKH = self.k_norm(k_BTKH)
         with jax.named_scope(kernels.ROPE):
-            # Query head n = k * G + g uses kv head k (Hugging Face's repeat_kv order).
-            q_BTKGH = q_BTE.reshape(B, T, K, G, H)
-            k_BTKH = k_BTE.reshape(B, T, K, H)
-            cos, sin = rope_tables(positions_BT, H, cfg.rope_theta)
+            cos, sin = rope_tables(positions_BT, H, *self.rope)
             q_BTKGH = apply_rope(q_BTKGH, cos, sin)
             k_BTKH = apply_rope(k_BTKH, cos, sin)
         return (
@@ -70,14 +78,15 @@ class Attention(nnx.Module):
         return proj[1], proj[2]
 
     def causal(self, proj, window: int = 0) -> jax.Array:
-        return attend_causal(*proj, window=window)
+        cfg = self.cfg
+        return attend_causal(*proj, window=window, scale=cfg.attn_scale, softcap=cfg.attn_softcap)
 
     def over_cache(self, proj, cache_arrays, pos_B: jax.Array, window: int = 0) -> jax.Array:
         q_BTKGH, k_BTKH, v_BTKH = proj
         k_cache_BKHS, v_cache_BKSH, k_scale, v_scale = cache_arrays
         o_BKGH = attend_cache(
             q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], k_cache_BKHS, v_cache_BKSH, pos_B, window,
-            k_scale, v_scale,
+            k_scale, v_scale, self.cfg.attn_scale, self.cfg.attn_softcap,
         )  # fmt: skip
         return o_BKGH[:, None]
 
@@ -98,12 +107,24 @@ def causal_mask(T: int, window: int = 0) -> jax.Array:
     return mask_TS
 
 
+def soft_cap(x: jax.Array, cap: float) -> jax.Array:
+    """cap * tanh(x / cap) (Gemma 2's logit soft-capping); x itself for cap 0."""
+    return cap * jnp.tanh(x / cap) if cap else x
+
+
 def attend_causal(
-    q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, window: int = 0
+    q_BTKGH: jax.Array,
+    k_BSKH: jax.Array,
+    v_BSKH: jax.Array,
+    window: int = 0,
+    scale: float | None = None,
+    softcap: float = 0.0,
 ) -> jax.Array:
     """Causal attention of T queries over the same T positions (forward and prefill), banded to
-    the last `window` positions for a sliding layer."""
+    the last `window` positions for a sliding layer. Scores scaled by `scale` (1/sqrt(H) when
+    None) and soft-capped before the mask."""
     T, H = q_BTKGH.shape[1], q_BTKGH.shape[-1]
+    scale = 1.0 / math.sqrt(H) if scale is None else scale
     dtype = q_BTKGH.dtype
     q_BKGTH = jnp.transpose(q_BTKGH, (0, 2, 3, 1, 4))  # outside the kernels: a layout change
     with jax.named_scope(kernels.SCORES):
@@ -111,7 +132,8 @@ def attend_causal(
             "BKGTH,BSKH->BKGTS", q_BKGTH, k_BSKH, preferred_element_type=jnp.float32
         )
     with jax.named_scope(kernels.SOFTMAX):
-        s_BKGTS = jnp.where(causal_mask(T, window), s_BKGTS * (1.0 / math.sqrt(H)), NEG_INF)
+        s_BKGTS = soft_cap(s_BKGTS * scale, softcap)
+        s_BKGTS = jnp.where(causal_mask(T, window), s_BKGTS, NEG_INF)
         p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(dtype)
     with jax.named_scope(kernels.AV):
         o_BKGTH = jnp.einsum("BKGTS,BSKH->BKGTH", p_BKGTS, v_BSKH.astype(dtype))
@@ -128,18 +150,21 @@ def decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS, k_scale_BKS=None):
     return s_BKGS, s_self_BKG
 
 
-def decode_softmax(s_BKGS, s_self_BKG, pos_B, head_dim: int, dtype, window: int = 0):
+def decode_softmax(
+    s_BKGS, s_self_BKG, pos_B, head_dim: int, dtype, window: int = 0, scale=None, softcap=0.0
+):
     """Softmax over the valid cached positions [0, pos) and the new token, written out so the
-    new score joins the cached ones without a concat. Scaled by 1/sqrt(head_dim)."""
+    new score joins the cached ones without a concat. Scaled by `scale` (1/sqrt(head_dim) when
+    None) and soft-capped (Gemma 2) before the mask."""
     B, S = s_BKGS.shape[0], s_BKGS.shape[-1]
-    scale = 1.0 / math.sqrt(head_dim)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     valid_BS = jnp.arange(S)[None, :] < pos_B[:, None]
     if window:  # a rolling buffer: the slot about to be overwritten holds a token out of window
         valid_BS = valid_BS & (jnp.arange(S)[None, :] != jnp.remainder(pos_B, window)[:, None])
     # any head axes between B and S (K, G here; N for MLA)
     valid = valid_BS.reshape((B,) + (1,) * (s_BKGS.ndim - 2) + (S,))
-    s_BKGS = jnp.where(valid, s_BKGS * scale, NEG_INF)
-    s_self_BKG = s_self_BKG * scale
+    s_BKGS = jnp.where(valid, soft_cap(s_BKGS * scale, softcap), NEG_INF)
+    s_self_BKG = soft_cap(s_self_BKG * scale, softcap)
     m_BKG = jnp.maximum(jnp.max(s_BKGS, axis=-1), s_self_BKG)
     e_BKGS = jnp.exp(s_BKGS - m_BKG[..., None])
     e_self_BKG = jnp.exp(s_self_BKG - m_BKG)
@@ -164,6 +189,8 @@ def attend_cache(
     window: int = 0,
     k_scale_BKS: jax.Array | None = None,
     v_scale_BKS: jax.Array | None = None,
+    scale: float | None = None,
+    softcap: float = 0.0,
 ) -> jax.Array:
     """One new query per sequence over its cached positions [0, pos) and its own new k, v.
 
@@ -175,7 +202,7 @@ def attend_cache(
         s_BKGS, s_self_BKG = decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS, k_scale_BKS)
     with jax.named_scope(kernels.SOFTMAX):
         p_BKGS, p_self_BKG = decode_softmax(
-            s_BKGS, s_self_BKG, pos_B, q_BKGH.shape[-1], q_BKGH.dtype, window
+            s_BKGS, s_self_BKG, pos_B, q_BKGH.shape[-1], q_BKGH.dtype, window, scale, softcap
         )
     with jax.named_scope(kernels.AV):
         return decode_av(p_BKGS, p_self_BKG, v_new_BKH, v_cache_BKSH, v_scale_BKS)

@@ -1,5 +1,5 @@
-"""Load a local Hugging Face Llama / Mistral / Qwen2 / dense DeepSeek-V2/V3 checkpoint
-(config.json + *.safetensors).
+"""Load a local Hugging Face Llama / Mistral / Qwen2 / Qwen3 / Gemma / Gemma 2 / Gemma 3 (text) /
+dense DeepSeek-V2/V3 checkpoint (config.json + *.safetensors).
 
 Nothing is downloaded. Hugging Face stores linear weights as [out, in], as kvjax does, so the
 tensors are taken as they are (gate and up are concatenated into gate_up). DeepSeek (MLA):
@@ -19,11 +19,12 @@ from flax import nnx
 
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
-from kvjax.hf_config import from_hf_config, read_hf_json
+from kvjax.hf_config import from_hf_config, read_hf_json, rope_scalings
 from kvjax.nn.layers import weight_dtype
 from kvjax.nn.transformer import Transformer
 
-SUPPORTED = ("llama", "mistral", "qwen2", "deepseek_v2", "deepseek_v3")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "deepseek_v2",
+             "deepseek_v3")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -54,15 +55,13 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
             f"checkpoint model_type={model_type!r} is not supported; "
             f"allowed: {', '.join(SUPPORTED)}"
         )
-    rope_scaling = data.get("rope_scaling") or data.get("rope_parameters") or {}
-    if not isinstance(rope_scaling, dict):
-        raise KvjaxError(f"checkpoint rope_scaling={rope_scaling!r} must be an object")
-    kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-    if kind not in ("default", None):
-        raise KvjaxError(
-            f"checkpoint rope_scaling type {kind!r} is not implemented in kvjax's model (its "
-            f"logits would differ); `kvjax calc`/`trace` of the config are unaffected"
-        )
+    for scaling in rope_scalings(data):
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in ("default", "linear", None):
+            raise KvjaxError(
+                f"checkpoint rope scaling type {kind!r} is not implemented in kvjax's model (its "
+                f"logits would differ); `kvjax calc`/`trace` of the config are unaffected"
+            )
     interleaved = model_type == "deepseek_v2" or (
         model_type == "deepseek_v3" and data.get("rope_interleave", True)
     )
@@ -110,6 +109,9 @@ def _load_attention(cfg: ModelConfig, a, get, put, p: str) -> None:
         put(a.q_bias, get(p + "self_attn.q_proj.bias", (N * H,)))
         put(a.k_bias, get(p + "self_attn.k_proj.bias", (K * H,)))
         put(a.v_bias, get(p + "self_attn.v_proj.bias", (K * H,)))
+    if cfg.qk_norm:
+        put(a.q_norm.scale, get(p + "self_attn.q_norm.weight", (H,)))
+        put(a.k_norm.scale, get(p + "self_attn.k_norm.weight", (H,)))
 
 
 def from_hf_tensors(
@@ -145,7 +147,12 @@ def from_hf_tensors(
         put(layer.mlp.gate_up, np.concatenate([gate, up], axis=0))
         put(layer.mlp.down, get(p + "mlp.down_proj.weight", (D, F)))
         put(layer.attn_norm.scale, get(p + "input_layernorm.weight", (D,)))
-        put(layer.mlp_norm.scale, get(p + "post_attention_layernorm.weight", (D,)))
+        if cfg.sandwich_norms:  # Gemma 2/3: post_attention_layernorm norms the attention output
+            put(layer.post_attn_norm.scale, get(p + "post_attention_layernorm.weight", (D,)))
+            put(layer.mlp_norm.scale, get(p + "pre_feedforward_layernorm.weight", (D,)))
+            put(layer.post_mlp_norm.scale, get(p + "post_feedforward_layernorm.weight", (D,)))
+        else:
+            put(layer.mlp_norm.scale, get(p + "post_attention_layernorm.weight", (D,)))
     put(model.final_norm.scale, get("model.norm.weight", (D,)))
     if not cfg.tied_embeddings:
         put(model.lm_head, get("lm_head.weight", (cfg.vocab_size, D)))

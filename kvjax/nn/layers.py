@@ -69,27 +69,38 @@ def linear(x_BTI: jax.Array, w_OI: jax.Array, out_dtype=None) -> jax.Array:
 
 
 class RMSNorm(nnx.Module):
-    """x * rsqrt(mean(x^2) + eps) * w, reduced in f32 (as Hugging Face's LlamaRMSNorm)."""
+    """x * rsqrt(mean(x^2) + eps) * w, reduced in f32 (as Hugging Face's LlamaRMSNorm); with
+    `cfg.norm_plus_one` Gemma's x * rsqrt(...) * (1 + w), all in f32 (w stored from 0). `dim`:
+    the normalised width (d_model, or head_dim for the q/k norms)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, dim: int | None = None):
         self.cfg = cfg
-        self.scale = nnx.Param(jnp.ones((cfg.d_model,), weight_dtype(cfg)))
+        init = jnp.zeros if cfg.norm_plus_one else jnp.ones
+        self.scale = nnx.Param(init((dim or cfg.d_model,), weight_dtype(cfg)))
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        return rms_norm(x_BTD, read(self.scale, self.cfg), self.cfg.norm_eps)
+        cfg = self.cfg
+        return rms_norm(x_BTD, read(self.scale, cfg), cfg.norm_eps, cfg.norm_plus_one)
 
 
-def rms_norm(x_BTD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
+def rms_norm(x_BTD: jax.Array, scale_D: jax.Array, eps: float, plus_one: bool = False):
+    """Llama casts the normalised x back before the scale; Gemma scales by 1 + w in f32 and casts
+    last (Hugging Face GemmaRMSNorm)."""
     x = x_BTD.astype(jnp.float32)
     inv = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    if plus_one:
+        return (x * inv * (1.0 + scale_D.astype(jnp.float32))).astype(x_BTD.dtype)
     return (x * inv).astype(x_BTD.dtype) * scale_D
 
 
 def rope_tables(
-    positions_BT: jax.Array, head_dim: int, theta: float
+    positions_BT: jax.Array, head_dim: int, theta: float, factor: float = 1.0
 ) -> tuple[jax.Array, jax.Array]:
-    """cos and sin of shape [B, T, H/2] for integer positions."""
+    """cos and sin of shape [B, T, H/2] for integer positions; `factor` > 1 is Hugging Face's
+    "linear" scaling (inverse frequencies divided by it)."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if factor != 1.0:
+        inv_freq = inv_freq / factor
     angles_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
     return jnp.cos(angles_BTh), jnp.sin(angles_BTh)
 

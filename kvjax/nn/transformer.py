@@ -17,7 +17,7 @@ from flax import nnx
 from kvjax import kernels
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
-from kvjax.nn.attention import Attention
+from kvjax.nn.attention import Attention, soft_cap
 from kvjax.nn.kv_cache import KVCache, dequantize, quantize
 from kvjax.nn.layers import RMSNorm, act_dtype, kv_dtype, linear, param, read
 from kvjax.nn.mla import LatentAttention, LatentCache
@@ -69,11 +69,17 @@ def _gelu_tanh(x: jax.Array) -> jax.Array:
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs):
         self.attn_norm = RMSNorm(cfg)
-        self.attn = LatentAttention(cfg, rngs=rngs) if cfg.is_mla else Attention(cfg, rngs=rngs)
+        if cfg.is_mla:
+            self.attn = LatentAttention(cfg, rngs=rngs)
+        else:
+            self.attn = Attention(cfg, layer, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg)
         self.mlp = MLP(cfg, rngs=rngs)
+        # Gemma 2/3: the attention and MLP outputs are normed too, before their residual adds
+        self.post_attn_norm = RMSNorm(cfg) if cfg.sandwich_norms else None
+        self.post_mlp_norm = RMSNorm(cfg) if cfg.sandwich_norms else None
 
     def __call__(self, x_BTD, positions_BT, attend):
         """`attend(attn, projection) -> o` is the only difference between the uncached forward,
@@ -83,11 +89,17 @@ class Block(nnx.Module):
             h_BTD = self.attn_norm(x_BTD)
         proj = self.attn.project(h_BTD, positions_BT)
         a_BTD = self.attn.output(attend(self.attn, proj))
+        if self.post_attn_norm is not None:
+            with jax.named_scope(kernels.NORM_POST_ATTN):
+                a_BTD = self.post_attn_norm(a_BTD)
         with jax.named_scope(kernels.RESIDUAL_ATTN):
             x_BTD = constrain(x_BTD + a_BTD, DATA, None, None)
         with jax.named_scope(kernels.NORM_MLP):
             h_BTD = self.mlp_norm(x_BTD)
         m_BTD = self.mlp(h_BTD)
+        if self.post_mlp_norm is not None:
+            with jax.named_scope(kernels.NORM_POST_MLP):
+                m_BTD = self.post_mlp_norm(m_BTD)
         with jax.named_scope(kernels.RESIDUAL_MLP):
             return constrain(x_BTD + m_BTD, DATA, None, None)
 
@@ -99,9 +111,14 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         if not isinstance(cfg, ModelConfig):
             raise KvjaxError(f"Transformer needs a ModelConfig, got {type(cfg).__name__}")
+        if cfg.kv_packed:
+            raise KvjaxError(
+                f"kv_dtype={cfg.kv_dtype!r} (a packed 4/2-bit cache) is modelled in the closed "
+                f"form only (kvjax calc, the explorer); the model's cache holds int8, fp8 or wider"
+            )
         self.cfg = cfg
         self.embed = param(rngs, (cfg.vocab_size, cfg.d_model), 1, cfg)
-        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.layers = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg)
         self.lm_head = (
             None
@@ -112,7 +129,10 @@ class Transformer(nnx.Module):
     # -- pieces shared by every path ---------------------------------------------------------
     def _embed(self, tokens_BT: jax.Array) -> jax.Array:
         with jax.named_scope(kernels.EMBED):
-            x_BTD = jnp.take(read(self.embed, self.cfg), tokens_BT, axis=0)
+            w_VD = read(self.embed, self.cfg)
+            x_BTD = jnp.take(w_VD, tokens_BT, axis=0)
+            if self.cfg.scale_embeddings:  # Gemma: sqrt(D), rounded to the weights' dtype
+                x_BTD = x_BTD * jnp.asarray(self.cfg.d_model**0.5, w_VD.dtype)
         return constrain(x_BTD, DATA, None, None)
 
     def _head(self, x_BTD: jax.Array) -> jax.Array:
@@ -122,6 +142,9 @@ class Transformer(nnx.Module):
             w_VD = read(self.embed if self.lm_head is None else self.lm_head, self.cfg)
             # computed in vocab shards, then the logits (not the weight) gathered
             logits_BTV = constrain(linear(x_BTD, w_VD, out_dtype=jnp.float32), DATA, None, MODEL)
+        if self.cfg.final_softcap:
+            with jax.named_scope(kernels.LOGIT_SOFTCAP):
+                logits_BTV = soft_cap(logits_BTV, self.cfg.final_softcap)
         return constrain(logits_BTV, DATA, None, None)
 
     def _check_tokens(self, tokens: jax.Array, ndim: int, name: str) -> None:
@@ -298,6 +321,8 @@ PARAM_KERNELS = {
     "v_proj": kernels.V_PROJ, "v_bias": kernels.V_PROJ,
     "o_proj": kernels.O_PROJ, "gate_up": kernels.GATE_UP, "up": kernels.UP, "down": kernels.DOWN,
     "attn_norm": kernels.NORM_ATTN, "mlp_norm": kernels.NORM_MLP,
+    "q_norm": kernels.QK_NORM, "k_norm": kernels.QK_NORM,
+    "post_attn_norm": kernels.NORM_POST_ATTN, "post_mlp_norm": kernels.NORM_POST_MLP,
     "final_norm": kernels.NORM_FINAL, "embed": kernels.EMBED, "lm_head": kernels.LM_HEAD,
     "k": kernels.SCORES, "v": kernels.AV,  # the KV cache: cache.k[i], cache.v[i]
     # MLA: the latent cache is read first by the scores (absorbed) or kv_b_proj (naive, which

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kvjax.config import DTYPE_BYTES, PRESETS, ModelConfig
+from kvjax.config import DTYPE_BYTES, PACKED_KV_BYTES, PRESETS, ModelConfig
 from kvjax.errors import KvjaxError, unknown_name_error
 from kvjax.files import write_text_atomic
 from kvjax.hardware import CHIPS
@@ -41,7 +41,8 @@ def explorer_data() -> dict[str, Any]:
         }
         for name, chip in CHIPS.items()
     }
-    return {"models": models, "chips": chips, "dtype_bytes": DTYPE_BYTES}
+    # the packed int4 / int2 caches are KV dtypes only (the page offers every key as a KV dtype)
+    return {"models": models, "chips": chips, "dtype_bytes": {**DTYPE_BYTES, **PACKED_KV_BYTES}}
 
 
 def render_explorer(model: str | ModelConfig = "seed-70b", chip: str = "h100-sxm") -> str:

@@ -28,9 +28,36 @@ def theme() -> None:
     plt.rcParams.update({"svg.hashsalt": "kvjax", "pdf.fonttype": 42})
 
 
-def kv_vs_context(records: pd.DataFrame, ax) -> None:
-    """KV cache vs context per variant, with each variant's weights as a dashed line."""
+def kv_vs_context(records: pd.DataFrame, fig) -> None:
+    """KV cache vs context per variant, with each variant's weights as a dashed line; beside it
+    (records with `window`) the sliding-window presets as published against all-global."""
     df = records[records.experiment == "kv_vs_context"]
+    windows = df[df["window"].notna()] if "window" in df else df.iloc[:0]
+    axes = fig.subplots(1, 2 if len(windows) else 1, squeeze=False)[0]
+    _kv_variants(df.drop(windows.index), axes[0])
+    if len(windows):
+        _kv_windows(windows, axes[1])
+
+
+def _kv_windows(df: pd.DataFrame, ax) -> None:
+    for i, (model, g) in enumerate(df.groupby("model", sort=False)):
+        color = f"C{i}"
+        for _, h in g.groupby("variant", sort=False):
+            h = h.sort_values("context")
+            published = h.window.iloc[0] > 0
+            label = f"{model} ({h.layer_pattern.iloc[0]}, W={int(h.window.iloc[0])})"
+            ax.plot(h.context, h.kv_cache_bytes / GIB, color=color, ls="-" if published else ":",
+                    marker="o" if published else None, ms=2.5,
+                    label=label if published else None)  # fmt: skip
+    ax.plot([], [], color="0.4", ls=":", label="same, every layer global")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context S (tokens)")
+    ax.set_title(f"sliding windows, B={int(df.batch.iloc[0])}: the cache they hold", fontsize=8)
+    ax.legend(fontsize=6, frameon=True)
+
+
+def _kv_variants(df: pd.DataFrame, ax) -> None:
     model = df.model.iloc[0]
     df = df[df.model == model]
     palette = kv_palette(df[~df.variant.str.startswith("MLA")].num_kv_heads)
@@ -319,16 +346,9 @@ def tensor_parallel(records: pd.DataFrame, fig) -> None:
     ax_t.legend(fontsize=5.5, frameon=True)
 
 
-def _single(draw):
-    def wrapped(records, fig):
-        draw(records, fig.subplots())
-
-    return wrapped
-
-
 FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "roofline": ("roofline", roofline, (2 * COLUMN_WIDTH_IN, 2.8)),
-    "kv_vs_context": ("kv_vs_context", _single(kv_vs_context), (COLUMN_WIDTH_IN, 2.6)),
+    "kv_vs_context": ("kv_vs_context", kv_vs_context, (2 * COLUMN_WIDTH_IN, 2.6)),
     "decode_latency": ("decode_latency", decode_latency, (2 * COLUMN_WIDTH_IN, 2.6)),
     "decode_intensity": ("decode_latency", decode_intensity, (COLUMN_WIDTH_IN, 2.6)),
     "hkv_ablation": ("hkv_ablation", hkv_ablation, (COLUMN_WIDTH_IN, 2.6)),
