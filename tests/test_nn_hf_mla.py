@@ -97,5 +97,5 @@ def test_yarn_checkpoint_weights_are_refused_but_its_config_imports(tmp_path):
     data.pop("rope_parameters", None)
     (tmp_path / "config.json").write_text(json.dumps(data))
     assert ModelConfig.from_hf_config(tmp_path).kv_lora_rank == 20
-    with pytest.raises(KvjaxError, match="rope_scaling type 'yarn' is not implemented"):
+    with pytest.raises(KvjaxError, match="rope scaling type 'yarn' is not implemented"):
         load_hf_llama(tmp_path, weight_dtype="f32")

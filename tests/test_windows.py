@@ -159,7 +159,7 @@ def test_bad_window_configs_name_the_field(changes, message):
                 "sliding_window": 64,
                 "layer_types": ["sliding_attention", "full_attention"] * 2,
             },
-            (64, "LGLG"),
+            (64, "LG"),  # an explicit list is written as its period
         ),  # fmt: skip
     ],
 )
