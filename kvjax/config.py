@@ -10,6 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvjax.config_checks import (  # the constants re-exported for the CLI and the docs
+    KV_SCALES,
+    MLA_FORMS,
+    ROUTERS,
+    check_mla,
+    check_moe,
+    check_scales,
+    check_window,
+)
 from kvjax.errors import KvjaxError, unknown_name_error
 
 # Bytes per element. int8 and fp8 are both one byte (the seed's "bytes" factor); the KV cache of an
@@ -25,10 +34,10 @@ PACKED_KV_BYTES: dict[str, float] = {"int4": 0.5, "int2": 0.25}
 ACTIVATIONS = ("silu", "gelu")
 # Scales of a quantized KV cache: one f32 per tensor (per layer, K and V), per token per KV head,
 # or (packed 4/2-bit) per group of `kv_group_size` elements an f16 scale and an f16 zero point.
-KV_SCALES = ("auto", "none", "tensor", "token_head", "group")
 SCALE_BYTES = 4  # scales are f32
 GROUP_SCALE_BYTES = 4  # a group's f16 scale and f16 zero point
-MLA_FORMS = ("absorbed", "naive")
+# Mixture of experts: how the router scores experts (softmax: Mixtral, Qwen3-MoE, DeepSeek-V2;
+# sigmoid with a score-correction bias: DeepSeek-V3).
 
 
 def canonical_dtype(dtype: str, field: str = "dtype", packed: bool = False) -> str:
@@ -55,10 +64,9 @@ _INT_FIELDS = (
     "vocab_size",
 )
 _BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "norm_plus_one", "scale_embeddings",
-                "sandwich_norms", "qk_norm")  # fmt: skip
+                "sandwich_norms", "qk_norm", "norm_topk_prob")  # fmt: skip
 _OPTIONAL_NUMBERS = ("query_pre_attn_scalar", "rope_local_theta", "attn_softcap", "final_softcap")
 # Multi-head latent attention (DeepSeek-V2/V3); 0 = absent. `kv_lora_rank > 0` makes a model MLA.
-_MLA_INT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,18 @@ class ModelConfig:
     rope_linear_factor: float = 1.0  # positions / factor in layers on rope_theta (HF "linear")
     attn_softcap: float = 0.0  # scores = c * tanh(scores / c) before the mask (Gemma 2: 50)
     final_softcap: float = 0.0  # logits = c * tanh(logits / c) (Gemma 2: 30)
+    # Mixture of experts (0 experts: dense). Layers from `first_dense_layers` on are MoE: a router,
+    # E routed experts of width moe_d_ff (k per token) and num_shared_experts x moe_d_ff shared.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    num_shared_experts: int = 0
+    moe_d_ff: int = 0
+    first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace: these keep a d_ff MLP
+    router: str = "softmax"
+    norm_topk_prob: bool = True  # renormalise the k weights to sum 1
+    routed_scaling_factor: float = 1.0  # DeepSeek-V3: 2.5
+    expert_groups: int = 1  # DeepSeek's n_group: experts chosen within the best topk_groups
+    topk_groups: int = 1
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -139,118 +159,10 @@ class ModelConfig:
                 raise KvjaxError(f"{field}={value!r} must be a number >= 0 (0: off)")
             if value == float("inf"):
                 raise KvjaxError(f"{field}={value!r} must be finite (0: off)")
-        self._check_mla()
-        self._check_window()
-        self._check_scales()
-
-    def _check_scales(self) -> None:
-        if self.kv_scales not in KV_SCALES:
-            raise KvjaxError(
-                f"kv_scales={self.kv_scales!r} is not supported; allowed: {', '.join(KV_SCALES)}"
-            )
-        kind, G = self.kv_scale_kind, self.kv_group_size
-        if isinstance(G, bool) or not isinstance(G, int) or G <= 0:
-            raise KvjaxError(f"kv_group_size={G!r} must be a positive integer")
-        if self.kv_packed:
-            if kind != "group":
-                raise KvjaxError(
-                    f"kv_dtype={self.kv_dtype!r} needs grouped scales (kv_scales='group', the "
-                    f"default); kv_scales={self.kv_scales!r} is not modelled for a packed cache"
-                )
-            if self.head_dim % G:
-                raise KvjaxError(
-                    f"kv_group_size={G} must divide head_dim={self.head_dim} (a value row is "
-                    f"quantized in groups of kv_group_size)"
-                )
-            if self.is_mla:
-                raise KvjaxError(f"kv_dtype={self.kv_dtype!r} is not modelled for MLA's latent")
-            return
-        if kind == "group":
-            raise KvjaxError(
-                f"kv_scales='group' applies to a packed 4/2-bit cache (kv_dtype int4 or int2), "
-                f"not kv_dtype={self.kv_dtype!r}"
-            )
-        if kind != "none" and self.kv_bytes_per_element != 1:
-            raise KvjaxError(
-                f"kv_scales={self.kv_scales!r} applies to a 1-byte cache (kv_dtype int8 or fp8); "
-                f"kv_dtype={self.kv_dtype!r} is stored as it is (kv_scales='none')"
-            )
-        if self.kv_dtype == "int8" and kind != "token_head":
-            raise KvjaxError(
-                f"kv_dtype='int8' needs per-token scales (kv_scales='token_head', the default); "
-                f"kv_scales={self.kv_scales!r} would need a calibrated scale kvjax does not model"
-            )
-        if self.is_mla and kind != "none":
-            raise KvjaxError(
-                f"kv_scales={self.kv_scales!r}: scales for MLA's latent cache are not implemented; "
-                f"use kv_scales='none' (an fp8 latent cast as it is)"
-            )
-
-    def _check_window(self) -> None:
-        w, pattern = self.sliding_window, self.layer_pattern
-        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
-            raise KvjaxError(f"sliding_window={w!r} must be a non-negative integer (0: none)")
-        if not isinstance(pattern, str) or not pattern or set(pattern) - {"G", "L"}:
-            raise KvjaxError(
-                f"layer_pattern={pattern!r} must be a string of G (global, full attention) and L "
-                f"(local, sliding window) tiled over the layers, e.g. 'L' (Mistral), 'LG' (Gemma 2)"
-                f", 'LLLLLG' (Gemma 3)"
-            )
-        if "L" in pattern and w == 0:
-            raise KvjaxError(
-                f"layer_pattern={pattern!r} has sliding (L) layers but sliding_window=0; set the "
-                f"window (e.g. sliding_window=4096)"
-            )
-        if w and "L" not in pattern:
-            raise KvjaxError(
-                f"sliding_window={w} but layer_pattern={pattern!r} has no sliding (L) layer; set "
-                f"layer_pattern='L' (every layer sliding) or sliding_window=0"
-            )
-        if w and self.is_mla:
-            raise KvjaxError("sliding_window with MLA (kv_lora_rank > 0) is not supported")
-
-    def _check_mla(self) -> None:
-        for field in _MLA_INT_FIELDS:
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise KvjaxError(f"{field}={value!r} must be a non-negative integer (0: no MLA)")
-        if self.mla_decode not in MLA_FORMS:
-            raise KvjaxError(
-                f"mla_decode={self.mla_decode!r} is not supported; allowed: {', '.join(MLA_FORMS)}"
-            )
-        if not self.kv_lora_rank:
-            for field in ("q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
-                if getattr(self, field):
-                    raise KvjaxError(
-                        f"{field}={getattr(self, field)} is an MLA field, but kv_lora_rank=0 "
-                        f"(not MLA); set kv_lora_rank > 0 or {field}=0"
-                    )
-            return
-        rope = self.qk_rope_head_dim
-        if rope <= 0 or rope % 2 or rope >= self.head_dim:
-            raise KvjaxError(
-                f"qk_rope_head_dim={rope} must be even and in 2 .. head_dim-1={self.head_dim - 1} "
-                f"for MLA (head_dim = qk_nope_head_dim + qk_rope_head_dim)"
-            )
-        if self.v_head_dim <= 0:
-            raise KvjaxError(f"v_head_dim={self.v_head_dim} must be a positive integer for MLA")
-        if self.num_kv_heads != self.num_heads:
-            raise KvjaxError(
-                f"num_kv_heads={self.num_kv_heads} must equal num_heads={self.num_heads} for MLA "
-                f"(kv_lora_rank={self.kv_lora_rank}): every head re-expands its own key and value "
-                f"from the shared latent"
-            )
-        if self.rope_linear_factor != 1.0:
-            raise KvjaxError(
-                f"rope_linear_factor={self.rope_linear_factor} is not supported with MLA "
-                f"(kv_lora_rank > 0)"
-            )
-        for field in ("qkv_bias", "qk_norm", "attn_softcap", "query_pre_attn_scalar",
-                      "norm_plus_one"):  # fmt: skip
-            if getattr(self, field):
-                raise KvjaxError(
-                    f"{field}={getattr(self, field)!r} is not supported with MLA (kv_lora_rank > 0)"
-                )
+        check_mla(self)
+        check_moe(self)
+        check_window(self)
+        check_scales(self)
 
     # Derived sizes (levanter style: properties, never stored).
     @property
@@ -292,6 +204,18 @@ class ModelConfig:
     @property
     def num_sliding_layers(self) -> int:
         return sum(self.layer_is_sliding(i) for i in range(self.num_layers))
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def layer_is_moe(self, layer: int) -> bool:
+        """Layer `layer` has the MoE MLP (every layer from first_dense_layers on)."""
+        return self.is_moe and layer >= self.first_dense_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
 
     @property
     def is_mla(self) -> bool:
@@ -369,6 +293,9 @@ class ModelConfig:
 
         return from_hf_config(path, **overrides)
 
+
+__all__ = ["DTYPE_BYTES", "KV_SCALES", "MLA_FORMS", "PACKED_KV_BYTES", "PRESETS", "ROUTERS",
+           "ModelConfig", "canonical_dtype", "get_model_config"]  # fmt: skip
 
 # Presets: defined in `kvjax.presets` (each citing its published config), registered here on
 # import of the package.

@@ -25,8 +25,8 @@ _HF_ACTIVATIONS = {
     "gelu_pytorch_tanh": "gelu",
     "gelu_fast": "gelu",
 }
-_HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3",
-                   "deepseek_v2", "deepseek_v3")  # fmt: skip
+_HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
+                   "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3")  # fmt: skip
 _GEMMA = ("gemma", "gemma2", "gemma3_text", "gemma3")
 # Gemma3TextConfig's defaults (transformers 5), which the Hub's gemma-3 configs rely on: their
 # text_config omits what equals these.
@@ -111,21 +111,7 @@ class _Fields:
 
 def _mla_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: str) -> dict:
     """DeepSeek-V2/V3 attention: the latent fields, head_dim = qk_nope + qk_rope (Hugging Face
-    writes `head_dim` = qk_rope_head_dim there, which is not the query/key width). A model with
-    mixture-of-experts layers is refused by name until kvjax models MoE (it would be mis-sized)."""
-    experts = f.integer("n_routed_experts", default=0)
-    first_dense = data.get("first_k_dense_replace") or 0
-    if isinstance(first_dense, bool) or not isinstance(first_dense, int) or first_dense < 0:
-        raise KvjaxError(f"{where}: first_k_dense_replace={first_dense!r} must be an integer >= 0")
-    layers = fields["num_layers"]
-    if experts and first_dense < layers:
-        raise KvjaxError(
-            f"{where}: model_type={model_type!r} has mixture-of-experts layers "
-            f"(n_routed_experts={experts} from layer first_k_dense_replace={first_dense} of "
-            f"num_hidden_layers={layers}); MoE is not supported yet, and sizing those layers as "
-            f"dense would be wrong. A config whose layers are all dense (first_k_dense_replace >= "
-            f"num_hidden_layers, or n_routed_experts null) is supported"
-        )
+    writes `head_dim` = qk_rope_head_dim there, which is not the query/key width)."""
     out = {"kv_lora_rank": f.integer("kv_lora_rank"), "q_lora_rank": f.integer("q_lora_rank", 0)}
     nope, rope = f.integer("qk_nope_head_dim"), f.integer("qk_rope_head_dim")
     out["v_head_dim"] = f.integer("v_head_dim")
@@ -136,6 +122,63 @@ def _mla_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: st
         raise KvjaxError(f"{where} is incomplete for MLA: missing {', '.join(missing)}")
     out["qk_rope_head_dim"], out["head_dim"] = rope, nope + rope
     out["num_kv_heads"] = fields["num_heads"]  # every head expands its own key and value
+    return out
+
+
+def _layer_index(data: dict, key: str, where: str, default: int = 0) -> int:
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise KvjaxError(f"{where}: {key}={value!r} must be an integer >= 0")
+    return value
+
+
+def _moe_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: str) -> dict:
+    """Mixture-of-experts fields: Mixtral (`num_local_experts`, every layer), Qwen3-MoE
+    (`num_experts`, `moe_intermediate_size`, `norm_topk_prob`), DeepSeek-V2/V3
+    (`n_routed_experts`, `n_shared_experts`, `first_k_dense_replace`, routing by `topk_method` /
+    `scoring_func`, `n_group` / `topk_group`, `routed_scaling_factor`). A layout kvjax does not
+    model (MoE every other layer, dense layers not first) is refused by name."""
+    layers = fields["num_layers"]
+    if model_type == "mixtral":
+        experts, width = f.integer("num_local_experts", 8), fields["d_ff"]
+    elif model_type == "qwen3_moe":
+        # the Hub's configs write num_experts, transformers 5 num_local_experts
+        experts = f.integer("num_experts") or f.integer("num_local_experts")
+        width = f.integer("moe_intermediate_size")
+        step = _layer_index(data, "decoder_sparse_step", where, 1)
+        if step != 1 or data.get("mlp_only_layers"):
+            raise KvjaxError(
+                f"{where}: decoder_sparse_step={step}, mlp_only_layers="
+                f"{data.get('mlp_only_layers')!r}: only every layer MoE (1, []) is modelled"
+            )
+    else:
+        experts = f.integer("n_routed_experts") or f.integer("num_local_experts", 0)
+        width = f.integer("moe_intermediate_size")
+    if not experts:
+        return {}
+    out: dict[str, Any] = {"num_experts": experts, "moe_d_ff": width}
+    out["experts_per_token"] = f.integer("num_experts_per_tok", 2)
+    if model_type.startswith("deepseek"):
+        first = _layer_index(data, "first_k_dense_replace", where)
+        freq = _layer_index(data, "moe_layer_freq", where, 1)
+        if freq != 1:
+            raise KvjaxError(f"{where}: moe_layer_freq={freq}: only 1 (every layer) is modelled")
+        if first >= layers:  # every layer dense: not an MoE model
+            return {}
+        out["first_dense_layers"] = first
+        out["num_shared_experts"] = _layer_index(data, "n_shared_experts", where)
+        out["routed_scaling_factor"] = f.number("routed_scaling_factor") or 1.0
+        v3 = model_type == "deepseek_v3"
+        out["router"] = "sigmoid" if v3 else "softmax"
+        out["norm_topk_prob"] = f.boolean("norm_topk_prob", True) if v3 else False
+        grouped = v3 or f.text("topk_method") == "group_limited_greedy"
+        if grouped:
+            out["expert_groups"] = f.integer("n_group", 1)
+            out["topk_groups"] = f.integer("topk_group", 1)
+    elif model_type == "qwen3_moe":
+        out["norm_topk_prob"] = f.boolean("norm_topk_prob", False)
     return out
 
 
@@ -239,7 +282,7 @@ def _gemma_qwen_fields(f: _Fields, model_type: str) -> dict:
                          ("final_logit_softcapping", "final_softcap")):  # fmt: skip
             if (cap := f.number(old)) is not None:
                 out[new] = cap
-    if model_type in ("gemma3", "gemma3_text", "qwen3"):
+    if model_type in ("gemma3", "gemma3_text", "qwen3", "qwen3_moe"):
         out["qk_norm"] = True
     return out
 
@@ -280,6 +323,8 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     fields["head_dim"] = f.integer("head_dim", default=fields["d_model"] // fields["num_heads"])
     if model_type in _MLA_MODEL_TYPES:
         fields.update(_mla_fields(f, data, fields, model_type, where))
+    if model_type in ("mixtral", "qwen3_moe", *_MLA_MODEL_TYPES):
+        fields.update(_moe_fields(f, data, fields, model_type, where))
     fields.update(_window_fields(f, data, fields["num_layers"], model_type, where))
     act = f.text("hidden_activation", _HF_ACTIVATIONS) or f.text("hidden_act", _HF_ACTIVATIONS)
     fields["mlp_activation"] = _HF_ACTIVATIONS[act or "silu"]

@@ -50,6 +50,8 @@ LETTERS = {
     "W": "MLA value head width, v_head_dim",
     "Q": "MLA query low rank, q_lora_rank",
 }
+# MoE formulas (`kvjax.analytic.moe`) write E routed experts, k per token, F_e = moe_d_ff; array
+# suffixes keep the letters above (w_MkED: M tokens, k picks, E = 2F_e rows, D).
 
 # Kinds: how the closed form counts a kernel and how its traced bytes compare.
 MATMUL = "matmul"  # 2*M*K*N FLOPs; weights + input + output bytes, compared strictly
@@ -158,6 +160,36 @@ Q_ABSORB = _k(
 V_UP = _k(
     "attn/v_up", MATMUL, True, "MLA absorbed: latent attention output @ W_uv per head: values (W)"
 )
+
+# Mixture of experts (E routed experts of width F_e, k per token; `kvjax.analytic.moe`). The
+# shared experts and a dense layer's MLP are the mlp/ kernels.
+_GATHER_NOTE = (
+    "gathered experts: the lowered module writes the M*k picked experts' matrices and the product "
+    "reads them again (and widens them in a 2-byte model); the closed form counts the touched "
+    "experts read once"
+)
+MOE_ROUTER = _k(
+    "moe/router", MATMUL, True, "MoE: f32 router logits x @ W_r (E)",
+    "the router runs in f32: x and W_r widened first in a 2-byte model",
+)  # fmt: skip
+MOE_TOPK = _k(
+    "moe/topk", ELEMENTWISE, True, "MoE: the experts' scores (softmax / sigmoid), top-k, weights",
+    "unfused elementwise: the softmax or sigmoid, the top-k and the renormalisation each "
+    "materialised in the lowered module",
+)  # fmt: skip
+MOE_GATE_UP = _k("moe/gate_up", GATHER, True, "MoE: x @ [W_gate; W_up] of its k experts",
+                 _GATHER_NOTE)  # fmt: skip
+MOE_ACT = _k(
+    "moe/act", ELEMENTWISE, True, "MoE: silu(gate) * up of the k experts' rows",
+    "unfused elementwise: the activation's steps and the gate/up slices each materialised in "
+    "the lowered module; the closed form counts one fused pass",
+)  # fmt: skip
+MOE_DOWN = _k("moe/down", GATHER, True, "MoE: h @ W_down of its k experts", _GATHER_NOTE)
+MOE_COMBINE = _k(
+    "moe/combine", ELEMENTWISE, True, "MoE: the k outputs weighted and summed (+ shared experts)",
+    "a small product and reshapes: the lowered module counts the broadcast weights and the "
+    "reshaped output again",
+)  # fmt: skip
 
 ATTENTION = _k("attention", FUSED, True, "scores, softmax and av as one kernel",
                members=(SCORES, SOFTMAX, AV))  # fmt: skip

@@ -230,3 +230,103 @@ _TINY_MLA = dict(_TINY, head_dim=10, num_kv_heads=12, kv_lora_rank=20, qk_rope_h
                  v_head_dim=7)  # fmt: skip
 _preset(ModelConfig(name="tiny-mla", **_TINY_MLA))
 _preset(ModelConfig(name="tiny-mla-q", q_lora_rank=24, **_TINY_MLA))
+
+# --------------------------------------------------------------------------------------------
+# Mixtures of experts. Parameter totals are checked against the Hugging Face models built on the
+# meta device (tests/test_moe.py) and the published figures cited here.
+# mistralai/Mixtral-8x7B-v0.1 config.json (Jiang et al., 2024): 46,702,792,704 parameters, 8
+# experts of 14336 per layer, 2 per token: 12.9e9 active; every layer MoE.
+_preset(
+    ModelConfig(
+        name="mixtral-8x7b",
+        num_layers=32,
+        d_model=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        d_ff=14336,
+        vocab_size=32000,
+        rope_theta=1_000_000.0,
+        num_experts=8,
+        experts_per_token=2,
+        moe_d_ff=14336,
+    )
+)
+# Qwen/Qwen3-30B-A3B config.json (Qwen team, 2025): 30.5e9 parameters, 3.3e9 active; 128 experts
+# of 768, 8 per token (renormalised), q/k norms; every layer MoE (d_ff 6144 is unused).
+_preset(
+    ModelConfig(
+        name="qwen3-30b-a3b",
+        num_layers=48,
+        d_model=2048,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        d_ff=6144,
+        vocab_size=151936,
+        qk_norm=True,
+        rope_theta=1_000_000.0,
+        norm_eps=1e-6,
+        num_experts=128,
+        experts_per_token=8,
+        moe_d_ff=768,
+    )
+)
+# deepseek-ai/DeepSeek-V2-Lite config.json (DeepSeek-AI, 2024): 15.7e9 parameters, 2.4e9 active;
+# MLA without a query low rank; layer 0 dense (10944), then 64 routed experts of 1408 (6 per
+# token, softmax, not renormalised) and 2 shared.
+_preset(
+    ModelConfig(
+        name="deepseek-v2-lite",
+        num_layers=27,
+        d_model=2048,
+        num_heads=16,
+        num_kv_heads=16,
+        head_dim=192,
+        d_ff=10944,
+        vocab_size=102400,
+        norm_eps=1e-6,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        num_experts=64,
+        experts_per_token=6,
+        num_shared_experts=2,
+        moe_d_ff=1408,
+        first_dense_layers=1,
+        norm_topk_prob=False,
+    )
+)
+# deepseek-ai/DeepSeek-V3 config.json (DeepSeek-AI, 2024): 671.0e9 parameters without the
+# multi-token-prediction module (HF's 685e9 includes it), 37e9 active; MLA (q rank 1536, latent
+# 512, RoPE 64); layers 0-2 dense (18432), then 256 routed experts of 2048 (8 per token: sigmoid
+# scores, a score-correction bias, 4 of 8 groups, renormalised, x 2.5) and 1 shared.
+_preset(
+    ModelConfig(
+        name="deepseek-v3",
+        num_layers=61,
+        d_model=7168,
+        num_heads=128,
+        num_kv_heads=128,
+        head_dim=192,
+        d_ff=18432,
+        vocab_size=129280,
+        norm_eps=1e-6,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        num_experts=256,
+        experts_per_token=8,
+        num_shared_experts=1,
+        moe_d_ff=2048,
+        first_dense_layers=3,
+        router="sigmoid",
+        routed_scaling_factor=2.5,
+        expert_groups=8,
+        topk_groups=4,
+    )
+)
+# Tiny MoE: 6 experts of 20, 2 per token, every dimension distinct from tiny-gqa's.
+_TINY_MOE = dict(num_experts=6, experts_per_token=2, moe_d_ff=20)
+_preset(ModelConfig(name="tiny-moe", num_kv_heads=3, **_TINY, **_TINY_MOE))

@@ -22,9 +22,13 @@ INDEX_BYTES = 4  # int32 token ids
 
 @dataclass(frozen=True)
 class Workload:
+    """`experts_touched`: MoE experts read per MoE layer by this step (None: the expectation under
+    uniform routing, `kvjax.analytic.moe`; kvjax's model reads M*k, the trace's count)."""
+
     phase: str
     batch: int
     context: int
+    experts_touched: float | None = None
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
@@ -33,6 +37,11 @@ class Workload:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise KvjaxError(f"{field}={value!r} must be a positive integer (> 0)")
+        touched = self.experts_touched
+        if touched is not None and (
+            isinstance(touched, bool) or not isinstance(touched, int | float) or not touched > 0
+        ):
+            raise KvjaxError(f"experts_touched={touched!r} must be a positive number (or None)")
 
     @property
     def query_len(self) -> int:

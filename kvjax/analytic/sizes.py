@@ -30,8 +30,9 @@ def mla_attention_param_counts(cfg: ModelConfig) -> dict[str, int]:
     }
 
 
-def layer_param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Parameters of one decoder layer, by component."""
+def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
+    """Parameters of one decoder layer, by component; `moe`: an MoE layer of the config (its
+    router, experts and shared experts: `kvjax.analytic.moe`) instead of the dense MLP."""
     D, N, K, H, F = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff
     bias_q, bias_kv = (N * H, K * H) if cfg.qkv_bias else (0, 0)
     if cfg.is_mla:
@@ -46,21 +47,25 @@ def layer_param_counts(cfg: ModelConfig) -> dict[str, int]:
     if cfg.qk_norm:
         attn[kernels.QK_NORM] = 2 * H
     sandwich = {kernels.NORM_POST_ATTN: D, kernels.NORM_POST_MLP: D} if cfg.sandwich_norms else {}
-    return {
-        **attn,
-        kernels.GATE_UP if cfg.gated_mlp else kernels.UP: (2 if cfg.gated_mlp else 1) * D * F,
-        kernels.DOWN: F * D,
-        kernels.NORM_ATTN: D,
-        kernels.NORM_MLP: D,
-        **sandwich,
-    }
+    if moe:
+        from kvjax.analytic.moe import moe_layer_param_counts
+
+        mlp = moe_layer_param_counts(cfg)
+    else:
+        mlp = {
+            kernels.GATE_UP if cfg.gated_mlp else kernels.UP: (2 if cfg.gated_mlp else 1) * D * F,
+            kernels.DOWN: F * D,
+        }
+    return {**attn, **mlp, kernels.NORM_ATTN: D, kernels.NORM_MLP: D, **sandwich}
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """Exact parameter count by component (summed over layers) and `total`."""
     counts = {kernels.EMBED: cfg.vocab_size * cfg.d_model}
-    for name, n in layer_param_counts(cfg).items():
-        counts[name] = n * cfg.num_layers
+    moe = cfg.num_moe_layers
+    for layers, kind in ((cfg.num_layers - moe, False), (moe, True)):
+        for name, n in (layer_param_counts(cfg, kind) if layers else {}).items():
+            counts[name] = counts.get(name, 0) + n * layers
     counts[kernels.NORM_FINAL] = cfg.d_model
     counts[kernels.LM_HEAD] = 0 if cfg.tied_embeddings else cfg.vocab_size * cfg.d_model
     counts["total"] = sum(counts.values())
@@ -72,7 +77,10 @@ def num_params(cfg: ModelConfig) -> int:
 
 
 def weight_bytes(cfg: ModelConfig) -> int:
-    return num_params(cfg) * cfg.weight_bytes_per_element
+    """Parameters x the weight dtype's bytes (DeepSeek-V3's router biases in f32)."""
+    from kvjax.analytic.moe import bias_extra_bytes
+
+    return num_params(cfg) * cfg.weight_bytes_per_element + bias_extra_bytes(cfg)
 
 
 def kv_elements_per_token_per_layer(cfg: ModelConfig) -> int:

@@ -10,6 +10,8 @@ steps one per element.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from kvjax import kernels
 from kvjax.analytic.costs import INDEX_BYTES, SCORE_BYTES, KernelCost, StepCost, Workload
 from kvjax.analytic.quant import dequantize_cost, quantize_flops, scale_bytes_per_row
@@ -118,9 +120,12 @@ def rope_cost(M: int, heads: int, H: int, a: int, scaled: bool = False) -> Kerne
     )
 
 
-def layer_kernels(cfg: ModelConfig, wl: Workload, sliding: bool = False) -> dict[str, KernelCost]:
+def layer_kernels(
+    cfg: ModelConfig, wl: Workload, sliding: bool = False, moe: bool = False
+) -> dict[str, KernelCost]:
     """Every kernel of one decoder layer, in execution order (MLA's attention:
-    `kvjax.analytic.mla`); `sliding`: a sliding-window layer of the config."""
+    `kvjax.analytic.mla`); `sliding`: a sliding-window layer of the config; `moe`: an MoE layer
+    (`kvjax.analytic.moe`: router, experts, and the shared experts as the mlp/ kernels)."""
     M, D, F = wl.tokens, cfg.d_model, cfg.d_ff
     w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
     if cfg.is_mla:
@@ -138,10 +143,28 @@ def layer_kernels(cfg: ModelConfig, wl: Workload, sliding: bool = False) -> dict
         _residual(kernels.RESIDUAL_ATTN, M, D, a),
         _rmsnorm(kernels.NORM_MLP, M, D, w, a, one),
     ]
-    if cfg.gated_mlp:
-        k.append(_matmul(kernels.GATE_UP, M, D, 2 * F, w, a))
+    if moe:
+        from kvjax.analytic.moe import moe_kernels
+
+        F = cfg.num_shared_experts * cfg.moe_d_ff  # the shared experts: one gated MLP
+        if F:
+            k += mlp_kernels(cfg, M, D, F, w, a)
+        k += moe_kernels(cfg, wl)
     else:
-        k.append(_matmul(kernels.UP, M, D, F, w, a))
+        k += mlp_kernels(cfg, M, D, F, w, a)
+    if cfg.sandwich_norms:
+        k.append(_rmsnorm(kernels.NORM_POST_MLP, M, D, w, a, one))
+    k.append(_residual(kernels.RESIDUAL_MLP, M, D, a))
+    return {c.name: c for c in k}
+
+
+def mlp_kernels(cfg: ModelConfig, M: int, D: int, F: int, w: int, a: int) -> list[KernelCost]:
+    """A dense MLP of width F: gate_up (or up), the activation, down."""
+    k = [
+        _matmul(kernels.GATE_UP, M, D, 2 * F, w, a)
+        if cfg.gated_mlp
+        else _matmul(kernels.UP, M, D, F, w, a)
+    ]
     # silu(x) = x / (1 + exp(-x)): negate, exp, add, divide, multiply = 4 FLOPs + 1 exp;
     # gelu (tanh form): 8 FLOPs + 1 tanh; the gated form multiplies by `up` (1 more FLOP).
     act_flops = {"silu": 4, "gelu": 8}[cfg.mlp_activation] + (1 if cfg.gated_mlp else 0)
@@ -155,10 +178,7 @@ def layer_kernels(cfg: ModelConfig, wl: Workload, sliding: bool = False) -> dict
         )
     )
     k.append(_matmul(kernels.DOWN, M, F, D, w, a))
-    if cfg.sandwich_norms:
-        k.append(_rmsnorm(kernels.NORM_POST_MLP, M, D, w, a, one))
-    k.append(_residual(kernels.RESIDUAL_MLP, M, D, a))
-    return {c.name: c for c in k}
+    return k
 
 
 def gqa_attention_kernels(
@@ -315,12 +335,12 @@ def head_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
 def step_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
     """Every kernel of the step, layer kernels summed over the L layers (global and sliding)."""
     out = {kernels.EMBED: embed_kernel(cfg, wl)}
-    sliding = cfg.num_sliding_layers
-    local = layer_kernels(cfg, wl, sliding=True) if sliding else {}
-    for name, cost in layer_kernels(cfg, wl).items():
-        out[name] = cost.scaled(cfg.num_layers - sliding)
-        if sliding:
-            out[name] = out[name] + local[name].scaled(sliding)
+    kinds = Counter(
+        (cfg.layer_is_sliding(i), cfg.layer_is_moe(i)) for i in range(cfg.num_layers)
+    )  # layers of each kind: (sliding, MoE)
+    for (sliding, moe), count in kinds.items():
+        for name, cost in layer_kernels(cfg, wl, sliding, moe).items():
+            out[name] = out[name] + cost.scaled(count) if name in out else cost.scaled(count)
     out.update(head_kernels(cfg, wl))
     return out
 

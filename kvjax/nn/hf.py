@@ -23,8 +23,8 @@ from kvjax.hf_config import from_hf_config, read_hf_json, rope_scalings
 from kvjax.nn.layers import weight_dtype
 from kvjax.nn.transformer import Transformer
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "deepseek_v2",
-             "deepseek_v3")  # fmt: skip
+SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
+             "gemma3_text", "deepseek_v2", "deepseek_v3")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -66,7 +66,8 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
         model_type == "deepseek_v3" and data.get("rope_interleave", True)
     )
     tensors = _read_safetensors(folder)
-    return from_hf_tensors(cfg, tensors, rope_interleaved=interleaved)
+    moe_prefix = "block_sparse_moe." if model_type == "mixtral" else "mlp."
+    return from_hf_tensors(cfg, tensors, rope_interleaved=interleaved, moe_prefix=moe_prefix)
 
 
 def _deinterleave(w_OI: np.ndarray, heads: int, head_dim: int, rope: int) -> np.ndarray:
@@ -114,8 +115,45 @@ def _load_attention(cfg: ModelConfig, a, get, put, p: str) -> None:
         put(a.k_norm.scale, get(p + "self_attn.k_norm.weight", (H,)))
 
 
+_EXPERT_NAMES = {  # (gate, up, down) of an expert: Mixtral's w1, w3, w2, everyone else's names
+    "block_sparse_moe.": ("w1", "w3", "w2"),
+    "mlp.": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
+def _load_mlp(mlp, get, put, p: str, F: int, D: int) -> None:
+    gate = get(p + "gate_proj.weight", (F, D))
+    up = get(p + "up_proj.weight", (F, D))
+    put(mlp.gate_up, np.concatenate([gate, up], axis=0))
+    put(mlp.down, get(p + "down_proj.weight", (D, F)))
+
+
+def _load_moe(cfg: ModelConfig, moe, get, put, p: str) -> None:
+    """The router (and DeepSeek-V3's score-correction bias), the experts stacked to (E, 2F, D)
+    and (E, D, F), and DeepSeek's shared experts."""
+    D, E, F = cfg.d_model, cfg.num_experts, cfg.moe_d_ff
+    gate_name, up_name, down_name = _EXPERT_NAMES[p.split(".", 3)[-1]]
+    put(moe.router, get(p + "gate.weight", (E, D)))
+    if moe.router_bias is not None:
+        moe.router_bias[...] = jnp.asarray(get(p + "gate.e_score_correction_bias", (E,)))
+    ex = p + "experts."
+    gate_up = [
+        np.concatenate(
+            [get(f"{ex}{e}.{gate_name}.weight", (F, D)), get(f"{ex}{e}.{up_name}.weight", (F, D))]
+        )  # fmt: skip
+        for e in range(E)
+    ]
+    put(moe.expert_gate_up, np.stack(gate_up))
+    put(moe.expert_down, np.stack([get(f"{ex}{e}.{down_name}.weight", (D, F)) for e in range(E)]))
+    if moe.shared is not None:
+        _load_mlp(moe.shared, get, put, p + "shared_experts.", moe.shared.width, D)
+
+
 def from_hf_tensors(
-    cfg: ModelConfig, tensors: dict[str, np.ndarray], rope_interleaved: bool = False
+    cfg: ModelConfig,
+    tensors: dict[str, np.ndarray],
+    rope_interleaved: bool = False,
+    moe_prefix: str = "mlp.",
 ) -> Transformer:
     D, F = cfg.d_model, cfg.d_ff
     dtype = weight_dtype(cfg)
@@ -142,10 +180,10 @@ def from_hf_tensors(
             _load_mla(cfg, a, get, put, p, rope_interleaved)
         else:
             _load_attention(cfg, a, get, put, p)
-        gate = get(p + "mlp.gate_proj.weight", (F, D))
-        up = get(p + "mlp.up_proj.weight", (F, D))
-        put(layer.mlp.gate_up, np.concatenate([gate, up], axis=0))
-        put(layer.mlp.down, get(p + "mlp.down_proj.weight", (D, F)))
+        if cfg.layer_is_moe(i):
+            _load_moe(cfg, layer.mlp, get, put, p + moe_prefix)
+        else:
+            _load_mlp(layer.mlp, get, put, p + "mlp.", F, D)
         put(layer.attn_norm.scale, get(p + "input_layernorm.weight", (D,)))
         if cfg.sandwich_norms:  # Gemma 2/3: post_attention_layernorm norms the attention output
             put(layer.post_attn_norm.scale, get(p + "post_attention_layernorm.weight", (D,)))

@@ -21,13 +21,17 @@ from kvjax.nn.attention import Attention, soft_cap
 from kvjax.nn.kv_cache import KVCache, dequantize, quantize
 from kvjax.nn.layers import RMSNorm, act_dtype, kv_dtype, linear, param, read
 from kvjax.nn.mla import LatentAttention, LatentCache
+from kvjax.nn.moe import MoE
 from kvjax.nn.sharding import DATA, MODEL, constrain
 
 
 class MLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    """The dense MLP, `width` wide (d_ff; an MoE layer's shared experts: their total width)."""
+
+    def __init__(self, cfg: ModelConfig, width: int | None = None, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        D, F = cfg.d_model, cfg.d_ff
+        self.width = width or cfg.d_ff
+        D, F = cfg.d_model, self.width
         # Weights stored 2-D, (out, in): gate_up (2F, D) = [gate; up], up (F, D), down (D, F).
         if cfg.gated_mlp:
             self.gate_up = param(rngs, (2 * F, D), D, cfg)
@@ -39,7 +43,7 @@ class MLP(nnx.Module):
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         cfg = self.cfg
-        F = cfg.d_ff
+        F = self.width
         act = jax.nn.silu if cfg.mlp_activation == "silu" else _gelu_tanh
         if cfg.gated_mlp:
             with jax.named_scope(kernels.GATE_UP):
@@ -76,7 +80,7 @@ class Block(nnx.Module):
         else:
             self.attn = Attention(cfg, layer, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg)
-        self.mlp = MLP(cfg, rngs=rngs)
+        self.mlp = MoE(cfg, rngs=rngs) if cfg.layer_is_moe(layer) else MLP(cfg, rngs=rngs)
         # Gemma 2/3: the attention and MLP outputs are normed too, before their residual adds
         self.post_attn_norm = RMSNorm(cfg) if cfg.sandwich_norms else None
         self.post_mlp_norm = RMSNorm(cfg) if cfg.sandwich_norms else None
@@ -331,6 +335,8 @@ PARAM_KERNELS = {
     "q_a_proj": kernels.Q_A_PROJ, "q_a_norm": kernels.NORM_Q_A, "q_b_proj": kernels.Q_B_PROJ,
     "kv_a_proj": kernels.KV_A_PROJ, "kv_a_norm": kernels.NORM_KV_A,
     "k_up": kernels.Q_ABSORB, "v_up": kernels.V_UP,
+    "router": kernels.MOE_ROUTER, "router_bias": kernels.MOE_TOPK,
+    "expert_gate_up": kernels.MOE_GATE_UP, "expert_down": kernels.MOE_DOWN,
 }  # fmt: skip
 _PATH_PART = re.compile(r"\['(\w+)'\]|\[(\d+)\]|\.(\w+)")
 

@@ -142,6 +142,11 @@ def _roofline_opinion(fn: Callable, args: tuple) -> dict[str, float] | None:
     }
 
 
+def _kind(cfg: ModelConfig, layer: int) -> tuple[bool, bool]:
+    """(MoE, sliding) of a layer: what makes layers' kernels differ."""
+    return cfg.layer_is_moe(layer), cfg.layer_is_sliding(layer)
+
+
 def trace_step(
     cfg: ModelConfig,
     phase: str,
@@ -158,18 +163,24 @@ def trace_step(
     (the layers are identical; tests check this equals the full unrolled trace).
     """
     wl = Workload(phase, batch, context)
+    if cfg.is_moe:  # kvjax's model gathers every token's k experts: M*k expert reads
+        wl = Workload(phase, batch, context, experts_touched=wl.tokens * cfg.experts_per_token)
     if stage not in STAGES:
         raise KvjaxError(f"stage={stage!r} is not supported; allowed: {', '.join(STAGES)}")
     check_layers(layers)
     if stage == "compiled" and layers == "one":
         raise KvjaxError("stage='compiled' traces every layer; use layers='all'")
     t0 = time.perf_counter()
-    # "one": one layer of each kind (global, sliding) the model has, each standing for its kind
-    kinds = sorted({cfg.layer_is_sliding(i) for i in range(cfg.num_layers)})
+    # "one": one layer of each kind (dense/MoE, global/sliding) the model has, each standing
+    # for its kind; the dense kinds first (an MoE model's dense layers are its first)
+    kinds = sorted({_kind(cfg, i) for i in range(cfg.num_layers)})
     traced_cfg = cfg
     if layers == "one":
-        pattern = "".join("L" if k else "G" for k in kinds)
-        traced_cfg = cfg.replace(num_layers=len(kinds), layer_pattern=pattern)
+        pattern = "".join("L" if sliding else "G" for _, sliding in kinds)
+        dense = sum(not moe for moe, _ in kinds) if cfg.is_moe else 0
+        traced_cfg = cfg.replace(
+            num_layers=len(kinds), layer_pattern=pattern, first_dense_layers=dense
+        )
     fn, args = step_fn(traced_cfg, phase, batch, context)
     lowered = lower_for_cost(fn, args)
     backend = jax.default_backend()
@@ -192,7 +203,7 @@ def trace_step(
             layer_ids = [layer]
             if layer is not None and layers == "one":  # every layer of the traced layer's kind
                 kind = kinds[layer]
-                layer_ids = [i for i in range(cfg.num_layers) if cfg.layer_is_sliding(i) == kind]
+                layer_ids = [i for i in range(cfg.num_layers) if _kind(cfg, i) == kind]
             for lid in layer_ids:
                 traced.append(
                     KernelTrace(lid, name, c.flops, c.bytes, c.transcendentals, "lowered", backend)

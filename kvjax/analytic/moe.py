@@ -1,0 +1,177 @@
+"""Mixture-of-experts MLPs in closed form: total and active parameters, the experts a step reads,
+and every MoE kernel's FLOPs and bytes. Pure Python; letters: `kvjax.kernels` (E experts, k per
+token, F_e = moe_d_ff each).
+
+A decode step's MLP weights are what the batch's M = B*T tokens route to. Under uniform routing
+(each token picks k distinct experts of E at random) one expert escapes a token with probability
+(1 - k/E), so the expected number of distinct experts touched per MoE layer is
+
+    E * (1 - (1 - k/E)^M),
+
+between k (every token to the same k experts: the best case) and min(E, M*k) (every pick distinct:
+the worst). At B = 1 decode it is k: the seed's weights floor becomes the active weights. A
+grouped-GEMM kernel reads each touched expert once; kvjax's model gathers each token's k experts
+(`kvjax.nn.moe`: M*k expert reads, the worst case whenever two tokens share an expert), so its
+trace is compared with the closed form at `Workload.experts_touched = M*k`.
+"""
+
+from __future__ import annotations
+
+from kvjax import kernels
+from kvjax.analytic.costs import SCORE_BYTES, KernelCost, Workload
+from kvjax.config import DTYPE_BYTES, ModelConfig
+
+BIAS_BYTES = 4  # DeepSeek-V3's e_score_correction_bias is kept in f32 (as Hugging Face does)
+
+
+def expected_experts_touched(num_experts: int, per_token: int, tokens: int) -> float:
+    """E * (1 - (1 - k/E)^M): distinct experts M tokens touch under uniform top-k routing."""
+    E, k = num_experts, per_token
+    return E * (1.0 - (1.0 - k / E) ** tokens)
+
+
+def experts_touched_bounds(num_experts: int, per_token: int, tokens: int) -> tuple[int, int]:
+    """(best, worst): every token to the same k experts; every pick a different expert."""
+    return per_token, min(num_experts, per_token * tokens)
+
+
+def experts_touched(cfg: ModelConfig, wl: Workload) -> float:
+    """Experts read per MoE layer by the step: the workload's own count (`experts_touched`, e.g.
+    the model's M*k gathers), else the uniform-routing expectation."""
+    if wl.experts_touched is not None:
+        return wl.experts_touched
+    return expected_experts_touched(cfg.num_experts, cfg.experts_per_token, wl.tokens)
+
+
+def expert_params(cfg: ModelConfig) -> int:
+    """One routed expert: gate, up (2 * D * F_e) and down (F_e * D)."""
+    return 3 * cfg.d_model * cfg.moe_d_ff
+
+
+def moe_layer_param_counts(cfg: ModelConfig) -> dict[str, int]:
+    """An MoE layer's MLP parameters by kernel: the router (E * D, and DeepSeek-V3's E-wide
+    score-correction bias), the routed experts, and the shared experts (one gated MLP of
+    num_shared_experts * F_e, as DeepSeek builds them), counted as the mlp/ kernels."""
+    D, E, F = cfg.d_model, cfg.num_experts, cfg.moe_d_ff
+    out = {
+        kernels.MOE_ROUTER: E * D + (E if cfg.router == "sigmoid" else 0),
+        kernels.MOE_GATE_UP: E * 2 * D * F,
+        kernels.MOE_DOWN: E * F * D,
+    }
+    if cfg.num_shared_experts:
+        S = cfg.num_shared_experts * F
+        out[kernels.GATE_UP] = 2 * D * S
+        out[kernels.DOWN] = S * D
+    return out
+
+
+def bias_extra_bytes(cfg: ModelConfig) -> int:
+    """The f32 correction biases' bytes beyond the weight dtype's (`sizes.weight_bytes`)."""
+    if not cfg.is_moe or cfg.router != "sigmoid":
+        return 0
+    return cfg.num_moe_layers * cfg.num_experts * (BIAS_BYTES - cfg.weight_bytes_per_element)
+
+
+def active_params(cfg: ModelConfig) -> int:
+    """Parameters one token uses: everything but the routed experts it does not pick (k of E
+    per MoE layer). Embedding and LM head included (the convention of the DeepSeek-V3 report's
+    "37B activated"); a dense model's active parameters are all of them."""
+    from kvjax.analytic.sizes import num_params
+
+    total = num_params(cfg)
+    if not cfg.is_moe:
+        return total
+    unused = (cfg.num_experts - cfg.experts_per_token) * expert_params(cfg)
+    return total - cfg.num_moe_layers * unused
+
+
+def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
+    """The MoE MLP of one layer, after its norm, in execution order (the shared experts are the
+    dense MLP kernels, `kvjax.analytic.step`, added by the caller).
+
+    router: f32 logits x @ W_r (E x D): 2*M*D*E. topk: the scores (softmax: max, subtract, exp,
+    sum, divide, 4E + 1 exp a token; sigmoid: 3E + E exps... derived per router below) and the
+    choice; gate_up / down: the touched experts' weights read once, M*k rows of products;
+    combine: the k outputs weighted and summed (2*M*k*D - M*D... as counted below).
+    """
+    M, D, E, k, F = wl.tokens, cfg.d_model, cfg.num_experts, cfg.experts_per_token, cfg.moe_d_ff
+    w, a = cfg.weight_bytes_per_element, DTYPE_BYTES[cfg.compute_dtype]
+    touched = experts_touched(cfg, wl)
+    router_w = E * D * w
+    router = KernelCost(
+        kernels.MOE_ROUTER,
+        flops=2 * M * D * E + ((M * D + E * D) if a != 4 else 0),  # widened to f32 first
+        bytes=router_w + M * D * a + M * E * SCORE_BYTES,
+        weight_bytes=router_w,
+    )
+    bias = E * BIAS_BYTES if cfg.router == "sigmoid" else 0  # DeepSeek-V3's correction bias
+    topk = KernelCost(
+        kernels.MOE_TOPK,
+        flops=route_flops(cfg, M),
+        bytes=M * E * SCORE_BYTES + M * k * (SCORE_BYTES + 4) + bias,
+        transcendentals=M * E,
+        weight_bytes=bias,
+    )
+    gate_up_w = touched * 2 * F * D * w
+    gate_up = KernelCost(
+        kernels.MOE_GATE_UP,
+        flops=2 * M * k * D * 2 * F + gather_flops(M * k),
+        bytes=gate_up_w + M * D * a + M * k * 2 * F * a,
+        weight_bytes=gate_up_w,
+    )
+    act_flops = {"silu": 4, "gelu": 8}[cfg.mlp_activation] + 1
+    act = KernelCost(
+        kernels.MOE_ACT,
+        flops=act_flops * M * k * F,
+        bytes=3 * M * k * F * a,
+        transcendentals=M * k * F,
+    )
+    down_w = touched * F * D * w
+    down = KernelCost(
+        kernels.MOE_DOWN,
+        flops=2 * M * k * F * D + gather_flops(M * k),
+        bytes=down_w + M * k * F * a + M * k * D * a,
+        weight_bytes=down_w,
+    )
+    shared = cfg.num_shared_experts > 0  # their output added here
+    combine = KernelCost(
+        kernels.MOE_COMBINE,
+        flops=2 * M * k * D + (M * k if a != 4 else 0) + (M * D if shared else 0),
+        bytes=M * k * D * a + M * k * a + M * D * a + (2 * M * D * a if shared else 0),
+    )
+    return [router, topk, gate_up, act, down, combine]
+
+
+def gather_flops(picks: int) -> int:
+    """Index arithmetic of gathering `picks` experts' matrices, as jnp indexing lowers it: 3 a
+    pick (wrapping a negative id and the bounds clamp)."""
+    return 3 * picks
+
+
+def route_flops(cfg: ModelConfig, M: int) -> int:
+    """The router's scores and choice for M tokens, as XLA counts the model's operations.
+
+    softmax over E: max (E - 1), subtract, sum (E - 1), divide: 4E - 1 a token (the exp is a
+    transcendental); sigmoid: 3E (XLA's logistic) and the bias add (E); top_k: 0; the weights
+    of the picks by take_along_axis: 7 a pick; renormalising: the sum (k - 1) and the divide (k),
+    DeepSeek-V3's + 1e-20 (1); the routed scaling factor: k. Group-limited choice (G groups of
+    E/G, the best g kept): `group_flops`.
+    """
+    E, k = cfg.num_experts, cfg.experts_per_token
+    sigmoid = cfg.router == "sigmoid"
+    per_token = (4 * E if sigmoid else 4 * E - 1) + 7 * k
+    if cfg.norm_topk_prob:
+        per_token += 2 * k - 1 + (1 if sigmoid else 0)
+    if cfg.routed_scaling_factor != 1.0:
+        per_token += k
+    return M * per_token + (group_flops(cfg, M) if cfg.expert_groups > 1 else 0)
+
+
+def group_flops(cfg: ModelConfig, M: int) -> int:
+    """Group-limited routing, G groups of E/G and the best g kept, per token: the group scores
+    (DeepSeek-V2's max within each group, E - G; V3's sum of each group's two best, G), the mask
+    of the kept groups (a scatter: 3g + 3) and the masked choice (a select: E). Fitted to XLA's
+    counts over E, G, g (tests/test_moe.py re-derives them)."""
+    E, G, g = cfg.num_experts, cfg.expert_groups, cfg.topk_groups
+    scores = G if cfg.router == "sigmoid" else E - G
+    return M * (scores + 3 * g + 3 + E)

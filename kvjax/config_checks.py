@@ -1,0 +1,175 @@
+"""Validation of `ModelConfig` by part (MLA, MoE, windows, KV scales): each error one line naming
+the field and what is allowed. Imported by `kvjax.config`, which re-exports the constants."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvjax.errors import KvjaxError
+
+if TYPE_CHECKING:
+    from kvjax.config import ModelConfig
+
+KV_SCALES = ("auto", "none", "tensor", "token_head", "group")
+MLA_FORMS = ("absorbed", "naive")
+ROUTERS = ("softmax", "sigmoid")
+_MOE_INT_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", "moe_d_ff",
+                   "first_dense_layers")  # fmt: skip
+_MLA_INT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+
+
+def check_mla(cfg: ModelConfig) -> None:
+    for field in _MLA_INT_FIELDS:
+        value = getattr(cfg, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise KvjaxError(f"{field}={value!r} must be a non-negative integer (0: no MLA)")
+    if cfg.mla_decode not in MLA_FORMS:
+        raise KvjaxError(
+            f"mla_decode={cfg.mla_decode!r} is not supported; allowed: {', '.join(MLA_FORMS)}"
+        )
+    if not cfg.kv_lora_rank:
+        for field in ("q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(cfg, field):
+                raise KvjaxError(
+                    f"{field}={getattr(cfg, field)} is an MLA field, but kv_lora_rank=0 "
+                    f"(not MLA); set kv_lora_rank > 0 or {field}=0"
+                )
+        return
+    rope = cfg.qk_rope_head_dim
+    if rope <= 0 or rope % 2 or rope >= cfg.head_dim:
+        raise KvjaxError(
+            f"qk_rope_head_dim={rope} must be even and in 2 .. head_dim-1={cfg.head_dim - 1} "
+            f"for MLA (head_dim = qk_nope_head_dim + qk_rope_head_dim)"
+        )
+    if cfg.v_head_dim <= 0:
+        raise KvjaxError(f"v_head_dim={cfg.v_head_dim} must be a positive integer for MLA")
+    if cfg.num_kv_heads != cfg.num_heads:
+        raise KvjaxError(
+            f"num_kv_heads={cfg.num_kv_heads} must equal num_heads={cfg.num_heads} for MLA "
+            f"(kv_lora_rank={cfg.kv_lora_rank}): every head re-expands its own key and value "
+            f"from the shared latent"
+        )
+    if cfg.rope_linear_factor != 1.0:
+        raise KvjaxError(
+            f"rope_linear_factor={cfg.rope_linear_factor} is not supported with MLA "
+            f"(kv_lora_rank > 0)"
+        )
+    for field in ("qkv_bias", "qk_norm", "attn_softcap", "query_pre_attn_scalar",
+                  "norm_plus_one"):  # fmt: skip
+        if getattr(cfg, field):
+            raise KvjaxError(
+                f"{field}={getattr(cfg, field)!r} is not supported with MLA (kv_lora_rank > 0)"
+            )
+
+
+def check_moe(cfg: ModelConfig) -> None:
+    for field in _MOE_INT_FIELDS:
+        value = getattr(cfg, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise KvjaxError(f"{field}={value!r} must be a non-negative integer (0: dense)")
+    E, k = cfg.num_experts, cfg.experts_per_token
+    f = cfg.routed_scaling_factor
+    if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < float("inf"):
+        raise KvjaxError(f"routed_scaling_factor={f!r} must be a positive number")
+    if cfg.router not in ROUTERS:
+        raise KvjaxError(f"router={cfg.router!r} is not supported; allowed: {', '.join(ROUTERS)}")
+    for field in ("expert_groups", "topk_groups"):
+        value = getattr(cfg, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise KvjaxError(f"{field}={value!r} must be a positive integer (1: no groups)")
+    if not E:
+        for field in ("experts_per_token", "num_shared_experts", "moe_d_ff",
+                      "first_dense_layers"):  # fmt: skip
+            if getattr(cfg, field):
+                raise KvjaxError(
+                    f"{field}={getattr(cfg, field)} is an MoE field, but num_experts=0 "
+                    f"(dense); set num_experts > 0 or {field}=0"
+                )
+        return
+    if not 1 <= k <= E:
+        raise KvjaxError(f"experts_per_token={k} must be in 1 .. num_experts={E}")
+    if cfg.moe_d_ff <= 0:
+        raise KvjaxError(f"moe_d_ff={cfg.moe_d_ff} must be a positive integer for MoE")
+    if cfg.first_dense_layers >= cfg.num_layers:
+        raise KvjaxError(
+            f"first_dense_layers={cfg.first_dense_layers} leaves no MoE layer of "
+            f"num_layers={cfg.num_layers}; allowed: 0 .. {cfg.num_layers - 1}"
+        )
+    if not cfg.gated_mlp:
+        raise KvjaxError("num_experts > 0 needs gated_mlp=True (every expert is gated)")
+    G, g = cfg.expert_groups, cfg.topk_groups
+    if E % G:
+        raise KvjaxError(f"expert_groups={G} must divide num_experts={E}")
+    if g > G or g * (E // G) < k:
+        raise KvjaxError(
+            f"topk_groups={g} must be in 1 .. expert_groups={G} and leave at least "
+            f"experts_per_token={k} experts ({E // G} per group)"
+        )
+
+
+def check_window(cfg: ModelConfig) -> None:
+    w, pattern = cfg.sliding_window, cfg.layer_pattern
+    if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+        raise KvjaxError(f"sliding_window={w!r} must be a non-negative integer (0: none)")
+    if not isinstance(pattern, str) or not pattern or set(pattern) - {"G", "L"}:
+        raise KvjaxError(
+            f"layer_pattern={pattern!r} must be a string of G (global, full attention) and L "
+            f"(local, sliding window) tiled over the layers, e.g. 'L' (Mistral), 'LG' (Gemma 2)"
+            f", 'LLLLLG' (Gemma 3)"
+        )
+    if "L" in pattern and w == 0:
+        raise KvjaxError(
+            f"layer_pattern={pattern!r} has sliding (L) layers but sliding_window=0; set the "
+            f"window (e.g. sliding_window=4096)"
+        )
+    if w and "L" not in pattern:
+        raise KvjaxError(
+            f"sliding_window={w} but layer_pattern={pattern!r} has no sliding (L) layer; set "
+            f"layer_pattern='L' (every layer sliding) or sliding_window=0"
+        )
+    if w and cfg.is_mla:
+        raise KvjaxError("sliding_window with MLA (kv_lora_rank > 0) is not supported")
+
+
+def check_scales(cfg: ModelConfig) -> None:
+    if cfg.kv_scales not in KV_SCALES:
+        raise KvjaxError(
+            f"kv_scales={cfg.kv_scales!r} is not supported; allowed: {', '.join(KV_SCALES)}"
+        )
+    kind, G = cfg.kv_scale_kind, cfg.kv_group_size
+    if isinstance(G, bool) or not isinstance(G, int) or G <= 0:
+        raise KvjaxError(f"kv_group_size={G!r} must be a positive integer")
+    if cfg.kv_packed:
+        if kind != "group":
+            raise KvjaxError(
+                f"kv_dtype={cfg.kv_dtype!r} needs grouped scales (kv_scales='group', the "
+                f"default); kv_scales={cfg.kv_scales!r} is not modelled for a packed cache"
+            )
+        if cfg.head_dim % G:
+            raise KvjaxError(
+                f"kv_group_size={G} must divide head_dim={cfg.head_dim} (a value row is "
+                f"quantized in groups of kv_group_size)"
+            )
+        if cfg.is_mla:
+            raise KvjaxError(f"kv_dtype={cfg.kv_dtype!r} is not modelled for MLA's latent")
+        return
+    if kind == "group":
+        raise KvjaxError(
+            f"kv_scales='group' applies to a packed 4/2-bit cache (kv_dtype int4 or int2), "
+            f"not kv_dtype={cfg.kv_dtype!r}"
+        )
+    if kind != "none" and cfg.kv_bytes_per_element != 1:
+        raise KvjaxError(
+            f"kv_scales={cfg.kv_scales!r} applies to a 1-byte cache (kv_dtype int8 or fp8); "
+            f"kv_dtype={cfg.kv_dtype!r} is stored as it is (kv_scales='none')"
+        )
+    if cfg.kv_dtype == "int8" and kind != "token_head":
+        raise KvjaxError(
+            f"kv_dtype='int8' needs per-token scales (kv_scales='token_head', the default); "
+            f"kv_scales={cfg.kv_scales!r} would need a calibrated scale kvjax does not model"
+        )
+    if cfg.is_mla and kind != "none":
+        raise KvjaxError(
+            f"kv_scales={cfg.kv_scales!r}: scales for MLA's latent cache are not implemented; "
+            f"use kv_scales='none' (an fp8 latent cast as it is)"
+        )

@@ -1,0 +1,127 @@
+"""The mixture-of-experts MLP: a router, top-k routing (Mixtral / Qwen3-MoE / DeepSeek-V2's softmax,
+DeepSeek-V3's sigmoid with its score-correction bias and group-limited choice), the routed experts
+and DeepSeek's shared experts.
+
+Each token's k experts are gathered from the (E, 2F, D) and (E, D, F) weights and applied to it
+alone: the FLOPs are exactly the routed ones (2*M*k*D*3F), and the weights read are the M*k picks,
+k at B = 1 (the active weights). XLA:CPU lowers `jax.lax.ragged_dot` (the grouped-GEMM form)
+to every token against every expert, masked (E/k times the FLOPs and all E experts read at any B;
+measured in the issue's note), so the gather is the form whose trace reflects the routing. Its
+cost: two tokens sharing an expert read it twice (a grouped kernel would once), the worst case
+of `kvjax.analytic.moe`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kvjax import kernels
+from kvjax.config import ModelConfig
+from kvjax.nn.layers import act_dtype, linear, param
+
+
+class MoE(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        E, D, F = cfg.num_experts, cfg.d_model, cfg.moe_d_ff
+        self.router = param(rngs, (E, D), D, cfg)
+        # DeepSeek-V3's e_score_correction_bias: shifts the choice, not the weights (f32)
+        sigmoid = cfg.router == "sigmoid"
+        self.router_bias = nnx.Param(jnp.zeros((E,), jnp.float32)) if sigmoid else None
+        self.expert_gate_up = param(rngs, (E, 2 * F, D), D, cfg)
+        self.expert_down = param(rngs, (E, D, F), F, cfg)
+        # DeepSeek's shared experts: one dense gated MLP of num_shared_experts x moe_d_ff
+        S = cfg.num_shared_experts * F
+        self.shared = _mlp(cfg, S, rngs) if S else None
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        B, T, D = x_BTD.shape
+        F = cfg.moe_d_ff
+        x_MD = x_BTD.reshape(B * T, D)
+        with jax.named_scope(kernels.MOE_ROUTER):
+            logits = linear(x_MD[None].astype(jnp.float32), self.router[...].astype(jnp.float32))[0]
+        with jax.named_scope(kernels.MOE_TOPK):
+            bias = None if self.router_bias is None else self.router_bias[...]
+            weights_Mk, idx_Mk = route(cfg, logits, bias)
+        act = jax.nn.silu if cfg.mlp_activation == "silu" else _gelu_tanh
+        with jax.named_scope(kernels.MOE_GATE_UP):
+            w_MkED = read_experts(self.expert_gate_up, idx_Mk, cfg)  # (M, k, 2F, D)
+            gu_MkE = jnp.einsum("MD,MkED->MkE", x_MD, w_MkED)
+        with jax.named_scope(kernels.MOE_ACT):
+            h_MkF = act(gu_MkE[..., :F]) * gu_MkE[..., F:]
+        with jax.named_scope(kernels.MOE_DOWN):
+            w_MkDF = read_experts(self.expert_down, idx_Mk, cfg)  # (M, k, D, F)
+            y_MkD = jnp.einsum("MkF,MkDF->MkD", h_MkF, w_MkDF)
+        shared_BTD = None if self.shared is None else self.shared(x_BTD)
+        with jax.named_scope(kernels.MOE_COMBINE):
+            out_BTD = jnp.einsum("MkD,Mk->MD", y_MkD, weights_Mk.astype(y_MkD.dtype)).reshape(
+                B, T, D
+            )
+            if shared_BTD is not None:
+                out_BTD = out_BTD + shared_BTD
+        return out_BTD
+
+
+def _mlp(cfg: ModelConfig, width: int, rngs: nnx.Rngs):
+    from kvjax.nn.transformer import MLP  # the dense MLP (its module imports this one)
+
+    return MLP(cfg, width, rngs=rngs)
+
+
+def read_experts(w: nnx.Param, idx_Mk: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """The picked experts' matrices, (M, k, ...), in the compute dtype (gathered, then widened
+    where the weights are 1-byte)."""
+    x = w[...][idx_Mk]
+    return x if x.dtype == act_dtype(cfg) else x.astype(act_dtype(cfg))
+
+
+def route(cfg: ModelConfig, logits: jax.Array, bias_E: jax.Array | None):
+    """(weights [M, k] f32, expert ids [M, k]) from f32 router logits, as Hugging Face routes:
+
+    softmax (Mixtral, Qwen3-MoE, DeepSeek-V2): p = softmax(logits) over E; the top k of p (with
+    `expert_groups` > 1, DeepSeek-V2's group-limited greedy: only experts of the `topk_groups`
+    groups with the largest max p); weights p of the picks, renormalised to sum 1 if
+    `norm_topk_prob`; times `routed_scaling_factor`.
+    sigmoid (DeepSeek-V3): s = sigmoid(logits); the choice ranks s + bias, within the
+    `topk_groups` groups whose two best s + bias sum highest; weights s of the picks, divided by
+    their sum (+ 1e-20) if `norm_topk_prob`; times `routed_scaling_factor`.
+    """
+    E, k = cfg.num_experts, cfg.experts_per_token
+    if cfg.router == "sigmoid":
+        scores = jax.nn.sigmoid(logits)
+        choice = scores + bias_E
+    else:
+        scores = jax.nn.softmax(logits, axis=-1)
+        choice = scores
+    groups = cfg.expert_groups
+    if groups > 1:
+        grouped = choice.reshape(-1, groups, E // groups)
+        if cfg.router == "sigmoid":
+            group_score = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)
+        else:
+            group_score = jnp.max(grouped, axis=-1)
+        _, keep = jax.lax.top_k(group_score, cfg.topk_groups)
+        mask = (
+            jnp.zeros_like(group_score, dtype=jnp.bool_)
+            .at[jnp.arange(group_score.shape[0])[:, None], keep]
+            .set(True)
+        )
+        mask_ME = jnp.repeat(mask, E // groups, axis=-1)
+        choice = jnp.where(mask_ME, choice, -jnp.inf)
+    _, idx_Mk = jax.lax.top_k(choice, k)
+    weights_Mk = jnp.take_along_axis(scores, idx_Mk, axis=-1)
+    if cfg.norm_topk_prob:
+        total = jnp.sum(weights_Mk, axis=-1, keepdims=True)
+        if cfg.router == "sigmoid":  # DeepSeek-V3 guards the sum
+            total = total + 1e-20
+        weights_Mk = weights_Mk / total
+    if cfg.routed_scaling_factor != 1.0:
+        weights_Mk = weights_Mk * cfg.routed_scaling_factor
+    return weights_Mk, idx_Mk
+
+
+def _gelu_tanh(x: jax.Array) -> jax.Array:
+    return jax.nn.gelu(x, approximate=True)
