@@ -1,4 +1,5 @@
-"""Minimum ms/token and fraction of peak against batch for each num_kv_heads: the closed-form
+"""Minimum ms/token and fraction of peak against batch for each num_kv_heads (and MoE models
+beside the dense: their weights read grow with the experts the batch touches): the closed-form
 bound on a chip preset, or (options.measured) the decode step timed on this machine beside the
 closed-form bound on its measured ceilings, the batches timed interleaved (round-robin, the
 bandwidth re-measured between rounds) and flagged when below their bound or against the trend
@@ -38,6 +39,10 @@ def run_point(point) -> list[dict]:
     for i, w in enumerate(workloads):
         step = analytic.step_cost(cfg, w)
         on_roof = roofline.point("decode step", step.flops, step.bytes, peak, bw)
+        # an MoE model's weights floor: the weights this batch reads (its touched experts)
+        floor = analytic.weight_bytes(cfg)
+        if cfg.is_moe:
+            floor = sum(k.weight_bytes for k in analytic.step_kernels(cfg, w).values())
         record = {
             "model": cfg.name,
             "num_kv_heads": cfg.num_kv_heads,
@@ -47,7 +52,8 @@ def run_point(point) -> list[dict]:
             "source": "closed form",
             "decode_intensity": step.intensity,
             "step_floor_s": on_roof.bound_s,
-            "weight_floor_s": roofline.memory_floor_s(analytic.weight_bytes(cfg), bw),
+            "weight_floor_s": roofline.memory_floor_s(floor, bw),
+            "moe": cfg.is_moe,
             "fraction_of_peak": on_roof.attainable_flops_per_s / peak,
         }
         records.append(record)

@@ -49,6 +49,7 @@ LETTERS = {
     "U": "MLA key/query width without RoPE, qk_nope_head_dim (H = U + P)",
     "W": "MLA value head width, v_head_dim",
     "Q": "MLA query low rank, q_lora_rank",
+    "k": "MoE experts per token, experts_per_token",
 }
 # MoE formulas (`kvjax.analytic.moe`) write E routed experts, k per token, F_e = moe_d_ff; array
 # suffixes keep the letters above (w_MkED: M tokens, k picks, E = 2F_e rows, D).
@@ -168,10 +169,7 @@ _GATHER_NOTE = (
     "reads them again (and widens them in a 2-byte model); the closed form counts the touched "
     "experts read once"
 )
-MOE_ROUTER = _k(
-    "moe/router", MATMUL, True, "MoE: f32 router logits x @ W_r (E)",
-    "the router runs in f32: x and W_r widened first in a 2-byte model",
-)  # fmt: skip
+MOE_ROUTER = _k("moe/router", MATMUL, True, "MoE: f32 router logits x @ W_r (one per expert)")
 MOE_TOPK = _k(
     "moe/topk", ELEMENTWISE, True, "MoE: the experts' scores (softmax / sigmoid), top-k, weights",
     "unfused elementwise: the softmax or sigmoid, the top-k and the renormalisation each "

@@ -122,8 +122,8 @@ def test_decode_bytes_at_batch_1_are_active_weights_plus_kv():
     want = (active_params(v3) - v3.vocab_size * v3.d_model + v3.d_model) * 2 + bias
     assert weights == pytest.approx(want, rel=1e-9)
     kv = analytic.kv_cache_bytes(v3, S - 1)
-    # + activations and the f32 scores of 128 heads (1.7%)
-    assert step.bytes == pytest.approx(want + kv, rel=0.02)
+    # + activations, the f32 scores of 128 heads (1.7%) and the router's f32 copies (1.2%)
+    assert want + kv < step.bytes < 1.03 * (want + kv)
     # at B = 64 the batch touches 222 of 256 experts a layer: 27.8x B=1's expert bytes, not 64x
     b64 = analytic.step_kernels(v3, Workload("decode", 64, S))[kernels.MOE_GATE_UP].weight_bytes
     b1 = analytic.step_kernels(v3, Workload("decode", 1, S))[kernels.MOE_GATE_UP].weight_bytes

@@ -10,7 +10,7 @@ import shutil
 import pytest
 from support import require, require_module
 
-from kvjax.analytic import Workload, step_cost
+from kvjax.analytic import Workload, step_cost, step_kernels, weight_bytes
 from kvjax.analytic.variants import mla_variant
 from kvjax.cli import main
 from kvjax.cli.args import finite_json
@@ -118,10 +118,14 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
             chip = rng.choice(sorted(CHIPS))
             kv_heads = rng.choice(PRESETS[model].kv_head_choices())
             attention = ["gqa", "absorbed", "naive"][i % 3]  # a third each: GQA, MLA's two forms
+            if PRESETS[model].is_mla and attention == "gqa":  # DeepSeek: MLA is its attention
+                attention = "absorbed"
             # int8 caches need per-token scales, not modelled for MLA's latent (the page's
             # int8 option is disabled there)
             per_row = ["int8", "int4", "int2"]  # per-row scales: GQA only
-            kv_dtype = rng.choice(["bf16", "f16", "f32", "fp8"] + (per_row if i % 3 == 0 else []))
+            kv_dtype = rng.choice(
+                ["bf16", "f16", "f32", "fp8"] + (per_row if attention == "gqa" else [])
+            )
             b_exp, s_exp = rng.randint(0, 10), rng.randint(7, 20)
             page.select_option("#model", model)
             page.select_option("#chip", chip)
@@ -198,7 +202,9 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
         assert want["kv_cache_bytes"] == 2**29 * 3 // 16
         # Gemma 2 / Gemma 3 / Qwen3: sandwich and q/k norms, (1 + w), embedding scale, soft-caps,
         # local RoPE bases, past their windows (batch 4, 32k)
-        for model, kv_heads in (("gemma-2-9b", 8), ("gemma-3-27b", 16), ("qwen3-8b", 8)):
+        models = [("gemma-2-9b", 8), ("gemma-3-27b", 16), ("qwen3-8b", 8), ("mixtral-8x7b", 8),
+                  ("qwen3-30b-a3b", 4)]  # fmt: skip
+        for model, kv_heads in models:
             page.select_option("#model", model)
             page.select_option("#attention", "gqa")
             page.select_option("#kv_heads", str(kv_heads))
@@ -219,6 +225,19 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                     model,
                     element,
                 )
+        # MoE (with MLA for DeepSeek): the step and the weights a B-token decode reads, exactly
+        for model in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite", "deepseek-v3"):
+            for batch in (1, 64):
+                wl = Workload("decode", batch, 4096)
+                closed = step_cost(PRESETS[model], wl)
+                js = f"decodeStep(DATA.models['{model}'], {batch}, 4096)"
+                assert page.evaluate(js) == [pytest.approx(closed.flops, rel=1e-12),
+                                             pytest.approx(closed.bytes, rel=1e-12)]  # fmt: skip
+                read = sum(k.weight_bytes for k in step_kernels(PRESETS[model], wl).values())
+                js = f"decodeWeightsRead(DATA.models['{model}'], {batch})"
+                assert page.evaluate(js) == pytest.approx(read, rel=1e-12), (model, batch)
+                js = f"weightBytes(DATA.models['{model}'])"
+                assert page.evaluate(js) == weight_bytes(PRESETS[model])
         page.screenshot(path=str(tmp_path / "explorer_last.png"), full_page=True)
         if os.environ.get("KVJAX_SCREENSHOT"):
             shutil.copy(tmp_path / "explorer_default.png", os.environ["KVJAX_SCREENSHOT"])

@@ -22,6 +22,7 @@ MATMULS = {
     kernels.KV_B_PROJ,
     kernels.Q_ABSORB,
     kernels.V_UP,
+    kernels.MOE_ROUTER,
 }
 STRICT_BYTES = MATMULS | {kernels.RESIDUAL_ATTN, kernels.RESIDUAL_MLP}
 

@@ -3,11 +3,14 @@ package never imports jax or flax (tests/test_layout.py checks it).
 
 - `costs`: Workload, KernelCost, StepCost;
 - `sizes`: parameters, weights and the KV cache;
-- `step`: every kernel of a prefill or decode step (keyed by `kvjax.kernels` names);
+- `step`: every kernel of a prefill or decode step (keyed by `kvjax.kernels` names); `mla`, `moe`
+  and `quant`: multi-head latent attention, mixtures of experts, quantized caches;
+- `attention`: decode attention as the seed states it (fused cost, intensity h/h_kv);
 - `roofline`: ridge, bounds and the one `point` every view places its numbers with;
 - `parallel`: tensor-parallel placement per device; `variants`: the seed's MHA/GQA/MQA table.
 """
 
+from kvjax.analytic.attention import attention_intensity, fused_attention_cost
 from kvjax.analytic.costs import INDEX_BYTES, PHASES, SCORE_BYTES, KernelCost, StepCost, Workload
 from kvjax.analytic.sizes import (
     kv_bytes_per_token,
@@ -24,9 +27,7 @@ from kvjax.analytic.sizes import (
 )
 from kvjax.analytic.step import (
     attention_cost,
-    attention_intensity,
     embed_kernel,
-    fused_attention_cost,
     head_kernels,
     layer_kernels,
     step_cost,

@@ -97,11 +97,14 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
     M, D, E, k, F = wl.tokens, cfg.d_model, cfg.num_experts, cfg.experts_per_token, cfg.moe_d_ff
     w, a = cfg.weight_bytes_per_element, DTYPE_BYTES[cfg.compute_dtype]
     touched = experts_touched(cfg, wl)
+    # the router runs in f32 (as DeepSeek's): a 2-byte model widens x and W_r first (each read
+    # in its dtype and written in f32), then the product reads both in f32
     router_w = E * D * w
+    widen = (M * D + E * D) if a != 4 else 0
     router = KernelCost(
         kernels.MOE_ROUTER,
-        flops=2 * M * D * E + ((M * D + E * D) if a != 4 else 0),  # widened to f32 first
-        bytes=router_w + M * D * a + M * E * SCORE_BYTES,
+        flops=2 * M * D * E + widen,
+        bytes=router_w + M * D * a + widen * 4 + (widen * 4 if widen else 0) + M * E * SCORE_BYTES,
         weight_bytes=router_w,
     )
     bias = E * BIAS_BYTES if cfg.router == "sigmoid" else 0  # DeepSeek-V3's correction bias

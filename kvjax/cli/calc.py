@@ -9,6 +9,7 @@ from typing import Any
 
 from kvjax import analytic, kernels
 from kvjax.analytic import Workload, parallel, roofline
+from kvjax.analytic import moe
 from kvjax.analytic.quant import scale_bytes_per_token_per_layer, tensor_scale_bytes
 from kvjax.analytic.variants import variants_table
 from kvjax.cli import render
@@ -88,6 +89,26 @@ def tensor_parallel_report(
     }
 
 
+def moe_report(cfg: ModelConfig, decode: Workload) -> dict[str, Any] | None:
+    """An MoE model's experts: per MoE layer, the experts a decode step's B tokens touch
+    (expected under uniform routing, with the best and worst cases) and the weights it reads."""
+    if not cfg.is_moe:
+        return None
+    E, k, M = cfg.num_experts, cfg.experts_per_token, decode.tokens
+    best, worst = moe.experts_touched_bounds(E, k, M)
+    step = analytic.step_kernels(cfg, decode)
+    return {
+        "num_experts": E,
+        "experts_per_token": k,
+        "num_shared_experts": cfg.num_shared_experts,
+        "moe_layers": cfg.num_moe_layers,
+        "experts_touched_per_layer": moe.expected_experts_touched(E, k, M),
+        "experts_touched_best": best,
+        "experts_touched_worst": worst,
+        "decode_weight_bytes_read": sum(c.weight_bytes for c in step.values()),
+    }
+
+
 def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any]:
     """Every closed-form number of `kvjax calc --json`, keyed as documented in the README."""
     dtype = cfg.compute_dtype
@@ -99,6 +120,14 @@ def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any
     placed = roofline.place(analytic.step_kernels(cfg, wl).values(), peak, bw)
     on_roof = roofline.point(kernels.STEP_KERNEL, step.flops, step.bytes, peak, bw)
     step_floor = on_roof.bound_s
+    decode_wl = Workload("decode", wl.batch, wl.context)
+    # an MoE model's floor: the weights a decode step of B tokens reads (the active weights at
+    # B = 1, the expected experts touched above it); a dense model's: all of them (the seed's)
+    floor_weights = (
+        sum(k.weight_bytes for k in analytic.step_kernels(cfg, decode_wl).values())
+        if cfg.is_moe
+        else weights
+    )
     report: dict[str, Any] = {
         "model": cfg.to_dict(),
         "workload": {"phase": wl.phase, "batch": wl.batch, "context": wl.context},
@@ -112,7 +141,9 @@ def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any
         },
         "attention_variant": cfg.attention_variant,
         "params": analytic.num_params(cfg),
+        "active_params": moe.active_params(cfg),
         "param_counts": analytic.param_counts(cfg),
+        "moe": moe_report(cfg, decode_wl),
         "weight_bytes": weights,
         "kv_bytes_per_token_per_layer": analytic.kv_bytes_per_token_per_layer(cfg),
         "kv_bytes_per_token": analytic.kv_bytes_per_token(cfg),
@@ -134,8 +165,8 @@ def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any
         "step_intensity": step.intensity,
         "attainable_flops_per_s": on_roof.attainable_flops_per_s,
         "fraction_of_peak": on_roof.attainable_flops_per_s / peak,
-        "weight_floor_s_per_token": roofline.memory_floor_s(weights, bw),
-        "weights_kv_floor_s_per_token": roofline.memory_floor_s(weights + kv_cache, bw),
+        "weight_floor_s_per_token": roofline.memory_floor_s(floor_weights, bw),
+        "weights_kv_floor_s_per_token": roofline.memory_floor_s(floor_weights + kv_cache, bw),
         "step_floor_s": step_floor,
         "kernel_sum_bound_s": sum(k.bound_s for k in placed),
         "tokens_per_s_per_sequence": (1.0 / step_floor) if wl.phase == "decode" else None,

@@ -54,6 +54,16 @@ def print_calc(report: dict[str, Any]) -> None:
         f"{fmt_bytes(report['weight_bytes'])} = {fmt_rate(report['weight_bytes'], 'B')} "
         f"in {m['weight_dtype']}"
     )
+    if report.get("moe"):
+        e = report["moe"]
+        con.print(
+            f"  experts     {e['num_experts']} routed ({e['experts_per_token']} a token) + "
+            f"{e['num_shared_experts']} shared in {e['moe_layers']} MoE layers; active "
+            f"{fmt_count(report['active_params'])} of {fmt_count(report['params'])}; B={B:,} "
+            f"decode touches {e['experts_touched_per_layer']:.1f} a layer (uniform routing; "
+            f"{e['experts_touched_best']}..{e['experts_touched_worst']}): reads "
+            f"{fmt_bytes(e['decode_weight_bytes_read'])} of weights"
+        )
     exceeds = report["kv_exceeds_weights_at_context"]
     con.print(
         f"  KV cache    {fmt_bytes(report['kv_bytes_per_token'], 'KiB')} per token "

@@ -19,7 +19,7 @@ from flax import nnx
 
 from kvjax import kernels
 from kvjax.config import ModelConfig
-from kvjax.nn.layers import act_dtype, linear, param
+from kvjax.nn.layers import act_dtype, param
 
 
 class MoE(nnx.Module):
@@ -41,8 +41,9 @@ class MoE(nnx.Module):
         B, T, D = x_BTD.shape
         F = cfg.moe_d_ff
         x_MD = x_BTD.reshape(B * T, D)
-        with jax.named_scope(kernels.MOE_ROUTER):
-            logits = linear(x_MD[None].astype(jnp.float32), self.router[...].astype(jnp.float32))[0]
+        with jax.named_scope(kernels.MOE_ROUTER):  # f32 logits [M, experts], as DeepSeek's
+            w_r = self.router[...].astype(jnp.float32)
+            logits = jax.lax.dot_general(x_MD.astype(jnp.float32), w_r, (((1,), (1,)), ((), ())))
         with jax.named_scope(kernels.MOE_TOPK):
             bias = None if self.router_bias is None else self.router_bias[...]
             weights_Mk, idx_Mk = route(cfg, logits, bias)

@@ -146,30 +146,35 @@ def roofline(records: pd.DataFrame, fig) -> None:
         _panel_roofline(ax, df[(df.model == model) & (df.chip == chip)], chip)
 
 
+def _decode_lines(g: pd.DataFrame):
+    """(label, style, rows) per line of a decode_latency panel: the dense model per num_kv_heads
+    (the seed's palette), each MoE model in its own colour with square markers."""
+    moe = g["moe"].fillna(False).astype(bool) if "moe" in g else pd.Series(False, index=g.index)
+    palette = kv_palette(g[~moe].num_kv_heads) if (~moe).any() else {}
+    for (model, k, source), gk in g[~moe].groupby(["model", "num_kv_heads", "source"]):
+        yield f"h_kv={k}", {"color": palette[int(k)], "marker": "o"}, source, gk
+    for i, ((model, source), gk) in enumerate(g[moe].groupby(["model", "source"], sort=False)):
+        yield f"{model} (MoE)", {"color": MOE_COLORS[i % 2], "marker": "s"}, source, gk
+
+
+MOE_COLORS = ("#8c564b", "#e377c2")
+
+
 def decode_latency(records: pd.DataFrame, fig) -> None:
-    """Minimum ms/token against batch, one line per num_kv_heads, per chip."""
+    """Minimum ms/token against batch, one line per num_kv_heads (and per MoE model), per chip."""
     df = records[records.experiment == "decode_latency"]
-    panels = list(dict.fromkeys(zip(df.model, df.chip, strict=True)))
+    panels = list(dict.fromkeys(df.chip))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    palette = kv_palette(df.num_kv_heads)
-    for ax, (model, chip) in zip(axes, panels, strict=True):
-        g = df[(df.model == model) & (df.chip == chip)]
+    for ax, chip in zip(axes, panels, strict=True):
+        g = df[df.chip == chip]
         has_measured = (g.source == "measured").any()
-        for (k, source), gk in g.groupby(["num_kv_heads", "source"]):
+        for label, style, source, gk in _decode_lines(g):
             gk = gk.sort_values("batch")
             bound = source == "closed form" and has_measured
             suffix = (" bound" if source == "closed form" else " measured") if has_measured else ""
-            color = palette[int(k)]
-            ax.plot(
-                gk.batch,
-                gk.step_floor_s * 1e3,
-                marker="o",
-                ms=3,
-                color=color,
-                ls="--" if bound else "-",
-                mfc="none" if bound else color,
-                label=f"h_kv={k}{suffix}",
-            )
+            ax.plot(gk.batch, gk.step_floor_s * 1e3, ms=3, ls="--" if bound else "-",
+                    mfc="none" if bound else style["color"], label=label + suffix,
+                    **style)  # fmt: skip
             if source == "measured" and "flagged" in gk:
                 mark_flags(ax, gk.batch, gk.step_floor_s * 1e3, gk["flagged"])
         ax.set_xscale("log", base=2)
@@ -179,28 +184,28 @@ def decode_latency(records: pd.DataFrame, fig) -> None:
         ax.set_xlabel("batch B")
         ax.set_ylabel("ms per decode step (= per token)")
         ctx = int(g.context.iloc[0])
-        ax.set_title(f"{g.model.iloc[0]}, S={ctx}\n{chip}", fontsize=7)
+        ax.set_title(f"{', '.join(dict.fromkeys(g.model))}, S={ctx}\n{chip}", fontsize=7)
         ax.legend(fontsize=5, frameon=True)
 
 
 def decode_intensity(records: pd.DataFrame, fig) -> None:
-    """Decode intensity against batch per num_kv_heads, with the seed's I = B."""
+    """Decode intensity against batch per num_kv_heads, the MoE models beside, with the seed's
+    I = B: a dense model's weights are read once whatever B, an MoE model's grow with the experts
+    its batch touches."""
     df = records[(records.experiment == "decode_latency") & (records.source == "closed form")]
     ax = fig.subplots()
-    palette = kv_palette(df.num_kv_heads)
     first = df[df.chip == df.chip.iloc[0]]
-    for k, g in first.groupby("num_kv_heads"):
+    for label, style, _, g in _decode_lines(first):
         g = g.sort_values("batch")
-        ax.plot(
-            g.batch, g.decode_intensity, marker="o", ms=3, color=palette[int(k)], label=f"h_kv={k}"
-        )
+        ax.plot(g.batch, g.decode_intensity, ms=3, label=label, **style)
     b = sorted(first.batch.unique())
     ax.plot(b, b, color="0.3", ls="--", lw=0.8, label="I = B (seed)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("batch B")
     ax.set_ylabel("decode intensity (FLOP/byte)")
-    ax.set_title(f"{first.model.iloc[0]}, S={int(first.context.iloc[0])}", fontsize=7)
+    ax.set_title(f"{', '.join(dict.fromkeys(first.model))}, S={int(first.context.iloc[0])}",
+                 fontsize=7)  # fmt: skip
     ax.legend(fontsize=5, frameon=True)
 
 
