@@ -8,8 +8,7 @@ import math
 from typing import Any
 
 from kvjax import analytic, kernels
-from kvjax.analytic import Workload, parallel, roofline
-from kvjax.analytic import moe
+from kvjax.analytic import Workload, moe, parallel, roofline
 from kvjax.analytic.quant import scale_bytes_per_token_per_layer, tensor_scale_bytes
 from kvjax.analytic.variants import variants_table
 from kvjax.cli import render

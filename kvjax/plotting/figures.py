@@ -151,7 +151,7 @@ def _decode_lines(g: pd.DataFrame):
     (the seed's palette), each MoE model in its own colour with square markers."""
     moe = g["moe"].fillna(False).astype(bool) if "moe" in g else pd.Series(False, index=g.index)
     palette = kv_palette(g[~moe].num_kv_heads) if (~moe).any() else {}
-    for (model, k, source), gk in g[~moe].groupby(["model", "num_kv_heads", "source"]):
+    for (_, k, source), gk in g[~moe].groupby(["model", "num_kv_heads", "source"]):
         yield f"h_kv={k}", {"color": palette[int(k)], "marker": "o"}, source, gk
     for i, ((model, source), gk) in enumerate(g[moe].groupby(["model", "source"], sort=False)):
         yield f"{model} (MoE)", {"color": MOE_COLORS[i % 2], "marker": "s"}, source, gk
