@@ -223,3 +223,75 @@ def test_fixed_routing_reads_the_experts_it_picks():
 def test_bad_moe_configs_name_the_field(changes, message):
     with pytest.raises(KvjaxError, match=message.replace("(", r"\(").replace(")", r"\)")):
         get_model_config("tiny-gqa", **changes)
+
+
+def test_tensor_and_expert_parallel_placement_by_hand():
+    from kvjax.analytic import parallel
+    from kvjax.analytic.moe import expert_parallel
+
+    mixtral = get_model_config("mixtral-8x7b")
+    # tp: every expert's width split, the router replicated
+    dev = parallel.device_config(mixtral, 4)
+    full, part = analytic.param_counts(mixtral), analytic.param_counts(dev)
+    assert dev.moe_d_ff == 14336 // 4 and part[kernels.MOE_ROUTER] == full[kernels.MOE_ROUTER]
+    assert part[kernels.MOE_GATE_UP] * 4 == full[kernels.MOE_GATE_UP]
+    with pytest.raises(KvjaxError, match="tp=3 does not divide moe_d_ff=14336"):
+        parallel.device_config(mixtral.replace(num_heads=48, num_kv_heads=3, d_ff=12288), 3)
+    # ep: one expert of 8 per device per layer, everything else replicated
+    e = expert_parallel(mixtral, 8, Workload("decode", 16, 8192))
+    expert = 3 * 4096 * 14336 * 2  # bytes of one expert
+    assert e["weight_bytes_per_device"] == analytic.weight_bytes(mixtral) - 32 * 7 * expert
+    # 16 tokens pick 2 of 8 each: expert e is missed with probability (6/8)^16
+    assert e["experts_touched_per_device_per_layer"] == pytest.approx(1 - 0.75**16)
+    # 2 tokens a device, each to 2 experts, 7/8 of them elsewhere, there and back, 32 layers
+    assert e["all_to_all_bytes_per_device"] == 32 * 2 * 2 * 2 * 4096 * 2 * 7 / 8 == 1_835_008
+    with pytest.raises(KvjaxError, match="ep=3 does not divide num_experts=8"):
+        expert_parallel(mixtral, 3, Workload("decode", 1, 64))
+
+
+def test_sharding_an_moe_model_is_refused_by_name():
+    from kvjax.nn.sharding import mesh_shape
+
+    message = r"tp=2: sharding an MoE model .* \(kvjax calc --tp, --ep\)"
+    with pytest.raises(KvjaxError, match=message):
+        mesh_shape(get_model_config("tiny-moe"), 2)
+
+
+def test_calc_prints_moe_and_expert_parallel(capsys):
+    from kvjax.cli.main import main
+
+    assert main(["calc", "--model", "deepseek-v3", "--batch", "64", "--ep", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["active_params"] == active_params(get_model_config("deepseek-v3"))
+    assert out["moe"]["experts_touched_per_layer"] == pytest.approx(222.4, abs=0.05)
+    assert (out["moe"]["experts_touched_best"], out["moe"]["experts_touched_worst"]) == (8, 256)
+    assert out["expert_parallel"][0]["experts_per_device"] == 32
+    # the floor: the weights 64 tokens read, not all 1.34 TB
+    assert out["weight_floor_s_per_token"] == pytest.approx(
+        out["moe"]["decode_weight_bytes_read"] / out["chip"]["bandwidth_bytes_per_s"]
+    )
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_measured_kernels_of_an_moe_layer_run_what_the_closed_form_counts(phase):
+    """`kvjax bench` times the router and the gathered experts' products as the model runs them;
+    each standalone function's XLA FLOPs are its closed form's (at M*k expert reads)."""
+    from kvjax.measured.kernels import kernel_benches
+
+    cfg = get_model_config("tiny-moe", num_shared_experts=1)
+    benches = kernel_benches(cfg, Workload(phase, 2, 9))
+    assert {kernels.MOE_ROUTER, kernels.MOE_GATE_UP, kernels.MOE_DOWN, kernels.GATE_UP} <= set(
+        benches
+    )
+    for name, kb in benches.items():
+        cost = kb.fn.lower(*kb.make_args(0)).cost_analysis()
+        assert cost["flops"] == pytest.approx(kb.closed.flops, rel=0.01, abs=8), name
+
+
+def test_trace_and_profile_commands_on_a_tiny_moe(capsys, tmp_path):
+    from kvjax.cli.main import main
+
+    assert main(["trace", "--model", "tiny-moe", "--context", "16", "--batch", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    names = {r["name"] for r in rows["kernels"]} if isinstance(rows, dict) else set()
+    assert kernels.MOE_GATE_UP in names

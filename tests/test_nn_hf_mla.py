@@ -84,9 +84,18 @@ def test_mla_checkpoint_is_sized_by_the_closed_form(tmp_path):
     assert analytic.num_params(cfg) == sum(p.numel() for p in ref.parameters())
 
 
-def test_moe_deepseek_config_is_refused_by_name(tmp_path):
-    save_tiny_deepseek(tmp_path, first_k_dense_replace=1)
-    with pytest.raises(KvjaxError, match="mixture-of-experts layers .*n_routed_experts=4"):
+def test_moe_deepseek_config_imports_its_experts(tmp_path):
+    """(MoE parity: tests/test_nn_hf_moe.py.) A layout kvjax does not model is refused by name."""
+    ref = save_tiny_deepseek(tmp_path, first_k_dense_replace=1)
+    cfg = ModelConfig.from_hf_config(tmp_path)
+    assert (cfg.num_experts, cfg.first_dense_layers) == (4, 1)
+    from kvjax import analytic
+
+    bias = sum(b.numel() for n, b in ref.named_buffers() if "e_score_correction" in n)
+    assert analytic.num_params(cfg) == sum(p.numel() for p in ref.parameters()) + bias == 35780
+    data = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**data, "moe_layer_freq": 2}))
+    with pytest.raises(KvjaxError, match="moe_layer_freq=2: only 1 .every layer. is modelled"):
         ModelConfig.from_hf_config(tmp_path)
 
 

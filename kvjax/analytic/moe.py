@@ -20,6 +20,7 @@ from __future__ import annotations
 from kvjax import kernels
 from kvjax.analytic.costs import SCORE_BYTES, KernelCost, Workload
 from kvjax.config import DTYPE_BYTES, ModelConfig
+from kvjax.errors import KvjaxError
 
 BIAS_BYTES = 4  # DeepSeek-V3's e_score_correction_bias is kept in f32 (as Hugging Face does)
 
@@ -41,6 +42,14 @@ def experts_touched(cfg: ModelConfig, wl: Workload) -> float:
     if wl.experts_touched is not None:
         return wl.experts_touched
     return expected_experts_touched(cfg.num_experts, cfg.experts_per_token, wl.tokens)
+
+
+def model_workload(cfg: ModelConfig, wl: Workload) -> Workload:
+    """The workload as kvjax's own model runs it: an MoE model gathers every token's k experts
+    (M*k expert reads, `kvjax.nn.moe`), the count its trace and its clock are compared at."""
+    if not cfg.is_moe:
+        return wl
+    return Workload(wl.phase, wl.batch, wl.context, wl.tokens * cfg.experts_per_token)
 
 
 def expert_params(cfg: ModelConfig) -> int:
@@ -178,3 +187,39 @@ def group_flops(cfg: ModelConfig, M: int) -> int:
     E, G, g = cfg.num_experts, cfg.expert_groups, cfg.topk_groups
     scores = G if cfg.router == "sigmoid" else E - G
     return M * (scores + 3 * g + 3 + E)
+
+
+def expert_parallel(cfg: ModelConfig, ep: int, wl: Workload) -> dict[str, float]:
+    """Expert parallelism over `ep` devices (DeepSeek-V3's serving layout): each device holds
+    E/ep experts of every MoE layer; attention, dense layers, shared experts, routers and
+    embeddings are replicated, and the step's M = B*T tokens are spread evenly (data parallel).
+    Per device and step, under uniform routing:
+
+    - weights held: all but the (E - E/ep) experts of each MoE layer held elsewhere;
+    - experts touched: (E/ep) * (1 - (1 - k/E)^M) per MoE layer (each of its experts is picked
+      by some token with the probability of the expectation's formula);
+    - all-to-all: each of its M/ep tokens sends its hidden state (D in the compute dtype) to
+      each of its k experts, (ep - 1)/ep of them on other devices, and gets the output back:
+      2 * (M/ep) * k * D * a * (ep - 1)/ep bytes sent per MoE layer.
+    """
+    from kvjax.analytic.sizes import weight_bytes
+
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise KvjaxError(f"ep={ep!r} must be a positive integer")
+    if not cfg.is_moe:
+        raise KvjaxError(f"ep={ep}: {cfg.name} has no experts (num_experts=0); use --tp")
+    E, k, L = cfg.num_experts, cfg.experts_per_token, cfg.num_moe_layers
+    if E % ep:
+        raise KvjaxError(f"ep={ep} does not divide num_experts={E}")
+    M, D = wl.tokens, cfg.d_model
+    w, a = cfg.weight_bytes_per_element, DTYPE_BYTES[cfg.compute_dtype]
+    held = E // ep
+    touched = held * (1.0 - (1.0 - k / E) ** M)
+    return {
+        "ep": ep,
+        "experts_per_device": held,
+        "weight_bytes_per_device": weight_bytes(cfg) - L * (E - held) * expert_params(cfg) * w,
+        "experts_touched_per_device_per_layer": touched,
+        "expert_bytes_read_per_device": L * touched * expert_params(cfg) * w,
+        "all_to_all_bytes_per_device": L * 2 * (M / ep) * k * D * a * (ep - 1) / ep,
+    }

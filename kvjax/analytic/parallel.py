@@ -61,12 +61,21 @@ def device_config(cfg: ModelConfig, tp: int) -> ModelConfig:
             f"tp={tp}: {n_dev} query heads over {k_dev} KV heads per device are uneven groups, "
             "which kvjax does not model"
         )
+    experts = {}
+    if cfg.is_moe:  # every expert's width split (the router replicated), as vLLM's MoE TP
+        if cfg.moe_d_ff % tp:
+            raise KvjaxError(
+                f"tp={tp} does not divide moe_d_ff={cfg.moe_d_ff}: each expert's width is split "
+                f"over the devices"
+            )
+        experts = {"moe_d_ff": cfg.moe_d_ff // tp}
     return cfg.replace(
         num_heads=n_dev,
         num_kv_heads=k_dev,
         d_ff=cfg.d_ff // tp,
         vocab_size=math.ceil(cfg.vocab_size / tp),
         name=f"{cfg.name}/tp{tp}",
+        **experts,
     )
 
 

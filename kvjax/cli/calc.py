@@ -39,6 +39,9 @@ def add_parser(sub) -> None:
     calc.add_argument("--variants", action="store_true", help="add the MHA/GQA/MQA table")
     calc.add_argument("--tp", type=int_list, help="tensor-parallel degree(s), e.g. 8 or 1,2,4,8")
     calc.add_argument(
+        "--ep", type=int_list, help="MoE: expert-parallel degree(s): experts spread, all-to-all"
+    )
+    calc.add_argument(
         "--link-latency",
         type=float,
         default=0.0,
@@ -63,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         report["variants"] = variants_table(cfg, chip)
     if args.tp:
         report.update(tensor_parallel_report(cfg, wl, chip, args.tp, args.link_latency))
+    if args.ep:
+        report["expert_parallel"] = [moe.expert_parallel(cfg, ep, wl) for ep in args.ep]
     return emit(args, report, render.print_calc)
 
 

@@ -64,6 +64,14 @@ def print_calc(report: dict[str, Any]) -> None:
             f"{e['experts_touched_best']}..{e['experts_touched_worst']}): reads "
             f"{fmt_bytes(e['decode_weight_bytes_read'])} of weights"
         )
+    for e in report.get("expert_parallel") or []:
+        con.print(
+            f"  ep={e['ep']:<8} {e['experts_per_device']} experts a layer per device: weights "
+            f"{fmt_bytes(e['weight_bytes_per_device'])} each; a step touches "
+            f"{e['experts_touched_per_device_per_layer']:.1f} of them ("
+            f"{fmt_bytes(e['expert_bytes_read_per_device'])}) and sends "
+            f"{fmt_bytes(e['all_to_all_bytes_per_device'])} all-to-all"
+        )
     exceeds = report["kv_exceeds_weights_at_context"]
     con.print(
         f"  KV cache    {fmt_bytes(report['kv_bytes_per_token'], 'KiB')} per token "

@@ -8,6 +8,7 @@ from typing import Any
 
 from kvjax import analytic, kernels
 from kvjax.analytic import KernelCost, Workload, roofline
+from kvjax.analytic.moe import model_workload
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
@@ -91,7 +92,7 @@ def bench_point(
         points.append(place(name, benches[name].closed, stats, ceilings, dtype, chip))
     if include_step and wl.phase == "decode" and (names is None or kernels.STEP_KERNEL in names):
         stats = time_decode_step(cfg, wl, budget_s=2 * budget_s)
-        step = analytic.step_cost(cfg, wl)
+        step = analytic.step_cost(cfg, model_workload(cfg, wl))
         closed = KernelCost(kernels.STEP_KERNEL, step.flops, step.bytes)
         points.append(place(kernels.STEP_KERNEL, closed, stats, ceilings, dtype, chip))
     for p in points:

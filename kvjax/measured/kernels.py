@@ -20,10 +20,11 @@ import jax.numpy as jnp
 
 from kvjax import analytic, kernels
 from kvjax.analytic import KernelCost, Workload
+from kvjax.analytic.moe import model_workload
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.measured.timing import TimingStats, available_memory_bytes, time_fn
-from kvjax.nn import mla
+from kvjax.nn import mla, moe
 from kvjax.nn.attention import attend_cache, attend_causal, decode_av, decode_scores, decode_softmax
 from kvjax.nn.layers import act_dtype, kv_dtype, linear, rms_norm, weight_dtype
 
@@ -48,7 +49,9 @@ def kernel_benches(cfg: ModelConfig, wl: Workload) -> dict[str, KernelBench]:
     B, T = wl.batch, wl.query_len
     D, F, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
     a, w = act_dtype(cfg), weight_dtype(cfg)
-    closed = analytic.layer_kernels(cfg, wl) | analytic.head_kernels(cfg, wl)
+    is_moe = cfg.layer_is_moe(cfg.num_layers - 1)  # an MoE model's benches: an MoE layer's
+    wl = model_workload(cfg, wl)  # at the model's own expert reads (M*k gathers)
+    closed = analytic.layer_kernels(cfg, wl, moe=is_moe) | analytic.head_kernels(cfg, wl)
     out: dict[str, KernelBench] = {}
 
     def add(name, fn, shapes, closed_cost=None):
@@ -67,11 +70,15 @@ def kernel_benches(cfg: ModelConfig, wl: Workload) -> dict[str, KernelBench]:
         _add_mla(cfg, wl, add)
     else:
         _add_gqa(cfg, wl, add)
-    if cfg.gated_mlp:
+    if is_moe:
+        _add_moe(cfg, wl, add)
+        F = cfg.num_shared_experts * cfg.moe_d_ff  # the shared experts: the mlp/ kernels
+    if F and cfg.gated_mlp:
         add(kernels.GATE_UP, linear, [((B, T, D), a), ((2 * F, D), w)])
-    else:
+    elif F:
         add(kernels.UP, linear, [((B, T, D), a), ((F, D), w)])
-    add(kernels.DOWN, linear, [((B, T, F), a), ((D, F), w)])
+    if F:
+        add(kernels.DOWN, linear, [((B, T, F), a), ((D, F), w)])
     add(kernels.LM_HEAD, partial(linear, out_dtype=jnp.float32), [((B, T, D), a), ((V, D), w)])
     return out
 
@@ -131,6 +138,26 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
             analytic.attention_cost(cfg, wl),
         )
     add(kernels.O_PROJ, linear, [((B, T, N * H), a), ((D, N * H), w)])
+
+
+def _add_moe(cfg: ModelConfig, wl: Workload, add) -> None:
+    """The router and the experts' products as the model runs them (`kvjax.nn.moe`): each token
+    against its k experts, gathered; the routing fixed to distinct experts per token."""
+    M, D, E, k, F = wl.tokens, cfg.d_model, cfg.num_experts, cfg.experts_per_token, cfg.moe_d_ff
+    a, w = act_dtype(cfg), weight_dtype(cfg)
+
+    def picks(key):  # token m takes experts m*k .. m*k + k - 1 (mod E)
+        return (jnp.arange(M)[:, None] * k + jnp.arange(k)[None, :]) % E
+
+    def gate_up(x, w_all, idx):
+        return moe.experts_gate_up(x, moe.read_experts_array(w_all, idx, cfg))
+
+    def down(h, w_all, idx):
+        return moe.experts_down(h, moe.read_experts_array(w_all, idx, cfg))
+
+    add(kernels.MOE_ROUTER, moe.router_logits, [((M, D), a), ((E, D), w)])
+    add(kernels.MOE_GATE_UP, gate_up, [((M, D), a), ((E, 2 * F, D), w), picks])
+    add(kernels.MOE_DOWN, down, [((M, k, F), a), ((E, D, F), w), picks])
 
 
 def _add_mla(cfg: ModelConfig, wl: Workload, add) -> None:

@@ -31,6 +31,7 @@ import jax
 
 from kvjax import kernels
 from kvjax.analytic import Workload
+from kvjax.analytic.moe import model_workload
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.measured.step import served_step
@@ -150,6 +151,7 @@ def prepare(cfg: ModelConfig, wl: Workload, warmup: int = 3) -> Prepared:
     """The served step (refused before allocation if it does not fit), its compiled modules
     attributed per op (`kvjax.traced.compiled`), run `warmup` times untraced."""
     served = served_step(cfg, wl)
+    wl = model_workload(cfg, wl)  # the closed form at the model's own expert reads (MoE)
     names = tuple(kernels.REGISTRY)
     ops: dict[tuple[str, str], CompiledOp] = {}
     for name, (fn, args) in served.jits.items():

@@ -41,21 +41,18 @@ class MoE(nnx.Module):
         B, T, D = x_BTD.shape
         F = cfg.moe_d_ff
         x_MD = x_BTD.reshape(B * T, D)
-        with jax.named_scope(kernels.MOE_ROUTER):  # f32 logits [M, experts], as DeepSeek's
-            w_r = self.router[...].astype(jnp.float32)
-            logits = jax.lax.dot_general(x_MD.astype(jnp.float32), w_r, (((1,), (1,)), ((), ())))
+        with jax.named_scope(kernels.MOE_ROUTER):
+            logits = router_logits(x_MD, self.router[...])
         with jax.named_scope(kernels.MOE_TOPK):
             bias = None if self.router_bias is None else self.router_bias[...]
             weights_Mk, idx_Mk = route(cfg, logits, bias)
         act = jax.nn.silu if cfg.mlp_activation == "silu" else _gelu_tanh
         with jax.named_scope(kernels.MOE_GATE_UP):
-            w_MkED = read_experts(self.expert_gate_up, idx_Mk, cfg)  # (M, k, 2F, D)
-            gu_MkE = jnp.einsum("MD,MkED->MkE", x_MD, w_MkED)
+            gu_MkE = experts_gate_up(x_MD, read_experts(self.expert_gate_up, idx_Mk, cfg))
         with jax.named_scope(kernels.MOE_ACT):
             h_MkF = act(gu_MkE[..., :F]) * gu_MkE[..., F:]
         with jax.named_scope(kernels.MOE_DOWN):
-            w_MkDF = read_experts(self.expert_down, idx_Mk, cfg)  # (M, k, D, F)
-            y_MkD = jnp.einsum("MkF,MkDF->MkD", h_MkF, w_MkDF)
+            y_MkD = experts_down(h_MkF, read_experts(self.expert_down, idx_Mk, cfg))
         shared_BTD = None if self.shared is None else self.shared(x_BTD)
         with jax.named_scope(kernels.MOE_COMBINE):
             out_BTD = jnp.einsum("MkD,Mk->MD", y_MkD, weights_Mk.astype(y_MkD.dtype)).reshape(
@@ -72,10 +69,29 @@ def _mlp(cfg: ModelConfig, width: int, rngs: nnx.Rngs):
     return MLP(cfg, width, rngs=rngs)
 
 
+def router_logits(x_MD: jax.Array, w_router) -> jax.Array:
+    """f32 logits [M, experts] (as DeepSeek's router: both sides widened to f32)."""
+    w = w_router.astype(jnp.float32)
+    return jax.lax.dot_general(x_MD.astype(jnp.float32), w, (((1,), (1,)), ((), ())))
+
+
+def experts_gate_up(x_MD: jax.Array, w_MkED: jax.Array) -> jax.Array:
+    """Each token against its k gathered experts' [gate; up] rows: [M, k, 2F]."""
+    return jnp.einsum("MD,MkED->MkE", x_MD, w_MkED)
+
+
+def experts_down(h_MkF: jax.Array, w_MkDF: jax.Array) -> jax.Array:
+    return jnp.einsum("MkF,MkDF->MkD", h_MkF, w_MkDF)
+
+
 def read_experts(w: nnx.Param, idx_Mk: jax.Array, cfg: ModelConfig) -> jax.Array:
     """The picked experts' matrices, (M, k, ...), in the compute dtype (gathered, then widened
     where the weights are 1-byte)."""
-    x = w[...][idx_Mk]
+    return read_experts_array(w[...], idx_Mk, cfg)
+
+
+def read_experts_array(w_all: jax.Array, idx_Mk: jax.Array, cfg: ModelConfig) -> jax.Array:
+    x = w_all[idx_Mk]
     return x if x.dtype == act_dtype(cfg) else x.astype(act_dtype(cfg))
 
 

@@ -51,6 +51,12 @@ def mesh_shape(cfg: ModelConfig, tp: int, dp: int = 1) -> tuple[int, int, int]:
             f"tp={tp}: sharding an MLA model (kv_lora_rank={cfg.kv_lora_rank}) is not implemented "
             f"yet; use tp=1 (data parallelism, dp, works)"
         )
+    if cfg.is_moe and tp > 1:
+        raise KvjaxError(
+            f"tp={tp}: sharding an MoE model (num_experts={cfg.num_experts}) is not implemented; "
+            f"its tensor- and expert-parallel placement is in the closed form (kvjax calc --tp, "
+            f"--ep); use tp=1"
+        )
     K = cfg.num_kv_heads
     allowed = [
         t

@@ -25,6 +25,7 @@ from flax import nnx
 
 from kvjax import analytic, kernels
 from kvjax.analytic import Workload
+from kvjax.analytic.moe import model_workload
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.traced.hlo import Cost, attribute
@@ -162,9 +163,8 @@ def trace_step(
     `layers="one"` traces a one-layer model and multiplies each layer kernel by `num_layers`
     (the layers are identical; tests check this equals the full unrolled trace).
     """
-    wl = Workload(phase, batch, context)
-    if cfg.is_moe:  # kvjax's model gathers every token's k experts: M*k expert reads
-        wl = Workload(phase, batch, context, experts_touched=wl.tokens * cfg.experts_per_token)
+    # kvjax's model gathers every MoE token's k experts: compared at M*k expert reads
+    wl = model_workload(cfg, Workload(phase, batch, context))
     if stage not in STAGES:
         raise KvjaxError(f"stage={stage!r} is not supported; allowed: {', '.join(STAGES)}")
     check_layers(layers)
