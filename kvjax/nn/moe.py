@@ -6,7 +6,8 @@ Each token's k experts are gathered from the (E, 2F, D) and (E, D, F) weights an
 alone: the FLOPs are exactly the routed ones (2*M*k*D*3F), and the weights read are the M*k picks,
 k at B = 1 (the active weights). XLA:CPU lowers `jax.lax.ragged_dot` (the grouped-GEMM form)
 to every token against every expert, masked (E/k times the FLOPs and all E experts read at any B;
-measured in the issue's note), so the gather is the form whose trace reflects the routing. Its
+`experiments/benchmarks/moe_experts.py` times both and a dense form), so the gather is the form
+whose trace and clock follow the routing. Its
 cost: two tokens sharing an expert read it twice (a grouped kernel would once), the worst case
 of `kvjax.analytic.moe`.
 """
