@@ -66,6 +66,11 @@ def _calc(model, chip, batch, context, kv_heads, kv_dtype, capsys):
     return json.loads(capsys.readouterr().out)
 
 
+def _calc_json(argv, capsys):
+    assert main(["calc", "--json", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 OUTPUTS = {  # element id -> (calc --json key, scale to the displayed unit)
     "out-kv_cache": ("kv_cache_bytes", 2**-30),
     "out-weights": ("weight_bytes", 2**-30),
@@ -225,6 +230,18 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                     model,
                     element,
                 )
+        # MoE on the page: DeepSeek-V3 at B=64 touches 222.4 of 256 experts a layer
+        page.select_option("#model", "deepseek-v3")
+        page.select_option("#latent", "512")  # its own latent width (the select keeps the last)
+        page.eval_on_selector(
+            "#batch", "el => { el.value = 6; el.dispatchEvent(new Event('input')); }"
+        )
+        want = _calc_json(["--model", "deepseek-v3", "--batch", "64"], capsys)
+        shown = page.inner_text("#out-experts")
+        assert shown.startswith(f"{want['moe']['experts_touched_per_layer']:.1f} of 256"), shown
+        assert f"active {want['active_params'] / 1e9:.4g} of 671.0 G" in shown, shown
+        page.select_option("#model", "llama-3-8b")
+        assert page.inner_text("#out-experts") == "dense"
         # MoE (with MLA for DeepSeek): the step and the weights a B-token decode reads, exactly
         for model in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite", "deepseek-v3"):
             for batch in (1, 64):
