@@ -1,6 +1,8 @@
 """Uptraining (Ainslie et al., 2023): train MHA, convert to each num_kv_heads by mean-pooling,
-keeping the first head, or random init of the K/V heads, fine-tune for a small fraction of the
-original steps, and evaluate before and after."""
+keeping the first head, or random init of the K/V heads, fine-tune for a fraction of the
+original steps (the paper's 5%, or more), and evaluate before and after; beside them
+(`options.scratch`) the same GQA/MQA model trained from scratch for the same total tokens (the
+MHA pre-training plus the fine-tune). `options.seed` sets every init and the data order."""
 
 import dataclasses
 
@@ -19,6 +21,7 @@ OPTIONS = {
     "uptrain_fraction": o.FRACTION,
     "kv_heads": o.list_of(o.POSITIVE_INT),
     "methods": o.list_of(o.one_of(*METHODS)),
+    "scratch": o.BOOLEAN,
 }
 
 
@@ -35,6 +38,7 @@ def run_point(point) -> list[dict]:
     )  # fmt: skip
     records = [
         {"model": cfg.name, "task": task, "num_kv_heads": mha_cfg.num_kv_heads, "method": "mha",
+         "seed": tc.seed, "steps": tc.steps,
          "kv_bytes_per_token": analytic.kv_bytes_per_token(mha_cfg),
          "val_loss_before": mha_history[-1]["val_loss"], "val_loss": mha_history[-1]["val_loss"],
          "val_accuracy": mha_history[-1]["val_accuracy"], "history": mha_history}
@@ -46,9 +50,22 @@ def run_point(point) -> list[dict]:
             history = [{"step": 0, **before}] + train(model, data, up_tc, val_data=val)
             records.append(
                 {"model": cfg.name, "task": task, "num_kv_heads": int(k), "method": method,
+                 "seed": tc.seed, "steps": tc.steps + up_tc.steps,
                  "kv_bytes_per_token": analytic.kv_bytes_per_token(model.cfg),
                  "uptrain_steps": up_tc.steps, "val_loss_before": before["val_loss"],
                  "val_loss": history[-1]["val_loss"], "val_accuracy": history[-1]["val_accuracy"],
                  "history": history}
+            )  # fmt: skip
+        if opts.get("scratch", False):  # the same tokens from scratch: pre-training + fine-tune
+            k_cfg = cfg.replace(num_kv_heads=int(k))
+            scratch_tc = dataclasses.replace(tc, steps=tc.steps + up_tc.steps)
+            scratch = Transformer(k_cfg, rngs=nnx.Rngs(tc.seed))
+            history = train(scratch, data, scratch_tc, val_data=val)
+            records.append(
+                {"model": cfg.name, "task": task, "num_kv_heads": int(k), "method": "scratch",
+                 "seed": tc.seed, "steps": scratch_tc.steps,
+                 "kv_bytes_per_token": analytic.kv_bytes_per_token(k_cfg),
+                 "val_loss": history[-1]["val_loss"],
+                 "val_accuracy": history[-1]["val_accuracy"], "history": history}
             )  # fmt: skip
     return records

@@ -1,10 +1,12 @@
-"""Quality over num_kv_heads: the same model, data and token budget, trained for each h_kv."""
+"""Quality over num_kv_heads: the same model, data and token budget, trained for each h_kv (and
+each seed: `options.seed` sets the init and the data order), then evaluated with its KV cache
+as it is and as an int8 and an fp8 cache would hold it (`options.eval_kv_dtypes`)."""
 
 from flax import nnx
 
 from kvjax import analytic
 from kvjax.nn import Transformer
-from kvjax.quality.train import TrainConfig, train
+from kvjax.quality.train import TrainConfig, evaluate, train
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
 
@@ -25,6 +27,7 @@ OPTIONS = {
     "eval_batches": o.POSITIVE_INT,
     "checkpoint_every": o.NONNEGATIVE_INT,
     "seed": o.NONNEGATIVE_INT,
+    "eval_kv_dtypes": o.list_of(o.one_of("int8", "fp8")),
 }
 
 
@@ -63,20 +66,29 @@ def run_point(point) -> list[dict]:
     model = Transformer(cfg, rngs=nnx.Rngs(tc.seed))
     history = train(model, data, tc, val_data=val)
     last = history[-1]
-    return [
-        {
-            "model": cfg.name,
-            "task": task,
-            "num_kv_heads": cfg.num_kv_heads,
-            "num_heads": cfg.num_heads,
-            "kv_bytes_per_token": analytic.kv_bytes_per_token(cfg),
-            "params": analytic.num_params(cfg),
-            "steps": tc.steps,
-            "tokens": tc.steps * tc.batch_size * tc.seq_len,
-            "val_loss": last["val_loss"],
-            "val_accuracy": last["val_accuracy"],
-            # guessing among the values: 1/(vocab/2) for recall; 1/256 for bytes
-            "chance_accuracy": 1 / (cfg.vocab_size // 2) if task == "recall" else 1 / 256,
-            "history": history,
-        }
-    ]
+    base = {
+        "model": cfg.name,
+        "task": task,
+        "num_kv_heads": cfg.num_kv_heads,
+        "num_heads": cfg.num_heads,
+        "seed": tc.seed,
+        "num_pairs": getattr(data, "num_pairs", None),
+        "params": analytic.num_params(cfg),
+        "steps": tc.steps,
+        "tokens": tc.steps * tc.batch_size * tc.seq_len,
+        # guessing among the values: 1/(vocab/2) for recall; 1/256 for bytes
+        "chance_accuracy": 1 / (cfg.vocab_size // 2) if task == "recall" else 1 / 256,
+    }
+    records = [
+        {**base, "eval_kv_dtype": cfg.kv_dtype,
+         "kv_bytes_per_token": analytic.kv_bytes_per_token(cfg),
+         "val_loss": last["val_loss"], "val_accuracy": last["val_accuracy"], "history": history}
+    ]  # fmt: skip
+    for kv in point.options.get("eval_kv_dtypes", []):  # the same model, a quantized cache
+        quantized = cfg.replace(kv_dtype=kv, kv_scales="auto")
+        q = evaluate(model, val, tc, kv_dtype=kv)
+        records.append(
+            {**base, "eval_kv_dtype": kv, "kv_scales": quantized.kv_scale_kind,
+             "kv_bytes_per_token": analytic.kv_bytes_per_token(quantized), **q}
+        )  # fmt: skip
+    return records

@@ -216,10 +216,11 @@ def test_quality_experiments_run_small_and_draw(tmp_path):
         + QUALITY_MODEL
         + """
 options: {steps: 6, batch_size: 2, seq_len: 16, eval_every: 3, eval_batches: 1, warmup_steps: 1,
-          max_bytes: 65536, num_pairs: 4, num_queries: 2}
+          max_bytes: 65536, num_pairs: 4, num_queries: 2, eval_kv_dtypes: [int8]}
 sweep:
   options.task: [stdlib, recall]
   model.num_kv_heads: [4, 1]
+  options.seed: [0, 1]
 """,
         "q.yaml",
     )
@@ -230,26 +231,39 @@ sweep:
         + """
 options: {task: stdlib, steps: 10, batch_size: 2, seq_len: 16, eval_every: 5, eval_batches: 1,
           warmup_steps: 1, max_bytes: 65536, uptrain_fraction: 0.4, kv_heads: [2, 1],
-          methods: [mean, first]}
+          methods: [mean, first], scratch: true}
 """,
         "u.yaml",
     )
     q = run_experiment(quality, runs_root=tmp_path / "runs", progress=False).records()
-    assert {(r["task"], r["num_kv_heads"]) for r in q} == {
-        (t, k) for t in ("stdlib", "recall") for k in (4, 1)
+    got = sorted((r["task"], r["num_kv_heads"], r["seed"], r["eval_kv_dtype"]) for r in q)
+    assert got == sorted(
+        (t, k, seed, dtype) for t in ("stdlib", "recall") for k in (4, 1) for seed in (0, 1)
+        for dtype in ("f32", "int8")
+    )  # fmt: skip
+    # one layer, H = 8: f32 K and V rows; int8 rows with an f32 scale each
+    for r in q:
+        per_row = 8 * 4 if r["eval_kv_dtype"] == "f32" else 8 + 4
+        assert r["kv_bytes_per_token"] == 2 * 1 * r["num_kv_heads"] * per_row
+    by_seed = {
+        (r["task"], r["num_kv_heads"], r["eval_kv_dtype"], r["seed"]): r["val_loss"] for r in q
     }
-    assert all(r["kv_bytes_per_token"] == 2 * 1 * r["num_kv_heads"] * 8 * 4 for r in q)
+    assert by_seed[("stdlib", 4, "f32", 0)] != by_seed[("stdlib", 4, "f32", 1)]
     u = run_experiment(uptrain, runs_root=tmp_path / "runs", progress=False).records()
     assert [(r["method"], r["num_kv_heads"]) for r in u] == [
         ("mha", 4),
         ("mean", 2),
         ("first", 2),
+        ("scratch", 2),
         ("mean", 1),
         ("first", 1),
+        ("scratch", 1),
     ]
-    assert all(r["history"][0]["step"] == 0 for r in u[1:])  # evaluated right after conversion
+    assert {r["steps"] for r in u if r["method"] != "mha"} == {10 + 4}  # the same tokens
+    converted = [r for r in u if r["method"] in ("mean", "first")]
+    assert all(r["history"][0]["step"] == 0 for r in converted)  # evaluated right after conversion
     written = {p.name for p in make_figures(load_records(tmp_path / "runs"), tmp_path / "f")}
-    assert {"hkv_quality.png", "gqa_uptrain.png"} <= written
+    assert {"hkv_quality.png", "kv_pareto.png", "gqa_uptrain.png"} <= written
 
 
 def test_tensor_parallel_experiment_checks_itself_and_draws(tmp_path):

@@ -13,6 +13,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
+from kvjax.plotting import quality  # noqa: E402
 from kvjax.plotting.measured import _label_measured, kernel_bound, mark_flags  # noqa: E402
 from kvjax.plotting.style import MLA_COLOR, kv_palette, variant_color  # noqa: E402
 
@@ -250,59 +251,6 @@ def hkv_ablation(records: pd.DataFrame, fig) -> None:
     ax.legend(fontsize=5, frameon=True)
 
 
-def hkv_quality(records: pd.DataFrame, fig) -> None:
-    """The trade-off: validation loss (stdlib) and recall accuracy against KV bytes per token,
-    one point per num_kv_heads, same model, data and token budget."""
-    df = records[records.experiment == "hkv_quality"]
-    tasks = [t for t in ("stdlib", "recall") if t in set(df.task)]
-    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
-    palette = kv_palette(df.num_kv_heads)
-    for ax, task in zip(axes, tasks, strict=True):
-        g = df[df.task == task].sort_values("kv_bytes_per_token")
-        y = g.val_loss if task == "stdlib" else g.val_accuracy
-        ax.plot(g.kv_bytes_per_token / 2**10, y, color="0.6", lw=0.8, zorder=1)
-        for _, r in g.iterrows():
-            value = r.val_loss if task == "stdlib" else r.val_accuracy
-            ax.scatter(
-                r.kv_bytes_per_token / 2**10,
-                value,
-                color=palette[int(r.num_kv_heads)],
-                s=22,
-                zorder=2,
-                label=f"h_kv={int(r.num_kv_heads)}",
-            )
-        if task == "recall" and "chance_accuracy" in g and g.chance_accuracy.notna().all():
-            ax.axhline(g.chance_accuracy.iloc[0], color="0.5", ls=":", lw=0.8, label="chance")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("KV cache per token (KiB)")
-        ax.set_ylabel("validation loss (nats/byte)" if task == "stdlib" else "recall accuracy")
-        ax.set_title(f"{g.model.iloc[0]}: {task}, {int(g.tokens.iloc[0]):,} tokens", fontsize=7)
-        ax.legend(fontsize=5, frameon=True)
-
-
-def gqa_uptrain(records: pd.DataFrame, fig) -> None:
-    """Validation loss during the short fine-tune after converting MHA to h_kv heads, per
-    conversion method; the MHA model's loss is the dashed line."""
-    df = records[records.experiment == "gqa_uptrain"]
-    mha = df[df.method == "mha"]
-    kvs = sorted({int(k) for k in df[df.method != "mha"].num_kv_heads}, reverse=True)
-    axes = fig.subplots(1, len(kvs), squeeze=False, sharey=True)[0]
-    colors = {"mean": "#4c72b0", "first": "#dd8452", "random": "#55a868"}
-    for ax, k in zip(axes, kvs, strict=True):
-        for _, r in df[(df.num_kv_heads == k) & (df.method != "mha")].iterrows():
-            steps = [h["step"] for h in r.history]
-            losses = [h["val_loss"] for h in r.history]
-            ax.plot(
-                steps, losses, marker="o", ms=2.5, color=colors.get(r.method, "0.3"), label=r.method
-            )
-        if not mha.empty:
-            ax.axhline(mha.val_loss.iloc[0], color="0.3", ls="--", lw=0.8, label="MHA")
-        ax.set_title(f"h_kv={k}", fontsize=7)
-        ax.set_xlabel("fine-tune steps")
-    axes[0].set_ylabel("validation loss")
-    axes[0].legend(fontsize=5, frameon=True)
-
-
 def tensor_parallel(records: pd.DataFrame, fig) -> None:
     """Per-device KV cache and decode floor against tp, one line per num_kv_heads (closed form);
     hollow markers: the bytes the sharded model's own shardings put on a device."""
@@ -357,8 +305,9 @@ FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "decode_latency": ("decode_latency", decode_latency, (2 * COLUMN_WIDTH_IN, 2.6)),
     "decode_intensity": ("decode_latency", decode_intensity, (COLUMN_WIDTH_IN, 2.6)),
     "hkv_ablation": ("hkv_ablation", hkv_ablation, (COLUMN_WIDTH_IN, 2.6)),
-    "hkv_quality": ("hkv_quality", hkv_quality, (2 * COLUMN_WIDTH_IN, 2.6)),
-    "gqa_uptrain": ("gqa_uptrain", gqa_uptrain, (2 * COLUMN_WIDTH_IN, 2.4)),
+    "hkv_quality": ("hkv_quality", quality.hkv_quality, (2 * COLUMN_WIDTH_IN, 2.6)),
+    "kv_pareto": ("hkv_quality", quality.kv_pareto, (COLUMN_WIDTH_IN, 2.8)),
+    "gqa_uptrain": ("gqa_uptrain", quality.gqa_uptrain, (2 * COLUMN_WIDTH_IN, 2.4)),
     "tensor_parallel": ("tensor_parallel", tensor_parallel, (2 * COLUMN_WIDTH_IN, 2.8)),
     "kernel_bound": ("profile", kernel_bound, (2 * COLUMN_WIDTH_IN, 2.8)),
 }
