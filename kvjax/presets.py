@@ -272,6 +272,9 @@ _preset(
         moe_d_ff=768,
     )
 )
+# DeepSeek's MLA widths, shared by V2-Lite and V3: latent 512, RoPE key 64, q/k 128 + 64, v 128.
+_DEEPSEEK_MLA = dict(head_dim=192, norm_eps=1e-6, kv_lora_rank=512, qk_rope_head_dim=64,
+                     v_head_dim=128)  # fmt: skip
 # deepseek-ai/DeepSeek-V2-Lite config.json (DeepSeek-AI, 2024): 15.7e9 parameters, 2.4e9 active;
 # MLA without a query low rank; layer 0 dense (10944), then 64 routed experts of 1408 (6 per
 # token, softmax, not renormalised) and 2 shared.
@@ -282,19 +285,15 @@ _preset(
         d_model=2048,
         num_heads=16,
         num_kv_heads=16,
-        head_dim=192,
         d_ff=10944,
         vocab_size=102400,
-        norm_eps=1e-6,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
         num_experts=64,
         experts_per_token=6,
         num_shared_experts=2,
         moe_d_ff=1408,
         first_dense_layers=1,
         norm_topk_prob=False,
+        **_DEEPSEEK_MLA,
     )
 )
 # deepseek-ai/DeepSeek-V3 config.json (DeepSeek-AI, 2024): 671.0e9 parameters without the
@@ -308,14 +307,9 @@ _preset(
         d_model=7168,
         num_heads=128,
         num_kv_heads=128,
-        head_dim=192,
         d_ff=18432,
         vocab_size=129280,
-        norm_eps=1e-6,
-        kv_lora_rank=512,
         q_lora_rank=1536,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
         num_experts=256,
         experts_per_token=8,
         num_shared_experts=1,
@@ -325,6 +319,7 @@ _preset(
         routed_scaling_factor=2.5,
         expert_groups=8,
         topk_groups=4,
+        **_DEEPSEEK_MLA,
     )
 )
 # Tiny MoE: 6 experts of 20, 2 per token, every dimension distinct from tiny-gqa's.

@@ -6,6 +6,7 @@ scaling of the global layers, attention and final logit soft-capping, sliding wi
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import check_hf_parity as check_parity
 from support import require_module
 
 torch = require_module("torch")
@@ -40,23 +41,6 @@ def save(folder, family: str, **changes):
                 p.copy_((0.0 if family.startswith("gemma") else 1.0) + 0.3 * torch.randn_like(p))
     model.save_pretrained(folder, safe_serialization=True)
     return model
-
-
-def check_parity(model, ref, toks, prefixes=(3, 9), atol=2e-4):
-    """Uncached forward, and prefill of each prefix + decode of the rest, against HF."""
-    with torch.no_grad():
-        want = ref(torch.tensor(toks)).logits.numpy()
-    np.testing.assert_allclose(np.asarray(model(jnp.asarray(toks))), want, atol=atol)
-    B, T = toks.shape
-    for prefix in prefixes:
-        cache = model.init_cache(B, T + 2)
-        logits, cache = model.prefill(jnp.asarray(toks[:, :prefix]), cache)
-        got = [np.asarray(logits)]
-        for t in range(prefix, T):
-            step, cache = model.decode(jnp.asarray(toks[:, t]), cache)
-            got.append(np.asarray(step)[:, None])
-        np.testing.assert_allclose(np.concatenate(got, axis=1), want, atol=atol)
-    return want
 
 
 GEMMA3_ROPE = {

@@ -4,10 +4,9 @@ dense first layer, shared experts, group-limited routing), checkpoints the tests
 The routers' weights are drawn N(0, 1): expert scores lie far apart, so no near-tie can
 pick different experts in the two implementations."""
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from support import require_module
+from support import check_hf_parity, require_module
 
 torch = require_module("torch")
 transformers = require_module("transformers")
@@ -44,20 +43,6 @@ def save(folder, family, **changes):
     return model
 
 
-def check(model, ref, toks, prefix=4, atol=2e-4):
-    with torch.no_grad():
-        want = ref(torch.tensor(toks)).logits.numpy()
-    np.testing.assert_allclose(np.asarray(model(jnp.asarray(toks))), want, atol=atol)
-    B, T = toks.shape
-    cache = model.init_cache(B, T + 1)
-    logits, cache = model.prefill(jnp.asarray(toks[:, :prefix]), cache)
-    got = [np.asarray(logits)]
-    for t in range(prefix, T):
-        step, cache = model.decode(jnp.asarray(toks[:, t]), cache)
-        got.append(np.asarray(step)[:, None])
-    np.testing.assert_allclose(np.concatenate(got, axis=1), want, atol=atol)
-
-
 TOKS = np.random.default_rng(0).integers(0, 97, size=(2, 9))
 
 
@@ -71,7 +56,7 @@ def test_mixtral_matches_transformers(tmp_path):
         20,
         3,
     )
-    check(model, ref, TOKS)
+    check_hf_parity(model, ref, TOKS, prefixes=(4,))
 
 
 def test_qwen3_moe_matches_transformers(tmp_path):
@@ -79,7 +64,7 @@ def test_qwen3_moe_matches_transformers(tmp_path):
                moe_intermediate_size=12, head_dim=8, norm_topk_prob=True)  # fmt: skip
     model = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32")
     assert model.cfg.qk_norm and model.cfg.norm_topk_prob and model.cfg.moe_d_ff == 12
-    check(model, ref, TOKS)
+    check_hf_parity(model, ref, TOKS, prefixes=(4,))
 
 
 def test_deepseek_v2_group_limited_matches_transformers(tmp_path):
@@ -93,7 +78,7 @@ def test_deepseek_v2_group_limited_matches_transformers(tmp_path):
     cfg = model.cfg
     assert (cfg.router, cfg.norm_topk_prob, cfg.expert_groups, cfg.first_dense_layers) == (
         "softmax", False, 2, 1)  # fmt: skip
-    check(model, ref, TOKS)
+    check_hf_parity(model, ref, TOKS, prefixes=(4,))
 
 
 @pytest.mark.parametrize("form", ["absorbed", "naive"])
@@ -108,4 +93,4 @@ def test_deepseek_v3_moe_with_mla_matches_transformers(tmp_path, form):
     assert (cfg.router, cfg.expert_groups, cfg.topk_groups, cfg.num_shared_experts) == (
         "sigmoid", 4, 2, 1)  # fmt: skip
     assert cfg.is_mla and cfg.routed_scaling_factor == 2.5
-    check(model, ref, TOKS)
+    check_hf_parity(model, ref, TOKS, prefixes=(4,))
