@@ -128,11 +128,11 @@ def _load_mlp(mlp, get, put, p: str, F: int, D: int) -> None:
     put(mlp.down, get(p + "down_proj.weight", (D, F)))
 
 
-def _load_moe(cfg: ModelConfig, moe, get, put, p: str) -> None:
+def _load_moe(cfg: ModelConfig, moe, get, put, p: str, names: tuple[str, str, str]) -> None:
     """The router (and DeepSeek-V3's score-correction bias), the experts stacked to (E, 2F, D)
     and (E, D, F), and DeepSeek's shared experts."""
     D, E, F = cfg.d_model, cfg.num_experts, cfg.moe_d_ff
-    gate_name, up_name, down_name = _EXPERT_NAMES[p.split(".", 3)[-1]]
+    gate_name, up_name, down_name = names
     put(moe.router, get(p + "gate.weight", (E, D)))
     if moe.router_bias is not None:
         moe.router_bias[...] = jnp.asarray(get(p + "gate.e_score_correction_bias", (E,)))
@@ -181,7 +181,7 @@ def from_hf_tensors(
         else:
             _load_attention(cfg, a, get, put, p)
         if cfg.layer_is_moe(i):
-            _load_moe(cfg, layer.mlp, get, put, p + moe_prefix)
+            _load_moe(cfg, layer.mlp, get, put, p + moe_prefix, _EXPERT_NAMES[moe_prefix])
         else:
             _load_mlp(layer.mlp, get, put, p + "mlp.", F, D)
         put(layer.attn_norm.scale, get(p + "input_layernorm.weight", (D,)))
