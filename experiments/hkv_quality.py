@@ -1,6 +1,7 @@
 """Quality over num_kv_heads: the same model, data and token budget, trained for each h_kv (and
 each seed: `options.seed` sets the init and the data order), then evaluated with its KV cache
-as it is and as an int8 and an fp8 cache would hold it (`options.eval_kv_dtypes`)."""
+as it is and as an int8, fp8, int4 or int2 cache would give it back (`options.eval_kv_dtypes`;
+the packed caches group by `model.kv_group_size`, which must divide head_dim)."""
 
 from flax import nnx
 
@@ -27,7 +28,7 @@ OPTIONS = {
     "eval_batches": o.POSITIVE_INT,
     "checkpoint_every": o.NONNEGATIVE_INT,
     "seed": o.NONNEGATIVE_INT,
-    "eval_kv_dtypes": o.list_of(o.one_of("int8", "fp8")),
+    "eval_kv_dtypes": o.list_of(o.one_of("int8", "fp8", "int4", "int2")),
 }
 
 

@@ -100,9 +100,9 @@ def test_mla_latent_scales_are_refused_by_name():
 
 @pytest.mark.parametrize("kv", ["int8", "fp8"])
 def test_the_forward_with_a_quantized_cache_matches_decoding_from_one(kv):
-    """The quality switch: `model(tokens, kv_dtype)` attends K and V as the cache holds them; it
-    agrees with decoding token by token from a quantized cache (the decode step attends its own
-    row fresh, so to within the quantization error itself), and differs from the plain forward."""
+    """The quality switch: `model(tokens, kv_dtype)` attends K and V as the cache holds them and
+    each query's own row fresh, as a decode step does: it equals decoding token by token from a
+    quantized cache (to float rounding), and differs from the plain forward."""
     cfg = get_model_config("tiny-gqa")
     plain = Transformer(cfg, rngs=nnx.Rngs(0))
     cached = Transformer(cfg.replace(kv_dtype=kv), rngs=nnx.Rngs(0))
@@ -115,11 +115,74 @@ def test_the_forward_with_a_quantized_cache_matches_decoding_from_one(kv):
         steps.append(step[:, None])
     decoded = np.asarray(jnp.concatenate(steps, 1))
     switched, full = np.asarray(plain(ids, kv)), np.asarray(plain(ids))
-    err = np.abs(decoded - full).max()
-    assert err > 1e-3  # the quantization shows
-    assert np.abs(switched - decoded).max() < err  # closer to the quantized decode than full is
-    with pytest.raises(KvjaxError, match="kv_dtype='bf16': the forward quantizes a 1-byte"):
+    assert np.abs(decoded - full).max() > 1e-3  # the quantization shows
+    np.testing.assert_allclose(switched, decoded, atol=1e-5)
+    with pytest.raises(KvjaxError, match="kv_dtype='bf16': the forward quantizes a GQA cache"):
         plain(ids, "bf16")
+
+
+def _group_reference(x, levels):
+    """One group by hand: levels + 1 values evenly from min to max, each element the nearest."""
+    lo, hi = float(np.float16(x.min())), x.max()
+    step = float(np.float16((hi - lo) / levels))
+    return np.clip(np.round((x - lo) / step), 0, levels) * step + lo
+
+
+@pytest.mark.parametrize(("levels", "axis"), [(15, 0), (3, 0), (15, 1)])
+def test_group_roundtrip_against_a_hand_quantizer(levels, axis):
+    from kvjax.nn.fake_quant import group_roundtrip
+
+    x = np.asarray(jax.random.normal(jax.random.key(3), (10, 8)), np.float32)
+    y = np.asarray(group_roundtrip(jnp.asarray(x), levels, 4, axis))
+    xs, ys = np.moveaxis(x, axis, 0), np.moveaxis(y, axis, 0)
+    n = xs.shape[0] // 4 * 4
+    for g in range(0, n, 4):
+        for c in range(xs.shape[1]):
+            np.testing.assert_allclose(ys[g : g + 4, c], _group_reference(xs[g : g + 4, c], levels),
+                                       atol=1e-6)  # fmt: skip
+            assert len(np.unique(ys[g : g + 4, c])) <= levels + 1
+    np.testing.assert_array_equal(ys[n:], xs[n:])  # a group not yet full stays as it is
+    assert np.abs(ys[:n] - xs[:n]).max() > 0
+    exact = np.array([[0.0], [1.0], [2.0], [15.0]], np.float32)  # on the grid: returned exactly
+    np.testing.assert_array_equal(np.asarray(group_roundtrip(jnp.asarray(exact), 15, 4, 0)), exact)
+
+
+def test_cached_attention_against_a_per_query_reference():
+    """`attend_causal(cached=...)`: query t reads rows j // R < t // R from the quantized k, v and
+    the rest at full precision; checked against building each query's keys by hand."""
+    from kvjax.nn.attention import attend_causal
+
+    B, T, K, G, H, R = 1, 7, 2, 2, 4, 3
+    q, k, v, kq, vq = (np.asarray(jax.random.normal(jax.random.key(i), s), np.float32) for i, s in
+                       enumerate([(B, T, K, G, H)] + [(B, T, K, H)] * 4))  # fmt: skip
+    out = np.asarray(attend_causal(q, k, v, cached=(kq, vq, R)))
+    for t in range(T):
+        old = (np.arange(t + 1) // R < t // R)[:, None, None]
+        kt = np.where(old, kq[0, : t + 1], k[0, : t + 1])  # [t+1, K, H]
+        vt = np.where(old, vq[0, : t + 1], v[0, : t + 1])
+        s = np.einsum("KGH,SKH->KGS", q[0, t], kt) / np.sqrt(H)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        np.testing.assert_allclose(out[0, t], np.einsum("KGS,SKH->KGH", p, vt), atol=1e-5)
+
+
+def test_packed_cache_quality_switch():
+    """int4 / int2 (KIVI): a query in the first group of G tokens reads only the residual (full
+    precision: logits unchanged); later ones read quantized groups, int2 further off than int4,
+    int4 than int8; no position's logits depend on later tokens (a group's min and max are taken
+    only once it is full)."""
+    cfg = get_model_config("tiny-gqa", kv_group_size=4)  # head_dim 8: two value groups a row
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    ids = jax.random.randint(jax.random.key(1), (2, 14), 0, 97)
+    full = np.asarray(model(ids))
+    err = {kv: np.abs(np.asarray(model(ids, kv)) - full) for kv in ("int8", "int4", "int2")}
+    np.testing.assert_allclose(np.asarray(model(ids, "int4"))[:, :4], full[:, :4], atol=1e-6)
+    assert err["int2"][:, 4:].mean() > err["int4"][:, 4:].mean() > err["int8"][:, 4:].mean() > 0
+    later = ids.at[:, 9:].set((ids[:, 9:] + 1) % 97)
+    np.testing.assert_allclose(np.asarray(model(later, "int4"))[:, :9],
+                               np.asarray(model(ids, "int4"))[:, :9], atol=1e-6)  # fmt: skip
+    with pytest.raises(KvjaxError, match="kv_group_size=32 must divide head_dim=8"):
+        Transformer(get_model_config("tiny-gqa"), rngs=nnx.Rngs(0))(ids, "int4")
 
 
 def test_evaluate_takes_the_cache_dtype():

@@ -214,9 +214,9 @@ def test_quality_experiments_run_small_and_draw(tmp_path):
         tmp_path,
         "experiment: hkv_quality"
         + QUALITY_MODEL
-        + """
+        + """  kv_group_size: 4
 options: {steps: 6, batch_size: 2, seq_len: 16, eval_every: 3, eval_batches: 1, warmup_steps: 1,
-          max_bytes: 65536, num_pairs: 4, num_queries: 2, eval_kv_dtypes: [int8]}
+          max_bytes: 65536, num_pairs: 4, num_queries: 2, eval_kv_dtypes: [int8, int4]}
 sweep:
   options.task: [stdlib, recall]
   model.num_kv_heads: [4, 1]
@@ -239,11 +239,12 @@ options: {task: stdlib, steps: 10, batch_size: 2, seq_len: 16, eval_every: 5, ev
     got = sorted((r["task"], r["num_kv_heads"], r["seed"], r["eval_kv_dtype"]) for r in q)
     assert got == sorted(
         (t, k, seed, dtype) for t in ("stdlib", "recall") for k in (4, 1) for seed in (0, 1)
-        for dtype in ("f32", "int8")
+        for dtype in ("f32", "int8", "int4")
     )  # fmt: skip
-    # one layer, H = 8: f32 K and V rows; int8 rows with an f32 scale each
+    # one layer, H = 8: f32 K and V rows; int8 rows with an f32 scale each; int4 rows of 4 bytes
+    # and two groups of 4 with an f16 scale and zero point each
     for r in q:
-        per_row = 8 * 4 if r["eval_kv_dtype"] == "f32" else 8 + 4
+        per_row = {"f32": 8 * 4, "int8": 8 + 4, "int4": 4 + 2 * 4}[r["eval_kv_dtype"]]
         assert r["kv_bytes_per_token"] == 2 * 1 * r["num_kv_heads"] * per_row
     by_seed = {
         (r["task"], r["num_kv_heads"], r["eval_kv_dtype"], r["seed"]): r["val_loss"] for r in q

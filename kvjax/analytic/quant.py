@@ -10,8 +10,9 @@ trace checks them per kernel). Pure Python. Scales are f32 (`SCALE_BYTES`):
   groups of G = kv_group_size elements, an f16 scale and an f16 zero point per group (keys grouped
   per channel along tokens, values per token along channels: the same 4/G bytes per element), so
   int4 is (0.5 + 4/G) bytes per element: 0.625 at G = 32, 0.3125 of a bf16 cache. Closed form
-  only: kvjax's model holds no packed array (no trace to compare); the FLOPs below are the
-  algorithm's, as a fused kernel would run it. KIVI's full-precision residual (the last R tokens
+  only: kvjax's model holds no packed array (no trace to compare; the quality evaluation
+  simulates its numbers, `kvjax.nn.fake_quant`); the FLOPs below are the algorithm's, as a
+  fused kernel would run it. KIVI's full-precision residual (the last R tokens
   kept in f16 until a group fills) is not counted: at most R x 2 bytes per element more.
 """
 

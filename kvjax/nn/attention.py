@@ -11,6 +11,7 @@ from flax import nnx
 
 from kvjax import kernels
 from kvjax.config import ModelConfig
+from kvjax.nn.fake_quant import read_quantized
 from kvjax.nn.kv_cache import dequantize
 from kvjax.nn.layers import RMSNorm, apply_rope, linear, param, read, rope_tables, weight_dtype
 from kvjax.nn.sharding import DATA, GRP, KV, constrain
@@ -77,9 +78,11 @@ class Attention(nnx.Module):
         """What a position leaves in the cache: (k [B, T, K, H], v [B, T, K, H])."""
         return proj[1], proj[2]
 
-    def causal(self, proj, window: int = 0) -> jax.Array:
+    def causal(self, proj, window: int = 0, cached=None) -> jax.Array:
         cfg = self.cfg
-        return attend_causal(*proj, window=window, scale=cfg.attn_scale, softcap=cfg.attn_softcap)
+        return attend_causal(
+            *proj, window=window, scale=cfg.attn_scale, softcap=cfg.attn_softcap, cached=cached
+        )
 
     def over_cache(self, proj, cache_arrays, pos_B: jax.Array, window: int = 0) -> jax.Array:
         q_BTKGH, k_BTKH, v_BTKH = proj
@@ -119,24 +122,44 @@ def attend_causal(
     window: int = 0,
     scale: float | None = None,
     softcap: float = 0.0,
+    cached=None,
 ) -> jax.Array:
     """Causal attention of T queries over the same T positions (forward and prefill), banded to
     the last `window` positions for a sliding layer. Scores scaled by `scale` (1/sqrt(H) when
-    None) and soft-capped before the mask."""
+    None) and soft-capped before the mask.
+
+    `cached` (the quality of a quantized cache, `kvjax.nn.fake_quant`): (k, v as the cache
+    returns them, residual R): query t reads position j's quantized k and v where
+    j // R < t // R, the full-precision ones elsewhere."""
     T, H = q_BTKGH.shape[1], q_BTKGH.shape[-1]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
     dtype = q_BTKGH.dtype
     q_BKGTH = jnp.transpose(q_BTKGH, (0, 2, 3, 1, 4))  # outside the kernels: a layout change
+    if cached is not None:
+        kq_BSKH, vq_BSKH, residual = cached
+        quantized_TS = read_quantized(T, residual)
+
+    def scores(k):
+        return jnp.einsum("BKGTH,BSKH->BKGTS", q_BKGTH, k, preferred_element_type=jnp.float32)
+
     with jax.named_scope(kernels.SCORES):
-        s_BKGTS = jnp.einsum(
-            "BKGTH,BSKH->BKGTS", q_BKGTH, k_BSKH, preferred_element_type=jnp.float32
-        )
+        s_BKGTS = scores(k_BSKH)
+        if cached is not None:
+            s_BKGTS = jnp.where(quantized_TS, scores(kq_BSKH), s_BKGTS)
     with jax.named_scope(kernels.SOFTMAX):
         s_BKGTS = soft_cap(s_BKGTS * scale, softcap)
         s_BKGTS = jnp.where(causal_mask(T, window), s_BKGTS, NEG_INF)
         p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(dtype)
     with jax.named_scope(kernels.AV):
-        o_BKGTH = jnp.einsum("BKGTS,BSKH->BKGTH", p_BKGTS, v_BSKH.astype(dtype))
+        if cached is None:
+            o_BKGTH = jnp.einsum("BKGTS,BSKH->BKGTH", p_BKGTS, v_BSKH.astype(dtype))
+        else:
+            zero = jnp.zeros((), dtype)
+            o_BKGTH = jnp.einsum(
+                "BKGTS,BSKH->BKGTH", jnp.where(quantized_TS, zero, p_BKGTS), v_BSKH.astype(dtype)
+            ) + jnp.einsum(
+                "BKGTS,BSKH->BKGTH", jnp.where(quantized_TS, p_BKGTS, zero), vq_BSKH.astype(dtype)
+            )
     return jnp.transpose(o_BKGTH, (0, 3, 1, 2, 4))  # to BTKGH, outside the kernels
 
 

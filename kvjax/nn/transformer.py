@@ -18,7 +18,8 @@ from kvjax import kernels
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.nn.attention import Attention, soft_cap
-from kvjax.nn.kv_cache import KVCache, dequantize, quantize
+from kvjax.nn.fake_quant import cache_view
+from kvjax.nn.kv_cache import KVCache
 from kvjax.nn.layers import RMSNorm, act_dtype, kv_dtype, linear, param, read
 from kvjax.nn.mla import LatentAttention, LatentCache
 from kvjax.nn.moe import MoE
@@ -171,10 +172,9 @@ class Transformer(nnx.Module):
     def __call__(self, tokens_BT: jax.Array, kv_dtype: str | None = None) -> jax.Array:
         """The full causal forward, no cache: logits [B, T, V] in f32.
 
-        `kv_dtype` ("int8", "fp8"): attend keys and values as a cache of that dtype would return
-        them, quantized with its default scales and dequantized (the quality of a quantized cache,
-        measured on a trained model). Every key is quantized, the query's own included, which a
-        decode step attends fresh: a slight over-estimate of the cache's effect.
+        `kv_dtype` ("int8", "fp8", "int4", "int2"): attend keys and values as decoding from a
+        cache of that dtype would read them (its default scales; `kvjax.nn.fake_quant`): the
+        quality of a quantized cache, measured on a trained model.
         """
         self._check_tokens(tokens_BT, 2, "tokens_BT")
         logits_BTV, _ = self._forward(tokens_BT, kv_dtype)
@@ -187,39 +187,19 @@ class Transformer(nnx.Module):
         kvs = []
 
         cfg = self.cfg
-        fake = self._fake_quantizer(kv_dtype)
+        view = None if kv_dtype is None else cache_view(kv_dtype, cfg)
         for i, layer in enumerate(self.layers):
 
             def attend(attn, proj, i=i):
                 kvs.append(attn.cache_rows(proj))
                 window = cfg.sliding_window if cfg.layer_is_sliding(i) else 0
-                if fake is not None:
-                    q, k, v = proj
-                    proj = (q, fake(k), fake(v))
+                if view is not None:
+                    return attn.causal(proj, window, cached=view(proj[1], proj[2]))
                 return attn.causal(proj, window)
 
             with jax.named_scope(kernels.layer_scope(i)):
                 x_BTD = layer(x_BTD, positions_BT, attend)
         return self._head(x_BTD), kvs
-
-    def _fake_quantizer(self, cache_dtype: str | None):
-        """x -> x quantized to a `kv_dtype` cache (its default scales) and back, or None."""
-        if cache_dtype is None:
-            return None
-        cfg = self.cfg.replace(kv_dtype=cache_dtype, kv_scales="auto")  # validates the name
-        if cfg.is_mla or cfg.kv_bytes_per_element != 1:
-            raise KvjaxError(
-                f"kv_dtype={cache_dtype!r}: the forward quantizes a 1-byte GQA cache (int8, fp8); "
-                f"{'MLA latents are not' if cfg.is_mla else 'a wider cache is not'} quantized"
-            )
-        kind, dtype = cfg.kv_scale_kind, kv_dtype(cfg)
-
-        def fake(x_BTKH):
-            scale = jnp.ones((), jnp.float32) if kind == "tensor" else None
-            q, scale = quantize(x_BTKH, dtype, kind, scale)
-            return dequantize(q, scale, x_BTKH.dtype, axis=-1)
-
-        return fake
 
     def init_cache(self, batch_size: int, max_len: int) -> KVCache | LatentCache:
         """An empty cache: per layer K [B, K, H, max_len] and V [B, K, max_len, H] (MLA: latents

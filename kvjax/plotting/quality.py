@@ -8,7 +8,7 @@ import pandas as pd
 from kvjax.plotting.style import kv_palette
 from kvjax.stats import summarize
 
-DTYPE_MARKERS = {"f32": "o", "bf16": "o", "int8": "s", "fp8": "^"}
+DTYPE_MARKERS = {"f32": "o", "bf16": "o", "int8": "s", "fp8": "^", "int4": "v", "int2": "X"}
 
 
 def _own_cache(df: pd.DataFrame) -> pd.DataFrame:
@@ -63,7 +63,8 @@ def hkv_quality(records: pd.DataFrame, fig) -> None:
 
 def kv_pareto(records: pd.DataFrame, fig) -> None:
     """The seed's trade-off in one picture: stdlib validation loss against KV bytes per token
-    (scales included) over num_kv_heads x the cache's dtype (the model's own, int8, fp8)."""
+    (scales included) over num_kv_heads x the cache's dtype (the model's own, int8, fp8,
+    int4, int2)."""
     df = records[(records.experiment == "hkv_quality") & (records.task == "stdlib")]
     ax = fig.subplots()
     palette = kv_palette(df.num_kv_heads)

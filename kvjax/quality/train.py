@@ -92,8 +92,9 @@ def eval_step(model: Transformer, tokens, targets, mask, kv_dtype=None):
 def evaluate(
     model, data, tc: TrainConfig, seed_offset: int = 10_000, kv_dtype: str | None = None
 ) -> dict[str, float]:
-    """Validation loss and accuracy; `kv_dtype` ("int8", "fp8") attends K and V as a quantized
-    cache would hold them (`Transformer.__call__`): a trained model's quality with that cache."""
+    """Validation loss and accuracy; `kv_dtype` ("int8", "fp8", "int4", "int2") attends K and V
+    as decoding from a quantized cache would read them (`Transformer.__call__`): a trained
+    model's quality with that cache."""
     losses, accs = [], []
     for i in range(tc.eval_batches):
         b = data.batch(tc.seed + seed_offset, i, tc.batch_size, tc.seq_len)
