@@ -263,8 +263,24 @@ options: {task: stdlib, steps: 10, batch_size: 2, seq_len: 16, eval_every: 5, ev
     assert {r["steps"] for r in u if r["method"] != "mha"} == {10 + 4}  # the same tokens
     converted = [r for r in u if r["method"] in ("mean", "first")]
     assert all(r["history"][0]["step"] == 0 for r in converted)  # evaluated right after conversion
-    written = {p.name for p in make_figures(load_records(tmp_path / "runs"), tmp_path / "f")}
+    # a second budget for h_kv=2 (the MHA model retrained identically: counted once)
+    longer = uptrain.read_text().replace("uptrain_fraction: 0.4, kv_heads: [2, 1]",
+                                         "uptrain_fraction: 0.8, kv_heads: [2]")  # fmt: skip
+    run_experiment(write(tmp_path, longer, "b.yaml"), runs_root=tmp_path / "runs", progress=False)
+    records = load_records(tmp_path / "runs")
+    written = {p.name for p in make_figures(records, tmp_path / "f")}
     assert {"hkv_quality.png", "kv_pareto.png", "gqa_uptrain.png"} <= written
+    import matplotlib.pyplot as plt
+
+    from kvjax.plotting.quality import gqa_uptrain
+
+    fig = plt.figure()
+    gqa_uptrain(records, fig)
+    left, budget = fig.axes[:2]
+    at = {c.get_label(): list(c.lines[0].get_xdata()) for c in budget.containers}
+    assert at == {"mean": [4, 8], "first": [4, 8], "scratch": [4, 8]}
+    assert {c.get_label(): list(c.lines[0].get_xdata()) for c in left.containers}["mean"] == [1, 2]
+    plt.close(fig)
 
 
 def test_tensor_parallel_experiment_checks_itself_and_draws(tmp_path):

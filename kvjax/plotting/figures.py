@@ -307,7 +307,7 @@ FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "hkv_ablation": ("hkv_ablation", hkv_ablation, (COLUMN_WIDTH_IN, 2.6)),
     "hkv_quality": ("hkv_quality", quality.hkv_quality, (2 * COLUMN_WIDTH_IN, 2.6)),
     "kv_pareto": ("hkv_quality", quality.kv_pareto, (COLUMN_WIDTH_IN, 2.8)),
-    "gqa_uptrain": ("gqa_uptrain", quality.gqa_uptrain, (2 * COLUMN_WIDTH_IN, 2.4)),
+    "gqa_uptrain": ("gqa_uptrain", quality.gqa_uptrain, (3 * COLUMN_WIDTH_IN, 2.4)),
     "tensor_parallel": ("tensor_parallel", tensor_parallel, (2 * COLUMN_WIDTH_IN, 2.8)),
     "kernel_bound": ("profile", kernel_bound, (2 * COLUMN_WIDTH_IN, 2.8)),
 }

@@ -92,31 +92,56 @@ def kv_pareto(records: pd.DataFrame, fig) -> None:
 UPTRAIN_COLORS = {"mean": "#4c72b0", "first": "#dd8452", "random": "#55a868", "scratch": "0.35"}
 
 
+def _mha_band(ax, mha: pd.DataFrame) -> None:
+    if mha.empty:
+        return
+    m = summarize(mha, ["method"], ["val_loss"]).iloc[0]
+    ci = m.get("val_loss_ci", 0.0)
+    ci = 0.0 if pd.isna(ci) else ci
+    ax.axhspan(m.val_loss - ci, m.val_loss + ci, color="0.85", zorder=0)
+    ax.axhline(m.val_loss, color="0.3", lw=0.8, label="MHA (trained)")
+
+
 def gqa_uptrain(records: pd.DataFrame, fig) -> None:
     """Left: validation loss after the fine-tune against num_kv_heads per conversion method and
-    from scratch for the same tokens, the MHA model's as a band (means over seeds, 95% CIs).
-    Right: the fine-tune's curves (seed 0)."""
+    from scratch for the same tokens, at the smallest fine-tune budget, the MHA model's as a band
+    (means over seeds, 95% CIs). Middle (when a num_kv_heads was run at several budgets): the
+    same against the fine-tune steps. Right: the fine-tune's curves (seed 0)."""
     df = records[records.experiment == "gqa_uptrain"]
-    ax, ax_curve = fig.subplots(1, 2)
+    # runs at several budgets retrain the same MHA model per seed: count each once
+    df = df.drop_duplicates(["method", "num_kv_heads", "seed", "steps"])
     mha = df[df.method == "mha"]
-    s = summarize(df[df.method != "mha"], ["method", "num_kv_heads"], ["val_loss"])
+    pretrain = int(mha.steps.min()) if not mha.empty else 0
+    tuned = df[df.method != "mha"].assign(finetune=lambda d: d.steps - pretrain)
+    budget = tuned.finetune.min()
+    ax, ax_budget, ax_curve = fig.subplots(1, 3)
+    s = summarize(tuned[tuned.finetune == budget], ["method", "num_kv_heads"], ["val_loss"])
     for method, sm in s.groupby("method", sort=False):
         sm = sm.sort_values("num_kv_heads")
         _bars(ax, sm.num_kv_heads, sm, "val_loss", UPTRAIN_COLORS.get(method, "0.5"), method,
               ls="--" if method == "scratch" else "-")  # fmt: skip
-    if not mha.empty:
-        m = summarize(mha, ["method"], ["val_loss"]).iloc[0]
-        ci = m.get("val_loss_ci", 0.0)
-        ci = 0.0 if pd.isna(ci) else ci
-        ax.axhspan(m.val_loss - ci, m.val_loss + ci, color="0.85", zorder=0)
-        ax.axhline(m.val_loss, color="0.3", lw=0.8, label="MHA (trained)")
+    _mha_band(ax, mha)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("num_kv_heads after conversion")
     ax.set_ylabel("validation loss")
     seeds = int(df.seed.nunique()) if "seed" in df else 1
-    ax.set_title(f"uptrained vs from scratch, {seeds} seeds (95% CI)", fontsize=7)
+    ax.set_title(f"{budget} fine-tune steps, {seeds} seeds (95% CI)", fontsize=7)
     ax.legend(fontsize=5, frameon=True)
-    first = df[(df.method.isin(["mean", "first", "random"]))]
+    budgets = tuned.groupby("num_kv_heads").finetune.nunique()
+    if budgets.max() > 1:
+        k = int(budgets.idxmax())
+        s = summarize(tuned[tuned.num_kv_heads == k], ["method", "finetune"], ["val_loss"])
+        for method, sm in s.groupby("method", sort=False):
+            sm = sm.sort_values("finetune")
+            _bars(ax_budget, sm.finetune, sm, "val_loss", UPTRAIN_COLORS.get(method, "0.5"),
+                  method, ls="--" if method == "scratch" else "-")  # fmt: skip
+        _mha_band(ax_budget, mha)
+        ax_budget.set_xlabel(f"fine-tune steps (of {pretrain} pre-training; scratch: as many more)")
+        ax_budget.set_title(f"h_kv={k}: the conversion's budget", fontsize=7)
+        ax_budget.legend(fontsize=5, frameon=True)
+    else:
+        ax_budget.set_axis_off()
+    first = tuned[tuned.method.isin(["mean", "first", "random"]) & (tuned.finetune == budget)]
     if "seed" in first:
         first = first[first.seed == first.seed.min()]
     for _, r in first[first.num_kv_heads == first.num_kv_heads.min()].iterrows():
