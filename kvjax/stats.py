@@ -59,6 +59,18 @@ def mean_interval(values: Sequence[float], level: float = 0.95) -> Interval:
     return Interval(float(x.mean()), float(half), int(x.size), std, level)
 
 
+def paired_difference(a: pd.Series, b: pd.Series, level: float = 0.95) -> Interval:
+    """The interval of a - b paired by index (the seed: the same data order, and for the
+    conversions the same MHA model, on both sides), which removes the seed-to-seed spread the
+    two means share. Both sides must hold the same seeds."""
+    if set(a.index) != set(b.index):
+        raise KvjaxError(
+            f"paired values need the same seeds on both sides: {sorted(a.index)} against "
+            f"{sorted(b.index)}"
+        )
+    return mean_interval((a - b.loc[a.index]).to_numpy(), level)
+
+
 def summarize(
     df: pd.DataFrame, by: Sequence[str], metrics: Sequence[str], level: float = 0.95
 ) -> pd.DataFrame:

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from kvjax import KvjaxError
-from kvjax.stats import mean_interval, summarize, t_critical
+from kvjax.stats import mean_interval, paired_difference, summarize, t_critical
 
 
 def test_t_critical_values_match_the_table():
@@ -25,6 +25,13 @@ def test_interval_of_students_sleep_data():
     assert (ci.low, ci.high) == (pytest.approx(0.7001142, abs=1e-6),
                                  pytest.approx(2.4598858, abs=1e-6))  # fmt: skip
     assert ci.n == 10 and ci.std == pytest.approx(1.229995, abs=1e-6)
+    # the same as two groups paired by patient (in any order), and not as unpaired groups
+    drug1 = pd.Series([0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0])
+    drug2 = pd.Series([1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4])
+    paired = paired_difference(drug2, drug1.sample(frac=1.0, random_state=0))
+    assert (paired.low, paired.high) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    with pytest.raises(KvjaxError, match=r"the same seeds on both sides: \[0, 1\] against \[0\]"):
+        paired_difference(pd.Series([1.0, 2.0]), pd.Series([1.0]))
 
 
 def test_one_value_has_no_interval_and_groups_are_summarized():

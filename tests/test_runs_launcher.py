@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from kvjax import KvjaxError
@@ -68,6 +69,8 @@ def test_interrupted_sweep_resumes_without_recomputing(tmp_path, monkeypatch):
     assert len(df) == 10 * 4 * 2  # points x variants (MHA, GQA, MQA, MLA) x contexts
     assert set(df.variant) == {"MHA", "GQA", "MQA", "MLA A=512 P=64"}
     assert set(df.num_kv_heads) >= {1, 32}
+    one = load_records([run_dir, tmp_path / "runs"])  # a run's own folder; each point counted once
+    assert len(one) == len(df) and set(one.run_id) == {run_dir.name}
 
     calls.clear()
     run_experiment(config, runs_root=tmp_path / "runs", progress=False)
@@ -281,6 +284,15 @@ options: {task: stdlib, steps: 10, batch_size: 2, seq_len: 16, eval_every: 5, ev
     assert at == {"mean": [4, 8], "first": [4, 8], "scratch": [4, 8]}
     assert {c.get_label(): list(c.lines[0].get_xdata()) for c in left.containers}["mean"] == [1, 2]
     plt.close(fig)
+    from experiments.benchmarks.quality_results import export
+
+    assert export([tmp_path / "runs"], tmp_path / "results")["gqa_uptrain"] == 1 + 6 + 3
+    d = pd.read_csv(tmp_path / "results" / "quality_differences.csv").fillna({"condition": ""})
+    d = d.set_index(["family", "comparison", "condition"])
+    mqa = d.loc[("stdlib", "h_kv=1 - MHA", "")]
+    by_hand = [by_seed[("stdlib", 1, "f32", s)] - by_seed[("stdlib", 4, "f32", s)] for s in (0, 1)]
+    assert mqa.n == 2 and mqa["mean"] == pytest.approx(sum(by_hand) / 2)
+    assert d.loc[("uptrain", "scratch - mha", "h_kv=2; fine-tune 8")].n == 1  # MHA once a seed
 
 
 def test_tensor_parallel_experiment_checks_itself_and_draws(tmp_path):

@@ -219,13 +219,16 @@ def _alive(pid: int) -> bool:
 
 def load_records(runs, experiment: str | None = None):
     """Every record under a runs folder, or several (a GPU run's folder beside a CPU run's), or
-    one experiment's, as a pandas DataFrame."""
+    one experiment's, as a pandas DataFrame. A folder may also be one run's own (the one holding
+    its `points/`): `kvjax figures --runs runs/hkv_quality/3fdc894f82 ...` draws exactly those."""
     import pandas as pd
     import yaml
 
     roots = [Path(r) for r in ([runs] if isinstance(runs, str | Path) else runs)]
     rows = []
-    for f in sorted(f for root in roots for f in root.glob("*/*/points/*.json")):
+    files = (root.glob("points/*.json" if (root / "points").is_dir() else "*/*/points/*.json")
+             for root in roots)  # fmt: skip
+    for f in sorted({f for found in files for f in found}):
         data = read_point(f)
         if data is None:
             _warn(f"{f} does not parse as a point: skipped")
