@@ -146,7 +146,7 @@ def gqa_uptrain(records: pd.DataFrame, fig) -> None:
     """Left: validation loss after the fine-tune against num_kv_heads per conversion method and
     from scratch for the same tokens, at the smallest fine-tune budget, the MHA model's as a band
     (means over seeds, 95% CIs). Middle (when a num_kv_heads was run at several budgets): the
-    same against the fine-tune steps. Right: the fine-tune's curves (seed 0)."""
+    same against the fine-tune steps. Right: the longest fine-tune's curves (seed 0)."""
     df = records[records.experiment == "gqa_uptrain"]
     # runs at several budgets retrain the same MHA model per seed: count each once
     df = df.drop_duplicates(["method", "num_kv_heads", "seed", "steps"])
@@ -181,7 +181,8 @@ def gqa_uptrain(records: pd.DataFrame, fig) -> None:
         ax_budget.legend(fontsize=5, frameon=True)
     else:
         ax_budget.set_axis_off()
-    first = tuned[tuned.method.isin(["mean", "first", "random"]) & (tuned.finetune == budget)]
+    longest = tuned.finetune.max()  # the curves of the longest fine-tune
+    first = tuned[tuned.method.isin(["mean", "first", "random"]) & (tuned.finetune == longest)]
     if "seed" in first:
         first = first[first.seed == first.seed.min()]
     for _, r in first[first.num_kv_heads == first.num_kv_heads.min()].iterrows():
