@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
 from kvjax.nn.kv_cache import dequantize, quantize
 from kvjax.nn.layers import kv_dtype
 
@@ -54,8 +55,6 @@ def group_roundtrip(x: jax.Array, levels: int, group: int, axis: int) -> jax.Arr
 def cache_view(cache_dtype: str, cfg: ModelConfig):
     """`fn(k_BTKH, v_BTKH) -> (k as cached, v as cached, residual)` for a cache of `cache_dtype`
     (its default scales; a packed cache in groups of `cfg.kv_group_size`)."""
-    from kvjax.errors import KvjaxError
-
     qcfg = cfg.replace(kv_dtype=cache_dtype, kv_scales="auto")  # validates the name and the group
     if qcfg.is_mla or not (qcfg.kv_packed or qcfg.kv_bytes_per_element == 1):
         raise KvjaxError(
