@@ -29,6 +29,29 @@ def request_host_devices(n: int, env=None) -> None:
         env["XLA_FLAGS"] = with_host_devices(env.get("XLA_FLAGS", ""), n)
 
 
+def _accelerator_present() -> bool:
+    """A GPU driver or TPU device node on this host (Linux), read without starting jax."""
+    nodes = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/kfd", "/dev/accel0")
+    if any(os.path.exists(p) for p in nodes):
+        return True
+    vfio = "/dev/vfio"  # TPU VMs of v5e and later expose their chips through VFIO
+    return os.path.isdir(vfio) and any(n.isdigit() for n in os.listdir(vfio))
+
+
+def default_platforms(env=None) -> None:
+    """On a host with no accelerator, JAX_PLATFORMS=cpu unless something already chose.
+
+    With the accelerator plugins installed (the `targets` extra, for deviceless compiles), jax
+    would probe CUDA at start and fail on a host without a driver: the CUDA plugin then does not
+    register, and its topology (kvjax.traced.targets) is unavailable. Only the environment is
+    touched, and only before jax starts (afterwards it is read already)."""
+    env = os.environ if env is None else env
+    if "JAX_PLATFORMS" in env or "jax" in sys.modules:
+        return
+    if not _accelerator_present():
+        env["JAX_PLATFORMS"] = "cpu"
+
+
 def batch_per_replica(batch: int, dp: int, names: tuple[str, str] = ("batch", "dp")) -> int:
     """B / dp sequences per data-parallel replica: the one check that dp divides the batch, its
     message naming the two fields as the caller spells them (`--batch`, `workload.dp`)."""

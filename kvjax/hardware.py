@@ -166,6 +166,23 @@ _chip(
 )
 _chip(
     ChipSpec(
+        name="b200",
+        peak_flops_per_s={
+            "bf16": 2250 * TERA,  # datasheet 4.5 PFLOPS sparse / 2
+            "f16": 2250 * TERA,
+            "fp8": 4500 * TERA,
+            "int8": 4500 * TERA,
+            "f32": 75 * TERA,  # HGX B200: 600 TFLOPS FP32 for 8 GPUs
+        },
+        bandwidth_bytes_per_s=7.7 * TERA,  # HGX B200: 62 TB/s for 8 GPUs
+        memory_bytes=180 * GIGA,  # HGX B200: 1.44 TB for 8 GPUs
+        interconnect_bytes_per_s=900 * GIGA,  # per direction; NVLink 5: 1.8 TB/s bidirectional
+        source="NVIDIA HGX B200 datasheet (per GPU: the 8-GPU board's figures / 8)",
+        date="2025",
+    )
+)
+_chip(
+    ChipSpec(
         name="a100-80gb",
         peak_flops_per_s={
             "bf16": 312 * TERA,
@@ -202,6 +219,30 @@ _chip(
         * GIGA,  # per direction; ICI 4,800 Gbps = 600 GB/s per chip, both directions
         source="Google Cloud TPU v5p documentation (system architecture)",
         date="2023",
+    )
+)
+_chip(
+    ChipSpec(
+        name="tpu-v6e",
+        peak_flops_per_s={"bf16": 918 * TERA, "int8": 1836 * TERA},
+        bandwidth_bytes_per_s=1640 * GIGA,
+        memory_bytes=32 * 2**30,  # 32 GiB of HBM a chip
+        interconnect_bytes_per_s=224
+        * GIGA,  # per direction; ICI 3,584 Gbps = 448 GB/s per chip, both directions
+        source="Google Cloud TPU v6e (Trillium) documentation (system architecture)",
+        date="2024",
+    )
+)
+_chip(
+    ChipSpec(
+        name="tpu-v4",
+        peak_flops_per_s={"bf16": 275 * TERA, "int8": 275 * TERA},
+        bandwidth_bytes_per_s=1200 * GIGA,
+        memory_bytes=32 * 2**30,  # 32 GiB of HBM2 a chip
+        interconnect_bytes_per_s=150
+        * GIGA,  # per direction; ICI 2,400 Gbps = 300 GB/s per chip, both directions
+        source="Google Cloud TPU v4 documentation (system architecture)",
+        date="2021",
     )
 )
 _chip(

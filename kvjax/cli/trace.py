@@ -9,7 +9,7 @@ from typing import Any
 
 from kvjax import analytic, kernels
 from kvjax.analytic import Workload, parallel, roofline
-from kvjax.cli import render, render_parallel
+from kvjax.cli import render, render_parallel, render_target
 from kvjax.cli.args import (
     add_chip_args,
     add_model_args,
@@ -23,6 +23,7 @@ from kvjax.cli.args import (
 )
 from kvjax.devices import batch_per_replica
 from kvjax.errors import KvjaxError
+from kvjax.traced.targets import GPU_TARGETS, TPU_TARGETS, parse_target
 
 
 def add_parser(sub) -> None:
@@ -57,11 +58,28 @@ def add_parser(sub) -> None:
         "collectives (on a CPU, tp x dp simulated devices)",
     )
     trace.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree")
+    trace.add_argument(
+        "--target",
+        default=None,
+        metavar="NAME",
+        help="compile for an accelerator on this host (no device needed): a GPU "
+        f"({', '.join(GPU_TARGETS)}) or a TPU ({', '.join(TPU_TARGETS)}; a slice as "
+        "tpu-v5e:2x2 with --tp); implies --stage compiled, per kernel",
+    )
+    trace.add_argument(
+        "--executed",
+        action="store_true",
+        help="with --target and --json: list every executed instruction with its kernels",
+    )
     trace.add_argument("--json", action="store_true", help="print one JSON object")
     trace.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.target is not None:
+        return emit(args, target_trace_report(args), render_target.print_target_trace)
+    if args.executed:
+        raise KvjaxError("--executed lists a target's executed instructions; add --target NAME")
     sharded = args.tp > 1 or args.dp > 1
     if sharded:
         if args.stage == "lowered":
@@ -200,3 +218,35 @@ def sharded_trace_report(args: argparse.Namespace) -> dict[str, Any]:
         traced_link_s=(t.collective_bytes / link) if link else None,
     )
     return report
+
+
+def target_trace_report(args: argparse.Namespace) -> dict[str, Any]:
+    """`kvjax trace --target NAME`: the step compiled for an accelerator, per kernel."""
+    from kvjax.traced.target_step import trace_dict, trace_target_step
+
+    target = parse_target(args.target)
+    if args.stage == "lowered":
+        raise KvjaxError(
+            "--target compiles for the chip: its module is the compiled stage (the lowered "
+            "module is the same on every target); drop --stage or pass --stage compiled"
+        )
+    if args.tp > 1 or args.dp > 1:
+        raise KvjaxError(
+            "--target with --tp/--dp (a partitioned module per device) is not built yet; "
+            "trace one device's step, or use --tp without --target for the CPU's"
+        )
+    if args.roofline or args.trace_layers != "all":
+        raise KvjaxError("--target compiles every layer as the chip would run it; drop "
+                         "--roofline and --trace-layers")  # fmt: skip
+    cfg, wl = resolve_model(args), resolve_workload(args)
+    with render.progress(f"compiling {cfg.name} for {target.name} ({cfg.num_layers} layers)"):
+        trace = trace_target_step(cfg, wl.phase, wl.batch, wl.context, target)
+    report = trace_dict(trace, with_thunks=args.executed)
+    return {
+        "model": cfg.to_dict(),
+        "workload": {"phase": wl.phase, "batch": wl.batch, "context": wl.context},
+        "stage": "compiled",
+        "backend": target.platform,
+        "device": trace.device_kind,
+        "target": report,
+    }

@@ -199,6 +199,15 @@ def compiled_ops(
     by_name = {ins.name: ins for ins in entry}
     products = lowered_products(lowered_text, kernel_names) if lowered_text else {}
     for ins in entry:
+        if param_kernel is None or ins.opcode != "fusion" or not found[ins.name]:
+            continue
+        dots = [sub for sub in module.computations[CostModel._callee(ins)] if sub.opcode == "dot"]
+        if dots and not any(kernel_of(d.op_name, kernel_names)[1] != kernels.OTHER for d in dots):
+            # XLA:GPU fuses a product whose metadata it dropped with its neighbours' ops (a
+            # norm into a Triton GEMM's prologue): the product is the kernel of its weight
+            hits = {param_kernel(name, True) for name in _read_parameters(ins, by_name)}
+            found[ins.name] |= {h for h in hits if h is not None}
+    for ins in entry:
         if found[ins.name] or ins.opcode in _NO_THUNK:
             continue
         if param_kernel is not None:

@@ -216,10 +216,15 @@ class CostModel:
         return self._comp_cost[name]
 
     def _bytes(self, name: str) -> float:
-        return _shape_bytes_elems(self.shapes[name])[0]
+        return self._shape_bytes(self.shapes[name])
+
+    def _shape_bytes(self, shape: str) -> float:
+        """Bytes of a shape as this model counts them (all of it, here)."""
+        return _shape_bytes_elems(shape)[0]
 
     def instruction_cost(self, ins: Instr) -> Cost:
-        out_bytes, out_elems = _shape_bytes_elems(ins.shape)
+        out_elems = _shape_bytes_elems(ins.shape)[1]
+        out_bytes = self._shape_bytes(ins.shape)
         operand_bytes = sum(self._bytes(o) for o in ins.operands if o in self.shapes)
         op = ins.opcode
         c = Cost(bytes=out_bytes + operand_bytes)

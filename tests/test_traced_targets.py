@@ -1,0 +1,210 @@
+"""The executable an accelerator would run, compiled on this host (deviceless AOT): per-kernel
+FLOPs and bytes of XLA:GPU and XLA:TPU modules, counted by kvjax and checked by hand."""
+
+import json
+
+import pytest
+
+from kvjax import get_model_config, kernels
+from kvjax.errors import KvjaxError
+from kvjax.hardware import CHIPS
+from kvjax.nn.transformer import param_kernel
+from kvjax.traced.target_costs import module_kernel_costs
+from kvjax.traced.targets import GPU_TARGETS, TARGETS, parse_target
+
+NAMES = tuple(kernels.REGISTRY)
+
+# A GPU module written by hand, every instruction known (4-byte elements): a cuBLASLt GEMM
+# custom-call (q_proj, its workspace beside its result), a Triton GEMM with split-K 2 whose
+# metadata XLA dropped (o_proj: named by the weight it reads), the reduction of its partials,
+# and a loop fusion spanning two scopes of two layers.
+GPU_MODULE = """HloModule jit_step, entry_computation_layout={(f32[4,8]{1,0}, f32[8,16]{1,0}, f32[16,8]{1,0})->f32[4,8]{1,0}}
+
+%gemm_comp (p0: f32[4,2,8], p1: f32[2,8,4]) -> f32[2,4,4] {
+  %p0 = f32[4,2,8]{2,1,0} parameter(0)
+  %p1 = f32[2,8,4]{2,1,0} parameter(1)
+  ROOT %dot.9 = f32[2,4,4]{2,1,0} dot(%p0, %p1), lhs_batch_dims={1}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}
+}
+
+%add_f32 (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %add.0 = f32[] add(%a, %b)
+}
+
+%fused_reduce (r0: f32[2,4,4]) -> f32[4,4] {
+  %r0 = f32[2,4,4]{2,1,0} parameter(0)
+  %zero = f32[] constant(0)
+  ROOT %reduce.1 = f32[4,4]{1,0} reduce(%r0, %zero), dimensions={0}, to_apply=%add_f32, metadata={op_name="jit(step)/layer0/attn/o_proj/dot_general"}
+}
+
+%res_norm (q0: f32[4,4], q1: f32[4,4]) -> f32[4,4] {
+  %q0 = f32[4,4]{1,0} parameter(0)
+  %q1 = f32[4,4]{1,0} parameter(1)
+  %add.2 = f32[4,4]{1,0} add(%q0, %q1), metadata={op_name="jit(step)/layer0/residual/mlp/add"}
+  ROOT %multiply.2 = f32[4,4]{1,0} multiply(%add.2, %add.2), metadata={op_name="jit(step)/layer1/norm/attn/mul"}
+}
+
+ENTRY %main (x: f32[4,8], w: f32[8,16], o: f32[16,4], y: f32[4,4]) -> f32[4,4] {
+  %x = f32[4,8]{1,0} parameter(0), metadata={op_name="x"}
+  %w = f32[8,16]{1,0} parameter(1), metadata={op_name="state['layers'][0]['attn']['q_proj'].value"}
+  %y = f32[4,4]{1,0} parameter(3), metadata={op_name="y"}
+  %o = f32[16,4]{1,0} parameter(2), metadata={op_name="state['layers'][0]['attn']['o_proj'].value"}
+  %cublas-gemm.1 = (f32[4,16]{1,0}, s8[1024]{0}) custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}, metadata={op_name="jit(step)/layer0/attn/q_proj/dot_general"}
+  %gte.1 = f32[4,16]{1,0} get-tuple-element(%cublas-gemm.1), index=0
+  %bitcast.1 = f32[4,2,8]{2,1,0} bitcast(%gte.1)
+  %bitcast.2 = f32[2,8,4]{2,1,0} bitcast(%o)
+  %gemm_fusion_dot.1 = f32[2,4,4]{2,1,0} fusion(%bitcast.1, %bitcast.2), kind=kCustom, calls=%gemm_comp, backend_config={"fusion_backend_config":{"kind":"__triton_nested_gemm_fusion"}}
+  %loop_reduce_fusion = f32[4,4]{1,0} fusion(%gemm_fusion_dot.1), kind=kLoop, calls=%fused_reduce, metadata={op_name="jit(step)/layer0/attn/o_proj/dot_general"}
+  ROOT %fusion.2 = f32[4,4]{1,0} fusion(%loop_reduce_fusion, %y), kind=kLoop, calls=%res_norm, metadata={op_name="jit(step)/layer1/norm/attn/mul"}
+}
+"""
+
+# The same step before optimization: the products XLA's module computes, whole.
+LOWERED = """HloModule jit_step
+
+ENTRY main (x: f32[4,8], w: f32[8,16], o: f32[16,8]) -> f32[4,8] {
+  x = f32[4,8]{1,0} parameter(0)
+  w = f32[8,16]{1,0} parameter(1)
+  o = f32[16,4]{1,0} parameter(2)
+  dot.1 = f32[4,16]{1,0} dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/layer0/attn/q_proj/dot_general"}
+  ROOT dot.2 = f32[4,4]{1,0} dot(dot.1, o), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/layer0/attn/o_proj/dot_general"}
+}
+"""
+
+
+def test_hand_built_gpu_module_counts():
+    costs = module_kernel_costs(GPU_MODULE, NAMES, param_kernel, LOWERED)
+    rows = costs.by_kernel()
+    q, o = rows[kernels.Q_PROJ], rows[kernels.O_PROJ]
+    # cuBLAS: 2 x 4 x 16 x 8 FLOPs; x, w and the result (its s8 workspace is scratch)
+    assert (q.flops, q.bytes) == (2 * 4 * 16 * 8, 4 * (32 + 128 + 64))
+    # split-K 2: the same 2MNK; the partials f32[2,4,8] written, then read by the reduction,
+    # whose adds (64 - 32) and output are o_proj's too
+    assert o.flops == 2 * 4 * 4 * 16 + (32 - 16)
+    assert o.bytes == 4 * (64 + 64 + 32) + 4 * (32 + 16)
+    assert o.split_k_bytes == 2 * 4 * 32
+    assert o.bytes - o.split_k_bytes == 4 * (64 + 64 + 16)  # the product's own in + w + out
+    thunks = {t.name: t for t in costs.thunks}
+    assert thunks["gemm_fusion_dot.1"].temporary == "split-K x2"
+    assert thunks["gemm_fusion_dot.1"].kind == "kCustom __triton_nested_gemm_fusion"
+    assert thunks["cublas-gemm.1"].kind == "__cublas$lt$matmul"
+    # the fusion spanning two scopes: the add and its two reads are the residual's, the
+    # multiply and the write the norm's
+    res, norm = rows[kernels.RESIDUAL_MLP], rows[kernels.NORM_ATTN]
+    assert (res.flops, res.bytes) == (16, 4 * 32)
+    assert (norm.flops, norm.bytes) == (16, 4 * 16)
+    assert thunks["fusion.2"].kernels == (kernels.RESIDUAL_MLP, kernels.NORM_ATTN)
+    assert costs.total.flops == sum(r.flops for r in rows.values())
+    assert costs.total.bytes == sum(r.bytes for r in rows.values())
+
+
+def test_targets_parse_and_name_their_chip():
+    assert parse_target("h100").name == "h100"
+    assert parse_target("tpu-v5e").shape == (1, 1)
+    assert parse_target("TPU-v5e:2x2").num_devices == 4
+    assert parse_target("tpu-v5p:2x2x1").shape == (2, 2, 1)
+    for bad, words in (("h300", "known: a100, b200, h100"), ("tpu-v5e:2x", "positive integers"),
+                       ("h100:2x2", "one device"), ("tpu-v4:2x2", "3 positive")):  # fmt: skip
+        with pytest.raises(KvjaxError, match=words):
+            parse_target(bad)
+    for spec in TARGETS.values():  # every target is a chip preset too (its roofline)
+        assert spec.chip in CHIPS, spec.name
+    text = GPU_TARGETS["h100"].target_config()
+    assert "core_count: 132" in text and "major: 9 minor: 0" in text
+
+
+def _trace(preset, phase, batch, context, target, **over):
+    from kvjax.traced.target_step import trace_dict, trace_target_step
+
+    cfg = get_model_config(preset).replace(**over)
+    return trace_dict(trace_target_step(cfg, phase, batch, context, target), with_thunks=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target,device", [("h100", "NVIDIA H100 80GB HBM3"),
+                                           ("h200", "NVIDIA H200 141GB HBM3e"),
+                                           ("tpu-v5e", "TPU v5 lite")])  # fmt: skip
+def test_llama_decode_on_accelerators_matches_the_closed_form(target, device):
+    """llama-3-8b's shapes (2 of its 32 layers), decode B=1 at S=8192: every kernel of the
+    closed form has its row; each product's FLOPs within 1%; its bytes within 5% once the
+    temporaries XLA added (split-K partials, padding copies) are set apart, or the row names
+    the kernels it is fused with; the projections and the MLP within 5% on every target."""
+    report = _trace("llama-3-8b", "decode", 1, 8192, target, num_layers=2)
+    assert report["device"] == device
+    rows = {r["name"]: r for r in report["kernels"]}
+    from kvjax import analytic
+    from kvjax.analytic import Workload
+
+    cfg = get_model_config("llama-3-8b").replace(num_layers=2)
+    assert set(analytic.step_kernels(cfg, Workload("decode", 1, 8192))) <= set(rows)
+    for r in rows.values():
+        if r["kind"] == kernels.MATMUL:
+            assert r["flops_ratio"] == pytest.approx(1.0, rel=0.01), r
+            within = r["bytes_ratio_without_temporaries"] == pytest.approx(1.0, rel=0.05)
+            assert within or r["bytes_note"].startswith("fused with"), r
+    for name in (kernels.Q_PROJ, kernels.K_PROJ, kernels.V_PROJ, kernels.O_PROJ,
+                 kernels.GATE_UP, kernels.DOWN, kernels.LM_HEAD):  # fmt: skip
+        assert rows[name]["bytes_ratio_without_temporaries"] == pytest.approx(1.0, rel=0.05)
+    assert report["memory"]["fits"] and report["memory"]["step_bytes"] > 3e9
+    executed = {t["kind"] for t in report["executed"]}
+    if target.startswith("h"):
+        assert "kCustom __triton_nested_gemm_fusion" in executed
+        assert any(r["split_k_bytes"] for r in rows.values())
+    else:
+        assert "kOutput fusion" in executed and "copy-start" in executed
+        # the B=1 products are multiply + widen + reduce: the converts named apart
+        assert rows[kernels.GATE_UP]["convert_flops"] > 0
+
+
+@pytest.mark.slow
+def test_tpu_refuses_a_step_larger_than_its_memory():
+    with pytest.raises(KvjaxError, match="does not fit one TPU v5 lite.*RESOURCE_EXHAUSTED"):
+        _trace("tiny-gqa", "decode", 4096, 1_048_576, "tpu-v5e")
+
+
+@pytest.mark.slow
+def test_gpu_reports_a_step_larger_than_its_memory():
+    report = _trace("tiny-gqa", "decode", 4096, 1_048_576, "a100")
+    mem = report["memory"]
+    assert not mem["fits"] and mem["step_bytes"] > mem["device_memory_bytes"] == 85100068864
+
+
+@pytest.mark.slow
+def test_cli_trace_target_json(capsys):
+    from kvjax.cli import main
+
+    assert main(["trace", "--model", "tiny-gqa", "--target", "h100", "--phase", "prefill",
+                 "--context", "64", "--json"]) == 0  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert report["backend"] == "cuda" and report["device"] == "NVIDIA H100 80GB HBM3"
+    assert report["stage"] == "compiled"
+    assert {r["name"] for r in report["target"]["kernels"]} >= {kernels.Q_PROJ, kernels.LM_HEAD}
+    assert main(["trace", "--model", "tiny-gqa", "--target", "h300"]) == 2
+    assert "unknown target 'h300'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gpu_profile_attribution_meets_an_xla_gpu_module():
+    """The path gpu_check's profile takes (`kvjax.traced.compiled.compiled_ops` on the served
+    step's compiled module), here on the XLA:GPU module of that step: every executed
+    instruction that computes is attributed to a kernel, none left unnamed."""
+    import jax
+
+    from kvjax.measured.step import served_step
+    from kvjax.traced.compiled import UNNAMED, compiled_ops
+    from kvjax.traced.targets import compile_for_target
+
+    cfg = get_model_config("tiny-gqa").replace(weight_dtype="bf16")
+    from kvjax.analytic import Workload
+
+    served = served_step(cfg, Workload("decode", 2, 64))
+    found = set()
+    for fn, args in served.jits.values():
+        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+        lowered = fn.lower(*args).as_text(dialect="hlo", debug_info=True)
+        compiled = compile_for_target(fn, abstract, parse_target("h100"))
+        ops = compiled_ops(compiled.text, NAMES, param_kernel, lowered)
+        assert ops and all(op.kernels != (UNNAMED,) for op in ops if op.cost.flops), ops
+        found |= {k for op in ops for k in op.kernels}
+    assert {kernels.Q_PROJ, kernels.SCORES, kernels.AV, kernels.LM_HEAD} <= found
