@@ -146,3 +146,19 @@ def test_gpu_check_quick_runs_on_cpu(tmp_path, cache_home):
     assert glob.glob(str(out / "traces" / "B1-kv3" / "plugins" / "profile" / "*" / "*.xplane.pb"))
     written = make_figures(records, tmp_path / "figs")
     assert {p.name for p in written} == {"kernel_bound.png", "kernel_bound.pdf"}
+
+
+def test_gpu_check_fails_fast_in_one_line(capsys, monkeypatch):
+    """The GPU machine installs nothing: a missing module or a flax too old for its jax is one
+    line and exit 2, before any device time is spent."""
+    from experiments.benchmarks import gpu_check
+
+    assert gpu_check.preflight() == []
+    missing = gpu_check.preflight(lambda name: None if name == "optax" else object())
+    assert len(missing) == 1 and missing[0].startswith("missing: optax")
+    monkeypatch.setattr(gpu_check, "preflight", lambda: ["missing: optax"])
+    with pytest.raises(SystemExit) as exc:
+        gpu_check.main(["/nonexistent/out"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == "gpu_check: missing: optax"
+    assert gpu_check._version("0.12.7") >= gpu_check.FLAX_FOR_JAX_011 > gpu_check._version("0.12.6")

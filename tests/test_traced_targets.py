@@ -208,3 +208,23 @@ def test_gpu_profile_attribution_meets_an_xla_gpu_module():
         assert ops and all(op.kernels != (UNNAMED,) for op in ops if op.cost.flops), ops
         found |= {k for op in ops for k in op.kernels}
     assert {kernels.Q_PROJ, kernels.SCORES, kernels.AV, kernels.LM_HEAD} <= found
+
+
+@pytest.mark.slow
+def test_tpu_slice_partitioned_step_and_collectives(capsys):
+    """`--target tpu-v5e:2x2 --tp 4`: one device's partitioned module on the slice; its FLOPs
+    and HBM bytes within 1% / 5% of the closed form per device, its all-reduces counted."""
+    from kvjax.cli import main
+
+    small = ["--model", "llama-3-8b", "--layers", "2", "--d-model", "512", "--heads", "8",
+             "--kv-heads", "4", "--head-dim", "64", "--d-ff", "1024", "--vocab", "1024"]  # fmt: skip
+    assert main(["trace", *small, "--target", "tpu-v5e:2x2", "--tp", "4", "--context", "512",
+                 "--json"]) == 0  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert report["device"] == "TPU v5 lite" and report["backend"] == "tpu"
+    assert report["flops_ratio"] == pytest.approx(1.0, rel=0.01)
+    assert report["bytes_ratio"] == pytest.approx(1.0, rel=0.05)
+    assert report["collectives"]["all-reduce"]["count"] >= 2 * 2  # o_proj and down, per layer
+    assert report["chip"]["name"] == "tpu-v5e"
+    assert main(["trace", "--model", "tiny-gqa", "--target", "tpu-v5e:2x2", "--tp", "2"]) == 2
+    assert "must be equal" in capsys.readouterr().err

@@ -17,26 +17,51 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
-import jax
+# What the check imports, beyond the standard library: checked first, so a machine missing one
+# fails in one line before minutes of device time are spent (the GPU machine installs nothing).
+NEEDS = ("jax", "jaxlib", "numpy", "flax", "optax", "chex", "psutil")
+FLAX_FOR_JAX_011 = (0, 12, 7)  # flax 0.12.0-0.12.6 call jax.core APIs that jax 0.11 removed
 
-from experiments.benchmarks.attention_sweep import run as attention_sweep
-from experiments.benchmarks.attention_sweep import run_mla as attention_sweep_mla
-from kvjax import get_model_config
-from kvjax.analytic import Workload
-from kvjax.files import write_json_atomic, write_text_atomic
-from kvjax.measured.attribution import report_records, reports_on_ceilings
-from kvjax.measured.ceilings import measure_ceilings
-from kvjax.measured.profile import profile_step
-from kvjax.measured.timing import device_name
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def preflight(find_spec=importlib.util.find_spec) -> list[str]:
+    """Problems that would stop the check, each one line (empty: ready)."""
+    missing = [name for name in NEEDS if find_spec(name) is None]
+    if missing:
+        return [f"missing: {', '.join(missing)} (carry the wheels in; see the device README)"]
+    from importlib import metadata
+
+    problems = []
+    jax_version = _version(metadata.version("jax"))
+    flax_version = _version(metadata.version("flax"))
+    if jax_version >= (0, 11) and flax_version < FLAX_FOR_JAX_011:
+        problems.append(
+            f"flax {metadata.version('flax')} does not run on jax {metadata.version('jax')}: "
+            "needs flax >= 0.12.7"
+        )
+    return problems
 
 
 def environment() -> dict:
+    import jax
+
+    from kvjax.measured.timing import device_name
+
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": device_name(),
@@ -50,6 +75,7 @@ def environment() -> dict:
 
 def write_run(runs: Path, experiment: str, config: dict, points: dict[str, list[dict]]) -> None:
     """A run folder as `kvjax run` writes one (config, environment, one file per point)."""
+    from kvjax.files import write_json_atomic, write_text_atomic
     from kvjax.runs.records import point_file_name
 
     run = runs / experiment / "gpu_check"
@@ -64,6 +90,20 @@ def main(argv=None) -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, any machine (tests)")
     args = parser.parse_args(argv)
+    problems = preflight()
+    if problems:
+        for line in problems:
+            print(f"gpu_check: {line}", file=sys.stderr)
+        raise SystemExit(2)
+    from experiments.benchmarks.attention_sweep import run as attention_sweep
+    from experiments.benchmarks.attention_sweep import run_mla as attention_sweep_mla
+    from kvjax import get_model_config
+    from kvjax.analytic import Workload
+    from kvjax.files import write_json_atomic
+    from kvjax.measured.attribution import report_records, reports_on_ceilings
+    from kvjax.measured.ceilings import measure_ceilings
+    from kvjax.measured.profile import profile_step
+
     t0 = time.perf_counter()
 
     def log(message: str) -> None:

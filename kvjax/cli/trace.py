@@ -77,7 +77,10 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.target is not None:
-        return emit(args, target_trace_report(args), render_target.print_target_trace)
+        report = target_trace_report(args)
+        if "target" in report and isinstance(report["target"], str):  # a partitioned slice
+            return emit(args, report, render_parallel.print_sharded_trace)
+        return emit(args, report, render_target.print_target_trace)
     if args.executed:
         raise KvjaxError("--executed lists a target's executed instructions; add --target NAME")
     sharded = args.tp > 1 or args.dp > 1
@@ -176,8 +179,9 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def sharded_trace_report(args: argparse.Namespace) -> dict[str, Any]:
-    """`kvjax trace --tp N`: the compiled per-device step and its collectives vs closed form."""
+def sharded_trace_report(args: argparse.Namespace, devices=None, count=None) -> dict[str, Any]:
+    """`kvjax trace --tp N`: the compiled per-device step and its collectives vs closed form
+    (on `devices`, a TPU slice's, counted by `count`; default this host's)."""
     from kvjax.traced.sharded import trace_sharded_step
 
     cfg, wl = resolve_model(args), resolve_workload(args)
@@ -189,8 +193,9 @@ def sharded_trace_report(args: argparse.Namespace) -> dict[str, Any]:
         f"compiling {cfg.name} on {args.tp * args.dp} devices (tp={args.tp}, dp={args.dp})"
     ):
         t = trace_sharded_step(
-            cfg, wl.phase, wl.batch, wl.context, args.tp, args.dp, layers=args.trace_layers
-        )
+            cfg, wl.phase, wl.batch, wl.context, args.tp, args.dp, layers=args.trace_layers,
+            devices=devices, count=count,
+        )  # fmt: skip
     closed = parallel.tensor_parallel_point(cfg, args.tp, wl_device, chip).to_dict()
     peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
     link = chip.interconnect_bytes_per_s
@@ -225,16 +230,15 @@ def target_trace_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.traced.target_step import trace_dict, trace_target_step
 
     target = parse_target(args.target)
+    if args.chip is None and args.peak_flops is None and args.bandwidth is None:
+        args.chip = target.spec.chip  # the roofline of the chip compiled for
     if args.stage == "lowered":
         raise KvjaxError(
             "--target compiles for the chip: its module is the compiled stage (the lowered "
             "module is the same on every target); drop --stage or pass --stage compiled"
         )
-    if args.tp > 1 or args.dp > 1:
-        raise KvjaxError(
-            "--target with --tp/--dp (a partitioned module per device) is not built yet; "
-            "trace one device's step, or use --tp without --target for the CPU's"
-        )
+    if args.tp > 1 or args.dp > 1 or target.num_devices > 1:
+        return target_sharded_report(args, target)
     if args.roofline or args.trace_layers != "all":
         raise KvjaxError("--target compiles every layer as the chip would run it; drop "
                          "--roofline and --trace-layers")  # fmt: skip
@@ -250,3 +254,26 @@ def target_trace_report(args: argparse.Namespace) -> dict[str, Any]:
         "device": trace.device_kind,
         "target": report,
     }
+
+
+def target_sharded_report(args: argparse.Namespace, target) -> dict[str, Any]:
+    """`kvjax trace --target tpu-v5e:2x2 --tp 4`: one device's partitioned module on the slice,
+    its collectives beside the closed form's (as `--tp` on this host's simulated devices)."""
+    from functools import partial
+
+    from kvjax.traced.target_costs import module_totals
+    from kvjax.traced.targets import target_devices
+
+    if target.platform != "tpu":
+        raise KvjaxError(f"--tp/--dp with --target need a TPU slice (tpu-v5e:2x2); "
+                         f"{target.name} compiles for one device")  # fmt: skip
+    if args.tp * args.dp != target.num_devices:
+        raise KvjaxError(
+            f"--tp {args.tp} x --dp {args.dp} = {args.tp * args.dp} devices, but "
+            f"{target.name} has {target.num_devices}: they must be equal"
+        )
+    report = sharded_trace_report(
+        args, devices=target_devices(target), count=partial(module_totals, hbm_only=True)
+    )
+    report.update(target=target.name, device=target_devices(target)[0].device_kind)
+    return report

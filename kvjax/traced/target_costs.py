@@ -329,6 +329,16 @@ def _split_fusion(ins, model: TargetCostModel, names, fallback, per, weights=Non
     return keys
 
 
+def module_totals(text: str, hbm_only: bool = False) -> dict[str, float]:
+    """A module's FLOPs and bytes by these rules, keyed as XLA's `cost_analysis()`; "flops"
+    without the converts XLA's convention also counts (`convert_flops`, apart)."""
+    costs = module_kernel_costs(text, tuple(kernels.REGISTRY), hbm_only=hbm_only)
+    converts = sum(c.convert_flops for c in costs.per_kernel.values())
+    return {"flops": costs.total.flops - converts, "convert_flops": converts,
+            "bytes accessed": costs.total.bytes,
+            "transcendentals": costs.total.transcendentals}  # fmt: skip
+
+
 def dumps_thunk(t: Thunk) -> dict:
     return {"name": t.name, "kind": t.kind, "kernels": list(t.kernels), "layers": list(t.layers),
             "flops": t.flops, "bytes": t.bytes, "temporary": t.temporary}  # fmt: skip

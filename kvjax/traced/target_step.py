@@ -69,7 +69,11 @@ def trace_target_step(
     lowered = lower_for_cost(fn, args)
     names = tuple(analytic.step_kernels(cfg, wl)) + tuple(kernels.REGISTRY)
     names = tuple(dict.fromkeys(names))
-    compiled = compile_for_target(fn, args, target, donate_argnums=(CACHE_ARG,))
+    from kvjax.units import fmt_bytes
+
+    held = analytic.weight_bytes(cfg) + analytic.kv_cache_bytes(cfg, context, batch)
+    needs = f"{cfg.name} holds {fmt_bytes(held)} of weights and KV cache by the closed form"
+    compiled = compile_for_target(fn, args, target, donate_argnums=(CACHE_ARG,), needs=needs)
     costs = module_kernel_costs(
         compiled.text,
         names,

@@ -279,7 +279,9 @@ def memory_stats(compiled) -> dict[str, int]:
     return {k.replace("_size_in_bytes", "_bytes"): int(getattr(stats, k, 0) or 0) for k in keys}
 
 
-def compile_for_target(fn, args: tuple, target: Target, donate_argnums=(), shardings=None):
+def compile_for_target(
+    fn, args: tuple, target: Target, donate_argnums=(), shardings=None, needs: str = ""
+):
     """Compile `fn(*args)` (abstract args) for `target`: a `TargetCompile`.
 
     `shardings(devices)` returns the args' shardings (a pytree like args) for a partitioned
@@ -311,7 +313,8 @@ def compile_for_target(fn, args: tuple, target: Target, donate_argnums=(), shard
         message = str(exc)
         if "RESOURCE_EXHAUSTED" in message or "exceeds" in message.lower():
             first = " ".join(message.split())[:600]
-            raise KvjaxError(f"does not fit one {device_kind(target)}: {first}") from None
+            what = f" ({needs})" if needs else ""
+            raise KvjaxError(f"does not fit one {device_kind(target)}{what}: {first}") from None
         raise
     seconds = time.perf_counter() - t0
     cost = None
