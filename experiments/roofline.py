@@ -1,19 +1,25 @@
 """Every kernel of prefill and decode placed on a roofline: closed form and traced on a chip
 preset, and (options.measured) timed on this machine against its measured ceilings. Decode also
 places its attention as one fused kernel reading the cache once (`fused_attention_cost`): the
-seed's h/h_kv for GQA, about 1.9 N for MLA's absorbed form."""
+seed's h/h_kv for GQA, about 1.9 N for MLA's absorbed form. With options.compiled_for (a target:
+h100, tpu-v5e, ...; needs the `targets` extra) each kernel also as the chip's own executable
+counts it, compiled on this host (`kvjax.traced.target_step`); every record of such a run names
+the target, and the figure `roofline_compiled` draws them."""
 
 from kvjax import analytic, kernels
 from kvjax.analytic import Workload, roofline
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
+from kvjax.traced.targets import TARGETS
 
 OPTIONS = {
     "phases": o.list_of(o.one_of("prefill", "decode")),
     "traced": o.BOOLEAN,
     "measured": o.BOOLEAN,
     "steps": o.POSITIVE_INT,
+    "compiled_for": o.one_of(*TARGETS),
 }
+COMPILED_LAYERS = 2  # identical layers: two compiled, each layer kernel their mean
 
 
 def _point(kernel, phase, source, flops, bytes_, peak, bw, chip, cfg, seconds=None):
@@ -72,6 +78,8 @@ def run_point(point) -> list[dict]:
                             k.kernel, phase, "traced", k.flops, k.bytes, peak, bw, chip_name, cfg
                         )
                     )
+        if opts.get("compiled_for"):
+            records += _compiled(cfg, w, opts["compiled_for"], layer, peak, bw, chip_name)
         for row in reports[phase]["rows"] if reports else []:
             if not row["closed_flops"] or not row["closed_bytes"]:
                 continue  # glue rows have no closed form to place
@@ -81,7 +89,32 @@ def run_point(point) -> list[dict]:
             record.update(members=list(row["members"]), above_roof=row["above_roof"],
                           coverage=reports[phase]["coverage"], measured="in situ")  # fmt: skip
             records.append(record)
+    if opts.get("compiled_for"):
+        for r in records:
+            r.update(target=opts["compiled_for"], batch=wl.batch, context=wl.context)
     return records
+
+
+def _compiled(cfg, wl, target, layer, peak, bw, chip_name) -> list[dict]:
+    """Each kernel of the step compiled for `target` (two layers, identical: a layer kernel is
+    their mean), as kvjax counts the target's executable."""
+    from kvjax.traced.target_step import trace_target_step
+
+    L = min(COMPILED_LAYERS, cfg.num_layers)
+    trace = trace_target_step(cfg.replace(num_layers=L), wl.phase, wl.batch, wl.context, target)
+    out = []
+    for name, c in trace.costs.by_kernel().items():
+        if name not in layer:
+            continue
+        share = L if kernels.REGISTRY[name].per_layer else 1
+        flops = (c.flops - (c.convert_flops if kernels.REGISTRY[name].kind == kernels.MATMUL
+                            else 0.0)) / share  # fmt: skip
+        record = _point(name, wl.phase, f"compiled for {target}", flops, c.bytes / share, peak,
+                        bw, chip_name, cfg)  # fmt: skip
+        record.update(device=trace.device_kind, split_k_bytes=c.split_k_bytes / share,
+                      copy_bytes=c.copy_bytes / share, layers_compiled=L)  # fmt: skip
+        out.append(record)
+    return out
 
 
 def _measured_in_situ(cfg, wl, phases, opts) -> dict[str, dict]:

@@ -193,6 +193,7 @@ def test_gpu_profile_attribution_meets_an_xla_gpu_module():
 
     from kvjax.measured.step import served_step
     from kvjax.traced.compiled import UNNAMED, compiled_ops
+    from kvjax.traced.target_rules import TargetCostModel
     from kvjax.traced.targets import compile_for_target
 
     cfg = get_model_config("tiny-gqa").replace(weight_dtype="bf16")
@@ -204,7 +205,7 @@ def test_gpu_profile_attribution_meets_an_xla_gpu_module():
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
         lowered = fn.lower(*args).as_text(dialect="hlo", debug_info=True)
         compiled = compile_for_target(fn, abstract, parse_target("h100"))
-        ops = compiled_ops(compiled.text, NAMES, param_kernel, lowered)
+        ops = compiled_ops(compiled.text, NAMES, param_kernel, lowered, TargetCostModel)
         assert ops and all(op.kernels != (UNNAMED,) for op in ops if op.cost.flops), ops
         found |= {k for op in ops for k in op.kernels}
     assert {kernels.Q_PROJ, kernels.SCORES, kernels.AV, kernels.LM_HEAD} <= found
@@ -228,3 +229,31 @@ def test_tpu_slice_partitioned_step_and_collectives(capsys):
     assert report["chip"]["name"] == "tpu-v5e"
     assert main(["trace", "--model", "tiny-gqa", "--target", "tpu-v5e:2x2", "--tp", "2"]) == 2
     assert "must be equal" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_roofline_compiled_for_a_target_runs_and_draws(tmp_path):
+    """configs/roofline_compiled.yaml's experiment on a tiny model: each kernel in three views,
+    the compiled products' FLOPs equal the closed form's per layer, and the figure is drawn
+    from those records alone (the plain roofline figure skips them)."""
+    from kvjax.plotting import make_figures
+    from kvjax.runs.launcher import run_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "experiment: roofline\nmodel:\n  preset: tiny-gqa\n  weight_dtype: bf16\n"
+        "  kv_dtype: bf16\nworkload:\n  batch: 2\n  context: 64\nchip:\n  preset: h100-sxm\n"
+        "options:\n  compiled_for: h100\n"
+    )
+    (run,) = run_config(config, runs_root=tmp_path / "runs", progress=False)
+    import pandas as pd
+
+    records = pd.DataFrame(run.records()).assign(experiment="roofline")
+    assert set(records.target) == {"h100"} and set(records.batch) == {2}
+    compiled = records[records.source == "compiled for h100"].set_index(["phase", "kernel"])
+    closed = records[records.source == "closed form"].set_index(["phase", "kernel"])
+    assert set(compiled.device) == {"NVIDIA H100 80GB HBM3"}
+    for key in [(p, k) for p in ("decode", "prefill") for k in (kernels.Q_PROJ, kernels.DOWN)]:
+        assert compiled.flops[key] == pytest.approx(closed.flops[key], rel=0.01), key
+    written = {p.name for p in make_figures(records, tmp_path / "figs")}
+    assert "roofline_compiled.png" in written and "roofline.png" not in written

@@ -39,6 +39,7 @@ from kvjax.measured.timing import device_name
 from kvjax.nn.transformer import param_kernel
 from kvjax.traced.compiled import UNNAMED, CompiledOp, compiled_ops
 from kvjax.traced.hlo import Cost
+from kvjax.traced.target_rules import TargetCostModel
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,8 @@ def prepare(cfg: ModelConfig, wl: Workload, warmup: int = 3) -> Prepared:
     wl = model_workload(cfg, wl)  # the closed form at the model's own expert reads (MoE)
     names = tuple(kernels.REGISTRY)
     ops: dict[tuple[str, str], CompiledOp] = {}
+    # a GPU's module calls cuBLAS and fuses Triton GEMMs: costed by the accelerator rules
+    rules = None if jax.default_backend() == "cpu" else TargetCostModel
     for name, (fn, args) in served.jits.items():
         lowered = fn.lower(*args)
         attributed = compiled_ops(
@@ -161,6 +164,7 @@ def prepare(cfg: ModelConfig, wl: Workload, warmup: int = 3) -> Prepared:
             names,
             param_kernel,
             lowered.as_text(dialect="hlo", debug_info=True),
+            cost_model=rules,
         )
         ops.update({(f"jit_{name}", op.name): op for op in attributed})
     carry = served.carry

@@ -14,6 +14,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 from kvjax.plotting import quality  # noqa: E402
+from kvjax.plotting.compiled import roofline_compiled  # noqa: E402
 from kvjax.plotting.measured import _label_measured, kernel_bound, mark_flags  # noqa: E402
 from kvjax.plotting.style import MLA_COLOR, kv_palette, variant_color  # noqa: E402
 
@@ -137,10 +138,14 @@ def _panel_roofline(ax, df, chip) -> None:
     ax.legend(fontsize=5, frameon=True, loc="lower right")
 
 
-def roofline(records: pd.DataFrame, fig) -> None:
+def roofline(records: pd.DataFrame, fig) -> bool | None:
     """Every kernel on the roofline: hollow = closed form, x = traced, filled = measured."""
     df = records[records.experiment == "roofline"]
+    if "target" in df:  # runs compiled for an accelerator: their own figure
+        df = df[df.target.isna()]
     panels = list(dict.fromkeys(zip(df.model, df.chip, strict=True)))
+    if not panels:
+        return False
     fig.set_size_inches(max(2, len(panels)) * COLUMN_WIDTH_IN, 2.8)  # a column per panel
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (model, chip) in zip(axes, panels, strict=True):
@@ -301,6 +306,7 @@ def tensor_parallel(records: pd.DataFrame, fig) -> None:
 
 FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "roofline": ("roofline", roofline, (2 * COLUMN_WIDTH_IN, 2.8)),
+    "roofline_compiled": ("roofline", roofline_compiled, (2 * COLUMN_WIDTH_IN, 5.0)),
     "kv_vs_context": ("kv_vs_context", kv_vs_context, (2 * COLUMN_WIDTH_IN, 2.6)),
     "decode_latency": ("decode_latency", decode_latency, (2 * COLUMN_WIDTH_IN, 2.6)),
     "decode_intensity": ("decode_latency", decode_intensity, (COLUMN_WIDTH_IN, 2.6)),
@@ -323,7 +329,9 @@ def make_figures(records: pd.DataFrame, out: str | Path) -> list[Path]:
         if records.empty or experiment not in set(records.experiment):
             continue
         fig = plt.figure(figsize=size, dpi=200)
-        draw(records, fig)
+        if draw(records, fig) is False:  # its experiment ran, but not the records it draws
+            plt.close(fig)
+            continue
         fig.tight_layout()
         for ext, meta in (("png", PNG_METADATA), ("pdf", PDF_METADATA)):
             path = out / f"{name}.{ext}"

@@ -175,6 +175,7 @@ def compiled_ops(
     kernel_names: tuple[str, ...],
     param_kernel: Callable | None = None,
     lowered_text: str | None = None,
+    cost_model: type[CompiledCostModel] | None = None,
 ) -> list[CompiledOp]:
     """Every executed instruction of the ENTRY computation, its kernels and its cost.
 
@@ -182,10 +183,11 @@ def compiled_ops(
     of size 1). An instruction with no kernel in its metadata is attributed, in turn, by the jit
     arguments it reads (`param_kernel(op_name, is_product)` names their kernel: a weight, a
     cache array); by the one kernel whose product in the lowered module (`lowered_text`) has its
-    FLOPs and output size; else by its first consumer's kernels.
+    FLOPs and output size; else by its first consumer's kernels. `cost_model`: the rules to
+    cost instructions with (an accelerator's module: `kvjax.traced.target_rules`).
     """
     module = parse_hlo(_normalize(text))
-    model = CompiledCostModel(module)
+    model = (cost_model or CompiledCostModel)(module)
     entry = module.computations[module.entry]
     order = {name: i for i, name in enumerate(kernels.REGISTRY)}
     found: dict[str, set[tuple[int | None, str]]] = {}

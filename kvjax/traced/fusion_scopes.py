@@ -100,13 +100,19 @@ def _producer(name: str, by_name) -> str:
     return name
 
 
-def _product_pieces(dot: Instr, by_name, param_keys: dict[str, tuple]) -> list[tuple[tuple, int]]:
+def _product_pieces(
+    dot: Instr, by_name, param_keys: dict[str, tuple], param_pieces: dict | None = None
+) -> list[tuple[tuple, int]]:
     """A product XLA fused horizontally (x @ [W_q; W_k; W_v] as one GEMM): the kernels of the
-    concatenated weights and each one's elements, so its FLOPs split exactly."""
+    concatenated weights and each one's elements, so its FLOPs split exactly. The weights are
+    concatenated inside the fusion, or before it (`param_pieces`: a fusion parameter that is a
+    concatenation made outside, and its pieces)."""
     for operand in dot.operands:
         seen = by_name.get(operand)
         while seen is not None and seen.opcode in ("bitcast", "reshape", "transpose", "copy"):
             seen = by_name.get(seen.operands[0])
+        if seen is not None and param_pieces and seen.name in param_pieces:
+            return param_pieces[seen.name]
         if seen is None or seen.opcode != "concatenate":
             continue
         pieces = []

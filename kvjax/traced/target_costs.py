@@ -143,6 +143,7 @@ def module_kernel_costs(
         return None
 
     entry_by_name = {ins.name: ins for ins in entry}
+    concat_pieces: dict[str, list] = {}
     per: dict[tuple[int | None, str], KernelCost] = defaultdict(KernelCost)
     thunks: list[Thunk] = []
     total = Cost()
@@ -160,13 +161,30 @@ def module_kernel_costs(
         temporary = None
         if ins.opcode == "fusion":
             weights = _operand_kernels(ins, entry_by_name, param_kernel, is_gemm(ins, comps))
+            pieces = _concatenated_weights(ins, comps, weights)
+            if pieces:  # weights concatenated for a horizontally fused product: each its own
+                total_n = sum(n for _, n in pieces)
+                for key, n in pieces:
+                    per[key].add(bytes_=cost.bytes * n / total_n)
+                    per[key].copy_bytes += cost.bytes * n / total_n
+                    per[key].thunks.add(ins.name)
+                concat_pieces[ins.name] = pieces
+                layers = {lid for (lid, _), _ in pieces if lid is not None}
+                thunks.append(Thunk(ins.name, thunk_kind(ins),
+                                    tuple(dict.fromkeys(k for (_, k), _ in pieces)),
+                                    tuple(sorted(layers)), cost.flops, cost.bytes,
+                                    "weight concatenation"))  # fmt: skip
+                continue
+            operand_pieces = {}
             for i, operand in enumerate(ins.operands):  # split-K partials: their product's
                 source = entry_by_name.get(operand)
                 while source is not None and source.opcode == "bitcast":
                     source = entry_by_name.get(source.operands[0])
                 if source is not None and source.name in split_partials:
                     weights[i] = split_partials[source.name][2]
-            keys = _split_fusion(ins, model, kernel_names, fallback, per, weights)
+                if source is not None and source.name in concat_pieces:
+                    operand_pieces[i] = concat_pieces[source.name]
+            keys = _split_fusion(ins, model, kernel_names, fallback, per, weights, operand_pieces)
             split = _split_k(ins, model, out_elems_by_flops)
             if split:
                 key = keys[0] if len(keys) == 1 else fallback or keys[0]
@@ -205,6 +223,17 @@ def module_kernel_costs(
     for _, partial_bytes, key in split_partials.values():
         per[key].split_k_bytes += 2 * partial_bytes  # written by the GEMM, read by the reduce
     return TargetModuleCosts(dict(per), thunks, total)
+
+
+def _nested_converts(ins: Instr, model: TargetCostModel) -> float:
+    """The FLOPs XLA counts for the converts inside a fusion, nested fusions included."""
+    total = 0.0
+    for sub in model.comps[model._callee(ins)]:
+        if sub.opcode == "convert":
+            total += _shape_bytes_elems(sub.shape)[1]
+        elif sub.opcode == "fusion":
+            total += _nested_converts(sub, model)
+    return total
 
 
 def _only_moves(ins: Instr, comps) -> bool:
@@ -253,7 +282,31 @@ def _operand_kernels(ins: Instr, entry_by_name, param_kernel, product: bool) -> 
     return out
 
 
-def _split_fusion(ins, model: TargetCostModel, names, fallback, per, weights=None) -> list:
+def _concatenated_weights(ins: Instr, comps, weights: dict[int, tuple]) -> list:
+    """A fusion that only concatenates weights of different kernels (XLA:GPU builds
+    [W_q; W_k; W_v] each step for one GEMM): each weight's kernel and elements."""
+    body = comps[CostModel._callee(ins)]
+    if (
+        not body
+        or body[-1].opcode != "concatenate"
+        or not all(sub.opcode in _MOVES or sub.opcode == "concatenate" for sub in body)
+    ):
+        return []
+    by_name = {sub.name: sub for sub in body}
+    pieces = []
+    for part in body[-1].operands:
+        p = by_name.get(part)
+        while p is not None and p.opcode != "parameter" and p.operands:
+            p = by_name.get(p.operands[0])
+        if p is None or int(p.operands[0]) not in weights:
+            return []
+        pieces.append((weights[int(p.operands[0])], _shape_bytes_elems(p.shape)[1]))
+    return pieces if len({k for k, _ in pieces}) > 1 else []
+
+
+def _split_fusion(
+    ins, model: TargetCostModel, names, fallback, per, weights=None, operand_pieces=None
+) -> list:
     """Add a fusion's costs to per[(layer, kernel)], split by its instructions' kernels; the
     keys it touched, the one computing most first. `weights`: operand index -> the kernel whose
     weight it is (its read, and a product without metadata that reads it, go to that kernel)."""
@@ -263,6 +316,9 @@ def _split_fusion(ins, model: TargetCostModel, names, fallback, per, weights=Non
     weights = weights or {}
     param_keys = {sub.name: weights[int(sub.operands[0])] for sub in body
                   if sub.opcode == "parameter" and int(sub.operands[0]) in weights}  # fmt: skip
+    param_pieces = {sub.name: (operand_pieces or {})[int(sub.operands[0])] for sub in body
+                    if sub.opcode == "parameter"
+                    and int(sub.operands[0]) in (operand_pieces or {})}  # fmt: skip
     touched: dict[tuple, float] = defaultdict(float)
     whole = model.instruction_cost(ins)
     inner_flops = 0.0
@@ -272,7 +328,8 @@ def _split_fusion(ins, model: TargetCostModel, names, fallback, per, weights=Non
         else:
             c = CostModel.instruction_cost(model, sub)
         key = kinds[sub.name]
-        pieces = _product_pieces(sub, by_name, param_keys) if sub.opcode == "dot" else []
+        pieces = (_product_pieces(sub, by_name, param_keys, param_pieces)
+                  if sub.opcode == "dot" else [])  # fmt: skip
         if sub.opcode == "dot" and not _kernel(sub.op_name, names):
             # a product whose metadata XLA dropped: the kernel of the weight it reads
             read = [param_keys[o] for o in _param_sources(sub, by_name) if o in param_keys]
@@ -285,6 +342,8 @@ def _split_fusion(ins, model: TargetCostModel, names, fallback, per, weights=Non
             inner_flops += c.flops
             continue
         convert = c.flops if sub.opcode == "convert" else 0.0
+        if sub.opcode == "fusion":  # the converts of a fusion nested in this one
+            convert = _nested_converts(sub, model)
         per[key].add(c.flops, c.transcendentals, 0.0, convert)
         inner_flops += c.flops
         touched[key] += c.flops + c.transcendentals
@@ -309,7 +368,8 @@ def _split_fusion(ins, model: TargetCostModel, names, fallback, per, weights=Non
         size = model._bytes(o.operands[1]) if o.opcode == "dynamic-update-slice" else model._bytes(
             o.name)  # fmt: skip
         producer = by_name[_producer(o.name, by_name)]
-        pieces = _product_pieces(producer, by_name, param_keys) if producer.opcode == "dot" else []
+        pieces = (_product_pieces(producer, by_name, param_keys, param_pieces)
+                  if producer.opcode == "dot" else [])  # fmt: skip
         total = sum(n for _, n in pieces)
         for piece_key, n in pieces:  # a horizontally fused product writes each one's output
             per[piece_key].add(bytes_=size * n / total)

@@ -1,0 +1,105 @@
+"""`roofline_compiled`: every kernel of a step on an accelerator's roofline in three views, the
+closed form, XLA's lowered module and the chip's own executable compiled on this host."""
+
+from __future__ import annotations
+
+import pandas as pd
+import seaborn as sns
+
+from kvjax import kernels
+
+SOURCES = {  # source prefix -> (marker, filled, legend)
+    "closed form": ("o", False, "closed form"),
+    "traced": ("x", True, "XLA lowered"),
+    "compiled for": ("^", True, "compiled for the chip"),
+}
+PHASES = ("decode", "prefill")
+
+
+def _source_key(source: str) -> str | None:
+    if source == "closed form, fused":
+        return None
+    return next((k for k in SOURCES if source.startswith(k)), None)
+
+
+def roofline_compiled(records: pd.DataFrame, fig) -> bool | None:
+    """Rows: models; columns: decode, prefill. The products are coloured and named in the
+    legend; every other kernel (norms, RoPE, softmax, residuals, activation, cache write) is
+    grey, listed in the caption. A thin line joins a product's closed form to its compiled
+    point: how far XLA's executable moves it."""
+    df = records[(records.experiment == "roofline") & records.get("target", pd.Series(dtype=str))
+                 .notna()]  # fmt: skip
+    if df.empty:
+        return False
+    models = list(dict.fromkeys(df.model))
+    phases = [p for p in PHASES if p in set(df.phase)]
+    fig.set_size_inches(3.3 * len(phases) + 1.2, 2.3 * len(models) + 0.5)
+    grid = fig.add_gridspec(len(models), len(phases) + 1, width_ratios=[1] * len(phases) + [0.36])
+    axes = [[fig.add_subplot(grid[r, c]) for c in range(len(phases))] for r in range(len(models))]
+    key_ax = fig.add_subplot(grid[:, -1])
+    key_ax.axis("off")
+    products = [k for k in kernels.REGISTRY if kernels.REGISTRY[k].kind == kernels.MATMUL
+                and k in set(df.kernel)]  # fmt: skip
+    palette = dict(zip(products, sns.color_palette("tab10", len(products)), strict=True))
+    device = df.device.dropna().iloc[0] if "device" in df and df.device.notna().any() else ""
+    for row, model in enumerate(models):
+        for col, phase in enumerate(phases):
+            ax = axes[row][col]
+            g = df[(df.model == model) & (df.phase == phase)]
+            _panel(ax, g, palette)
+            ax.set_title(f"{model}, {phase} (B={_one(g, 'batch')}, S={_one(g, 'context')})",
+                         fontsize=6.5)  # fmt: skip
+    handles = [key_ax.scatter([], [], marker=m, s=14, label=label,
+                              **({"color": "0.3"} if m == "x" else
+                                 {"facecolors": "0.3" if filled else "none", "edgecolors": "0.3"}))
+               for m, filled, label in SOURCES.values()]  # fmt: skip
+    handles += [key_ax.scatter([], [], marker="s", color=c, s=14, label=k)
+                for k, c in palette.items()]  # fmt: skip
+    others = sorted(set(df.kernel) - set(products) - {kernels.ATTENTION})
+    handles.append(key_ax.scatter([], [], marker="s", color="0.65", s=14, label="the others"))
+    key_ax.legend(handles=handles, loc="upper left", fontsize=5.5, frameon=True)
+    key_ax.text(0.0, 0.52, "the others:\n" + "\n".join(others), fontsize=5, va="top",
+                transform=key_ax.transAxes, color="0.3")  # fmt: skip
+    key_ax.text(0.0, 0.0, "a line joins a product's\nclosed form to its compiled\npoint; "
+                "a fused product\nmoves: the bytes between\nfused kernels are counted\n"
+                "on one of them", fontsize=4.5, va="bottom", transform=key_ax.transAxes,
+                color="0.3")  # fmt: skip
+    fig.suptitle(f"every kernel on the {device or df.chip.iloc[0]} roofline: its executable "
+                 "compiled on this host, no device", fontsize=7)  # fmt: skip
+
+
+def _one(g: pd.DataFrame, column: str):
+    return g[column].iloc[0] if column in g and len(g) else "?"
+
+
+def _panel(ax, g: pd.DataFrame, palette: dict) -> None:
+    peak, bw = g.peak_flops_per_s.iloc[0], g.bandwidth_bytes_per_s.iloc[0]
+    ridge = peak / bw
+    xs = [min(1e-2, g.intensity.min() / 2), ridge, max(1e5, g.intensity.max() * 2)]
+    ax.plot(xs, [min(peak, x * bw) for x in xs], color="0.2", lw=1)
+    ax.axvline(ridge, color="0.5", ls=":", lw=0.8)
+    for source, r in g.groupby("source"):
+        key = _source_key(source)
+        if key is None:
+            continue
+        marker, filled, _ = SOURCES[key]
+        for _, k in r.iterrows():
+            color = palette.get(k.kernel, "0.65")
+            y = min(peak, k.intensity * bw)
+            style = ({"color": color} if key == "traced" else
+                     {"facecolors": color if filled else "none", "edgecolors": color})  # fmt: skip
+            front = 3 if key == "compiled for" else 2
+            ax.scatter([k.intensity], [y], marker=marker, s=16 if key != "traced" else 12,
+                       linewidths=0.7, zorder=front, **style)  # fmt: skip
+    closed = g[g.source == "closed form"].set_index("kernel")
+    compiled = g[g.source.str.startswith("compiled for")].set_index("kernel")
+    for kernel in palette:
+        if kernel in closed.index and kernel in compiled.index:
+            xs = [closed.intensity[kernel], compiled.intensity[kernel]]
+            ax.plot(xs, [min(peak, x * bw) for x in xs], color=palette[kernel], lw=0.5,
+                    alpha=0.7)  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)", fontsize=6)
+    ax.set_ylabel("attainable FLOP/s", fontsize=6)
+    ax.tick_params(labelsize=5.5)
