@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvjax.config_checks import (  # the constants re-exported for the CLI and the docs
@@ -284,14 +283,6 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_hf_config(cls, path: str | Path, **overrides: Any) -> ModelConfig:
-        """Read a local Hugging Face `config.json` (Llama, Mistral, Qwen2, Gemma, dense
-        DeepSeek-V2/V3). No network."""
-        from kvjax.hf_config import from_hf_config
-
-        return from_hf_config(path, **overrides)
 
 
 __all__ = ["DTYPE_BYTES", "KV_SCALES", "MLA_FORMS", "PACKED_KV_BYTES", "PRESETS", "ROUTERS",

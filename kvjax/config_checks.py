@@ -3,12 +3,13 @@ the field and what is allowed. Imported by `kvjax.config`, which re-exports the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from kvjax.errors import KvjaxError
 
-if TYPE_CHECKING:
-    from kvjax.config import ModelConfig
+# The config under construction: any object with ModelConfig's fields (read, never built here),
+# so this module needs nothing from kvjax.config, which imports it.
+Fields = Any
 
 KV_SCALES = ("auto", "none", "tensor", "token_head", "group")
 MLA_FORMS = ("absorbed", "naive")
@@ -18,7 +19,7 @@ _MOE_INT_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", "mo
 _MLA_INT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
 
-def check_mla(cfg: ModelConfig) -> None:
+def check_mla(cfg: Fields) -> None:
     for field in _MLA_INT_FIELDS:
         value = getattr(cfg, field)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -62,7 +63,7 @@ def check_mla(cfg: ModelConfig) -> None:
             )
 
 
-def check_moe(cfg: ModelConfig) -> None:
+def check_moe(cfg: Fields) -> None:
     for field in _MOE_INT_FIELDS:
         value = getattr(cfg, field)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -107,7 +108,7 @@ def check_moe(cfg: ModelConfig) -> None:
         )
 
 
-def check_window(cfg: ModelConfig) -> None:
+def check_window(cfg: Fields) -> None:
     w, pattern = cfg.sliding_window, cfg.layer_pattern
     if isinstance(w, bool) or not isinstance(w, int) or w < 0:
         raise KvjaxError(f"sliding_window={w!r} must be a non-negative integer (0: none)")
@@ -131,7 +132,7 @@ def check_window(cfg: ModelConfig) -> None:
         raise KvjaxError("sliding_window with MLA (kv_lora_rank > 0) is not supported")
 
 
-def check_scales(cfg: ModelConfig) -> None:
+def check_scales(cfg: Fields) -> None:
     if cfg.kv_scales not in KV_SCALES:
         raise KvjaxError(
             f"kv_scales={cfg.kv_scales!r} is not supported; allowed: {', '.join(KV_SCALES)}"

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from kvjax import ChipSpec, KvjaxError, ModelConfig, analytic, get_chip, get_model_config, kernels
+from kvjax import ChipSpec, KvjaxError, analytic, get_chip, get_model_config, kernels
 from kvjax.config import PRESETS
 from kvjax.hardware import CHIPS, chip_from_numbers
 from kvjax.hf_config import from_hf_config
@@ -146,7 +146,7 @@ def _write(tmp_path, data, name="config.json"):
 
 
 def test_hf_llama3_config_equals_preset(tmp_path):
-    cfg = ModelConfig.from_hf_config(_write(tmp_path, LLAMA3_8B_HF))
+    cfg = from_hf_config(_write(tmp_path, LLAMA3_8B_HF))
     preset = get_model_config("llama-3-8b")
     assert dataclasses.replace(cfg, name=preset.name) == preset
     # A directory holding config.json works too.

@@ -82,6 +82,69 @@ def test_imports_point_down():
     assert not wrong, "\n".join(wrong)
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """kvjax module -> the kvjax modules it imports, anywhere in the file (inside functions and
+    TYPE_CHECKING blocks too): `from kvjax.a import b` names the module kvjax.a.b when that is
+    a module, else kvjax.a (a name its package defines)."""
+    modules = {_module_name(p): p for p in _modules()}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = [f"{node.module}.{a.name}" for a in node.names
+                        if f"{node.module}.{a.name}" in modules]  # fmt: skip
+                targets = subs + ([node.module] if len(subs) < len(node.names) else [])
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def test_imports_are_acyclic():
+    """No module reaches back up to one that imports it, directly or through others (a lazy
+    import inside a function counts: it is the same tie)."""
+    graph = _import_graph()
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(path[path.index(nxt) :] + [node, nxt]))
+            elif nxt not in state:
+                visit(nxt, path + [node])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_cycle_test_finds_a_cycle(tmp_path, monkeypatch):
+    """The acyclic test is not vacuous: a package whose two modules import each other fails."""
+    pkg = tmp_path / "kvjax"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("def f():\n    from kvjax.a import y\n")
+    (pkg / "a" / "y.py").write_text("from kvjax.a.x import f\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
+    with pytest.raises(
+        AssertionError,
+        match="kvjax.a.x -> kvjax.a.y -> kvjax.a.x|kvjax.a.y -> kvjax.a.x -> kvjax.a.y",
+    ):
+        test_imports_are_acyclic()
+
+
 @pytest.mark.parametrize("part", ["root", "analytic", "plotting"])
 def test_closed_form_and_plotting_import_no_compute_package(part):
     for path in _modules():

@@ -13,7 +13,7 @@ torch = require_module("torch")
 transformers = require_module("transformers")
 
 from kvjax import KvjaxError  # noqa: E402
-from kvjax.config import ModelConfig  # noqa: E402
+from kvjax.hf_config import from_hf_config  # noqa: E402
 from kvjax.nn import load_hf_llama  # noqa: E402
 
 # Every width distinct: D 40, N 6 heads, U (nope) 10, P (rope) 6, W (value) 7, A (latent) 20,
@@ -80,14 +80,14 @@ def test_mla_checkpoint_is_sized_by_the_closed_form(tmp_path):
     from kvjax import analytic
 
     ref = save_tiny_deepseek(tmp_path)
-    cfg = ModelConfig.from_hf_config(tmp_path)
+    cfg = from_hf_config(tmp_path)
     assert analytic.num_params(cfg) == sum(p.numel() for p in ref.parameters())
 
 
 def test_moe_deepseek_config_imports_its_experts(tmp_path):
     """(MoE parity: tests/test_nn_hf_moe.py.) A layout kvjax does not model is refused by name."""
     ref = save_tiny_deepseek(tmp_path, first_k_dense_replace=1)
-    cfg = ModelConfig.from_hf_config(tmp_path)
+    cfg = from_hf_config(tmp_path)
     assert (cfg.num_experts, cfg.first_dense_layers) == (4, 1)
     from kvjax import analytic
 
@@ -96,7 +96,7 @@ def test_moe_deepseek_config_imports_its_experts(tmp_path):
     data = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**data, "moe_layer_freq": 2}))
     with pytest.raises(KvjaxError, match="moe_layer_freq=2: only 1 .every layer. is modelled"):
-        ModelConfig.from_hf_config(tmp_path)
+        from_hf_config(tmp_path)
 
 
 def test_yarn_checkpoint_weights_are_refused_but_its_config_imports(tmp_path):
@@ -105,6 +105,6 @@ def test_yarn_checkpoint_weights_are_refused_but_its_config_imports(tmp_path):
     data["rope_scaling"] = {"type": "yarn", "factor": 40.0}
     data.pop("rope_parameters", None)
     (tmp_path / "config.json").write_text(json.dumps(data))
-    assert ModelConfig.from_hf_config(tmp_path).kv_lora_rank == 20
+    assert from_hf_config(tmp_path).kv_lora_rank == 20
     with pytest.raises(KvjaxError, match="rope scaling type 'yarn' is not implemented"):
         load_hf_llama(tmp_path, weight_dtype="f32")

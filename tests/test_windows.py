@@ -12,7 +12,7 @@ from flax import nnx
 
 from kvjax import KvjaxError, analytic, get_model_config, kernels
 from kvjax.analytic import Workload
-from kvjax.config import ModelConfig
+from kvjax.hf_config import from_hf_config
 from kvjax.nn import Transformer, generate
 from kvjax.traced.step import trace_step
 
@@ -168,7 +168,7 @@ def test_hf_config_windows(tmp_path, extra, want):
             "num_hidden_layers": 4, "num_key_value_heads": 2, "vocab_size": 50}  # fmt: skip
     data.update(extra)
     (tmp_path / "config.json").write_text(json.dumps(data))
-    cfg = ModelConfig.from_hf_config(tmp_path)
+    cfg = from_hf_config(tmp_path)
     assert (cfg.sliding_window, cfg.layer_pattern) == want
 
 
@@ -178,7 +178,7 @@ def test_hf_layer_types_of_the_wrong_length_are_refused(tmp_path):
             "layer_types": ["sliding_attention"] * 3}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(data))
     with pytest.raises(KvjaxError, match="layer_types must list 4 entries"):
-        ModelConfig.from_hf_config(tmp_path)
+        from_hf_config(tmp_path)
 
 
 def test_decode_workload_of_a_window_attends_it():

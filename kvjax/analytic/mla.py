@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from kvjax import kernels
 from kvjax.analytic.costs import SCORE_BYTES, KernelCost, Workload
-from kvjax.analytic.step import (
+from kvjax.analytic.primitives import (
     _act_bytes,
     _matmul,
     _rmsnorm,

@@ -19,10 +19,16 @@ from __future__ import annotations
 
 from kvjax import kernels
 from kvjax.analytic.costs import SCORE_BYTES, KernelCost, Workload
+from kvjax.analytic.params import (  # noqa: F401 (re-exported for callers of analytic.moe)
+    BIAS_BYTES,
+    bias_extra_bytes,
+    expert_params,
+    moe_layer_param_counts,
+    num_params,
+    weight_bytes,
+)
 from kvjax.config import DTYPE_BYTES, ModelConfig
 from kvjax.errors import KvjaxError
-
-BIAS_BYTES = 4  # DeepSeek-V3's e_score_correction_bias is kept in f32 (as Hugging Face does)
 
 
 def expected_experts_touched(num_experts: int, per_token: int, tokens: int) -> float:
@@ -52,41 +58,10 @@ def model_workload(cfg: ModelConfig, wl: Workload) -> Workload:
     return Workload(wl.phase, wl.batch, wl.context, wl.tokens * cfg.experts_per_token)
 
 
-def expert_params(cfg: ModelConfig) -> int:
-    """One routed expert: gate, up (2 * D * F_e) and down (F_e * D)."""
-    return 3 * cfg.d_model * cfg.moe_d_ff
-
-
-def moe_layer_param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """An MoE layer's MLP parameters by kernel: the router (E * D, and DeepSeek-V3's E-wide
-    score-correction bias), the routed experts, and the shared experts (one gated MLP of
-    num_shared_experts * F_e, as DeepSeek builds them), counted as the mlp/ kernels."""
-    D, E, F = cfg.d_model, cfg.num_experts, cfg.moe_d_ff
-    out = {
-        kernels.MOE_ROUTER: E * D + (E if cfg.router == "sigmoid" else 0),
-        kernels.MOE_GATE_UP: E * 2 * D * F,
-        kernels.MOE_DOWN: E * F * D,
-    }
-    if cfg.num_shared_experts:
-        S = cfg.num_shared_experts * F
-        out[kernels.GATE_UP] = 2 * D * S
-        out[kernels.DOWN] = S * D
-    return out
-
-
-def bias_extra_bytes(cfg: ModelConfig) -> int:
-    """The f32 correction biases' bytes beyond the weight dtype's (`sizes.weight_bytes`)."""
-    if not cfg.is_moe or cfg.router != "sigmoid":
-        return 0
-    return cfg.num_moe_layers * cfg.num_experts * (BIAS_BYTES - cfg.weight_bytes_per_element)
-
-
 def active_params(cfg: ModelConfig) -> int:
     """Parameters one token uses: everything but the routed experts it does not pick (k of E
     per MoE layer). Embedding and LM head included (the convention of the DeepSeek-V3 report's
     "37B activated"); a dense model's active parameters are all of them."""
-    from kvjax.analytic.sizes import num_params
-
     total = num_params(cfg)
     if not cfg.is_moe:
         return total
@@ -202,8 +177,6 @@ def expert_parallel(cfg: ModelConfig, ep: int, wl: Workload) -> dict[str, float]
       each of its k experts, (ep - 1)/ep of them on other devices, and gets the output back:
       2 * (M/ep) * k * D * a * (ep - 1)/ep bytes sent per MoE layer.
     """
-    from kvjax.analytic.sizes import weight_bytes
-
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
         raise KvjaxError(f"ep={ep!r} must be a positive integer")
     if not cfg.is_moe:

@@ -5,22 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kvjax.cli.render_common import _ratio, attention_label, console  # noqa: F401 (re-exported)
 from kvjax.units import fmt_bytes, fmt_count, fmt_rate, fmt_seconds, sig
-
-
-def console():
-    """A console that does not squeeze tables into 80 columns when piped or captured."""
-    from rich.console import Console
-
-    con = Console(highlight=False, soft_wrap=True)
-    return con if con.is_terminal else Console(highlight=False, soft_wrap=True, width=200)
-
-
-def attention_label(m: dict[str, Any]) -> str:
-    """`num_kv_heads=8` for MHA/GQA/MQA; the latent, RoPE width and decode form for MLA."""
-    if m.get("kv_lora_rank"):
-        return f"MLA latent {m['kv_lora_rank']}+{m['qk_rope_head_dim']} ({m['mla_decode']})"
-    return f"num_kv_heads={m['num_kv_heads']}"
 
 
 def print_calc(report: dict[str, Any]) -> None:
@@ -213,10 +199,6 @@ class progress:
     def __exit__(self, *exc):
         if self.status:
             self.status.__exit__(*exc)
-
-
-def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
 
 
 def print_trace(report: dict[str, Any]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvjax.cli.render import _ratio, attention_label, console
+from kvjax.cli.render_common import _ratio, attention_label, console
 from kvjax.units import fmt_bytes, fmt_count, fmt_rate
 
 

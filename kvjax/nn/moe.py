@@ -21,6 +21,7 @@ from flax import nnx
 from kvjax import kernels
 from kvjax.config import ModelConfig
 from kvjax.nn.layers import act_dtype, param
+from kvjax.nn.mlp import MLP, _gelu_tanh
 
 
 class MoE(nnx.Module):
@@ -65,8 +66,6 @@ class MoE(nnx.Module):
 
 
 def _mlp(cfg: ModelConfig, width: int, rngs: nnx.Rngs):
-    from kvjax.nn.transformer import MLP  # the dense MLP (its module imports this one)
-
     return MLP(cfg, width, rngs=rngs)
 
 
@@ -139,7 +138,3 @@ def route(cfg: ModelConfig, logits: jax.Array, bias_E: jax.Array | None):
     if cfg.routed_scaling_factor != 1.0:
         weights_Mk = weights_Mk * cfg.routed_scaling_factor
     return weights_Mk, idx_Mk
-
-
-def _gelu_tanh(x: jax.Array) -> jax.Array:
-    return jax.nn.gelu(x, approximate=True)

@@ -22,55 +22,9 @@ from kvjax.nn.fake_quant import cache_view
 from kvjax.nn.kv_cache import KVCache
 from kvjax.nn.layers import RMSNorm, act_dtype, kv_dtype, linear, param, read
 from kvjax.nn.mla import LatentAttention, LatentCache
+from kvjax.nn.mlp import MLP
 from kvjax.nn.moe import MoE
 from kvjax.nn.sharding import DATA, MODEL, constrain
-
-
-class MLP(nnx.Module):
-    """The dense MLP, `width` wide (d_ff; an MoE layer's shared experts: their total width)."""
-
-    def __init__(self, cfg: ModelConfig, width: int | None = None, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        self.width = width or cfg.d_ff
-        D, F = cfg.d_model, self.width
-        # Weights stored 2-D, (out, in): gate_up (2F, D) = [gate; up], up (F, D), down (D, F).
-        if cfg.gated_mlp:
-            self.gate_up = param(rngs, (2 * F, D), D, cfg)
-            # > 1 once sharded: rows reordered in blocks [gate_0; up_0; gate_1; up_1; ...]
-            self.gate_up_blocks = 1
-        else:
-            self.up = param(rngs, (F, D), D, cfg)
-        self.down = param(rngs, (D, F), F, cfg)
-
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        cfg = self.cfg
-        F = self.width
-        act = jax.nn.silu if cfg.mlp_activation == "silu" else _gelu_tanh
-        if cfg.gated_mlp:
-            with jax.named_scope(kernels.GATE_UP):
-                gu_BTE = linear(x_BTD, read(self.gate_up, cfg))
-            with jax.named_scope(kernels.ACT):
-                n = self.gate_up_blocks
-                if n == 1:
-                    h_BTF = act(gu_BTE[..., :F]) * gu_BTE[..., F:]
-                else:  # one [gate_d; up_d] block per device (kvjax.nn.sharding)
-                    B, T = gu_BTE.shape[:2]
-                    gu_BTn2f = constrain(
-                        gu_BTE.reshape(B, T, n, 2, F // n), DATA, None, MODEL, None, None
-                    )
-                    h_BTF = (act(gu_BTn2f[..., 0, :]) * gu_BTn2f[..., 1, :]).reshape(B, T, F)
-        else:
-            with jax.named_scope(kernels.UP):
-                u_BTF = linear(x_BTD, read(self.up, cfg))
-            with jax.named_scope(kernels.ACT):
-                h_BTF = act(u_BTF)
-        h_BTF = constrain(h_BTF, DATA, None, MODEL)
-        with jax.named_scope(kernels.DOWN):
-            return linear(h_BTF, read(self.down, cfg))
-
-
-def _gelu_tanh(x: jax.Array) -> jax.Array:
-    return jax.nn.gelu(x, approximate=True)
 
 
 class Block(nnx.Module):

@@ -40,8 +40,10 @@ from kvjax.traced.compiled import (
 )
 from kvjax.traced.fusion_scopes import (
     _computing_user,
+    _concatenated_weights,
     _inner_kernels,
     _kernel,
+    _operand_kernels,
     _param_sources,
     _producer,
     _product_pieces,
@@ -263,45 +265,6 @@ def _split_k(ins: Instr, model: TargetCostModel, out_elems_by_flops) -> int | No
         if lowered and elems > lowered and elems % lowered == 0:
             return elems // lowered
     return None
-
-
-def _operand_kernels(ins: Instr, entry_by_name, param_kernel, product: bool) -> dict[int, tuple]:
-    """Operand index -> the kernel whose weight (or cache array) that operand is, read through
-    the moves between the jit argument and the instruction."""
-    out = {}
-    if param_kernel is None:
-        return out
-    for i, operand in enumerate(ins.operands):
-        seen = entry_by_name.get(operand)
-        while seen is not None and seen.opcode in ("bitcast", "copy", "reshape", "transpose"):
-            seen = entry_by_name.get(seen.operands[0])
-        if seen is not None and seen.opcode == "parameter" and seen.op_name:
-            hit = param_kernel(seen.op_name, product)
-            if hit is not None:
-                out[i] = hit
-    return out
-
-
-def _concatenated_weights(ins: Instr, comps, weights: dict[int, tuple]) -> list:
-    """A fusion that only concatenates weights of different kernels (XLA:GPU builds
-    [W_q; W_k; W_v] each step for one GEMM): each weight's kernel and elements."""
-    body = comps[CostModel._callee(ins)]
-    if (
-        not body
-        or body[-1].opcode != "concatenate"
-        or not all(sub.opcode in _MOVES or sub.opcode == "concatenate" for sub in body)
-    ):
-        return []
-    by_name = {sub.name: sub for sub in body}
-    pieces = []
-    for part in body[-1].operands:
-        p = by_name.get(part)
-        while p is not None and p.opcode != "parameter" and p.operands:
-            p = by_name.get(p.operands[0])
-        if p is None or int(p.operands[0]) not in weights:
-            return []
-        pieces.append((weights[int(p.operands[0])], _shape_bytes_elems(p.shape)[1]))
-    return pieces if len({k for k, _ in pieces}) > 1 else []
 
 
 def _split_fusion(

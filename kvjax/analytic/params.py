@@ -1,0 +1,110 @@
+"""Parameters in closed form: every kernel's weights per layer (dense, MLA, MoE), their sum and
+their bytes. Pure Python; letters: kvjax.kernels. `kvjax.analytic.sizes` (weights beside the KV
+cache) and `kvjax.analytic.moe` (experts touched, active parameters) both count from here."""
+
+from __future__ import annotations
+
+from kvjax import kernels
+from kvjax.config import ModelConfig
+
+BIAS_BYTES = 4  # DeepSeek-V3's e_score_correction_bias is kept in f32 (as Hugging Face does)
+
+
+def mla_attention_param_counts(cfg: ModelConfig) -> dict[str, int]:
+    """MLA's attention parameters of one layer (Hugging Face DeepseekV3Attention, no biases):
+    q path D*N*H (or D*Q + Q + Q*N*H through the low rank), W_kva D*(A+P), its norm A,
+    W_kvb A*N*(U+W) (split here into the key part, read by q_absorb, and the value part), o N*W*D.
+    """
+    D, N, H, A, P = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    U, W, Q = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.q_lora_rank
+    q = (
+        {kernels.Q_A_PROJ: D * Q, kernels.NORM_Q_A: Q, kernels.Q_B_PROJ: Q * N * H}
+        if Q
+        else {kernels.Q_PROJ: D * N * H}
+    )
+    return {
+        **q,
+        kernels.KV_A_PROJ: D * (A + P),
+        kernels.NORM_KV_A: A,
+        kernels.Q_ABSORB: N * U * A,  # W_uk (the key half of kv_b_proj)
+        kernels.V_UP: N * W * A,  # W_uv (the value half)
+        kernels.O_PROJ: N * W * D,
+    }
+
+
+def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
+    """Parameters of one decoder layer, by component; `moe`: an MoE layer of the config (its
+    router, experts and shared experts: `kvjax.analytic.moe`) instead of the dense MLP."""
+    D, N, K, H, F = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff
+    bias_q, bias_kv = (N * H, K * H) if cfg.qkv_bias else (0, 0)
+    if cfg.is_mla:
+        attn = mla_attention_param_counts(cfg)
+    else:
+        attn = {
+            kernels.Q_PROJ: D * N * H + bias_q,
+            kernels.K_PROJ: D * K * H + bias_kv,
+            kernels.V_PROJ: D * K * H + bias_kv,
+            kernels.O_PROJ: N * H * D,
+        }
+    if cfg.qk_norm:
+        attn[kernels.QK_NORM] = 2 * H
+    sandwich = {kernels.NORM_POST_ATTN: D, kernels.NORM_POST_MLP: D} if cfg.sandwich_norms else {}
+    if moe:
+        mlp = moe_layer_param_counts(cfg)
+    else:
+        mlp = {
+            kernels.GATE_UP if cfg.gated_mlp else kernels.UP: (2 if cfg.gated_mlp else 1) * D * F,
+            kernels.DOWN: F * D,
+        }
+    return {**attn, **mlp, kernels.NORM_ATTN: D, kernels.NORM_MLP: D, **sandwich}
+
+
+def param_counts(cfg: ModelConfig) -> dict[str, int]:
+    """Exact parameter count by component (summed over layers) and `total`."""
+    counts = {kernels.EMBED: cfg.vocab_size * cfg.d_model}
+    moe = cfg.num_moe_layers
+    for layers, kind in ((cfg.num_layers - moe, False), (moe, True)):
+        for name, n in (layer_param_counts(cfg, kind) if layers else {}).items():
+            counts[name] = counts.get(name, 0) + n * layers
+    counts[kernels.NORM_FINAL] = cfg.d_model
+    counts[kernels.LM_HEAD] = 0 if cfg.tied_embeddings else cfg.vocab_size * cfg.d_model
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def num_params(cfg: ModelConfig) -> int:
+    return param_counts(cfg)["total"]
+
+
+def weight_bytes(cfg: ModelConfig) -> int:
+    """Parameters x the weight dtype's bytes (DeepSeek-V3's router biases in f32)."""
+    return num_params(cfg) * cfg.weight_bytes_per_element + bias_extra_bytes(cfg)
+
+
+def expert_params(cfg: ModelConfig) -> int:
+    """One routed expert: gate, up (2 * D * F_e) and down (F_e * D)."""
+    return 3 * cfg.d_model * cfg.moe_d_ff
+
+
+def moe_layer_param_counts(cfg: ModelConfig) -> dict[str, int]:
+    """An MoE layer's MLP parameters by kernel: the router (E * D, and DeepSeek-V3's E-wide
+    score-correction bias), the routed experts, and the shared experts (one gated MLP of
+    num_shared_experts * F_e, as DeepSeek builds them), counted as the mlp/ kernels."""
+    D, E, F = cfg.d_model, cfg.num_experts, cfg.moe_d_ff
+    out = {
+        kernels.MOE_ROUTER: E * D + (E if cfg.router == "sigmoid" else 0),
+        kernels.MOE_GATE_UP: E * 2 * D * F,
+        kernels.MOE_DOWN: E * F * D,
+    }
+    if cfg.num_shared_experts:
+        S = cfg.num_shared_experts * F
+        out[kernels.GATE_UP] = 2 * D * S
+        out[kernels.DOWN] = S * D
+    return out
+
+
+def bias_extra_bytes(cfg: ModelConfig) -> int:
+    """The f32 correction biases' bytes beyond the weight dtype's (`sizes.weight_bytes`)."""
+    if not cfg.is_moe or cfg.router != "sigmoid":
+        return 0
+    return cfg.num_moe_layers * cfg.num_experts * (BIAS_BYTES - cfg.weight_bytes_per_element)

@@ -1,0 +1,111 @@
+"""The closed form's primitives: one matmul, norm, residual add, soft cap, softmax and RoPE, as
+XLA's lowered module counts them. `kvjax.analytic.step` (every kernel of a step) and
+`kvjax.analytic.mla` (latent attention) both build on these. Pure Python; letters:
+kvjax.kernels."""
+
+from __future__ import annotations
+
+from kvjax import kernels
+from kvjax.analytic.costs import SCORE_BYTES, KernelCost
+from kvjax.config import DTYPE_BYTES, ModelConfig
+
+
+def _act_bytes(cfg: ModelConfig) -> int:
+    return DTYPE_BYTES[cfg.compute_dtype]
+
+
+def _matmul(
+    name: str, m: int, k: int, n: int, w: int, a: int, bias: bool = False, out: int = 0
+) -> KernelCost:
+    """y[m, n] = x[m, k] @ W[k, n] (+ b[n]): 2mkn FLOPs; reads W and x, writes y.
+
+    A bias is a broadcast of b to [m, n] and an add: m*n FLOPs, n*w + 4*m*n*a bytes.
+    """
+    weight = k * n * w + (n * w if bias else 0)
+    bias_bytes = 4 * m * n * a if bias else 0
+    return KernelCost(
+        name,
+        flops=2 * m * k * n + (m * n if bias else 0),
+        bytes=weight + m * k * a + m * n * (out or a) + bias_bytes,
+        weight_bytes=weight,
+    )
+
+
+def _rmsnorm(
+    name: str, m: int, d: int, w: int, a: int, plus_one: bool = False, weights: int = 1
+) -> KernelCost:
+    """x * rsqrt(mean(x^2) + eps) * scale, reduced in f32; `m` rows of width `d`.
+
+    FLOPs: x*x (md), the sum (md - m), /d and +eps (2m), x*inv (md), *scale (md) = 4md + m, one
+    rsqrt per row; a 2-byte model also converts x to f32 and back (2md). Gemma's (1 + w) adds
+    d, and in a 2-byte model w's conversion to f32 (d). `weights`: scale vectors read (the q/k
+    norms' two).
+    """
+    flops = 4 * m * d + m + (2 * m * d if a != 4 else 0)
+    if plus_one:
+        flops += weights * d * (2 if a != 4 else 1)
+    d_w = weights * d
+    return KernelCost(
+        name, flops=flops, bytes=2 * m * d * a + d_w * w, transcendentals=m, weight_bytes=d_w * w
+    )
+
+
+def _residual(name: str, m: int, d: int, a: int) -> KernelCost:
+    return KernelCost(name, flops=m * d, bytes=3 * m * d * a)
+
+
+def softcap_cost(name: str, elements: int, a: int = 0) -> KernelCost:
+    """c * tanh(x / c) over `elements` (Gemma 2): a divide and a multiply, one tanh each;
+    `a` > 0: a pass of its own over f32 values (the logits), else inside the softmax."""
+    return KernelCost(name, flops=2 * elements, bytes=2 * elements * a, transcendentals=elements)
+
+
+def decode_softmax(R: int, B: int, S: int, a: int) -> KernelCost:
+    """One query row per head and sequence (R rows) over S positions: S - 1 cached and the new.
+
+    mask (B*C compares), scale, where, max (R*C - R), subtract, exp, sum (R*C - R), and multiply
+    by 1/sum: 6*R*C - 2R; per row: self scale, maximum, subtract, add, divide, multiply: 6R; a
+    2-byte model converts the probabilities (R*C + R). exp of every position: R*S.
+    """
+    C = S - 1
+    return KernelCost(
+        kernels.SOFTMAX,
+        flops=6 * R * C + 4 * R + B * C + (R * C + R if a != 4 else 0),
+        bytes=R * S * SCORE_BYTES + R * S * a,
+        transcendentals=R * S,
+    )
+
+
+def prefill_softmax(R: int, T: int, S: int, a: int) -> KernelCost:
+    """The causal T x S softmax of R = B*N heads: E = R*T*S scores.
+
+    causal mask (2*T*S), scale, where, max (E - R*T), its maximum with -inf (R*T), subtract, exp,
+    sum (E - R*T), divide: 6E - R*T + 2*T*S; a 2-byte model converts the probabilities (E).
+    """
+    E = R * T * S
+    return KernelCost(
+        kernels.SOFTMAX,
+        flops=6 * E - R * T + 2 * T * S + (E if a != 4 else 0),
+        bytes=E * SCORE_BYTES + E * a,
+        transcendentals=E,
+    )
+
+
+def rope_cost(M: int, heads: int, H: int, a: int, scaled: bool = False) -> KernelCost:
+    """RoPE over `heads` rotated vectors of H per token (q's and k's): x1*cos - x2*sin,
+    x2*cos + x1*sin, 3 FLOPs an element. Tables: angles = position * inv_freq (M*H/2), inv_freq =
+    1/theta^(2i/H) (3*H/2 incl. one power each), positions to f32 (M); cos and sin: M*H
+    transcendentals. A 2-byte model converts the tables for q and for k (2*M*H). `scaled`:
+    linear scaling divides inv_freq by the factor (H/2)."""
+    elems = M * heads * H
+    return KernelCost(
+        kernels.ROPE,
+        flops=3 * elems
+        + M * H // 2
+        + M
+        + 3 * (H // 2)
+        + (2 * M * H if a != 4 else 0)
+        + (H // 2 if scaled else 0),
+        bytes=2 * elems * a + M * H * a,
+        transcendentals=M * H + H // 2,
+    )
