@@ -46,10 +46,36 @@ def default_platforms(env=None) -> None:
     register, and its topology (kvjax.traced.targets) is unavailable. Only the environment is
     touched, and only before jax starts (afterwards it is read already)."""
     env = os.environ if env is None else env
-    if "JAX_PLATFORMS" in env or "jax" in sys.modules:
+    if "jax" in sys.modules:
         return
-    if not _accelerator_present():
+    if "JAX_PLATFORMS" not in env and not _accelerator_present():
         env["JAX_PLATFORMS"] = "cpu"
+    platforms = env.get("JAX_PLATFORMS", "")
+    if env is os.environ and platforms and not {"cuda", "gpu"} & set(platforms.split(",")):
+        defer_cuda_plugin()  # CUDA is not among the platforms asked for: not loaded at start
+
+
+CUDA_PLUGIN = "jax_plugins.xla_cuda12"  # what jax's plugin discovery starts
+CUDA_KERNELS = "jax_cuda12_plugin"  # its libraries, which jaxlib loads when it is imported
+
+
+def defer_cuda_plugin() -> None:
+    """Keep jax from loading the CUDA plugin when it starts: on a host with no GPU driver its
+    libraries log about the missing driver on every run, into every command's stderr.
+    `kvjax.traced.targets` starts it when a GPU target is compiled for. Only before jax starts,
+    on a host with no accelerator, and only when the plugin is installed."""
+    import importlib.util
+    import types
+
+    if CUDA_PLUGIN in sys.modules or "jax" in sys.modules:
+        return
+    if importlib.util.find_spec(CUDA_KERNELS) is None:
+        return
+    for name in (CUDA_PLUGIN, CUDA_KERNELS):
+        deferred = types.ModuleType(name, "kvjax: the CUDA plugin, started on demand")
+        deferred.initialize = lambda: None  # jax's plugin discovery calls this
+        deferred.kvjax_deferred = True
+        sys.modules[name] = deferred
 
 
 def batch_per_replica(batch: int, dp: int, names: tuple[str, str] = ("batch", "dp")) -> int:

@@ -195,3 +195,26 @@ def test_trace_bad_context_is_one_line():
     )
     assert proc.returncode == 2 and "needs context >= 2" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_model_given_by_dimensions_is_named_after_them():
+    """`kvjax profile`/`trace` name their folders and records after the model traced: given by
+    dimensions it is `custom-...` (or `<preset>-custom-<hash>` when a preset was reshaped),
+    never the default preset's name; num_kv_heads alone keeps the preset's."""
+    from types import SimpleNamespace
+
+    from kvjax.cli.args import resolve_model
+
+    def args(**kw):
+        base = {"model": None, "layers": None, "d_model": None, "heads": None, "kv_heads": None,
+                "head_dim": None, "d_ff": None, "vocab": None}  # fmt: skip
+        return SimpleNamespace(**{**base, **kw})
+
+    dims = resolve_model(args(layers=2, d_model=1024, heads=16, kv_heads=8, head_dim=64,
+                              d_ff=2816, vocab=32000))  # fmt: skip
+    assert dims.name == "custom-L2-D1024-N16-K8-H64-F2816-V32000"
+    reshaped = resolve_model(args(model="tiny-gqa", layers=3))
+    assert reshaped.name.startswith("tiny-gqa-custom-") and len(reshaped.name) == 24
+    assert resolve_model(args(model="tiny-gqa", layers=4)).name != reshaped.name
+    assert resolve_model(args(model="tiny-gqa", kv_heads=1)).name == "tiny-gqa"
+    assert resolve_model(args()).name == "seed-70b"

@@ -135,7 +135,7 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
     g = parser.add_argument_group("model")
     g.add_argument(
         "--model",
-        default=DEFAULT_MODEL,
+        default=None,
         help=f"preset name or path to a Hugging Face config.json (default {DEFAULT_MODEL})",
     )
     for flag, field in _SIZE_FLAGS.items():
@@ -225,7 +225,33 @@ def resolve_model(args: argparse.Namespace) -> ModelConfig:
         changes["weight_dtype"] = args.weight_dtype
     if getattr(args, "kv_dtype", None):
         changes["kv_dtype"] = args.kv_dtype
-    return model_from_name(args.model, **changes)
+    named = args.model is not None
+    cfg = model_from_name(args.model or DEFAULT_MODEL, **changes)
+    return cfg.replace(name=custom_name(cfg, named)) if _reshaped(cfg, changes) else cfg
+
+
+# Fields that make a different model from the preset (its weights' shapes); num_kv_heads, the
+# dtypes and the attention options keep the preset's name (they are recorded beside it).
+_SHAPE_FIELDS = (*_SIZE_FLAGS.values(), *_MLA_FLAGS.values())
+
+
+def _reshaped(cfg: ModelConfig, changes: dict[str, Any]) -> bool:
+    return any(f in changes and f != "num_kv_heads" for f in _SHAPE_FIELDS)
+
+
+def custom_name(cfg: ModelConfig, named: bool) -> str:
+    """The name of a model given by its dimensions: `custom-L2-D1024-N16-K8-H64-F2816-V32000`
+    when no preset was named, `<preset>-custom-<hash>` of its fields when one was (what a
+    profile folder or record is named after: never the preset's own name, which it is not)."""
+    if not named:
+        dims = (f"L{cfg.num_layers}-D{cfg.d_model}-N{cfg.num_heads}-K{cfg.num_kv_heads}-"
+                f"H{cfg.head_dim}-F{cfg.d_ff}-V{cfg.vocab_size}")  # fmt: skip
+        return f"custom-{dims}" + (f"-A{cfg.kv_lora_rank}" if cfg.kv_lora_rank else "")
+    import hashlib
+
+    fields = {k: v for k, v in cfg.to_dict().items() if k != "name"}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{cfg.name}-custom-{digest}"
 
 
 def resolve_workload(args: argparse.Namespace) -> Workload:

@@ -11,6 +11,7 @@ import importlib
 import inspect
 import json
 import pkgutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,17 @@ def _run_points(run, module, cfg, config, keys, points, progress, on_point) -> N
     import sys
 
     show = progress and sys.stderr.isatty()
+    started = time.perf_counter()
+
+    def done_line(key: str) -> None:
+        """Without a terminal (a log, CI, a pipe): one line a point, so a reader sees it work."""
+        nonlocal started
+        if progress and not show:
+            now = time.perf_counter()
+            print(f"{cfg.experiment} {key or '(one point)'} {now - started:.1f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            started = now
+
     with Progress(*columns, disable=not show, transient=True) as bar:
         task = bar.add_task(f"{cfg.experiment}", total=len(keys), completed=len(keys) - len(todo))
         if todo and hasattr(module, "run_points"):
@@ -150,6 +162,7 @@ def _run_points(run, module, cfg, config, keys, points, progress, on_point) -> N
             ):
                 run.write_point(key, records)
                 bar.advance(task)
+                done_line(key)
             run.write_manifest(keys)
             todo = []
         for i, key, point in todo:
@@ -163,3 +176,4 @@ def _run_points(run, module, cfg, config, keys, points, progress, on_point) -> N
             run.write_point(key, records)
             run.write_manifest(keys)
             bar.advance(task)
+            done_line(key)

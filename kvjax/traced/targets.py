@@ -189,18 +189,49 @@ _PLUGINS = {
 
 
 def _require_plugin(platform: str) -> None:
-    import importlib.util
+    from importlib import metadata
 
     import jax
 
-    module, package = _PLUGINS[platform]
-    if importlib.util.find_spec(module.split(".")[0]) is None or (
-        "." in module and importlib.util.find_spec(module) is None
-    ):
+    _, package = _PLUGINS[platform]
+    try:
+        metadata.version(package)
+    except metadata.PackageNotFoundError:
         raise KvjaxError(
             f"compiling for a {platform.upper()} target needs the {package} package matching "
             f"jax {jax.__version__}: pip install -e '.[targets]'"
-        )
+        ) from None
+    if platform == "cuda":
+        _start_cuda_plugin()
+
+
+def _start_cuda_plugin() -> None:
+    """Start the CUDA plugin that `kvjax.devices.defer_cuda_plugin` kept from starting with
+    jax (its libraries log about the missing driver: kept out of sight unless it fails)."""
+    import importlib
+    import sys
+    import tempfile
+
+    from kvjax.devices import CUDA_KERNELS, CUDA_PLUGIN
+
+    if not getattr(sys.modules.get(CUDA_PLUGIN), "kvjax_deferred", False):
+        return
+    for name in (CUDA_PLUGIN, CUDA_KERNELS):
+        if getattr(sys.modules.get(name), "kvjax_deferred", False):
+            del sys.modules[name]
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            importlib.import_module(CUDA_PLUGIN).initialize()
+        except Exception as exc:
+            os.dup2(saved, 2)
+            log.seek(0)
+            said = log.read().decode(errors="replace").strip().splitlines()[-3:]
+            raise KvjaxError(f"the CUDA plugin did not start: {exc} {' | '.join(said)}") from None
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def _quiet_libtpu_env() -> None:
