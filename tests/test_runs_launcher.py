@@ -181,8 +181,15 @@ def test_default_suite_members_all_validate():
 
     members = suite_members("configs/default.yaml")
     assert [m.name for m in members][:2] == ["seed_table.yaml", "kv_vs_context.yaml"]
-    for m in members:
+    extended = suite_members("configs/measured.yaml")
+    for m in members + extended:
         assert load_config(m).experiment in available_experiments()
+    # together they run every measured config of the tree once (the figures need both)
+    measured = {"roofline_cpu.yaml", "hkv_in_situ.yaml", "decode_latency_cpu.yaml",
+                "hkv_ablation.yaml", "mla_ablation.yaml", "tensor_parallel.yaml",
+                "profile_cpu.yaml"}  # fmt: skip
+    names = [m.name for m in members + extended]
+    assert measured <= set(names) and len(names) == len(set(names))
 
 
 def test_suite_errors(tmp_path):

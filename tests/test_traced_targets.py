@@ -153,6 +153,9 @@ def test_llama_decode_on_accelerators_matches_the_closed_form(target, device):
         assert any(r["split_k_bytes"] for r in rows.values())
     else:
         assert "kOutput fusion" in executed and "copy-start" in executed
+        # XLA:TPU's own cost analysis works: kvjax's count of the same module agrees
+        xla = report["xla_cost_analysis"]["flops"]
+        assert report["total"]["compiled_flops"] == pytest.approx(xla, rel=1e-3)
         # the B=1 products are multiply + widen + reduce: the converts named apart
         assert rows[kernels.GATE_UP]["convert_flops"] > 0
 
@@ -257,3 +260,16 @@ def test_roofline_compiled_for_a_target_runs_and_draws(tmp_path):
         assert compiled.flops[key] == pytest.approx(closed.flops[key], rel=0.01), key
     written = {p.name for p in make_figures(records, tmp_path / "figs")}
     assert "roofline_compiled.png" in written and "roofline.png" not in written
+
+
+@pytest.mark.slow
+def test_tpu_prefill_flops_equal_xla_tpu_own_count():
+    """A TPU prefill's row max becomes a reduce-window spanning the padded row: counted as one
+    step an element (XLA's generic rule would count window - 1 an output, 1.27x the step's
+    FLOPs at S = 2048); the module's total then equals XLA:TPU's own cost analysis."""
+    report = _trace("llama-3-8b", "prefill", 1, 1024, "tpu-v5e", num_layers=1)
+    assert report["total"]["compiled_flops"] == pytest.approx(
+        report["xla_cost_analysis"]["flops"], rel=1e-3
+    )
+    executed = {t["kind"] for t in report["executed"]}
+    assert "kOutput fusion" in executed

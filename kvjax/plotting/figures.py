@@ -129,12 +129,19 @@ def _panel_roofline(ax, df, chip) -> None:
             )
         else:
             ax.scatter(g.intensity, y, color=colors[phase], **style, label=f"{phase}, measured")
-            _label_measured(ax, g, peak, bw)
+    measured = df[df.source == "measured"]
+    if len(measured):  # labelled once for both phases: one column of labels, no overlaps
+        _label_measured(ax, measured, peak, bw)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("FLOP/s (attainable or achieved)")
-    ax.set_title(f"{df.model.iloc[0]} on {chip}", fontsize=7)
+    if len(measured):
+        where = chip.removeprefix("measured ")
+        where = "this CPU" if where.startswith("cpu") else where
+        ax.set_title(f"{df.model.iloc[0]}: timed in situ on {where}", fontsize=7)
+    else:
+        ax.set_title(f"{df.model.iloc[0]} on {chip}: closed form, traced", fontsize=7)
     ax.legend(fontsize=5, frameon=True, loc="lower right")
 
 

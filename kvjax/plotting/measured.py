@@ -18,22 +18,52 @@ def short_kernel(name: str) -> str:
     )
 
 
+PHASE_COLORS = {"prefill": "#c44e52", "decode": "#4c72b0"}
+
+
+def _matters(kernel: str) -> bool:
+    """A row worth a label: a product, or a fused row holding one (attention, projections)."""
+    from kvjax import kernels
+
+    parts = kernel.split(" + ")
+    return any(kernels.REGISTRY.get(p) is not None and kernels.REGISTRY[p].kind == kernels.MATMUL
+               for p in parts)  # fmt: skip
+
+
 def _label_measured(ax, g: pd.DataFrame, peak: float, bw: float) -> None:
-    """Each measured point labelled with its kernel; a point above the roof (by the record's
-    flag or by where it lands) circled in red, so the figure never shows one silently."""
-    for _, r in g.iterrows():
-        roof = min(peak, r.intensity * bw)
-        above = r.achieved_flops_per_s > roof * 1.0001 or (
-            "above_roof" in r and isinstance(r.above_roof, str)
-        )
-        ax.annotate(short_kernel(r.kernel), (r.intensity, r.achieved_flops_per_s), fontsize=3.5,
-                    xytext=(2, 1.5), textcoords="offset points", color="0.25")  # fmt: skip
-        if above:
-            ax.scatter([r.intensity], [r.achieved_flops_per_s], s=45, facecolors="none",
-                       edgecolors="red", linewidths=0.7)  # fmt: skip
-    if any(g.achieved_flops_per_s > [min(peak, i * bw) * 1.0001 for i in g.intensity]):
-        ax.text(0.02, 0.02, "red ring: above the measured roof\n(the record says why)",
-                transform=ax.transAxes, fontsize=4.5, color="red", va="bottom",
+    """The products among the measured points labelled in a column right of the panel, each
+    with a leader line to its point, in the order of their heights (labels never overlap); the
+    other kernels (norms, RoPE, residuals, activation, cache write) are named in one caption
+    line. A point above the roof (by the record's flag or by where it lands) is circled in red,
+    so the figure never shows one silently."""
+    rows = g.sort_values("achieved_flops_per_s")
+    labelled = rows[[_matters(k) for k in rows.kernel]]
+    n = max(1, len(labelled))
+    for i, (_, r) in enumerate(labelled.iterrows()):
+        y_frac = 0.04 + 0.92 * (i + 0.5) / n
+        ax.annotate(f"{r.phase[0]} {short_kernel(r.kernel)}",
+                    (r.intensity, r.achieved_flops_per_s), xytext=(1.03, y_frac),
+                    textcoords="axes fraction", fontsize=4.2, va="center",
+                    color=PHASE_COLORS.get(r.phase, "0.25"),
+                    arrowprops={"arrowstyle": "-", "lw": 0.3, "color": "0.65",
+                                "shrinkA": 0, "shrinkB": 1.5})  # fmt: skip
+    others = sorted({short_kernel(k) for k in rows.kernel if not _matters(k)})
+    if others:  # under the axis label: never on the data
+        half = (len(others) + 1) // 2
+        text = ", ".join(others[:half]) + ",\n" + ", ".join(others[half:])
+        ax.text(0.0, -0.3, "unlabelled: " + text, transform=ax.transAxes, fontsize=4.2,
+                va="top", ha="left", color="0.35")  # fmt: skip
+    above = [
+        r.achieved_flops_per_s > min(peak, r.intensity * bw) * 1.0001
+        or ("above_roof" in r and isinstance(r.above_roof, str))
+        for _, r in rows.iterrows()
+    ]
+    if any(above):
+        hot = rows[above]
+        ax.scatter(hot.intensity, hot.achieved_flops_per_s, s=45, facecolors="none",
+                   edgecolors="red", linewidths=0.7)  # fmt: skip
+        ax.text(0.02, 0.86, "red ring: above the measured roof\n(the record says why)",
+                transform=ax.transAxes, fontsize=4.5, color="red", va="top",
                 ha="left")  # fmt: skip
 
 
@@ -70,7 +100,8 @@ def kernel_bound(records: pd.DataFrame, fig) -> None:
             else ""
         )
         wl = f"B={int(g.batch.iloc[0])}, S={int(g.context.iloc[0])}"
-        ax.set_title(f"{g.model.iloc[0]} {phase}, {wl}, in situ on {device}{cover}", fontsize=6)
+        where = "this CPU" if str(device).startswith("cpu") else device
+        ax.set_title(f"{g.model.iloc[0]} {phase}, {wl}, in situ on {where}{cover}", fontsize=6)
         ax.legend(fontsize=5, frameon=True)
 
 

@@ -49,7 +49,7 @@ from kvjax.traced.fusion_scopes import (
     _product_pieces,
 )
 from kvjax.traced.hlo import Cost, CostModel, Instr, _shape_bytes_elems, parse_hlo
-from kvjax.traced.target_rules import TargetCostModel, is_gemm, thunk_kind
+from kvjax.traced.target_rules import OWN_RULES, TargetCostModel, is_gemm, thunk_kind
 
 
 @dataclass
@@ -286,7 +286,7 @@ def _split_fusion(
     whole = model.instruction_cost(ins)
     inner_flops = 0.0
     for sub in body:
-        if sub.opcode in ("fusion", "convolution", "custom-call"):
+        if sub.opcode in OWN_RULES:
             c = model.instruction_cost(sub)
         else:
             c = CostModel.instruction_cost(model, sub)

@@ -24,6 +24,8 @@ _CUSTOM_TARGET = re.compile(r'custom_call_target="([^"]+)"')
 _FUSION_KIND = re.compile(r"kind=(k\w+)")
 _BACKEND_KIND = re.compile(r'"kind":"([^"]+)"')
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cudnn$matmul", "__cublas$lt$matmul$f8")
+# opcodes this model costs by its own rules, also where they sit inside a fusion
+OWN_RULES = ("fusion", "convolution", "custom-call", "reduce-window")
 _ON_CHIP = re.compile(r"S\(([1-9])\)")
 
 
@@ -83,11 +85,19 @@ class TargetCostModel(CompiledCostModel):
             return self.gemm_custom_call_cost(ins)
         if ins.opcode == "convolution":
             return self.convolution_cost(ins)
+        if ins.opcode == "reduce-window" and self._whole_row_window(ins):
+            # XLA:TPU writes a row's max broadcast back as a window spanning the padded row:
+            # the work is one reducer step an element, not (window - 1) an output (XLA's
+            # generic rule, 4094x more at S = 2048; XLA:TPU's own cost analysis counts ~0)
+            cost = CostModel.instruction_cost(self, ins)
+            sub = self.computation_cost(self._callee(ins))
+            elems = _shape_bytes_elems(ins.shape)[1]
+            return Cost(sub.flops * elems, sub.transcendentals * elems, cost.bytes)
         cost = super().instruction_cost(ins)
         if ins.opcode == "fusion":  # fused fusions (Triton's nested GEMMs): their FLOPs too
             body = self.comps[self._callee(ins)]
             for sub in body:
-                if sub.opcode in ("fusion", "convolution", "custom-call"):
+                if sub.opcode in OWN_RULES:
                     inner = self.instruction_cost(sub)
                     base = CostModel.instruction_cost(self, sub)
                     cost.flops += inner.flops - base.flops
@@ -104,6 +114,17 @@ class TargetCostModel(CompiledCostModel):
         elif self.hbm_only and ins.opcode in ("copy-done", "slice-done"):
             cost.bytes = 0.0
         return cost
+
+    def _whole_row_window(self, ins: Instr) -> bool:
+        """A reduce-window whose every window spans its whole input along each reduced axis."""
+        m = re.search(r"window=\{size=([0-9x]+)", ins.attrs)
+        dims = _dims_of(self.shapes[ins.operands[0]])
+        if not m or not dims:
+            return False
+        sizes = [int(d) for d in m.group(1).split("x")]
+        return any(w > 1 for w in sizes) and all(
+            w == 1 or w >= 2 * n - 1 for w, n in zip(sizes, dims, strict=False)
+        )
 
     def gemm_custom_call_cost(self, ins: Instr) -> Cost:
         out = _first_array(ins.shape)
