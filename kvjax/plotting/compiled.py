@@ -69,7 +69,10 @@ def roofline_compiled(records: pd.DataFrame, fig) -> bool | None:
 
 
 def _one(g: pd.DataFrame, column: str):
-    return g[column].iloc[0] if column in g and len(g) else "?"
+    if column not in g or not len(g):
+        return "?"
+    value = g[column].iloc[0]
+    return f"{value:,.0f}" if isinstance(value, float) and value == int(value) else value
 
 
 def _panel(ax, g: pd.DataFrame, palette: dict) -> None:

@@ -137,9 +137,7 @@ def _panel_roofline(ax, df, chip) -> None:
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("FLOP/s (attainable or achieved)")
     if len(measured):
-        where = chip.removeprefix("measured ")
-        where = "this CPU" if where.startswith("cpu") else where
-        ax.set_title(f"{df.model.iloc[0]}: timed in situ on {where}", fontsize=7)
+        ax.set_title(f"{df.model.iloc[0]}: timed in situ on {_device(chip)}", fontsize=7)
     else:
         ax.set_title(f"{df.model.iloc[0]} on {chip}: closed form, traced", fontsize=7)
     ax.legend(fontsize=5, frameon=True, loc="lower right")
@@ -157,6 +155,12 @@ def roofline(records: pd.DataFrame, fig) -> bool | None:
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (model, chip) in zip(axes, panels, strict=True):
         _panel_roofline(ax, df[(df.model == model) & (df.chip == chip)], chip)
+
+
+def _device(name: str) -> str:
+    """A measured chip's name as a title says it: `measured cpu:cpu` is this CPU."""
+    name = str(name).removeprefix("measured ")
+    return "this CPU" if name.startswith("cpu") else name
 
 
 def _decode_lines(g: pd.DataFrame):
@@ -197,7 +201,9 @@ def decode_latency(records: pd.DataFrame, fig) -> None:
         ax.set_xlabel("batch B")
         ax.set_ylabel("ms per decode step (= per token)")
         ctx = int(g.context.iloc[0])
-        ax.set_title(f"{', '.join(dict.fromkeys(g.model))}, S={ctx}\n{chip}", fontsize=7)
+        where = (f"measured on {_device(chip)} (dashed: bound)" if has_measured
+                 else f"closed form, {chip}")  # fmt: skip
+        ax.set_title(f"{where}, S={ctx}\n{', '.join(dict.fromkeys(g.model))}", fontsize=7)
         ax.legend(fontsize=5, frameon=True)
 
 
@@ -217,8 +223,8 @@ def decode_intensity(records: pd.DataFrame, fig) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("batch B")
     ax.set_ylabel("decode intensity (FLOP/byte)")
-    ax.set_title(f"{', '.join(dict.fromkeys(first.model))}, S={int(first.context.iloc[0])}",
-                 fontsize=7)  # fmt: skip
+    ax.set_title(f"decode intensity vs batch, S={int(first.context.iloc[0])}, closed form\n"
+                 f"{', '.join(dict.fromkeys(first.model))}", fontsize=7)  # fmt: skip
     ax.legend(fontsize=5, frameon=True)
 
 
@@ -259,7 +265,8 @@ def hkv_ablation(records: pd.DataFrame, fig) -> None:
     ax.set_ylabel("decode step (ms)")
     r = df.iloc[0]
     models = " vs ".join(dict.fromkeys(df.model))
-    ax.set_title(f"{models}\nB={int(r.batch)}, S={int(r.context)}, {r.device}", fontsize=7)
+    ax.set_title(f"{models}\nB={int(r.batch)}, S={int(r.context)}, measured on {_device(r.device)}",
+                 fontsize=7)  # fmt: skip
     ax.legend(fontsize=5, frameon=True)
 
 
