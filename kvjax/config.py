@@ -123,6 +123,9 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0  # DeepSeek-V3: 2.5
     expert_groups: int = 1  # DeepSeek's n_group: experts chosen within the best topk_groups
     topk_groups: int = 1
+    # "xla": scores, softmax and av as XLA runs the model's einsums (the scores through memory);
+    # "flash": one fused kernel (FlashAttention-2 prefill, flash-decoding: kvjax.analytic.flash)
+    attention_kernel: str = "xla"
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -158,6 +161,10 @@ class ModelConfig:
                 raise KvjaxError(f"{field}={value!r} must be a number >= 0 (0: off)")
             if value == float("inf"):
                 raise KvjaxError(f"{field}={value!r} must be finite (0: off)")
+        if self.attention_kernel not in ("xla", "flash"):
+            raise KvjaxError(
+                f"attention_kernel={self.attention_kernel!r} is not supported; allowed: xla, flash"
+            )
         check_mla(self)
         check_moe(self)
         check_window(self)

@@ -32,6 +32,10 @@ class ChipSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     # Chip-to-chip bandwidth per direction (decimal bytes/s), for tensor-parallel collectives.
     interconnect_bytes_per_s: float | None = None
+    # On-chip memory a fused kernel tiles into, per core (a GPU's shared memory per SM, a TPU's
+    # VMEM per TensorCore), and the cores: `kvjax.analytic.flash` sizes its blocks and splits.
+    onchip_bytes_per_core: float | None = None
+    num_cores: int | None = None
 
     def __post_init__(self) -> None:
         if not self.peak_flops_per_s:
@@ -145,6 +149,9 @@ _chip(
         interconnect_bytes_per_s=450 * GIGA,  # per direction; NVLink 4: 900 GB/s bidirectional
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM5); seed text",
         date="2023",
+        # on chip: XLA GPU target spec h100_sxm (shared_memory_per_core 233472 = 228 KiB, 132 SMs)
+        onchip_bytes_per_core=233472,
+        num_cores=132,
     )
 )
 _chip(
@@ -162,6 +169,9 @@ _chip(
         interconnect_bytes_per_s=450 * GIGA,  # per direction; NVLink 4: 900 GB/s bidirectional
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM)",
         date="2024",
+        # on chip: as the H100 (the same GH100 die: 228 KiB shared memory per SM, 132 SMs)
+        onchip_bytes_per_core=233472,
+        num_cores=132,
     )
 )
 _chip(
@@ -179,6 +189,9 @@ _chip(
         interconnect_bytes_per_s=900 * GIGA,  # per direction; NVLink 5: 1.8 TB/s bidirectional
         source="NVIDIA HGX B200 datasheet (per GPU: the 8-GPU board's figures / 8)",
         date="2025",
+        # on chip: XLA GPU target spec b200 (shared_memory_per_core 233472, 148 SMs)
+        onchip_bytes_per_core=233472,
+        num_cores=148,
     )
 )
 _chip(
@@ -195,6 +208,9 @@ _chip(
         interconnect_bytes_per_s=300 * GIGA,  # per direction; NVLink 3: 600 GB/s bidirectional
         source="NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)",
         date="2021",
+        # on chip: XLA GPU target spec a100_sxm_80 (shared memory 164 KiB per SM, 108 SMs)
+        onchip_bytes_per_core=167936,
+        num_cores=108,
     )
 )
 _chip(
@@ -207,6 +223,9 @@ _chip(
         * GIGA,  # per direction; ICI 1,600 Gbps = 200 GB/s per chip, both directions
         source="Google Cloud TPU v5e documentation (system architecture)",
         date="2023",
+        # on chip: jax/_src/pallas/mosaic/tpu_info.py (0.10.2): 128 MiB VMEM, 1 TensorCore
+        onchip_bytes_per_core=134217728,
+        num_cores=1,
     )
 )
 _chip(
@@ -219,6 +238,9 @@ _chip(
         * GIGA,  # per direction; ICI 4,800 Gbps = 600 GB/s per chip, both directions
         source="Google Cloud TPU v5p documentation (system architecture)",
         date="2023",
+        # on chip: jax/_src/pallas/mosaic/tpu_info.py (0.10.2): 64 MiB VMEM per core, 2 TensorCores
+        onchip_bytes_per_core=67108864,
+        num_cores=2,
     )
 )
 _chip(
@@ -231,6 +253,9 @@ _chip(
         * GIGA,  # per direction; ICI 3,584 Gbps = 448 GB/s per chip, both directions
         source="Google Cloud TPU v6e (Trillium) documentation (system architecture)",
         date="2024",
+        # on chip: jax/_src/pallas/mosaic/tpu_info.py (0.10.2): 128 MiB VMEM, 1 TensorCore
+        onchip_bytes_per_core=134217728,
+        num_cores=1,
     )
 )
 _chip(
@@ -243,6 +268,9 @@ _chip(
         * GIGA,  # per direction; ICI 2,400 Gbps = 300 GB/s per chip, both directions
         source="Google Cloud TPU v4 documentation (system architecture)",
         date="2021",
+        # on chip: jax/_src/pallas/mosaic/tpu_info.py (0.10.2): 16 MiB VMEM per core, 2 TensorCores
+        onchip_bytes_per_core=16777216,
+        num_cores=2,
     )
 )
 _chip(
@@ -261,6 +289,9 @@ _chip(
         * GIGA,  # per direction; Infinity Fabric: 896 GB/s aggregate peer bandwidth
         source="AMD Instinct MI300X accelerator datasheet",
         date="2023",
+        # on chip: AMD CDNA 3 white paper: 64 KiB LDS per CU, 304 CUs
+        onchip_bytes_per_core=65536,
+        num_cores=304,
     )
 )
 

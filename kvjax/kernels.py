@@ -191,6 +191,10 @@ MOE_COMBINE = _k(
 
 ATTENTION = _k("attention", FUSED, True, "scores, softmax and av as one kernel",
                members=(SCORES, SOFTMAX, AV))  # fmt: skip
+ATTN_COMBINE = _k(
+    "attn/combine", ELEMENTWISE, True,
+    "flash-decoding: the splits' partial outputs rescaled by their softmax maxima and summed",
+)  # fmt: skip
 STEP_KERNEL = _k("step", STEP, False, "the whole step")
 OTHER = _k(
     "other", GLUE, False, "traced instructions outside every kernel",

@@ -29,11 +29,13 @@ from kvjax.config import ModelConfig
 
 
 def layer_kernels(
-    cfg: ModelConfig, wl: Workload, sliding: bool = False, moe: bool = False
+    cfg: ModelConfig, wl: Workload, sliding: bool = False, moe: bool = False, chip=None
 ) -> dict[str, KernelCost]:
     """Every kernel of one decoder layer, in execution order (MLA's attention:
     `kvjax.analytic.mla`); `sliding`: a sliding-window layer of the config; `moe`: an MoE layer
-    (`kvjax.analytic.moe`: router, experts, and the shared experts as the mlp/ kernels)."""
+    (`kvjax.analytic.moe`: router, experts, and the shared experts as the mlp/ kernels). With
+    `cfg.attention_kernel == "flash"` scores, softmax and av are one fused kernel
+    (`kvjax.analytic.flash`), tiled for `chip` (a `ChipSpec`; None: 128 x 128 tiles)."""
     M, D, F = wl.tokens, cfg.d_model, cfg.d_ff
     w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
     if cfg.is_mla:
@@ -42,6 +44,8 @@ def layer_kernels(
         attention = mla_attention_kernels(cfg, wl)
     else:
         attention = gqa_attention_kernels(cfg, wl, cfg.sliding_window if sliding else 0, sliding)
+    if cfg.attention_kernel == "flash":
+        attention = _fused(cfg, wl, attention, sliding, chip)
     one = cfg.norm_plus_one
     post_attn = [_rmsnorm(kernels.NORM_POST_ATTN, M, D, w, a, one)] if cfg.sandwich_norms else []
     k = [
@@ -64,6 +68,24 @@ def layer_kernels(
         k.append(_rmsnorm(kernels.NORM_POST_MLP, M, D, w, a, one))
     k.append(_residual(kernels.RESIDUAL_MLP, M, D, a))
     return {c.name: c for c in k}
+
+
+def _fused(cfg, wl, attention: list[KernelCost], sliding: bool, chip) -> list[KernelCost]:
+    """The layer's attention kernels with scores, softmax and av replaced, where scores stood,
+    by the fused kernel (and flash-decoding's combine)."""
+    from kvjax.analytic import flash
+
+    tiles = flash.plan(
+        cfg, wl, getattr(chip, "onchip_bytes_per_core", None), getattr(chip, "num_cores", None)
+    )
+    fused = flash.flash_attention_cost(cfg, wl, tiles, sliding).kernels()
+    out = []
+    for cost in attention:
+        if cost.name == kernels.SCORES:
+            out += fused
+        elif cost.name not in kernels.ATTENTION_PARTS:
+            out.append(cost)
+    return out
 
 
 def mlp_kernels(cfg: ModelConfig, M: int, D: int, F: int, w: int, a: int) -> list[KernelCost]:
@@ -240,26 +262,27 @@ def head_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
     return out
 
 
-def step_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
-    """Every kernel of the step, layer kernels summed over the L layers (global and sliding)."""
+def step_kernels(cfg: ModelConfig, wl: Workload, chip=None) -> dict[str, KernelCost]:
+    """Every kernel of the step, layer kernels summed over the L layers (global and sliding);
+    `chip` tiles a fused attention (`layer_kernels`)."""
     out = {kernels.EMBED: embed_kernel(cfg, wl)}
     kinds = Counter(
         (cfg.layer_is_sliding(i), cfg.layer_is_moe(i)) for i in range(cfg.num_layers)
     )  # layers of each kind: (sliding, MoE)
     for (sliding, moe), count in kinds.items():
-        for name, cost in layer_kernels(cfg, wl, sliding, moe).items():
+        for name, cost in layer_kernels(cfg, wl, sliding, moe, chip).items():
             out[name] = out[name] + cost.scaled(count) if name in out else cost.scaled(count)
     out.update(head_kernels(cfg, wl))
     return out
 
 
-def step_cost(cfg: ModelConfig, wl: Workload) -> StepCost:
-    return StepCost.total(step_kernels(cfg, wl).values())
+def step_cost(cfg: ModelConfig, wl: Workload, chip=None) -> StepCost:
+    return StepCost.total(step_kernels(cfg, wl, chip).values())
 
 
 def attention_cost(cfg: ModelConfig, wl: Workload) -> KernelCost:
     """The attention of one layer (scores, softmax, av) as one unfused kernel."""
-    ks = layer_kernels(cfg, wl)
+    ks = layer_kernels(cfg.replace(attention_kernel="xla"), wl)
     total = ks[kernels.ATTENTION_PARTS[0]]
     for name in kernels.ATTENTION_PARTS[1:]:
         total = total + ks[name]

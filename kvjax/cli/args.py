@@ -165,6 +165,11 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
     )
     g.add_argument("--weight-dtype", type=dtype_name, help="override the weight dtype")
     g.add_argument(
+        "--attention-kernel", choices=("xla", "flash"),
+        help="xla: scores, softmax and av as XLA runs the einsums (default); flash: one fused "
+        "kernel (FlashAttention-2 prefill, flash-decoding), tiled for the chip",
+    )  # fmt: skip
+    g.add_argument(
         "--kv-dtype", type=kv_dtype_name,
         help="override the KV-cache dtype (int4/int2: KIVI-style packed, closed form only)",
     )  # fmt: skip
@@ -216,7 +221,8 @@ def resolve_model(args: argparse.Namespace) -> ModelConfig:
     )
     if getattr(args, "mla_decode", None):
         changes["mla_decode"] = args.mla_decode
-    for flag in ("sliding_window", "layer_pattern", "kv_scales", "kv_group_size"):
+    for flag in ("sliding_window", "layer_pattern", "kv_scales", "kv_group_size",
+                 "attention_kernel"):  # fmt: skip
         if getattr(args, flag, None) is not None:
             changes[flag] = getattr(args, flag)
     if isinstance(changes.get("num_kv_heads"), list):  # a sweep: the first value is the base

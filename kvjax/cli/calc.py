@@ -8,7 +8,8 @@ import math
 from typing import Any
 
 from kvjax import analytic, kernels
-from kvjax.analytic import Workload, moe, parallel, roofline
+from kvjax.analytic import Workload, flash, moe, parallel, roofline
+from kvjax.analytic.primitives import _act_bytes
 from kvjax.analytic.quant import scale_bytes_per_token_per_layer, tensor_scale_bytes
 from kvjax.analytic.variants import variants_table
 from kvjax.cli import render
@@ -117,11 +118,11 @@ def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any
     """Every closed-form number of `kvjax calc --json`, keyed as documented in the README."""
     dtype = cfg.compute_dtype
     peak, bw = chip.peak(dtype), chip.bandwidth_bytes_per_s
-    decode = analytic.step_cost(cfg, Workload("decode", wl.batch, wl.context))
-    step = analytic.step_cost(cfg, wl)
+    decode = analytic.step_cost(cfg, Workload("decode", wl.batch, wl.context), chip)
+    step = analytic.step_cost(cfg, wl, chip)
     weights = analytic.weight_bytes(cfg)
     kv_cache = analytic.kv_cache_bytes(cfg, wl.context, wl.batch)
-    placed = roofline.place(analytic.step_kernels(cfg, wl).values(), peak, bw)
+    placed = roofline.place(analytic.step_kernels(cfg, wl, chip).values(), peak, bw)
     on_roof = roofline.point(kernels.STEP_KERNEL, step.flops, step.bytes, peak, bw)
     step_floor = on_roof.bound_s
     decode_wl = Workload("decode", wl.batch, wl.context)
@@ -190,5 +191,60 @@ def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any
             else analytic.max_context_that_fits(cfg, chip.memory_bytes, wl.batch)
         ),
         "kernels": [p.to_dict() for p in placed],
+        "attention_kernel": attention_kernel_report(cfg, wl, chip),
     }
     return report
+
+
+def attention_kernel_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any]:
+    """The attention of the step both ways, summed over the layers: XLA's unfused scores,
+    softmax and av, and the fused kernel (`kvjax.analytic.flash`) tiled for `chip`, with the
+    pairs each computes; `kernel` is the one the step above counts."""
+    peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
+    unfused = analytic.step_kernels(cfg.replace(attention_kernel="xla"), wl)
+    fused_cfg = cfg.replace(attention_kernel="flash")
+    fused = analytic.step_kernels(fused_cfg, wl, chip)
+    parts = [unfused[n] for n in kernels.ATTENTION_PARTS]
+    fused_parts = [fused[n] for n in (kernels.ATTENTION, kernels.ATTN_COMBINE) if n in fused]
+    tiles = flash.plan(fused_cfg, wl, chip.onchip_bytes_per_core, chip.num_cores)
+    exact = computed = 0
+    for layer in range(cfg.num_layers):
+        cost = flash.flash_attention_cost(fused_cfg, wl, tiles, cfg.layer_is_sliding(layer))
+        exact += cost.exact_pairs
+        computed += cost.computed_pairs
+    shape = flash.attention_shape(cfg, wl.phase)
+    per_pair = shape.query_heads * (2 * shape.key_width + 2 * shape.value_width)
+
+    def side(costs) -> dict[str, Any]:
+        f, b = sum(c.flops for c in costs), sum(c.bytes for c in costs)
+        point = roofline.point(kernels.ATTENTION, f, b, peak, bw)
+        return {"flops": f, "bytes": b, "intensity": f / b, "bound": point.bound,
+                "bound_s": point.bound_s}  # fmt: skip
+
+    return {
+        "kernel": cfg.attention_kernel,
+        "xla": side(parts),
+        "flash": side(fused_parts),
+        "block_q": tiles.block_q,
+        "block_k": tiles.block_k,
+        "splits": tiles.splits,
+        "kv_on_chip": tiles.kv_on_chip,
+        "onchip_bytes_per_core": chip.onchip_bytes_per_core,
+        "exact_pairs": exact,
+        "computed_pairs": computed,
+        "exact_causal_flops": exact * per_pair,
+        "flash_over_exact_flops": computed / exact,
+        "qkvo_bytes": _qkvo_bytes(cfg, wl),
+    }
+
+
+def _qkvo_bytes(cfg: ModelConfig, wl: Workload) -> float:
+    """Q, K, V and O of every layer read or written once: the least a fused kernel moves."""
+    shape = flash.attention_shape(cfg, wl.phase)
+    T, a = wl.query_len, _act_bytes(cfg)
+    q_o = wl.batch * T * shape.query_heads * (shape.key_width + shape.value_width) * a
+    held = sum(min(wl.context, cfg.sliding_window) if cfg.layer_is_sliding(i) and
+               cfg.sliding_window else wl.context for i in range(cfg.num_layers))  # fmt: skip
+    per_position = shape.kv_bytes_per_position if wl.phase == "decode" else (
+        (shape.key_width + shape.value_width) * a)  # fmt: skip
+    return q_o * cfg.num_layers + wl.batch * shape.kv_heads * held * per_position

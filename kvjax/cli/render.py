@@ -108,6 +108,7 @@ def print_calc(report: dict[str, Any]) -> None:
         f"attainable {fmt_rate(report['attainable_flops_per_s'], 'FLOP/s')} = "
         f"{sig(100 * report['fraction_of_peak'])}% of peak"
     )
+    _print_attention_kernel(con, report["attention_kernel"], wl["phase"])
     floor = report["weight_floor_s_per_token"]
     con.print(
         f"  floors      weights only {fmt_seconds(floor)}/token ({sig(1 / floor)} tokens/s); "
@@ -312,3 +313,19 @@ def print_bench(report: dict[str, Any]) -> None:
             f"{100 * p['fraction_of_bound']:.0f}%",
         )
     con.print(t)
+
+
+def _print_attention_kernel(con, att: dict[str, Any], phase: str) -> None:
+    """The step's attention both ways: XLA's einsums and the fused kernel, on the roofline."""
+    x, f = att["xla"], att["flash"]
+    tiles = f"{att['block_q']} x {att['block_k']} tiles"
+    if phase == "decode":
+        tiles += f", cache in {att['splits']} splits"
+    con.print(
+        f"  attention   {'fused (flash)' if att['kernel'] == 'flash' else 'xla (unfused)'} counted "
+        f"above. xla: {fmt_count(x['flops'])}FLOP, {fmt_rate(x['bytes'], 'B')}, {x['bound']}-"
+        f"bound {fmt_seconds(x['bound_s'])}; flash ({tiles}): {fmt_count(f['flops'])}FLOP = "
+        f"{sig(att['flash_over_exact_flops'])}x the exact causal pairs, "
+        f"{fmt_rate(f['bytes'], 'B')} (Q+K+V+O {fmt_rate(att['qkvo_bytes'], 'B')}), intensity "
+        f"{sig(f['intensity'])}, {f['bound']}-bound {fmt_seconds(f['bound_s'])}"
+    )

@@ -11,6 +11,7 @@ from flax import nnx
 
 from kvjax import kernels
 from kvjax.config import ModelConfig
+from kvjax.nn import flash
 from kvjax.nn.fake_quant import read_quantized
 from kvjax.nn.kv_cache import dequantize
 from kvjax.nn.layers import RMSNorm, apply_rope, linear, param, read, rope_tables, weight_dtype
@@ -24,6 +25,8 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs):
         self.cfg = cfg
+        if cfg.attention_kernel == "flash":
+            flash.check_supported(cfg)
         self.rope = cfg.layer_rope(layer)  # (base, linear factor): Gemma 3's local layers differ
         D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         # Weights stored 2-D, (out, in): q (N*H, D), k and v (K*H, D), o (D, N*H).
@@ -80,6 +83,8 @@ class Attention(nnx.Module):
 
     def causal(self, proj, window: int = 0, cached=None) -> jax.Array:
         cfg = self.cfg
+        if cfg.attention_kernel == "flash" and cached is None:
+            return flash.flash_causal(*proj, window=window, scale=cfg.attn_scale)
         return attend_causal(
             *proj, window=window, scale=cfg.attn_scale, softcap=cfg.attn_softcap, cached=cached
         )
@@ -87,6 +92,12 @@ class Attention(nnx.Module):
     def over_cache(self, proj, cache_arrays, pos_B: jax.Array, window: int = 0) -> jax.Array:
         q_BTKGH, k_BTKH, v_BTKH = proj
         k_cache_BKHS, v_cache_BKSH, k_scale, v_scale = cache_arrays
+        if self.cfg.attention_kernel == "flash":
+            o_BKGH = flash.flash_decode(
+                q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], k_cache_BKHS, v_cache_BKSH, pos_B,
+                window, self.cfg.attn_scale, self.cfg.attn_softcap,
+            )  # fmt: skip
+            return o_BKGH[:, None]
         o_BKGH = attend_cache(
             q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], k_cache_BKHS, v_cache_BKSH, pos_B, window,
             k_scale, v_scale, self.cfg.attn_scale, self.cfg.attn_softcap,

@@ -30,6 +30,7 @@ from flax import nnx
 
 from kvjax import kernels
 from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
 from kvjax.nn.attention import NEG_INF, decode_softmax
 from kvjax.nn.kv_cache import check_cache_size
 from kvjax.nn.layers import apply_rope, linear, param, read, rms_norm, rope_tables, weight_dtype
@@ -49,6 +50,11 @@ class LatentAttention(nnx.Module):
     """MLA's projections and both decode forms (`cfg.mla_decode`)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        if cfg.attention_kernel == "flash":
+            raise KvjaxError(
+                "attention_kernel='flash' runs MHA/GQA/MQA in the model; MLA's fused kernel is "
+                "in the closed form only (kvjax calc --attention-kernel flash); use 'xla'"
+            )
         self.cfg = cfg
         D, N, H, A, P = (
             cfg.d_model,

@@ -25,6 +25,9 @@ _FUSION_KIND = re.compile(r"kind=(k\w+)")
 _BACKEND_KIND = re.compile(r'"kind":"([^"]+)"')
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cudnn$matmul", "__cublas$lt$matmul$f8")
 # opcodes this model costs by its own rules, also where they sit inside a fusion
+# A kvjax Pallas kernel names its closed-form cost (`kvjax.nn.flash.supplied_name`): the Triton
+# and Mosaic GPU lowerings drop `pl.CostEstimate`, so the name carries it to the module.
+SUPPLIED_COST = re.compile(r"kvjax_\w+?_f(\d+)_b(\d+)")
 OWN_RULES = ("fusion", "convolution", "custom-call", "reduce-window")
 _ON_CHIP = re.compile(r"S\(([1-9])\)")
 
@@ -83,6 +86,9 @@ class TargetCostModel(CompiledCostModel):
     def instruction_cost(self, ins: Instr) -> Cost:
         if ins.opcode == "custom-call" and thunk_kind(ins) in _GEMM_TARGETS:
             return self.gemm_custom_call_cost(ins)
+        supplied = SUPPLIED_COST.search(ins.op_name) if ins.opcode == "custom-call" else None
+        if supplied:  # a kvjax Pallas kernel (Triton/Mosaic): XLA cannot count inside it
+            return Cost(float(supplied.group(1)), 0.0, float(supplied.group(2)))
         if ins.opcode == "convolution":
             return self.convolution_cost(ins)
         if ins.opcode == "reduce-window" and self._whole_row_window(ins):

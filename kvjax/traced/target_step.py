@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvjax import analytic, kernels
+from kvjax import analytic, hardware, kernels
 from kvjax.analytic import Workload
 from kvjax.analytic.moe import model_workload
 from kvjax.config import ModelConfig
@@ -50,6 +50,28 @@ class TargetTrace:
         return m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
 
 
+def _fused_lowering(cfg: ModelConfig, wl: Workload, target):
+    """A flash model's kernels lowered for the target (Triton on a GPU, Mosaic on a TPU), the
+    decode cache split as `kvjax.analytic.flash.plan` sizes it for the target's chip."""
+    import contextlib
+
+    if cfg.attention_kernel != "flash":
+        return contextlib.nullcontext()
+    from kvjax.analytic import flash as flash_form
+    from kvjax.nn import flash
+
+    chip = hardware.get_chip(target.spec.chip)
+    tiles = flash_form.plan(cfg, wl, chip.onchip_bytes_per_core, chip.num_cores)
+    if target.platform != "tpu" and wl.phase == "prefill":
+        raise KvjaxError(
+            "attention_kernel='flash' prefill on a GPU target runs cuDNN's fused attention, which "
+            "lowers only where a CUDA driver is present; compiled here it is refused (the closed "
+            "form has it: kvjax calc --attention-kernel flash --phase prefill); decode runs "
+            "kvjax's Triton kernel and compiles here"
+        )
+    return flash.lowering_for("gpu" if target.platform != "tpu" else "tpu", tiles.splits)
+
+
 def trace_target_step(
     cfg: ModelConfig, phase: str, batch: int, context: int, target: Target | str
 ) -> TargetTrace:
@@ -73,7 +95,10 @@ def trace_target_step(
 
     held = analytic.weight_bytes(cfg) + analytic.kv_cache_bytes(cfg, context, batch)
     needs = f"{cfg.name} holds {fmt_bytes(held)} of weights and KV cache by the closed form"
-    compiled = compile_for_target(fn, args, target, donate_argnums=(CACHE_ARG,), needs=needs)
+    with _fused_lowering(cfg, wl, target):  # a fresh function: not the CPU lowering's trace
+        compiled = compile_for_target(
+            lambda *a: fn(*a), args, target, donate_argnums=(CACHE_ARG,), needs=needs
+        )
     costs = module_kernel_costs(
         compiled.text,
         names,
@@ -106,7 +131,9 @@ def _fused_with(trace: TargetTrace) -> dict[str, list[str]]:
 
 def kernel_rows(trace: TargetTrace) -> list[dict[str, Any]]:
     """Closed form vs compiled-for-target, per kernel (summed over layers)."""
-    closed = analytic.step_kernels(trace.cfg, trace.workload)
+    closed = analytic.step_kernels(
+        trace.cfg, trace.workload, hardware.get_chip(trace.target.spec.chip)
+    )
     compiled = trace.costs.by_kernel()
     fused = _fused_with(trace)
     by_name = {t.name: t for t in trace.costs.thunks}

@@ -1,0 +1,143 @@
+"""The fused attention's closed form (kvjax.analytic.flash) against hand counts and brute force."""
+
+import itertools
+import json
+
+import pytest
+
+from kvjax import hardware, kernels
+from kvjax.analytic import flash, step
+from kvjax.analytic.costs import Workload
+from kvjax.config import get_model_config
+from kvjax.errors import KvjaxError
+
+
+def _brute(T, S, bq, bk, window=0):
+    """Pairs allowed, pairs in tiles with any allowed pair, keys loaded per query block."""
+    allowed = lambda i, j: j <= S - T + i and (not window or S - T + i - j < window)  # noqa: E731
+    exact = sum(allowed(i, j) for i in range(T) for j in range(S))
+    computed = loaded = 0
+    for q0 in range(0, T, bq):
+        rows = range(q0, min(q0 + bq, T))
+        for k0 in range(0, S, bk):
+            cols = range(k0, min(k0 + bk, S))
+            if any(allowed(i, j) for i, j in itertools.product(rows, cols)):
+                computed += len(rows) * len(cols)
+                loaded += len(cols)
+    return exact, computed, loaded
+
+
+@pytest.mark.parametrize(
+    "T,S,bq,bk,window",
+    [(4, 4, 2, 2, 0), (7, 7, 2, 3, 0), (9, 9, 4, 2, 3), (1, 11, 4, 4, 0), (3, 10, 2, 4, 5),
+     (16, 16, 16, 16, 0), (13, 13, 4, 4, 20)],
+)  # fmt: skip
+def test_pair_counts_equal_brute_force(T, S, bq, bk, window):
+    exact, computed, loaded = _brute(T, S, bq, bk, window)
+    assert flash.exact_pairs(T, S, window) == exact
+    assert flash.block_pairs(T, S, bq, bk, window) == (computed, loaded)
+
+
+def test_hand_counts():
+    assert flash.exact_pairs(4, 4) == 10  # T(T+1)/2
+    assert flash.exact_pairs(4, 4, window=2) == 1 + 2 + 2 + 2
+    assert flash.block_pairs(4, 4, 2, 2) == (4 + 8, 2 + 4)
+
+
+def test_llama_prefill_8k_on_h100_is_the_exact_causal_count():
+    cfg = get_model_config("llama-3-8b", attention_kernel="flash")
+    wl, chip = Workload("prefill", 1, 8192), hardware.get_chip("h100-sxm")
+    fused = step.step_kernels(cfg, wl, chip)
+    unfused = step.step_kernels(cfg.replace(attention_kernel="xla"), wl)
+    L, N, K, H, T = 32, 32, 8, 128, 8192
+    exact = 4 * N * H * T * (T + 1) // 2 * L  # 17.59 TFLOP
+    assert exact == pytest.approx(17.594e12, rel=1e-4)
+    att = fused[kernels.ATTENTION]
+    assert 1.0 <= att.flops / exact <= 1.03
+    qkvo = L * (2 * T * N * H * 2 + 2 * T * K * H * 2)  # Q and O, K and V in bf16: 5.37 GB
+    assert qkvo == pytest.approx(5.37e9, rel=1e-3)
+    assert att.bytes >= qkvo
+    parts = sum(unfused[n].bytes for n in kernels.ATTENTION_PARTS)
+    assert att.bytes < 0.2 * parts
+    # FA2 per head: K and V re-read once per 128-row query block: intensity ~ B_r = 128
+    assert att.intensity == pytest.approx(128, rel=0.05)
+    assert kernels.SCORES not in fused and kernels.SOFTMAX not in fused
+    # the rest of the step is unchanged
+    for name in (kernels.Q_PROJ, kernels.O_PROJ, kernels.KV_WRITE, kernels.LM_HEAD):
+        assert fused[name] == unfused[name]
+
+
+def test_tiles_follow_the_chip():
+    cfg = get_model_config("llama-3-8b", attention_kernel="flash")
+    wl = Workload("prefill", 1, 8192)
+    h100, v5e = hardware.get_chip("h100-sxm"), hardware.get_chip("tpu-v5e")
+    # Dao 2022: B_c = M / 4H elements (228 KiB / 2 B / 512 = 228 -> 128), B_r = min(B_c, H)
+    assert flash.plan(cfg, wl, h100.onchip_bytes_per_core) == flash.FlashPlan(128, 128)
+    tiles = flash.plan(cfg, wl, v5e.onchip_bytes_per_core)  # 128 MiB of VMEM: K/V stay on chip
+    assert tiles.kv_on_chip and tiles.block_q == 128
+    att = flash.flash_attention_cost(cfg, wl, tiles).attention
+    assert att.bytes == 2 * 8192 * 32 * 128 * 2 + 2 * 8192 * 8 * 128 * 2  # Q, O, K, V once
+    with pytest.raises(KvjaxError, match="block_q=-1 must be an integer >= 0"):
+        flash.plan(cfg, wl, block_q=-1)
+
+
+@pytest.mark.parametrize("k", [1, 8, 32])
+def test_decode_intensity_is_h_over_hkv(k):
+    cfg = get_model_config("llama-3-8b", attention_kernel="flash", num_kv_heads=k)
+    chip = hardware.get_chip("h100-sxm")
+    wl = Workload("decode", 1, 1 << 20)
+    att = step.layer_kernels(cfg, wl, chip=chip)[kernels.ATTENTION]
+    assert att.intensity == pytest.approx(32 / k, rel=0.01)  # 2N / (K * 2 bytes)
+    assert att.kv_bytes == 2 * (1 << 20) * k * 128 * 2  # the cache read once for all G heads
+
+
+def test_flash_decoding_splits_and_combine():
+    cfg = get_model_config("llama-3-8b", attention_kernel="flash")
+    wl = Workload("decode", 1, 8192)
+    chip = hardware.get_chip("h100-sxm")
+    tiles = flash.plan(cfg, wl, chip.onchip_bytes_per_core, chip.num_cores)
+    assert tiles.splits == 16  # ceil(132 SMs / (B=1 * K=8)) = 17 chunks, to a power of two
+    cost = flash.flash_attention_cost(cfg, wl, tiles)
+    partials = 32 * 16 * (128 + 2) * 4  # each split's f32 output, max and sum per query head
+    assert cost.combine.bytes == partials + 32 * 128 * 2
+    assert cost.attention.bytes == 32 * 128 * 2 + 2 * 8192 * 8 * 128 * 2 + partials
+    one = flash.flash_attention_cost(cfg, wl, flash.plan(cfg, wl))  # no chip: one split
+    assert one.combine is None and one.plan.splits == 1
+
+
+def test_mla_absorbed_decode_reads_the_latent_once():
+    cfg = get_model_config("deepseek-v3", attention_kernel="flash")
+    wl = Workload("decode", 2, 4096)
+    att = step.layer_kernels(cfg, wl)[kernels.ATTENTION]
+    A, P, N = cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.num_heads
+    assert att.kv_bytes == 2 * 4096 * (A + P) * cfg.kv_bytes_per_element
+    assert att.flops == N * 2 * 4096 * (2 * (A + P) + 2 * A)
+
+
+def test_sliding_layer_computes_the_band():
+    cfg = get_model_config("mistral-7b", attention_kernel="flash")
+    wl = Workload("prefill", 1, 16384)
+    W = cfg.sliding_window
+    cost = flash.flash_attention_cost(cfg, wl, flash.FlashPlan(128, 128), sliding=True)
+    assert cost.exact_pairs == flash.exact_pairs(16384, 16384, W) < 16384 * W
+    assert 1.0 <= cost.computed_pairs / cost.exact_pairs < 1.05
+
+
+def test_bad_attention_kernel_is_named():
+    with pytest.raises(KvjaxError, match="attention_kernel='cudnn' is not supported; allowed: xla"):
+        get_model_config("llama-3-8b", attention_kernel="cudnn")
+
+
+def test_calc_reports_both_forms(capsys):
+    from kvjax.cli.main import main
+
+    argv = ["calc", "--model", "llama-3-8b", "--phase", "prefill", "--context", "8192",
+            "--attention-kernel", "flash", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    att = json.loads(capsys.readouterr().out)["attention_kernel"]
+    assert att["kernel"] == "flash"
+    assert att["exact_causal_flops"] == 4 * 32 * 128 * 8192 * 8193 // 2 * 32
+    assert 1.0 <= att["flash"]["flops"] / att["exact_causal_flops"] <= 1.03
+    assert att["flash"]["bytes"] < 0.2 * att["xla"]["bytes"]
+    assert main(argv[:-1]) == 0
+    assert "x the exact causal pairs" in capsys.readouterr().out

@@ -1,0 +1,80 @@
+"""The model's fused attention (kvjax.nn.flash) equals XLA's unfused form: prefill through
+jax.nn.dot_product_attention, decode through kvjax's Pallas flash-decoding kernel (interpret
+mode on CPU), for MHA/GQA/MQA and sliding windows, one and several splits of the cache."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kvjax import kernels
+from kvjax.config import get_model_config
+from kvjax.errors import KvjaxError
+from kvjax.nn import flash
+from kvjax.nn.transformer import Transformer
+
+
+def _logits(cfg, ids, prefix, max_len, splits=1):
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    with flash.lowering_for("cpu", splits=splits):  # jitted: each step traced once
+        prefill = jax.jit(lambda m, t, c: m.prefill(t, c))
+        decode = jax.jit(lambda m, t, c: m.decode(t, c))
+        cache = model.init_cache(ids.shape[0], max_len)
+        logits, cache = prefill(model, ids[:, :prefix], cache)
+        out = [logits]
+        for t in range(prefix, ids.shape[1]):
+            step, cache = decode(model, ids[:, t], cache)
+            out.append(step[:, None])
+    return np.asarray(jnp.concatenate(out, 1)), model
+
+
+@pytest.mark.parametrize(
+    "kv_heads,window,pattern,splits",
+    [(1, 0, "G", 4), (2, 4, "LG", 4), (4, 0, "G", 1)], ids=["mqa", "gqa-window", "mha"],
+)  # fmt: skip
+def test_flash_equals_xla(kv_heads, window, pattern, splits):
+    base = get_model_config(
+        "tiny-gqa", num_layers=2, num_heads=4, num_kv_heads=kv_heads, weight_dtype="f32",
+        kv_dtype="f32", sliding_window=window, layer_pattern=pattern,
+    )  # fmt: skip
+    ids = jax.random.randint(jax.random.key(1), (2, 8), 0, base.vocab_size)
+    want, model = _logits(base, ids, 5, 8)
+    got, fused = _logits(base.replace(attention_kernel="flash"), ids, 5, 8, splits)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    forward = np.asarray(jax.jit(lambda m, t: m(t))(fused, ids))  # fused causal forward
+    np.testing.assert_allclose(forward, np.asarray(model(ids)), atol=1e-5, rtol=1e-5)
+
+
+def test_flash_decode_kernel_alone_with_partial_positions():
+    B, K, G, H, S = 3, 2, 3, 8, 32
+    keys = jax.random.split(jax.random.key(0), 5)
+    q = jax.random.normal(keys[0], (B, K, G, H))
+    k_new, v_new = (jax.random.normal(k, (B, K, H)) for k in keys[1:3])
+    k_cache = jax.random.normal(keys[3], (B, K, H, S))
+    v_cache = jax.random.normal(keys[4], (B, K, S, H))
+    pos = jnp.array([0, 9, 32])  # an empty cache, a partial one, a full one
+    from kvjax.nn.attention import attend_cache
+
+    want = attend_cache(q, k_new, v_new, k_cache, v_cache, pos)
+    for splits in (1, 8):
+        got = flash.flash_decode(q, k_new, v_new, k_cache, v_cache, pos, splits=splits)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+def test_flash_decode_is_one_named_kernel_in_the_module():
+    cfg = get_model_config("tiny-gqa", num_layers=1, attention_kernel="flash")
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    cache = model.init_cache(1, 16)
+    text = jax.jit(lambda m, t, c: m.decode(t, c)).lower(model, jnp.zeros((1,), jnp.int32), cache)
+    hlo = text.as_text(debug_info=True)
+    assert f"/{kernels.ATTENTION}/" in hlo and f"/{kernels.ATTN_COMBINE}/" in hlo
+    assert f"/{kernels.SCORES}/" not in hlo
+
+
+def test_unsupported_flash_models_are_refused_by_name():
+    with pytest.raises(KvjaxError, match="kv_dtype='int8'"):
+        Transformer(get_model_config("tiny-gqa", attention_kernel="flash", kv_dtype="int8"),
+                    rngs=nnx.Rngs(0))  # fmt: skip
+    with pytest.raises(KvjaxError, match="MLA's fused kernel is in the closed form only"):
+        Transformer(get_model_config("tiny-mla", attention_kernel="flash"), rngs=nnx.Rngs(0))
