@@ -3,7 +3,8 @@ beside the dense: their weights read grow with the experts the batch touches): t
 bound on a chip preset, or (options.measured) the decode step timed on this machine beside the
 closed-form bound on its measured ceilings, the batches timed interleaved (round-robin, the
 bandwidth re-measured between rounds) and flagged when below their bound or against the trend
-of their bytes (`kvjax.measured.interleave`)."""
+of their bytes (`kvjax.measured.interleave`). A model with `attention_kernel: flash` counts its
+decode attention as one fused flash-decoding kernel (`kvjax.analytic.flash`) tiled for the chip."""
 
 from kvjax import analytic
 from kvjax.analytic import Workload, roofline
@@ -37,7 +38,7 @@ def run_point(point) -> list[dict]:
     peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
     records, measured = [], []
     for i, w in enumerate(workloads):
-        step = analytic.step_cost(cfg, w)
+        step = analytic.step_cost(cfg, w, chip)  # chip: the fused attention's tiles, if fused
         on_roof = roofline.point("decode step", step.flops, step.bytes, peak, bw)
         # an MoE model's weights floor: the weights this batch reads (its touched experts)
         floor = analytic.weight_bytes(cfg)
@@ -46,6 +47,7 @@ def run_point(point) -> list[dict]:
         record = {
             "model": cfg.name,
             "num_kv_heads": cfg.num_kv_heads,
+            "attention_kernel": cfg.attention_kernel,
             "batch": w.batch,
             "context": wl.context,
             "chip": chip.name,

@@ -1,13 +1,15 @@
 """Every kernel of prefill and decode placed on a roofline: closed form and traced on a chip
-preset, and (options.measured) timed on this machine against its measured ceilings. Decode also
-places its attention as one fused kernel reading the cache once (`fused_attention_cost`): the
-seed's h/h_kv for GQA, about 1.9 N for MLA's absorbed form. With options.compiled_for (a target:
-h100, tpu-v5e, ...; needs the `targets` extra) each kernel also as the chip's own executable
-counts it, compiled on this host (`kvjax.traced.target_step`); every record of such a run names
-the target, and the figure `roofline_compiled` draws them."""
+preset, and (options.measured) timed on this machine against its measured ceilings. Each phase
+also places its attention twice: unfused (scores + softmax + av, as XLA runs it) and as one
+fused kernel: in decode reading the cache once (`fused_attention_cost`: the seed's h/h_kv for
+GQA, about 1.9 N for MLA's absorbed form), in prefill FlashAttention-2 over the causal blocks
+(`kvjax.analytic.flash`, where the seed's I ~ S holds only up to the tile size). With
+options.compiled_for (a target: h100, tpu-v5e, ...; needs the `targets` extra) each kernel also
+as the chip's own executable counts it, compiled on this host (`kvjax.traced.target_step`);
+every record of such a run names the target, and the figure `roofline_compiled` draws them."""
 
 from kvjax import analytic, kernels
-from kvjax.analytic import Workload, roofline
+from kvjax.analytic import Workload, flash, roofline
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
 from kvjax.traced.targets import TARGETS
@@ -63,10 +65,7 @@ def run_point(point) -> list[dict]:
             records.append(
                 _point(name, phase, "closed form", k.flops, k.bytes, peak, bw, chip_name, cfg)
             )
-        if phase == "decode":  # the seed's decode attention intensity: the cache read once
-            fused = analytic.fused_attention_cost(cfg, w)
-            records.append(_point(kernels.ATTENTION, phase, "closed form, fused", fused.flops,
-                                  fused.bytes, peak, bw, chip_name, cfg))  # fmt: skip
+        records += _attention_both_ways(cfg, w, layer, chip, peak, bw, chip_name)
         if opts.get("traced", True):
             from kvjax.traced.step import trace_step
 
@@ -93,6 +92,23 @@ def run_point(point) -> list[dict]:
         for r in records:
             r.update(target=opts["compiled_for"], batch=wl.batch, context=wl.context)
     return records
+
+
+def _attention_both_ways(cfg, w, layer, chip, peak, bw, chip_name) -> list[dict]:
+    """A layer's attention as two points: XLA's unfused scores + softmax + av summed, and one
+    fused kernel. Decode: the seed's, the cache read once (`fused_attention_cost`); prefill:
+    FlashAttention-2 over the causal blocks, tiled for the chip preset (`kvjax.analytic.flash`)."""
+    parts = [layer[n] for n in kernels.ATTENTION_PARTS if n in layer]
+    out = [_point(kernels.ATTENTION, w.phase, "closed form, unfused", sum(k.flops for k in parts),
+                  sum(k.bytes for k in parts), peak, bw, chip_name, cfg)]  # fmt: skip
+    if w.phase == "decode":  # the seed's decode attention intensity: the cache read once
+        fused = analytic.fused_attention_cost(cfg, w)
+    else:
+        tiles = flash.plan(cfg, w, chip.onchip_bytes_per_core, chip.num_cores)
+        fused = flash.flash_attention_cost(cfg, w, tiles).attention
+    out.append(_point(kernels.ATTENTION, w.phase, "closed form, fused", fused.flops, fused.bytes,
+                      peak, bw, chip_name, cfg))  # fmt: skip
+    return out
 
 
 def _compiled(cfg, wl, target, layer, peak, bw, chip_name) -> list[dict]:

@@ -141,3 +141,85 @@ def test_calc_reports_both_forms(capsys):
     assert att["flash"]["bytes"] < 0.2 * att["xla"]["bytes"]
     assert main(argv[:-1]) == 0
     assert "x the exact causal pairs" in capsys.readouterr().out
+
+
+def test_variants_carry_both_attention_forms(capsys):
+    """`calc --variants`: each variant's decode attention unfused and fused, the fused one as the
+    step of that variant counts it; the fused GQA-8 kernel at 8k stays near h/h_kv = 4."""
+    from kvjax.cli.main import main
+
+    argv = ["calc", "--model", "llama-3-8b", "--context", "8192", "--variants", "--json"]
+    assert main(argv) == 0
+    rows = {r["variant"]: r for r in json.loads(capsys.readouterr().out)["variants"]}
+    assert set(rows) == {"MHA", "GQA", "MQA", "MLA A=512 P=64"}
+    gqa = rows["GQA"]["attention_kernel"]
+    assert gqa["flash"]["intensity"] == pytest.approx(4.0, rel=0.02)
+    cfg = get_model_config("llama-3-8b", num_kv_heads=1, attention_kernel="flash")
+    fused = step.step_kernels(cfg, Workload("decode", 1, 8192), hardware.get_chip("h100-sxm"))
+    mqa = rows["MQA"]["attention_kernel"]["flash"]
+    want = [fused[n] for n in (kernels.ATTENTION, kernels.ATTN_COMBINE)]
+    assert mqa["flops"] == sum(k.flops for k in want) and mqa["bytes"] == sum(k.bytes for k in want)
+
+
+def test_roofline_experiment_places_attention_both_ways(tmp_path):
+    """experiments/roofline.py: per phase one unfused point (scores + softmax + av summed) and
+    one fused point; the prefill fused point is the flash kernel tiled for the chip preset, and
+    the figure draws both without error."""
+    import pandas as pd
+
+    from kvjax.plotting import make_figures
+    from kvjax.runs.launcher import run_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "experiment: roofline\nmodel:\n  preset: llama-3-8b\n  num_layers: 1\n"
+        "workload:\n  batch: 1\n  context: 8192\nchip:\n  preset: h100-sxm\n"
+        "options:\n  traced: false\n"
+    )
+    (run,) = run_config(config, runs_root=tmp_path / "runs", progress=False)
+    records = pd.DataFrame(run.records()).assign(experiment="roofline")
+    both = records[records.source.str.startswith("closed form,")].set_index(["phase", "source"])
+    cfg = get_model_config("llama-3-8b", num_layers=1)
+    wl = Workload("prefill", 1, 8192)
+    layer = step.layer_kernels(cfg, wl)
+    unfused = both.loc[("prefill", "closed form, unfused")]
+    assert unfused.flops == sum(layer[n].flops for n in kernels.ATTENTION_PARTS)
+    fused = both.loc[("prefill", "closed form, fused")]
+    h100 = hardware.get_chip("h100-sxm")
+    want = flash.flash_attention_cost(cfg, wl, flash.plan(cfg, wl, h100.onchip_bytes_per_core))
+    assert (fused.flops, fused.bytes) == (want.attention.flops, want.attention.bytes)
+    assert fused.flops < 0.52 * unfused.flops and fused.intensity > 2 * unfused.intensity
+    assert ("decode", "closed form, fused") in both.index
+    assert "roofline.png" in {p.name for p in make_figures(records, tmp_path / "figs")}
+
+
+def test_decode_latency_sweeps_the_attention_kernel(tmp_path):
+    """configs/decode_latency.yaml's sweep over attention_kernel: the fused step is the closed
+    form's with the chip's tiles, no slower than the unfused one, and the figure names both."""
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from kvjax.plotting.figures import decode_latency
+    from kvjax.runs.launcher import run_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "experiment: decode_latency\nmodel:\n  preset: seed-70b\n  num_kv_heads: 1\n"
+        "workload:\n  context: 8192\nchip:\n  preset: h100-sxm\noptions:\n  batches: [1, 256]\n"
+        "sweep:\n  model.attention_kernel: [xla, flash]\n"
+    )
+    runs = run_config(config, runs_root=tmp_path / "runs", progress=False)
+    records = pd.DataFrame([r for run in runs for r in run.records()])
+    floor = records.set_index(["attention_kernel", "batch"]).step_floor_s
+    h100 = hardware.get_chip("h100-sxm")
+    cfg = get_model_config("seed-70b", num_kv_heads=1, attention_kernel="flash")
+    want = step.step_cost(cfg, Workload("decode", 256, 8192), h100)
+    assert floor["flash", 256] == pytest.approx(
+        max(want.flops / h100.peak("bf16"), want.bytes / h100.bandwidth_bytes_per_s)
+    )
+    assert floor["flash", 256] < 0.8 * floor["xla", 256]  # the scores no longer through HBM
+    assert floor["flash", 1] == pytest.approx(floor["xla", 1], rel=0.01)  # weights dominate
+    fig = Figure()
+    decode_latency(records.assign(experiment="decode_latency"), fig)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert sorted(labels) == ["h_kv=1, fused attn", "h_kv=1, unfused attn"]

@@ -71,6 +71,36 @@ def test_bench_point_times_every_kernel_and_the_step():
         bench_point(cfg, Workload("decode", 2, 64), ceilings, names=["attn/qproj"])
 
 
+@pytest.mark.parametrize("preset,phase", [("tiny-gqa", "decode"), ("tiny-mla", "decode"),
+                                          ("tiny-gqa", "prefill")])  # fmt: skip
+def test_bench_times_the_fused_attention_and_says_what_runs_it(preset, phase):
+    """A flash model's bench times the fused kernel the model runs (no scores/softmax/av of the
+    unfused form), against the closed form's fused kernel + combine; on a CPU the Pallas decode
+    is marked interpreted (no traced bytes: the interpreter's loop is not a cost) and the
+    prefill names XLA's unfused composite (its traced bytes far above the fused count)."""
+    from kvjax import analytic
+
+    ceilings = chip_from_numbers(100e9, 10e9, dtype="f32")
+    cfg = get_model_config(preset, num_layers=2, attention_kernel="flash",
+                           **({"mla_decode": "absorbed"} if "mla" in preset else {}))  # fmt: skip
+    wl = Workload(phase, 2, 64)
+    points = bench_point(cfg, wl, ceilings, budget_s=0.05, include_step=phase == "decode")
+    by = {p["kernel"]: p for p in points}
+    assert not set(by) & set(kernels.ATTENTION_PARTS)
+    att = by[kernels.ATTENTION]
+    layer = analytic.layer_kernels(cfg, wl)
+    want = sum(layer[n].bytes for n in (kernels.ATTENTION, kernels.ATTN_COMBINE) if n in layer)
+    assert att["closed_bytes"] == want
+    if phase == "decode":
+        assert att["executed_as"] == "pallas interpret" and att["interpreted"]
+        assert att["traced_bytes"] is None
+        assert by[kernels.STEP_KERNEL]["interpreted"]
+    else:
+        assert att["executed_as"] == "xla composite (not fused)" and not att["interpreted"]
+        assert att["traced_bytes"] > 5 * att["closed_bytes"]  # the 64 x 64 scores through memory
+    assert not by[kernels.Q_PROJ]["interpreted"] and by[kernels.Q_PROJ]["executed_as"] is None
+
+
 def test_inputs_rotate_past_the_cache():
     cfg = get_model_config("tiny-mqa")
     kb = kernel_benches(cfg, Workload("decode", 1, 16))[kernels.Q_PROJ]
@@ -132,8 +162,22 @@ def test_gpu_check_quick_runs_on_cpu(tmp_path, cache_home):
 
     out = tmp_path / "out"
     gpu_check([str(out), "--quick"])
-    for name in ("environment", "ceilings", "attention_sweep", "mla_attention_sweep", "done"):
+    for name in ("environment", "ceilings", "attention_sweep", "mla_attention_sweep",
+                 "flash_sweep", "done"):  # fmt: skip
         assert (out / f"{name}.json").exists()
+    fused = json.loads((out / "flash_sweep.json").read_text())["points"]
+    runs = {(p["phase"], p["executed_as"]) for p in fused}
+    assert runs == {
+        ("decode", "xla"),
+        ("decode", "pallas interpret"),
+        ("prefill", "xla"),
+        ("prefill", "xla composite (not fused)"),
+        ("prefill", "pallas interpret"),
+    }
+    assert all(p["interpreted"] == (p["executed_as"] == "pallas interpret") for p in fused)
+    # the fused decode reads the cache once: its intensity above the unfused form's, at h/h_kv
+    by = {(p["phase"], p["num_kv_heads"], p["executed_as"]): p for p in fused}
+    assert by["decode", 8, "pallas interpret"]["intensity"] > by["decode", 8, "xla"]["intensity"]
     sweep = json.loads((out / "attention_sweep.json").read_text())
     assert [p["num_kv_heads"] for p in sweep["points"]] == [1, 8, 32]
     # its runs folder is drawn by `kvjax figures` beside another

@@ -45,10 +45,12 @@ def _number(text):
     return float(re.match(r"\s*([-+0-9.eE]+)", text).group(1))
 
 
-def _calc(model, chip, batch, context, kv_heads, kv_dtype, capsys):
+def _calc(model, chip, batch, context, kv_heads, kv_dtype, capsys, attention_kernel="xla"):
     argv = [
         "calc",
         "--json",
+        "--attention-kernel",
+        attention_kernel,
         "--model",
         model,
         "--chip",
@@ -82,7 +84,15 @@ OUTPUTS = {  # element id -> (calc --json key, scale to the displayed unit)
     "out-weight_floor": ("weight_floor_s_per_token", 1e3),
     "out-step_floor": ("step_floor_s", 1e3),
     "out-tokens": ("tokens_per_s", 1),
+    "out-attn_xla": ("attention_kernel.xla.intensity", 1),
+    "out-attn_flash": ("attention_kernel.flash.intensity", 1),
 }
+
+
+def _key(report, dotted):
+    for part in dotted.split("."):
+        report = report[part]
+    return report
 
 
 def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
@@ -132,6 +142,7 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                 ["bf16", "f16", "f32", "fp8"] + (per_row if attention == "gqa" else [])
             )
             b_exp, s_exp = rng.randint(0, 10), rng.randint(7, 20)
+            fused = ["xla", "flash"][(i // 3) % 2]  # the attention kernel, both for each form
             page.select_option("#model", model)
             page.select_option("#chip", chip)
             page.select_option("#attention", attention)
@@ -143,6 +154,7 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                 latent = int(rng.choice(options))
                 page.select_option("#latent", str(latent))
             page.select_option("#kv_dtype", kv_dtype)
+            page.select_option("#attention_kernel", fused)
             for slider, value in (("batch", b_exp), ("context", s_exp)):
                 page.eval_on_selector(
                     f"#{slider}",
@@ -151,27 +163,33 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                 )
             shown = read()
             if latent is None:
-                want = _calc(model, chip, 2**b_exp, 2**s_exp, kv_heads, kv_dtype, capsys)
+                want = _calc(model, chip, 2**b_exp, 2**s_exp, kv_heads, kv_dtype, capsys, fused)
             else:  # the page's MLA: kvjax's MLA variant of the preset (`calc --variants`' row)
                 mla = mla_variant(PRESETS[model]).replace(
-                    kv_lora_rank=latent, mla_decode=attention, kv_dtype=kv_dtype
+                    kv_lora_rank=latent,
+                    mla_decode=attention,
+                    kv_dtype=kv_dtype,
+                    attention_kernel=fused,
                 )
                 wl = Workload("decode", 2**b_exp, 2**s_exp)
                 want = finite_json(calc_report(mla, wl, CHIPS[chip]))
-            point = (model, chip, 2**b_exp, 2**s_exp, kv_heads, kv_dtype, attention, latent)
+            point = (model, chip, 2**b_exp, 2**s_exp, kv_heads, kv_dtype, attention, latent, fused)
             for element, (key, scale) in OUTPUTS.items():
                 # shown to 4 significant digits: agree to half a unit in the last place
-                assert _number(shown[element]) == pytest.approx(want[key] * scale, rel=6e-4), (
+                assert _number(shown[element]) == pytest.approx(
+                    _key(want, key) * scale, rel=6e-4
+                ), (
                     point,
                     element,
                     shown[element],
-                    want[key] * scale,
+                    _key(want, key) * scale,
                 )
             fits = "does not fit" not in shown["out-fits"]
             assert fits == want["fits_in_memory"], point
         # a sliding-window model past its window: Mistral-7B-v0.1 at 32k holds 4096 positions
         page.select_option("#model", "mistral-7b")
         page.select_option("#attention", "gqa")
+        page.select_option("#attention_kernel", "xla")
         page.select_option("#kv_heads", "8")
         page.select_option("#kv_dtype", "bf16")
         page.select_option("#chip", "h100-sxm")
@@ -199,7 +217,9 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
             assert page.evaluate(js) == [pytest.approx(closed.flops, rel=1e-12),
                                          pytest.approx(closed.bytes, rel=1e-12)]  # fmt: skip
             for element, (key, scale) in OUTPUTS.items():
-                assert _number(shown[element]) == pytest.approx(want[key] * scale, rel=6e-4), (
+                assert _number(shown[element]) == pytest.approx(
+                    _key(want, key) * scale, rel=6e-4
+                ), (
                     kv_dtype,
                     element,
                 )
@@ -226,7 +246,9 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                                        pytest.approx(closed.bytes, rel=1e-12))  # fmt: skip
             want = _calc(model, "h100-sxm", 4, 2**15, kv_heads, "bf16", capsys)
             for element, (key, scale) in OUTPUTS.items():
-                assert _number(shown[element]) == pytest.approx(want[key] * scale, rel=6e-4), (
+                assert _number(shown[element]) == pytest.approx(
+                    _key(want, key) * scale, rel=6e-4
+                ), (
                     model,
                     element,
                 )

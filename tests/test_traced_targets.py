@@ -289,5 +289,45 @@ def test_flash_decode_on_h100_is_one_row_with_the_closed_form_cost():
     assert att["bytes_ratio"] == pytest.approx(1.0, rel=1e-3)
     assert not att["temporaries"] and att["copy_bytes"] == 0
     assert rows[kernels.ATTN_COMBINE]["bytes_ratio"] == pytest.approx(1.0, rel=0.05)
-    with pytest.raises(KvjaxError, match="cuDNN's fused attention, which lowers only where a CUDA"):
-        _trace("llama-3-8b", "prefill", 1, 256, "h100", num_layers=1, attention_kernel="flash")
+
+
+@pytest.mark.slow
+def test_flash_prefill_on_h100_is_one_row_with_the_closed_form_cost():
+    """The prefill compiled for an H100 here runs kvjax's Pallas FlashAttention-2 kernel (cuDNN's
+    lowers only with a CUDA driver): one Triton call, its FLOPs the 128 x 128 tiles' block-causal
+    pairs (36 of the 64 tiles at S = 1024: 4 * N * H * 36 * 128^2, 1.124x the exact causal
+    count), its bytes Q + O once and K/V once per query block; no score tensor in the module."""
+    report = _trace("llama-3-8b", "prefill", 1, 1024, "h100", num_layers=1,
+                    attention_kernel="flash")  # fmt: skip
+    rows = {r["name"]: r for r in report["kernels"]}
+    att = rows[kernels.ATTENTION]
+    assert att["executed_as"] == {"__gpu$xla.gpu.triton": 1}
+    N, H = 32, 128
+    assert att["compiled_flops"] == 4 * N * H * 36 * 128**2
+    assert att["compiled_flops"] / (4 * N * H * 1024 * 1025 / 2) == pytest.approx(1.124, abs=1e-3)
+    q_o = 2 * 1024 * N * H * 2
+    assert att["compiled_bytes"] == q_o + N * 36 * 128 * 2 * H * 2
+    assert att["flops_ratio"] == 1.0 and att["bytes_ratio"] == 1.0
+    assert not any(r["compiled_bytes"] for n, r in rows.items() if n in kernels.ATTENTION_PARTS)
+    with pytest.raises(KvjaxError, match="power-of-two head width; this attention's is 192"):
+        _trace("deepseek-v2-lite", "prefill", 1, 256, "h100", num_layers=2,
+               attention_kernel="flash")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_flash_mla_decode_on_h100_reads_the_latent_cache_in_place():
+    """MLA's fused absorbed decode compiled for an H100: one Triton call per layer with the
+    closed form's FLOPs and bytes (the latent cache read once for all heads), and no copy of the
+    cache around attention (the write is ordered after the kernels' reads; XLA:GPU copied the
+    latent cache, 10.5 MB a step here, before the order was made explicit)."""
+    report = _trace("deepseek-v2-lite", "decode", 1, 2049, "h100", num_layers=2,
+                    attention_kernel="flash")  # fmt: skip
+    rows = {r["name"]: r for r in report["kernels"]}
+    att = rows[kernels.ATTENTION]
+    assert att["executed_as"] == {"__gpu$xla.gpu.triton": 2}
+    assert att["flops_ratio"] == pytest.approx(2048 / 2049, rel=1e-3)
+    assert att["bytes_ratio"] == pytest.approx(1.0, rel=1e-3)
+    near = [
+        r for n, r in rows.items() if n.startswith(("attn", "kv_cache")) or n == kernels.ATTENTION
+    ]
+    assert sum(r["copy_bytes"] for r in near) < 1024  # the positions, not the cache

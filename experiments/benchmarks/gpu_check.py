@@ -1,8 +1,11 @@
-"""The GPU check, one command, about 6 minutes on one H200: this device's ceilings (bf16 and f32
+"""The GPU check, one command, about 6 minutes on one H200 (estimated; the fused-attention sweep
+adds about 1.5 more, not yet run on a GPU): this device's ceilings (bf16 and f32
 matmul, HBM read, in-place copy and triad), the decode step of a llama-3-8b-shaped model (8 of its
 32 layers, to fit the time) in bf16 profiled in situ over num_kv_heads {1, 2, 4, 8, 32} at
 B in {1, 16}, S = 8192 (every kernel's time inside the step, its compiled and closed-form FLOPs
-and bytes, on the measured roofline), and the decode-attention num_kv_heads sweep.
+and bytes, on the measured roofline), the decode-attention num_kv_heads sweep, and attention
+unfused vs fused (`flash_sweep`: flash-decoding at S in {2k, 32k}, cuDNN's and kvjax's Pallas
+FlashAttention-2 prefill at S in {2k, 8k}, num_kv_heads in {1, 8, 32}).
 
     PYTHONPATH=. python3 -m experiments.benchmarks.gpu_check OUT_DIR           # on a GPU
     PYTHONPATH=. python3 -m experiments.benchmarks.gpu_check OUT_DIR --quick   # any machine
@@ -97,6 +100,7 @@ def main(argv=None) -> None:
         raise SystemExit(2)
     from experiments.benchmarks.attention_sweep import run as attention_sweep
     from experiments.benchmarks.attention_sweep import run_mla as attention_sweep_mla
+    from experiments.benchmarks.flash_sweep import run as flash_sweep
     from kvjax import get_model_config
     from kvjax.analytic import Workload
     from kvjax.files import write_json_atomic
@@ -160,6 +164,17 @@ def main(argv=None) -> None:
     log("MLA sweep: " + ", ".join(
         f"A={p['kv_lora_rank']} {p['median_s'] * 1e3:.2f} ms ({100 * p['fraction_of_bound']:.0f}%)"
         for p in mla["points"]))  # fmt: skip
+    # attention unfused vs fused (flash-decoding; cuDNN's and kvjax's Pallas prefill) over
+    # num_kv_heads and S, each on the roofline with the closed form of what it ran
+    fused = flash_sweep(
+        dtype="f32" if args.quick else "bf16",
+        contexts={"decode": (256,), "prefill": (256,)} if args.quick else None,
+        kv_heads=(1, 8) if args.quick else (1, 8, 32),
+        budget_s=0.1 if args.quick else 0.3,
+        ceilings=ceilings,
+        log=log,
+    )
+    write_json_atomic(args.out / "flash_sweep.json", fused)
     (args.out / "done.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
 
 

@@ -11,7 +11,7 @@ from kvjax import analytic, kernels
 from kvjax.analytic import Workload, flash, moe, parallel, roofline
 from kvjax.analytic.primitives import _act_bytes
 from kvjax.analytic.quant import scale_bytes_per_token_per_layer, tensor_scale_bytes
-from kvjax.analytic.variants import variants_table
+from kvjax.analytic.variants import variant_configs, variants_table
 from kvjax.cli import render
 from kvjax.cli.args import (
     add_chip_args,
@@ -65,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
     report = calc_report(cfg, wl, chip)
     if args.variants:
         report["variants"] = variants_table(cfg, chip)
+        # each variant's attention at this step, unfused and fused (the kernel the step counts)
+        for row, (_, _, variant, _) in zip(report["variants"], variant_configs(cfg), strict=True):
+            row["attention_kernel"] = (
+                None if variant is None else attention_kernel_report(variant, wl, chip)
+            )
     if args.tp:
         report.update(tensor_parallel_report(cfg, wl, chip, args.tp, args.link_latency))
     if args.ep:

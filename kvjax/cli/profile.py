@@ -102,9 +102,13 @@ def print_profile(report: dict[str, Any]) -> None:
         for col in cols:
             t.add_column(col, justify="left" if col in ("kernel(s)", "") else "right")
         step = point["step"]
+        marked = {}
         for r in [*point["rows"], step]:
+            mark = (" *" if r.get("interpreted") else " †") if r.get("executed_as") else ""
+            if mark:
+                marked[f"{r['name']}{mark} runs as {r['executed_as']}"] = r.get("interpreted")
             t.add_row(
-                r["name"],
+                r["name"] + mark,
                 str(r.get("ops", "")),
                 fmt_seconds(r["median_s"]),
                 f"{100 * r['median_s'] / step['median_s']:.1f}%",
@@ -116,6 +120,13 @@ def print_profile(report: dict[str, Any]) -> None:
                 "above the roof (see --json)" if r["above_roof"] else "",
             )
         con.print(t)
+        for line in marked:
+            con.print(f"  {line}")
+        if any(marked.values()):
+            con.print(
+                "  * interpreted: Pallas has no CPU backend, so this time is the "
+                "interpreter's, not the kernel's; time it on a GPU"
+            )
         con.print(
             f"  coverage    kernels {fmt_seconds(sum(r['median_s'] for r in point['rows']))} of "
             f"the step's {fmt_seconds(step['median_s'])} wall time = "

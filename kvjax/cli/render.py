@@ -142,6 +142,9 @@ def print_calc(report: dict[str, Any]) -> None:
             t.add_column(f"{c['context'] // 1024}k ctx x {c['batch']} seq", justify="right")
         for col in ("vs MHA", "params", "B=1 floor", "attn I"):
             t.add_column(col, justify="right")
+        phase = wl["phase"]
+        for col in (f"{phase} attn I unfused", f"{phase} attn I fused"):
+            t.add_column(col, justify="right")
         for row in variants:
             t.add_row(
                 row["variant"],
@@ -156,6 +159,11 @@ def print_calc(report: dict[str, Any]) -> None:
                 if row["weight_floor_s_per_token"] is None
                 else fmt_seconds(row["weight_floor_s_per_token"]),
                 sig(row["attention_intensity"]),
+                *(
+                    ("n/a", "n/a")
+                    if row.get("attention_kernel") is None
+                    else (sig(row["attention_kernel"][k]["intensity"]) for k in ("xla", "flash"))
+                ),
             )
         con.print(t)
         if mla_note:
@@ -231,7 +239,8 @@ def print_trace(report: dict[str, Any]) -> None:
             t.add_column(col, justify="left" if col in ("kernel", "side", "note") else "right")
         for k in report["kernels"]:
             note = ""
-            if k["explanation"] and (k["bytes_ratio"] is None or abs(k["bytes_ratio"] - 1) > 0.05):
+            off = k["bytes_ratio"] is None or abs(k["bytes_ratio"] - 1) > 0.05
+            if k["explanation"] and (off or k["explanation"].startswith("interpreted")):
                 note = k["explanation"].split(":")[0]
             t.add_row(
                 k["name"],
@@ -260,7 +269,8 @@ def print_trace(report: dict[str, Any]) -> None:
         con.print(
             f"  XLA module  flops {fmt_count(xla.get('flops', 0))}, bytes accessed "
             f"{fmt_rate(xla.get('bytes accessed', 0), 'B')} "
-            f"({report['stage']}; the kernels sum to it)"
+            f"({report['stage']}; "
+            + ("not checked: see the note)" if report.get("interpreted") else "kernels sum to it)")
         )
     op = report["roofline_opinion"]
     if op:
@@ -300,10 +310,15 @@ def print_bench(report: dict[str, Any]) -> None:
     )
     for col in cols:
         t.add_column(col, justify="left" if col == "kernel" else "right")
+    marked = []
     for p in report["points"]:
+        mark = ""
+        if p.get("executed_as"):
+            mark = " *" if p.get("interpreted") else " †"
+            marked.append(f"{p['kernel']}{mark} runs as {p['executed_as']}")
         t.add_row(
             str(p["num_kv_heads"]),
-            p["kernel"],
+            p["kernel"] + mark,
             f"{fmt_seconds(p['bound_s'])} {p['bound'][:3]}",
             fmt_rate(p["closed_bytes"], "B"),
             fmt_rate(p["traced_bytes"], "B") if p.get("traced_bytes") else "-",
@@ -313,6 +328,13 @@ def print_bench(report: dict[str, Any]) -> None:
             f"{100 * p['fraction_of_bound']:.0f}%",
         )
     con.print(t)
+    for line in dict.fromkeys(marked):
+        con.print(f"  {line}")
+    if any(p.get("interpreted") for p in report["points"]):
+        con.print(
+            "  * interpreted: Pallas has no CPU backend, so this time is the interpreter's, "
+            "not the kernel's (its values are checked against XLA's form); time it on a GPU"
+        )
 
 
 def _print_attention_kernel(con, att: dict[str, Any], phase: str) -> None:

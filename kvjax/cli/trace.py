@@ -174,6 +174,7 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
         },
         "roofline_opinion": trace.roofline,
         "notes": trace.notes,
+        "interpreted": any(n.startswith("interpreted") for n in trace.notes),
         "trace_seconds": trace.trace_seconds,
         "command_seconds": time.perf_counter() - t0,
     }

@@ -133,6 +133,13 @@ def profile_report(profile: StepProfile, ceilings: ChipSpec) -> dict:
         peak,
         bw,
     )
+    if profile.cfg.attention_kernel == "flash":  # what runs the fused attention here
+        from kvjax.measured.kernels import flash_execution
+
+        runs = flash_execution(profile.cfg, profile.workload.phase)
+        for r in [*[r for r in rows if kernels.ATTENTION in r["members"]], step_row]:
+            # a Pallas kernel interpreted on a CPU: its time is the interpreter's
+            r.update(executed_as=runs, interpreted=runs == "pallas interpret")
     unnamed = [r["name"] for r in rows if UNNAMED in r["members"] or kernels.OTHER in r["members"]]
     return {
         "model": profile.cfg.to_dict(),

@@ -12,7 +12,7 @@ from kvjax.analytic.moe import model_workload
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
-from kvjax.measured.kernels import check_fits, kernel_benches, time_kernel
+from kvjax.measured.kernels import check_fits, flash_execution, kernel_benches, time_kernel
 from kvjax.measured.step import time_decode_step
 from kvjax.measured.timing import TimingStats
 
@@ -90,12 +90,17 @@ def bench_point(
             continue
         stats = time_kernel(benches[name], budget_s=budget_s)
         points.append(place(name, benches[name].closed, stats, ceilings, dtype, chip))
+        points[-1]["executed_as"] = benches[name].executed_as
     if include_step and wl.phase == "decode" and (names is None or kernels.STEP_KERNEL in names):
         stats = time_decode_step(cfg, wl, budget_s=2 * budget_s)
         step = analytic.step_cost(cfg, model_workload(cfg, wl))
         closed = KernelCost(kernels.STEP_KERNEL, step.flops, step.bytes)
         points.append(place(kernels.STEP_KERNEL, closed, stats, ceilings, dtype, chip))
+        if cfg.attention_kernel == "flash":  # the step runs the fused attention as its bench does
+            points[-1]["executed_as"] = flash_execution(cfg, wl.phase)
     for p in points:
+        # a Pallas kernel interpreted on a CPU is a check of its values, not a kernel's time
+        p["interpreted"] = p.get("executed_as") == "pallas interpret"
         p["num_kv_heads"] = cfg.num_kv_heads
         p["traced_bytes"] = traced.get(p["kernel"])
     return points
@@ -110,6 +115,13 @@ def traced_bytes_per_kernel(cfg: ModelConfig, wl: Workload) -> dict[str, float]:
     for k in trace.kernels:
         if k.layer in (None, 0):  # one copy of each layer kernel, plus the head kernels
             per_layer[k.kernel] = per_layer.get(k.kernel, 0.0) + k.bytes
-    per_layer[kernels.ATTENTION] = sum(per_layer.get(n, 0.0) for n in kernels.ATTENTION_PARTS)
+    if cfg.attention_kernel != "flash":
+        per_layer[kernels.ATTENTION] = sum(per_layer.get(n, 0.0) for n in kernels.ATTENTION_PARTS)
+    elif any(n.startswith("interpreted") for n in trace.notes):
+        per_layer.pop(kernels.ATTENTION, None)  # the interpreter's loop: not a cost
+    else:  # the fused kernel (XLA's composite of it on this backend) and the combine
+        per_layer[kernels.ATTENTION] = sum(
+            per_layer.get(n, 0.0) for n in (kernels.ATTENTION, kernels.ATTN_COMBINE)
+        )
     per_layer[kernels.STEP_KERNEL] = trace.total.bytes
     return per_layer

@@ -24,7 +24,7 @@ from kvjax.analytic.moe import model_workload
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.measured.timing import TimingStats, available_memory_bytes, time_fn
-from kvjax.nn import mla, moe
+from kvjax.nn import flash, mla, moe
 from kvjax.nn.attention import attend_cache, attend_causal, decode_av, decode_scores, decode_softmax
 from kvjax.nn.layers import act_dtype, kv_dtype, linear, rms_norm, weight_dtype
 
@@ -38,23 +38,30 @@ class KernelBench:
     fn: Callable[..., Any]
     make_args: Callable[[int], tuple]  # seed -> one input set
     closed: KernelCost
+    executed_as: str | None = None  # a fused attention: what runs it here (`flash_execution`)
 
 
 def random_array(key, shape, dtype):
     return jax.random.normal(key, shape, jnp.float32).astype(dtype)
 
 
-def kernel_benches(cfg: ModelConfig, wl: Workload) -> dict[str, KernelBench]:
-    """One layer's kernels (and the LM head) as standalone functions with their input makers."""
+def kernel_benches(cfg: ModelConfig, wl: Workload, chip=None) -> dict[str, KernelBench]:
+    """One layer's kernels (and the LM head) as standalone functions with their input makers;
+    `chip` (a `ChipSpec`) tiles a fused attention's closed form as the kernel is run for it."""
     B, T = wl.batch, wl.query_len
     D, F, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
     a, w = act_dtype(cfg), weight_dtype(cfg)
     is_moe = cfg.layer_is_moe(cfg.num_layers - 1)  # an MoE model's benches: an MoE layer's
     wl = model_workload(cfg, wl)  # at the model's own expert reads (M*k gathers)
-    closed = analytic.layer_kernels(cfg, wl, moe=is_moe) | analytic.head_kernels(cfg, wl)
+    closed = analytic.layer_kernels(cfg, wl, moe=is_moe, chip=chip) | analytic.head_kernels(cfg, wl)
     out: dict[str, KernelBench] = {}
 
-    def add(name, fn, shapes, closed_cost=None):
+    fused = cfg.attention_kernel == "flash"
+
+    def add(name, fn, shapes, closed_cost=None, executed_as=None):
+        if fused and name in (*kernels.ATTENTION_PARTS, kernels.ATTENTION) and not executed_as:
+            return  # the unfused attention's kernels: a fused model runs `_add_flash`'s instead
+
         def make(seed):
             keys = jax.random.split(jax.random.key(seed), len(shapes))
             return tuple(
@@ -62,7 +69,7 @@ def kernel_benches(cfg: ModelConfig, wl: Workload) -> dict[str, KernelBench]:
                 for i, s in enumerate(shapes)
             )
 
-        out[name] = KernelBench(name, jax.jit(fn), make, closed_cost or closed[name])
+        out[name] = KernelBench(name, jax.jit(fn), make, closed_cost or closed[name], executed_as)
 
     norm = partial(rms_norm, eps=cfg.norm_eps, plus_one=cfg.norm_plus_one)
     add(kernels.NORM_ATTN, norm, [((B, T, D), a), ((D,), w)])
@@ -70,6 +77,8 @@ def kernel_benches(cfg: ModelConfig, wl: Workload) -> dict[str, KernelBench]:
         _add_mla(cfg, wl, add)
     else:
         _add_gqa(cfg, wl, add)
+    if fused:
+        _add_flash(cfg, wl, add, closed)
     if is_moe:
         _add_moe(cfg, wl, add)
         F = cfg.num_shared_experts * cfg.moe_d_ff  # the shared experts: the mlp/ kernels
@@ -208,6 +217,56 @@ def _add_mla(cfg: ModelConfig, wl: Workload, add) -> None:
         add(kernels.ATTENTION, partial(mla.absorbed_attention, head_dim=H), [*cache, pos],
             analytic.attention_cost(cfg, wl))  # fmt: skip
     add(kernels.O_PROJ, linear, [((B, T, N * W), a), ((D, N * W), w)])
+
+
+def flash_execution(cfg: ModelConfig, phase: str) -> str:
+    """What runs a fused attention on this backend: a Pallas kernel interpreted on a CPU (its
+    values are the kernel's, its time is the interpreter's), cuDNN or Triton on a GPU, and
+    XLA's `dot_product_attention` composite (scores through memory, not fused) on a CPU."""
+    backend = jax.default_backend()
+    if phase == "decode":
+        return "pallas interpret" if backend == "cpu" else f"pallas {backend}"
+    impl = flash.prefill_impl()[0]
+    if impl == "pallas":
+        return "pallas interpret" if backend == "cpu" else f"pallas {backend}"
+    return "xla composite (not fused)" if impl == "xla" else impl
+
+
+def _add_flash(cfg: ModelConfig, wl: Workload, add, closed: dict[str, KernelCost]) -> None:
+    """The fused attention as the model runs it (`kvjax.nn.flash`), against the closed form's
+    fused kernel and flash-decoding's combine summed (`kvjax.analytic.flash`; without a chip
+    128 x 128 tiles and the cache in one split, as the model runs on this host by default)."""
+    B, T, S, N = wl.batch, wl.query_len, wl.context, cfg.num_heads
+    a = act_dtype(cfg)
+    parts = [closed[n] for n in (kernels.ATTENTION, kernels.ATTN_COMBINE) if n in closed]
+    cost = KernelCost(kernels.ATTENTION, sum(k.flops for k in parts), sum(k.bytes for k in parts),
+                      transcendentals=sum(k.transcendentals for k in parts))  # fmt: skip
+    runs = flash_execution(cfg, wl.phase)
+    scale = cfg.attn_scale
+    if wl.phase == "prefill":
+        if cfg.is_mla:  # MHA over the up-projected keys [k_nope, k_rope], values padded to them
+            Hk, K, G = cfg.head_dim, N, 1
+            scale = 1.0 / math.sqrt(cfg.head_dim)
+        else:
+            Hk, K, G = cfg.head_dim, cfg.num_kv_heads, cfg.group_size
+        fn = partial(flash.flash_causal, scale=scale)
+        add(kernels.ATTENTION, fn, [((B, T, K, G, Hk), a), ((B, T, K, Hk), a), ((B, T, K, Hk), a)],
+            cost, runs)  # fmt: skip
+        return
+    C = S - 1
+    pos = lambda key: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
+    kv = kv_dtype(cfg)
+    if cfg.is_mla:
+        A, P = cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        fn = partial(flash.flash_decode_latent, scale=1.0 / math.sqrt(cfg.head_dim))
+        args = [((B, N, A), a), ((B, N, P), a), ((B, A), a), ((B, P), a), ((B, C, A), kv),
+                ((B, C, P), kv), pos]  # fmt: skip
+    else:
+        K, G, H = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
+        fn = partial(flash.flash_decode, scale=scale, softcap=cfg.attn_softcap)
+        args = [((B, K, G, H), a), ((B, K, H), a), ((B, K, H), a), ((B, K, H, C), kv),
+                ((B, K, C, H), kv), pos]  # fmt: skip
+    add(kernels.ATTENTION, fn, args, cost, runs)
 
 
 def _input_bytes(args: tuple) -> int:

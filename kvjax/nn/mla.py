@@ -31,6 +31,7 @@ from flax import nnx
 from kvjax import kernels
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
+from kvjax.nn import flash
 from kvjax.nn.attention import NEG_INF, decode_softmax
 from kvjax.nn.kv_cache import check_cache_size
 from kvjax.nn.layers import apply_rope, linear, param, read, rms_norm, rope_tables, weight_dtype
@@ -51,10 +52,13 @@ class LatentAttention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         if cfg.attention_kernel == "flash":
-            raise KvjaxError(
-                "attention_kernel='flash' runs MHA/GQA/MQA in the model; MLA's fused kernel is "
-                "in the closed form only (kvjax calc --attention-kernel flash); use 'xla'"
-            )
+            flash.check_supported(cfg)
+            if cfg.mla_decode != "absorbed":
+                raise KvjaxError(
+                    "attention_kernel='flash' runs MLA's absorbed decode (attention over the "
+                    f"latent); mla_decode={cfg.mla_decode!r} is not supported (allowed: "
+                    "'absorbed', or attention_kernel='xla')"
+                )
         self.cfg = cfg
         D, N, H, A, P = (
             cfg.d_model,
@@ -114,6 +118,8 @@ class LatentAttention(nnx.Module):
         """Full causal attention of T queries over the same T positions, keys and values expanded
         (prefill and the uncached forward): o [B, T, N, W]."""
         cfg = self.cfg
+        if cfg.attention_kernel == "flash":
+            return self._flash_causal(proj)
         T, dtype, f32 = proj.c_BTA.shape[1], proj.q_nope_BTNU.dtype, jnp.float32
         q_rope_BNTP = jnp.transpose(proj.q_rope_BTNP, (0, 2, 1, 3))  # layout, outside the kernels
         with jax.named_scope(kernels.KV_B_PROJ):
@@ -131,6 +137,25 @@ class LatentAttention(nnx.Module):
         with jax.named_scope(kernels.AV):
             o_BNTW = jnp.einsum("BNTS,BSNW->BNTW", p_BNTS, v_BSNW)
         return jnp.transpose(o_BNTW, (0, 2, 1, 3))  # to BTNW, outside the kernels
+
+    def _flash_causal(self, proj: LatentProjection) -> jax.Array:
+        """Prefill fused: MHA over the up-projected keys [k_nope, k_rope] (U + P) and values,
+        the values zero-padded to U + P for the kernel (as vLLM does for FlashAttention) and the
+        output cut back to W."""
+        cfg = self.cfg
+        with jax.named_scope(kernels.KV_B_PROJ):
+            k_BSNU, v_BSNW = expand_prefix(proj.c_BTA, read(self.k_up, cfg), read(self.v_up, cfg))
+        B, T, N, U = k_BSNU.shape
+        P, W = cfg.qk_rope_head_dim, cfg.v_head_dim
+        # layout glue outside the kernel: the shared RoPE key beside each head's, V padded
+        k_rope_BSNP = jnp.broadcast_to(proj.k_rope_BTP[:, :, None], (B, T, N, P))
+        q_BTNH = jnp.concatenate([proj.q_nope_BTNU, proj.q_rope_BTNP], axis=-1)
+        k_BSNH = jnp.concatenate([k_BSNU, k_rope_BSNP.astype(k_BSNU.dtype)], axis=-1)
+        v_BSNH = jnp.pad(v_BSNW, ((0, 0), (0, 0), (0, 0), (0, U + P - W)))
+        o_BTNH = flash.flash_causal(
+            q_BTNH[:, :, :, None], k_BSNH, v_BSNH, scale=1.0 / math.sqrt(cfg.head_dim)
+        )  # fmt: skip
+        return o_BTNH[:, :, :, 0, :W]
 
     def over_cache(
         self, proj: LatentProjection, cache_arrays, pos_B: jax.Array, window: int = 0
@@ -167,6 +192,13 @@ class LatentAttention(nnx.Module):
         cfg = self.cfg
         with jax.named_scope(kernels.Q_ABSORB):
             q_lat_NBA = absorb_query(q_nope_BNU, read(self.k_up, cfg))
+        if cfg.attention_kernel == "flash":
+            o_lat_BNA = flash.flash_decode_latent(
+                jnp.transpose(q_lat_NBA, (1, 0, 2)), q_rope_BNP, c_new_BA, kr_new_BP,
+                c_cache_BSA, kr_cache_BSP, pos_B, scale=1.0 / math.sqrt(cfg.head_dim),
+            )  # fmt: skip
+            with jax.named_scope(kernels.V_UP):
+                return up_values(o_lat_BNA, read(self.v_up, cfg))
         with jax.named_scope(kernels.SCORES):
             s_BNS, s_self_BN, c_cache_BSA = absorbed_scores(
                 q_lat_NBA, q_rope_BNP, c_new_BA, kr_new_BP, c_cache_BSA, kr_cache_BSP

@@ -239,6 +239,11 @@ class Transformer(nnx.Module):
     def decode(self, tokens_B: jax.Array, cache: KVCache):
         """One new token per sequence: (logits [B, V], cache advanced by one position)."""
         logits_BV, new_k, new_v = self.decode_logits(tokens_B, cache)
+        if self.cfg.attention_kernel == "flash":
+            # The fused kernels are custom calls XLA cannot order against the in-place write of
+            # the donated cache; without this it may schedule the write first and copy the
+            # whole cache to keep the old one for the kernel (XLA:GPU did, for MLA's latent).
+            logits_BV, cache = jax.lax.optimization_barrier((logits_BV, cache))
         return logits_BV, cache.append(new_k, new_v)
 
 

@@ -37,6 +37,8 @@ def explorer_data() -> dict[str, Any]:
             "peak_flops_per_s": chip.peak_flops_per_s,
             "bandwidth_bytes_per_s": chip.bandwidth_bytes_per_s,
             "memory_bytes": chip.memory_bytes,
+            "onchip_bytes_per_core": chip.onchip_bytes_per_core,
+            "num_cores": chip.num_cores,
             "source": chip.source,
         }
         for name, chip in CHIPS.items()

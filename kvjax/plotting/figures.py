@@ -86,6 +86,9 @@ def _kv_variants(df: pd.DataFrame, ax) -> None:
     ax.legend(fontsize=6, frameon=True)
 
 
+ATTENTION_COLORS = {"prefill": "#8c1c13", "decode": "#dd8452"}  # the attention both ways
+
+
 def _panel_roofline(ax, df, chip) -> None:
     peak, bw = df.peak_flops_per_s.iloc[0], df.bandwidth_bytes_per_s.iloc[0]
     ridge = peak / bw
@@ -102,12 +105,16 @@ def _panel_roofline(ax, df, chip) -> None:
             else [min(peak, i * bw) for i in g.intensity]
         )
         style = dict(marker=markers.get(phase, "o"), s=14, linewidths=0.8)
-        if source == "closed form, fused":
-            ax.scatter(g.intensity, y, marker="*", s=40, color="#dd8452", edgecolors="0.2",
-                       linewidths=0.4, zorder=3, label="decode attention, fused")  # fmt: skip
+        if source in ("closed form, fused", "closed form, unfused"):
+            fused = source.endswith(" fused")
+            form = "fused" if fused else "unfused (sum)"
+            ax.scatter(g.intensity, y, marker="*" if fused else "D", s=40 if fused else 16,
+                       color=ATTENTION_COLORS[phase], edgecolors="0.2", linewidths=0.4, zorder=3,
+                       label=f"{phase} attention, {form}")  # fmt: skip
             for x, yy in zip(g.intensity, y, strict=True):
-                ax.annotate(f"{x:.3g}", (x, yy), textcoords="offset points", xytext=(-6, 7),
-                            fontsize=5, color="#dd8452")  # fmt: skip
+                ax.annotate(f"{x:.3g}", (x, yy), textcoords="offset points",
+                            xytext=(-6, 7) if fused else (-6, -10), fontsize=5,
+                            color=ATTENTION_COLORS[phase])  # fmt: skip
         elif source == "closed form":
             ax.scatter(
                 g.intensity,
@@ -168,10 +175,23 @@ def _decode_lines(g: pd.DataFrame):
     (the seed's palette), each MoE model in its own colour with square markers."""
     moe = g["moe"].fillna(False).astype(bool) if "moe" in g else pd.Series(False, index=g.index)
     palette = kv_palette(g[~moe].num_kv_heads) if (~moe).any() else {}
-    for (_, k, source), gk in g[~moe].groupby(["model", "num_kv_heads", "source"]):
-        yield f"h_kv={k}", {"color": palette[int(k)], "marker": "o"}, source, gk
-    for i, ((model, source), gk) in enumerate(g[moe].groupby(["model", "source"], sort=False)):
-        yield f"{model} (MoE)", {"color": MOE_COLORS[i % 2], "marker": "s"}, source, gk
+    kernel = g["attention_kernel"].fillna("xla") if "attention_kernel" in g else "xla"
+    g = g.assign(attention_kernel=kernel)
+    both = g.attention_kernel.nunique() > 1  # fused lines beside the unfused: say which is which
+    for (_, k, fused, source), gk in g[~moe].groupby(
+        ["model", "num_kv_heads", "attention_kernel", "source"]
+    ):
+        flash = fused == "flash"
+        label = f"h_kv={k}" + ((", fused attn" if flash else ", unfused attn") if both else "")
+        style = {"color": palette[int(k)], "marker": "*" if flash else "o"}
+        yield label, style | ({"alpha": 0.6} if flash else {}), source, gk
+    for i, ((model, fused, source), gk) in enumerate(
+        g[moe].groupby(["model", "attention_kernel", "source"], sort=False)
+    ):
+        label = f"{model} (MoE)" + (
+            f", {'fused' if fused == 'flash' else 'unfused'} attn" if both else ""
+        )
+        yield label, {"color": MOE_COLORS[i % 2], "marker": "s"}, source, gk
 
 
 MOE_COLORS = ("#8c564b", "#e377c2")

@@ -212,7 +212,11 @@ def trace_step(
             total = Cost()
             for k in traced:
                 total += Cost(k.flops, k.transcendentals, k.bytes)
-        _check_attribution(per_kernel, xla)
+        fused_note = flash_trace_note(cfg, wl.phase, backend)
+        if fused_note:
+            notes.append(fused_note)
+        if not (fused_note and fused_note.startswith("interpreted")):  # not costed
+            _check_attribution(per_kernel, xla)
     result = StepTrace(
         cfg=cfg,
         workload=wl,
@@ -232,6 +236,25 @@ def trace_step(
         result.roofline = opinion
     result.trace_seconds = time.perf_counter() - t0
     return result
+
+
+def flash_trace_note(cfg: ModelConfig, phase: str, backend: str) -> str | None:
+    """What the fused attention's traced row is on this host, when it is not the kernel's cost:
+    a Pallas kernel lowered for the CPU runs in interpret mode (the module holds the
+    interpreter's loop, not the kernel), and XLA's `dot_product_attention` on a CPU is the
+    unfused composite (the scores through memory)."""
+    if cfg.attention_kernel != "flash" or backend != "cpu":
+        return None
+    from kvjax.nn import flash
+
+    target = "compile it for an accelerator (`kvjax trace --target h100`) for the kernel's cost"
+    if phase != "prefill" or flash.prefill_impl()[0] == "pallas":
+        return (f"interpreted on {backend}: the attention's Pallas kernel runs in interpret mode, "
+                f"so its traced row is the interpreter's loop, not a cost (the module's total is "
+                f"not checked against the kernels' sum); {target}")  # fmt: skip
+    return (f"unfused on {backend}: the attention's jax.nn.dot_product_attention is XLA's "
+            f"composite here (the T x S scores through memory), not the fused kernel the closed "
+            f"form counts; {target}")  # fmt: skip
 
 
 def _check_attribution(per_kernel: dict, xla: dict[str, float]) -> None:
@@ -276,6 +299,7 @@ def compare(trace: StepTrace) -> list[KernelComparison]:
         raise KvjaxError("per-kernel comparison needs stage='lowered'")
     closed = analytic.step_kernels(trace.cfg, trace.workload)
     traced = trace.by_kernel()
+    fused_note = flash_trace_note(trace.cfg, trace.workload.phase, trace.backend)
     rows = []
     for name in list(closed) + [n for n in traced if n not in closed]:
         c = closed.get(name)
@@ -289,7 +313,9 @@ def compare(trace: StepTrace) -> list[KernelComparison]:
                 traced_bytes=t.bytes,
                 closed_transcendentals=c.transcendentals if c else 0.0,
                 traced_transcendentals=t.transcendentals,
-                explanation=kernels.bytes_note(name),
+                explanation=fused_note
+                if fused_note and name == kernels.ATTENTION
+                else kernels.bytes_note(name),
             )
         )
     return rows

@@ -52,7 +52,8 @@ class TargetTrace:
 
 def _fused_lowering(cfg: ModelConfig, wl: Workload, target):
     """A flash model's kernels lowered for the target (Triton on a GPU, Mosaic on a TPU), the
-    decode cache split as `kvjax.analytic.flash.plan` sizes it for the target's chip."""
+    decode cache split and the prefill tiled as `kvjax.analytic.flash.plan` sizes them for the
+    target's chip."""
     import contextlib
 
     if cfg.attention_kernel != "flash":
@@ -62,14 +63,13 @@ def _fused_lowering(cfg: ModelConfig, wl: Workload, target):
 
     chip = hardware.get_chip(target.spec.chip)
     tiles = flash_form.plan(cfg, wl, chip.onchip_bytes_per_core, chip.num_cores)
-    if target.platform != "tpu" and wl.phase == "prefill":
-        raise KvjaxError(
-            "attention_kernel='flash' prefill on a GPU target runs cuDNN's fused attention, which "
-            "lowers only where a CUDA driver is present; compiled here it is refused (the closed "
-            "form has it: kvjax calc --attention-kernel flash --phase prefill); decode runs "
-            "kvjax's Triton kernel and compiles here"
-        )
-    return flash.lowering_for("gpu" if target.platform != "tpu" else "tpu", tiles.splits)
+    if target.platform == "tpu":
+        return flash.lowering_for("tpu", tiles.splits)
+    # cuDNN's fused attention lowers only where a CUDA driver is present: a GPU target compiled
+    # here runs kvjax's own Pallas prefill in the closed form's tiles (Triton)
+    return flash.lowering_for(
+        "gpu", tiles.splits, prefill="pallas", block_q=tiles.block_q, block_k=tiles.block_k
+    )
 
 
 def trace_target_step(
