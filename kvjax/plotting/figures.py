@@ -108,13 +108,11 @@ def _panel_roofline(ax, df, chip) -> None:
         if source in ("closed form, fused", "closed form, unfused"):
             fused = source.endswith(" fused")
             form = "fused" if fused else "unfused (sum)"
+            # the intensities in the legend, not beside the points: nothing to overlap
+            values = ", ".join(f"{x:.3g}" for x in g.intensity)
             ax.scatter(g.intensity, y, marker="*" if fused else "D", s=40 if fused else 16,
                        color=ATTENTION_COLORS[phase], edgecolors="0.2", linewidths=0.4, zorder=3,
-                       label=f"{phase} attention, {form}")  # fmt: skip
-            for x, yy in zip(g.intensity, y, strict=True):
-                ax.annotate(f"{x:.3g}", (x, yy), textcoords="offset points",
-                            xytext=(-6, 7) if fused else (-6, -10), fontsize=5,
-                            color=ATTENTION_COLORS[phase])  # fmt: skip
+                       label=f"{phase} attention, {form}: I={values}")  # fmt: skip
         elif source == "closed form":
             ax.scatter(
                 g.intensity,
@@ -137,8 +135,9 @@ def _panel_roofline(ax, df, chip) -> None:
         else:
             ax.scatter(g.intensity, y, color=colors[phase], **style, label=f"{phase}, measured")
     measured = df[df.source == "measured"]
+    caption = None
     if len(measured):  # labelled once for both phases: one column of labels, no overlaps
-        _label_measured(ax, measured, peak, bw)
+        caption = _label_measured(ax, measured, peak, bw)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
@@ -147,7 +146,9 @@ def _panel_roofline(ax, df, chip) -> None:
         ax.set_title(f"{df.model.iloc[0]}: timed in situ on {_device(chip)}", fontsize=7)
     else:
         ax.set_title(f"{df.model.iloc[0]} on {chip}: closed form, traced", fontsize=7)
-    ax.legend(fontsize=5, frameon=True, loc="lower right")
+    # below the axes, never on the data; the measured panel's unlabelled kernels as its title
+    ax.legend(fontsize=4.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+              ncol=2, title=caption, title_fontsize=4.2, columnspacing=1.0)  # fmt: skip
 
 
 def roofline(records: pd.DataFrame, fig) -> bool | None:
@@ -158,7 +159,7 @@ def roofline(records: pd.DataFrame, fig) -> bool | None:
     panels = list(dict.fromkeys(zip(df.model, df.chip, strict=True)))
     if not panels:
         return False
-    fig.set_size_inches(max(2, len(panels)) * COLUMN_WIDTH_IN, 2.8)  # a column per panel
+    fig.set_size_inches(max(2, len(panels)) * COLUMN_WIDTH_IN, 3.6)  # a column per panel
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (model, chip) in zip(axes, panels, strict=True):
         _panel_roofline(ax, df[(df.model == model) & (df.chip == chip)], chip)
@@ -270,15 +271,14 @@ def hkv_ablation(records: pd.DataFrame, fig) -> None:
                     label=f"{family}: measured (median, interleaved)")  # fmt: skip
             if "flagged" in g:
                 mark_flags(ax, x, g.measured_s * 1e3, g["flagged"])
+        # MLA's tags above its upper line, GQA's below its lower one: the two never cross labels
+        mla = family == "MLA"
         for xi, (_, r) in zip(x, g.iterrows(), strict=True):
-            y = (
-                r.measured_s
-                if "measured_s" in g and pd.notna(r.get("measured_s"))
-                else r.predicted_s
-            )
-            tag = f"A={int(r.kv_lora_rank)}" if family == "MLA" else f"h_kv={int(r.num_kv_heads)}"
-            ax.annotate(tag, (xi, y * 1e3), textcoords="offset points", xytext=(2, 3), fontsize=5,
-                        color=c)  # fmt: skip
+            measured = "measured_s" in g and pd.notna(r.get("measured_s"))
+            y = r.measured_s if mla and measured else r.predicted_s
+            tag = f"A={int(r.kv_lora_rank)}" if mla else f"h_kv={int(r.num_kv_heads)}"
+            ax.annotate(tag, (xi, y * 1e3), textcoords="offset points", ha="center",
+                        xytext=(0, 4) if mla else (0, -8), fontsize=5, color=c)  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_ylim(bottom=0)  # a time axis from zero: the gap is read as a ratio
     ax.set_xlabel("KV cache per token (KiB, binary)")

@@ -30,7 +30,7 @@ def _matters(kernel: str) -> bool:
                for p in parts)  # fmt: skip
 
 
-def _label_measured(ax, g: pd.DataFrame, peak: float, bw: float) -> None:
+def _label_measured(ax, g: pd.DataFrame, peak: float, bw: float) -> str | None:
     """The products among the measured points labelled in a column right of the panel, each
     with a leader line to its point, in the order of their heights (labels never overlap); the
     other kernels (norms, RoPE, residuals, activation, cache write) are named in one caption
@@ -48,11 +48,10 @@ def _label_measured(ax, g: pd.DataFrame, peak: float, bw: float) -> None:
                     arrowprops={"arrowstyle": "-", "lw": 0.3, "color": "0.65",
                                 "shrinkA": 0, "shrinkB": 1.5})  # fmt: skip
     others = sorted({short_kernel(k) for k in rows.kernel if not _matters(k)})
-    if others:  # under the axis label: never on the data
+    caption = None
+    if others:  # the caller shows it off the data (the legend's title below the axes)
         half = (len(others) + 1) // 2
-        text = ", ".join(others[:half]) + ",\n" + ", ".join(others[half:])
-        ax.text(0.0, -0.3, "unlabelled: " + text, transform=ax.transAxes, fontsize=4.2,
-                va="top", ha="left", color="0.35")  # fmt: skip
+        caption = "unlabelled: " + ", ".join(others[:half]) + ",\n" + ", ".join(others[half:])
     above = [
         r.achieved_flops_per_s > min(peak, r.intensity * bw) * 1.0001
         or ("above_roof" in r and isinstance(r.above_roof, str))
@@ -62,9 +61,9 @@ def _label_measured(ax, g: pd.DataFrame, peak: float, bw: float) -> None:
         hot = rows[above]
         ax.scatter(hot.intensity, hot.achieved_flops_per_s, s=45, facecolors="none",
                    edgecolors="red", linewidths=0.7)  # fmt: skip
-        ax.text(0.02, 0.86, "red ring: above the measured roof\n(the record says why)",
-                transform=ax.transAxes, fontsize=4.5, color="red", va="top",
-                ha="left")  # fmt: skip
+        ax.scatter([], [], s=45, facecolors="none", edgecolors="red", linewidths=0.7,
+                   label="above the measured roof (the record says why)")  # fmt: skip
+    return caption
 
 
 def kernel_bound(records: pd.DataFrame, fig) -> None:
@@ -102,7 +101,10 @@ def kernel_bound(records: pd.DataFrame, fig) -> None:
         wl = f"B={int(g.batch.iloc[0])}, S={int(g.context.iloc[0])}"
         where = "this CPU" if str(device).startswith("cpu") else device
         ax.set_title(f"{g.model.iloc[0]} {phase}, {wl}, in situ on {where}{cover}", fontsize=6)
-        ax.legend(fontsize=5, frameon=True)
+        # a strip of headroom above the tallest bar holds the legend: it covers no bar
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + 0.25 * (high - low))
+        ax.legend(fontsize=5, frameon=True, loc="upper left", ncol=3)
 
 
 def mark_flags(ax, xs, ys, flags) -> None:
