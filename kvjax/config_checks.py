@@ -174,3 +174,24 @@ def check_scales(cfg: Fields) -> None:
             f"kv_scales={cfg.kv_scales!r}: scales for MLA's latent cache are not implemented; "
             f"use kv_scales='none' (an fp8 latent cast as it is)"
         )
+
+
+def check_extend(cfg: Fields) -> None:
+    """The extend step runs MHA/GQA/MQA over global layers of an unscaled cache with XLA's
+    attention; the rest is refused by name."""
+    reasons = []
+    if cfg.is_mla:
+        reasons.append("MLA (kv_lora_rank > 0)")
+    if cfg.num_sliding_layers:
+        reasons.append(f"sliding-window layers ({cfg.num_sliding_layers})")
+    if cfg.kv_scale_kind != "none":
+        reasons.append(f"a scaled kv_dtype={cfg.kv_dtype!r}")
+    if cfg.attention_kernel != "xla":
+        reasons.append(f"attention_kernel={cfg.attention_kernel!r}")
+    if cfg.attn_softcap:
+        reasons.append(f"attn_softcap={cfg.attn_softcap:g}")
+    if reasons:
+        raise KvjaxError(
+            "phase 'extend' (T new tokens on a cache) runs MHA/GQA/MQA global layers of an "
+            f"unscaled cache with attention_kernel='xla'; {cfg.name} has " + ", ".join(reasons)
+        )

@@ -2,7 +2,10 @@
 
 A workload is a phase, a batch B and a context S (letters: `kvjax.kernels`):
 - prefill: T = S prompt tokens attend to themselves and fill the cache;
-- decode: T = 1 new token per sequence attends to S positions (the new one included).
+- decode: T = 1 new token per sequence attends to S positions (the new one included);
+- extend: T = `new_tokens` per sequence appended to a cache holding S - T, each attending the
+  cached positions and the new ones up to itself: a chunk of a chunked prefill, a speculative
+  verify step (T = k + 1), decode's generalisation (`kvjax.analytic.serving`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from dataclasses import dataclass, fields
 from kvjax.config import DTYPE_BYTES
 from kvjax.errors import KvjaxError
 
-PHASES = ("prefill", "decode")
+PHASES = ("prefill", "decode")  # what every command runs
+EXTEND = "extend"  # calc, trace: T new tokens on S - T cached
 SCORE_BYTES = DTYPE_BYTES[
     "f32"
 ]  # scores and logits are kept in f32; probabilities in compute dtype
@@ -29,10 +33,25 @@ class Workload:
     batch: int
     context: int
     experts_touched: float | None = None
+    new_tokens: int = 0  # T of an extend step (0 for prefill and decode)
 
     def __post_init__(self) -> None:
-        if self.phase not in PHASES:
-            raise KvjaxError(f"phase={self.phase!r} is not supported; allowed: {', '.join(PHASES)}")
+        if self.phase not in (*PHASES, EXTEND):
+            raise KvjaxError(
+                f"phase={self.phase!r} is not supported; allowed: {', '.join((*PHASES, EXTEND))}"
+            )
+        T = self.new_tokens
+        if isinstance(T, bool) or not isinstance(T, int):
+            raise KvjaxError(f"new_tokens={T!r} must be an integer")
+        if self.phase == EXTEND and not 1 <= T <= self.context:
+            raise KvjaxError(
+                f"new_tokens={T} must lie in 1 .. context={self.context} for phase='extend' "
+                "(T new tokens on context - T cached)"
+            )
+        if self.phase != EXTEND and T:
+            raise KvjaxError(
+                f"new_tokens={T} applies to phase='extend' only (phase={self.phase!r})"
+            )
         for field in ("batch", "context"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -46,6 +65,8 @@ class Workload:
     @property
     def query_len(self) -> int:
         """T: tokens per sequence processed by this step."""
+        if self.phase == EXTEND:
+            return self.new_tokens
         return self.context if self.phase == "prefill" else 1
 
     @property

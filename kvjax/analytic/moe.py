@@ -17,6 +17,8 @@ trace is compared with the closed form at `Workload.experts_touched = M*k`.
 
 from __future__ import annotations
 
+import dataclasses
+
 from kvjax import kernels
 from kvjax.analytic.costs import SCORE_BYTES, KernelCost, Workload
 from kvjax.analytic.params import (  # noqa: F401 (re-exported for callers of analytic.moe)
@@ -55,7 +57,7 @@ def model_workload(cfg: ModelConfig, wl: Workload) -> Workload:
     (M*k expert reads, `kvjax.nn.moe`), the count its trace and its clock are compared at."""
     if not cfg.is_moe:
         return wl
-    return Workload(wl.phase, wl.batch, wl.context, wl.tokens * cfg.experts_per_token)
+    return dataclasses.replace(wl, experts_touched=wl.tokens * cfg.experts_per_token)
 
 
 def active_params(cfg: ModelConfig) -> int:

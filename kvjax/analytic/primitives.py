@@ -91,6 +91,22 @@ def prefill_softmax(R: int, T: int, S: int, a: int) -> KernelCost:
     )
 
 
+def extend_softmax(R: int, B: int, T: int, S: int, a: int) -> KernelCost:
+    """T new queries of R = B*N heads over the S cache rows (E = R*T*S scores), each seeing the
+    rows up to its own position: the last row each sees (pos + t: B*T adds) and the mask
+    (B*T*S compares), then scale, where, max, its maximum with -inf, subtract, exp, sum, divide
+    as in `prefill_softmax`: 6E - R*T + B*T*(S + 1); at T = 1 jax drops the add of arange(1)
+    (a constant zero); a 2-byte model converts the probabilities."""
+    E = R * T * S
+    last = B * T if T > 1 else 0
+    return KernelCost(
+        kernels.SOFTMAX,
+        flops=6 * E - R * T + B * T * S + last + (E if a != 4 else 0),
+        bytes=E * SCORE_BYTES + E * a,
+        transcendentals=E,
+    )
+
+
 def rope_cost(M: int, heads: int, H: int, a: int, scaled: bool = False) -> KernelCost:
     """RoPE over `heads` rotated vectors of H per token (q's and k's): x1*cos - x2*sin,
     x2*cos + x1*sin, 3 FLOPs an element. Tables: angles = position * inv_freq (M*H/2), inv_freq =

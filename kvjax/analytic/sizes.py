@@ -12,6 +12,7 @@ from kvjax.analytic.params import (  # noqa: F401 (re-exported: analytic's publi
 )
 from kvjax.analytic.quant import exact, scale_bytes_per_token_per_layer, tensor_scale_bytes
 from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
 
 
 def kv_elements_per_token_per_layer(cfg: ModelConfig) -> int:
@@ -36,38 +37,53 @@ def kv_bytes_per_token(cfg: ModelConfig) -> int:
     return cfg.num_layers * kv_bytes_per_token_per_layer(cfg)
 
 
-def kv_positions_held(cfg: ModelConfig, context: int) -> dict[str, int]:
+def paged(positions: int, page_size: int = 0) -> int:
+    """Positions a paged cache holds for `positions` tokens: whole pages of `page_size` (vLLM's
+    blocks, 16 by default there), ceil(S / P) * P; the positions themselves when not paged (0)."""
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 0:
+        raise KvjaxError(f"page_size={page_size!r} must be an integer >= 1 (or 0: not paged)")
+    return -(-positions // page_size) * page_size if page_size else positions
+
+
+def kv_positions_held(cfg: ModelConfig, context: int, page_size: int = 0) -> dict[str, int]:
     """Positions each kind of layer holds at context S: a global layer S, a sliding layer
-    min(S, window) (its rolling buffer), and their total over the layers."""
+    min(S, window) (its rolling buffer), and their total over the layers; on pages of
+    `page_size` each rounded up to whole pages (`paged`)."""
     sliding = cfg.num_sliding_layers
-    per_sliding = min(context, cfg.sliding_window) if sliding else 0
+    per_sliding = paged(min(context, cfg.sliding_window), page_size) if sliding else 0
+    per_global = paged(context, page_size)
     return {
         "global_layers": cfg.num_layers - sliding,
         "sliding_layers": sliding,
-        "global_positions": context,
+        "global_positions": per_global,
         "sliding_positions": per_sliding,
-        "total": (cfg.num_layers - sliding) * context + sliding * per_sliding,
+        "total": (cfg.num_layers - sliding) * per_global + sliding * per_sliding,
     }
 
 
-def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1) -> int:
-    """Sum over layers of the positions each holds (`kv_positions_held`) x bytes per position, and
-    per-tensor scales (a K and a V scale per layer) where the cache has them."""
+def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, page_size: int = 0) -> int:
+    """Sum over layers of the positions each holds (`kv_positions_held`, on pages of
+    `page_size` if given) x bytes per position, and per-tensor scales (a K and a V scale per
+    layer) where the cache has them."""
     per_position = kv_bytes_per_token_per_layer(cfg)
-    return per_position * kv_positions_held(cfg, context)["total"] * batch + tensor_scale_bytes(cfg)
+    held = kv_positions_held(cfg, context, page_size)["total"]
+    return per_position * held * batch + tensor_scale_bytes(cfg)
 
 
-def _context_for_bytes(cfg: ModelConfig, budget: float, batch: int) -> int | None:
+def _context_for_bytes(cfg: ModelConfig, budget: float, batch: int, page_size: int = 0):
     """Largest S whose cache for `batch` sequences is at most `budget` bytes (None: any S, when
-    every layer is sliding and the full windows fit)."""
+    every layer is sliding and the full windows fit); on pages, a whole number of pages."""
     per = kv_bytes_per_token_per_layer(cfg) * batch
     rows = budget // per  # layer-positions affordable
-    L, sliding, W = cfg.num_layers, cfg.num_sliding_layers, cfg.sliding_window
+    L, sliding = cfg.num_layers, cfg.num_sliding_layers
+    W = paged(cfg.sliding_window, page_size) if sliding else 0
     if not sliding or rows < L * W:  # still inside the window: every layer holds every position
-        return int(rows // L)
-    if sliding == L:
+        fits = int(rows // L)
+    elif sliding == L:
         return None
-    return int((rows - sliding * W) // (L - sliding))
+    else:
+        fits = int((rows - sliding * W) // (L - sliding))
+    return fits // page_size * page_size if page_size else fits
 
 
 def kv_exceeds_weights_at_context(cfg: ModelConfig, batch: int = 1) -> int | None:
@@ -77,16 +93,21 @@ def kv_exceeds_weights_at_context(cfg: ModelConfig, batch: int = 1) -> int | Non
     return None if fits is None else fits + 1
 
 
-def max_batch_that_fits(cfg: ModelConfig, memory_bytes: float, context: int) -> int:
-    """Largest B whose KV cache at `context` fits beside the weights (activations not counted)."""
+def max_batch_that_fits(
+    cfg: ModelConfig, memory_bytes: float, context: int, page_size: int = 0
+) -> int:
+    """Largest B whose KV cache at `context` (on pages of `page_size` if given) fits beside the
+    weights (activations not counted)."""
     free = memory_bytes - weight_bytes(cfg)
-    return max(0, int(free // kv_cache_bytes(cfg, context, 1)))
+    return max(0, int(free // kv_cache_bytes(cfg, context, 1, page_size)))
 
 
-def max_context_that_fits(cfg: ModelConfig, memory_bytes: float, batch: int) -> int | None:
+def max_context_that_fits(
+    cfg: ModelConfig, memory_bytes: float, batch: int, page_size: int = 0
+) -> int | None:
     """Longest S whose KV cache for `batch` sequences fits beside the weights (None: any S, when
-    every layer is sliding and `batch` full windows fit)."""
+    every layer is sliding and `batch` full windows fit); on pages, a whole number of them."""
     free = memory_bytes - weight_bytes(cfg)
     if free < 0:
         return 0
-    return _context_for_bytes(cfg, free, batch)
+    return _context_for_bytes(cfg, free, batch, page_size)

@@ -13,19 +13,21 @@ from __future__ import annotations
 from collections import Counter
 
 from kvjax import kernels
-from kvjax.analytic.costs import INDEX_BYTES, SCORE_BYTES, KernelCost, StepCost, Workload
+from kvjax.analytic.costs import EXTEND, INDEX_BYTES, SCORE_BYTES, KernelCost, StepCost, Workload
 from kvjax.analytic.primitives import (  # noqa: F401 (_act_bytes, rope_cost: re-exported)
     _act_bytes,
     _matmul,
     _residual,
     _rmsnorm,
     decode_softmax,
+    extend_softmax,
     prefill_softmax,
     rope_cost,
     softcap_cost,
 )
 from kvjax.analytic.quant import dequantize_cost, quantize_flops, scale_bytes_per_row
 from kvjax.config import ModelConfig
+from kvjax.config_checks import check_extend
 
 
 def layer_kernels(
@@ -36,6 +38,8 @@ def layer_kernels(
     (`kvjax.analytic.moe`: router, experts, and the shared experts as the mlp/ kernels). With
     `cfg.attention_kernel == "flash"` scores, softmax and av are one fused kernel
     (`kvjax.analytic.flash`), tiled for `chip` (a `ChipSpec`; None: 128 x 128 tiles)."""
+    if wl.phase == EXTEND:
+        check_extend(cfg)  # the closed form covers what the model's extend step runs
     M, D, F = wl.tokens, cfg.d_model, cfg.d_ff
     w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
     if cfg.is_mla:
@@ -199,6 +203,8 @@ def gqa_attention_kernels(
             + 3 * R * H * a,
             kv_bytes=cache_rows * kv + B * K * C * scale_row,
         )
+    elif wl.phase == EXTEND:
+        kv_write, scores, softmax, av = _extend_attention(cfg, wl)
     else:
         # Prefill writes the T new rows into the cache (one dynamic-update-slice each for K, V).
         held = min(T, window) if window else T  # rows a sliding layer keeps
@@ -231,6 +237,45 @@ def gqa_attention_kernels(
             bytes=E * a + B * S * K * H * a + M * N * H * a,
         )
     return [*k, kv_write, scores, softmax, av, _matmul(kernels.O_PROJ, M, N * H, D, w, a)]
+
+
+def _extend_attention(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
+    """An extend step's write and attention (`kvjax.nn.transformer.Transformer.extend`): the T
+    new rows of K and V scattered into the cache at pos .. pos + T - 1 (3 ops an element wrap
+    each scatter's negative indices: the slots, B x T, and the sequences' b, B of them unless
+    B = 1, a constant),
+    then the T queries attend all S rows of the cache, each masked to the rows up to itself:
+    the full T x S scores, as prefill computes them (a cache in another dtype than the compute
+    dtype is converted on read, as decode does)."""
+    B, T, S = wl.batch, wl.query_len, wl.context
+    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    M, R, E = B * T, B * N, B * N * T * S
+    a, kv = _act_bytes(cfg), cfg.kv_bytes_per_element
+    widen = kv != a
+    rows = 2 * M * K * H  # K and V elements written
+    kv_write = KernelCost(
+        kernels.KV_WRITE,
+        flops=2 * (3 * M + (3 * B if B > 1 else 0)) + (rows if widen else 0),
+        bytes=rows * (a + kv),
+        kv_bytes=rows * kv,
+    )
+    cache = B * K * S * H  # elements of K (or V) read
+    convert, convert_bytes = (cache, cache * (kv + a)) if widen else (0, 0)
+    read = cache * (a if widen else kv) + convert_bytes
+    scores = KernelCost(
+        kernels.SCORES,
+        flops=2 * E * H + convert,
+        bytes=M * N * H * a + read + E * SCORE_BYTES,
+        kv_bytes=cache * kv,
+    )
+    softmax = extend_softmax(R, B, T, S, a)
+    if cfg.attn_softcap:
+        softmax = softmax + softcap_cost(kernels.SOFTMAX, E)
+    av = KernelCost(
+        kernels.AV, flops=2 * E * H + convert, bytes=E * a + read + M * N * H * a,
+        kv_bytes=cache * kv,
+    )  # fmt: skip
+    return [kv_write, scores, softmax, av]
 
 
 def embed_kernel(cfg: ModelConfig, wl: Workload) -> KernelCost:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvjax.analytic import PHASES, Workload
+from kvjax.analytic.costs import EXTEND
 from kvjax.config import (
     DTYPE_BYTES,
     KV_SCALES,
@@ -175,7 +176,8 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
     )  # fmt: skip
 
 
-def add_workload_args(parser: argparse.ArgumentParser) -> None:
+def add_workload_args(parser: argparse.ArgumentParser, extend: bool = False) -> None:
+    """--batch, --context, --phase; `extend`: the phase 'extend' and its --new-tokens too."""
     g = parser.add_argument_group("workload")
     g.add_argument("--batch", type=positive_int, default=1, help="B sequences (default 1)")
     g.add_argument(
@@ -184,7 +186,53 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
         default=8192,
         help="S positions, e.g. 8192 or 8k (default 8k)",
     )
-    g.add_argument("--phase", choices=PHASES, default="decode")
+    g.add_argument("--phase", choices=(*PHASES, EXTEND) if extend else PHASES, default="decode")
+    if extend:
+        g.add_argument(
+            "--new-tokens", type=positive_int, default=None, metavar="T",
+            help="with --phase extend: T new tokens on context - T cached",
+        )  # fmt: skip
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1] (a probability)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number in [0, 1]") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must lie in [0, 1]")
+    return value
+
+
+def add_serving_args(parser: argparse.ArgumentParser, speculative: bool = True) -> None:
+    """--page-size, and (speculative) --spec-tokens/--acceptance/--draft-model."""
+    g = parser.add_argument_group("serving")
+    g.add_argument(
+        "--page-size",
+        type=positive_int,
+        default=0,
+        metavar="P",
+        help="a paged KV cache of P-token pages (vLLM: 16): sizes and capacity on pages",
+    )
+    if speculative:
+        g.add_argument(
+            "--spec-tokens",
+            type=positive_int,
+            default=None,
+            metavar="K",
+            help="speculative decoding: K draft tokens verified in one step of K + 1",
+        )
+        g.add_argument(
+            "--acceptance",
+            type=fraction,
+            default=None,
+            metavar="A",
+            help="with --spec-tokens: each draft token's acceptance probability",
+        )
+        g.add_argument("--draft-model", default=None, metavar="NAME",
+                       help="with --spec-tokens: the draft (preset or config.json) whose K "
+                       "decode steps are added per verify step")  # fmt: skip
 
 
 def add_chip_args(parser: argparse.ArgumentParser) -> None:
@@ -261,7 +309,12 @@ def custom_name(cfg: ModelConfig, named: bool) -> str:
 
 
 def resolve_workload(args: argparse.Namespace) -> Workload:
-    return Workload(args.phase, args.batch, args.context)
+    T = getattr(args, "new_tokens", None)
+    if args.phase == EXTEND and T is None:
+        raise KvjaxError("--phase extend needs --new-tokens T (T new tokens on context - T cached)")
+    if args.phase != EXTEND and T is not None:
+        raise KvjaxError(f"--new-tokens applies to --phase extend (got --phase {args.phase})")
+    return Workload(args.phase, args.batch, args.context, new_tokens=T or 0)
 
 
 def resolve_chip(args: argparse.Namespace, cfg: ModelConfig) -> ChipSpec:

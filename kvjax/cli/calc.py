@@ -8,7 +8,8 @@ import math
 from typing import Any
 
 from kvjax import analytic, kernels
-from kvjax.analytic import Workload, flash, moe, parallel, roofline
+from kvjax.analytic import Workload, flash, moe, parallel, roofline, serving
+from kvjax.analytic.costs import EXTEND
 from kvjax.analytic.primitives import _act_bytes
 from kvjax.analytic.quant import scale_bytes_per_token_per_layer, tensor_scale_bytes
 from kvjax.analytic.variants import variant_configs, variants_table
@@ -16,9 +17,11 @@ from kvjax.cli import render
 from kvjax.cli.args import (
     add_chip_args,
     add_model_args,
+    add_serving_args,
     add_workload_args,
     emit,
     int_list,
+    model_from_name,
     resolve_chip,
     resolve_model,
     resolve_workload,
@@ -35,8 +38,9 @@ def add_parser(sub) -> None:
         description="Closed forms of the seed text for any model, num_kv_heads, workload and chip.",
     )
     add_model_args(calc)
-    add_workload_args(calc)
+    add_workload_args(calc, extend=True)
     add_chip_args(calc)
+    add_serving_args(calc)
     calc.add_argument("--variants", action="store_true", help="add the MHA/GQA/MQA table")
     calc.add_argument("--tp", type=int_list, help="tensor-parallel degree(s), e.g. 8 or 1,2,4,8")
     calc.add_argument(
@@ -62,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_model(args)
     wl = resolve_workload(args)
     chip = resolve_chip(args, cfg)
-    report = calc_report(cfg, wl, chip)
+    report = calc_report(cfg, wl, chip, args.page_size)
+    report["speculative"] = speculative_report(args, cfg, wl, chip)
     if args.variants:
         report["variants"] = variants_table(cfg, chip)
         # each variant's attention at this step, unfused and fused (the kernel the step counts)
@@ -75,6 +80,21 @@ def run(args: argparse.Namespace) -> int:
     if args.ep:
         report["expert_parallel"] = [moe.expert_parallel(cfg, ep, wl) for ep in args.ep]
     return emit(args, report, render.print_calc)
+
+
+def speculative_report(args, cfg: ModelConfig, wl: Workload, chip: ChipSpec):
+    """--spec-tokens K --acceptance A [--draft-model NAME]: the verify step against decode."""
+    given = [f for f in ("spec_tokens", "acceptance", "draft_model") if getattr(args, f, None)
+             is not None]  # fmt: skip
+    if not given:
+        return None
+    if args.spec_tokens is None or args.acceptance is None:
+        raise KvjaxError(
+            "speculative decoding needs --spec-tokens K and --acceptance A "
+            f"(given: {', '.join('--' + f.replace('_', '-') for f in given)})"
+        )
+    draft = None if args.draft_model is None else model_from_name(args.draft_model)
+    return serving.speculative(cfg, wl, chip, args.spec_tokens, args.acceptance, draft)
 
 
 def tensor_parallel_report(
@@ -119,14 +139,18 @@ def moe_report(cfg: ModelConfig, decode: Workload) -> dict[str, Any] | None:
     }
 
 
-def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any]:
-    """Every closed-form number of `kvjax calc --json`, keyed as documented in the README."""
+def calc_report(
+    cfg: ModelConfig, wl: Workload, chip: ChipSpec, page_size: int = 0
+) -> dict[str, Any]:
+    """Every closed-form number of `kvjax calc --json`, keyed as documented in the README; the
+    cache and capacity on pages of `page_size` when given."""
     dtype = cfg.compute_dtype
     peak, bw = chip.peak(dtype), chip.bandwidth_bytes_per_s
     decode = analytic.step_cost(cfg, Workload("decode", wl.batch, wl.context), chip)
     step = analytic.step_cost(cfg, wl, chip)
     weights = analytic.weight_bytes(cfg)
-    kv_cache = analytic.kv_cache_bytes(cfg, wl.context, wl.batch)
+    kv_cache = analytic.kv_cache_bytes(cfg, wl.context, wl.batch, page_size)
+    unpaged = analytic.kv_cache_bytes(cfg, wl.context, wl.batch)
     placed = roofline.place(analytic.step_kernels(cfg, wl, chip).values(), peak, bw)
     on_roof = roofline.point(kernels.STEP_KERNEL, step.flops, step.bytes, peak, bw)
     step_floor = on_roof.bound_s
@@ -140,7 +164,12 @@ def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any
     )
     report: dict[str, Any] = {
         "model": cfg.to_dict(),
-        "workload": {"phase": wl.phase, "batch": wl.batch, "context": wl.context},
+        "workload": {
+            "phase": wl.phase,
+            "batch": wl.batch,
+            "context": wl.context,
+            "new_tokens": wl.new_tokens,
+        },  # fmt: skip
         "chip": {
             "name": chip.name,
             "compute_dtype": dtype,
@@ -158,7 +187,9 @@ def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any
         "kv_bytes_per_token_per_layer": analytic.kv_bytes_per_token_per_layer(cfg),
         "kv_bytes_per_token": analytic.kv_bytes_per_token(cfg),
         "kv_cache_bytes": kv_cache,
-        "kv_positions_held": analytic.kv_positions_held(cfg, wl.context),
+        "kv_positions_held": analytic.kv_positions_held(cfg, wl.context, page_size),
+        "page_size": page_size,
+        "kv_page_waste_bytes": kv_cache - unpaged,
         "kv_scales": cfg.kv_scale_kind,
         "kv_scale_bytes_per_token_per_layer": scale_bytes_per_token_per_layer(cfg),
         "kv_tensor_scale_bytes": tensor_scale_bytes(cfg),
@@ -188,15 +219,16 @@ def calc_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any
         "max_batch_at_context": (
             None
             if chip.memory_bytes is None
-            else analytic.max_batch_that_fits(cfg, chip.memory_bytes, wl.context)
+            else analytic.max_batch_that_fits(cfg, chip.memory_bytes, wl.context, page_size)
         ),
         "max_context_at_batch": (
             None
             if chip.memory_bytes is None
-            else analytic.max_context_that_fits(cfg, chip.memory_bytes, wl.batch)
+            else analytic.max_context_that_fits(cfg, chip.memory_bytes, wl.batch, page_size)
         ),
         "kernels": [p.to_dict() for p in placed],
-        "attention_kernel": attention_kernel_report(cfg, wl, chip),
+        # extend runs XLA's attention only (`check_extend`): no fused form to set beside it
+        "attention_kernel": None if wl.phase == EXTEND else attention_kernel_report(cfg, wl, chip),
     }
     return report
 

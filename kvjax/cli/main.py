@@ -13,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from kvjax.cli import bench, calc, profile, runs, trace
+from kvjax.cli import bench, calc, frontier, profile, runs, trace
 from kvjax.errors import KvjaxError
 
 
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     calc.add_parser(sub)
+    frontier.add_parser(sub)
     trace.add_parser(sub)
     bench.add_parsers(sub)
     profile.add_parser(sub)

@@ -108,7 +108,36 @@ def print_calc(report: dict[str, Any]) -> None:
         f"attainable {fmt_rate(report['attainable_flops_per_s'], 'FLOP/s')} = "
         f"{sig(100 * report['fraction_of_peak'])}% of peak"
     )
-    _print_attention_kernel(con, report["attention_kernel"], wl["phase"])
+    if report["attention_kernel"] is not None:
+        _print_attention_kernel(con, report["attention_kernel"], wl["phase"])
+    if wl["phase"] == "extend":
+        con.print(
+            f"  extend      T={wl['new_tokens']:,} new tokens per sequence on "
+            f"{S - wl['new_tokens']:,} cached: each attends the cache up to itself"
+        )
+    if report.get("page_size"):
+        P = report["page_size"]
+        con.print(
+            f"  pages       {P}-token pages: {held['global_positions']:,} positions held per "
+            f"sequence and layer at S={S:,}; {fmt_bytes(report['kv_page_waste_bytes'])} of the "
+            f"cache is page padding; capacity below counted on pages"
+        )
+    spec = report.get("speculative")
+    if spec:
+        draft = (
+            f" + {spec['spec_tokens']} steps of {spec['draft_model']} "
+            f"({fmt_seconds(spec['draft_step_s'])} each)"
+            if spec["draft_model"]
+            else " (draft not counted)"
+        )
+        con.print(
+            f"  speculative k={spec['spec_tokens']}, acceptance {spec['acceptance']:g}: "
+            f"{sig(spec['expected_tokens_per_step'])} tokens per verify step of "
+            f"{spec['spec_tokens'] + 1} (intensity {sig(spec['verify_intensity'])}, bound "
+            f"{fmt_seconds(spec['verify_step_s'])}){draft}: {fmt_seconds(spec['s_per_token'])} "
+            f"per token vs {fmt_seconds(spec['s_per_token_plain_decode'])} decoding, "
+            f"{sig(spec['speedup_over_decode'])}x"
+        )
     floor = report["weight_floor_s_per_token"]
     con.print(
         f"  floors      weights only {fmt_seconds(floor)}/token ({sig(1 / floor)} tokens/s); "

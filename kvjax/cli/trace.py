@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
         "and compare XLA's per-kernel FLOPs and bytes with the closed form.",
     )
     add_model_args(trace)
-    add_workload_args(trace)
+    add_workload_args(trace, extend=True)
     add_chip_args(trace)
     trace.add_argument(
         "--stage",
@@ -76,6 +76,10 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.phase == "extend" and (args.target is not None or args.tp > 1 or args.dp > 1):
+        raise KvjaxError(
+            "--phase extend is traced on this host, one device (drop --target, --tp, --dp)"
+        )
     if args.target is not None:
         report = target_trace_report(args)
         if "target" in report and isinstance(report["target"], str):  # a partitioned slice
@@ -119,6 +123,7 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
             stage=args.stage,
             layers=args.trace_layers,
             roofline=args.roofline,
+            new_tokens=wl.new_tokens,
         )
     closed = analytic.step_cost(cfg, wl)
     traced_step = roofline.point(
@@ -147,7 +152,8 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
             )
     return {
         "model": cfg.to_dict(),
-        "workload": {"phase": wl.phase, "batch": wl.batch, "context": wl.context},
+        "workload": {"phase": wl.phase, "batch": wl.batch, "context": wl.context,
+                     "new_tokens": wl.new_tokens},  # fmt: skip
         "chip": {"name": chip.name, "peak_flops_per_s": peak, "bandwidth_bytes_per_s": bw},
         "stage": trace.stage,
         "backend": trace.backend,

@@ -104,6 +104,11 @@ class Attention(nnx.Module):
         )  # fmt: skip
         return o_BKGH[:, None]
 
+    def over_written_cache(self, proj, cache_arrays, pos_B: jax.Array) -> jax.Array:
+        """Extend: the T new queries over the cache that now holds their rows."""
+        k_cache_BKHS, v_cache_BKSH, _, _ = cache_arrays
+        return attend_extend(proj[0], k_cache_BKHS, v_cache_BKSH, pos_B, self.cfg.attn_scale)
+
     def output(self, o_BTKGH: jax.Array) -> jax.Array:
         cfg = self.cfg
         B, T = o_BTKGH.shape[:2]
@@ -171,6 +176,28 @@ def attend_causal(
             ) + jnp.einsum(
                 "BKGTS,BSKH->BKGTH", jnp.where(quantized_TS, p_BKGTS, zero), vq_BSKH.astype(dtype)
             )
+    return jnp.transpose(o_BKGTH, (0, 3, 1, 2, 4))  # to BTKGH, outside the kernels
+
+
+def attend_extend(q_BTKGH, k_cache_BKHS, v_cache_BKSH, pos_B, scale: float | None = None):
+    """T new queries per sequence over its cache after their rows were written: query t of a
+    sequence at `pos_B` (positions held before the step) sees key j <= pos + t. The cache is
+    read as stored ((B, K, H, S) keys, (B, K, S, H) values) in the compute dtype."""
+    T, H = q_BTKGH.shape[1], q_BTKGH.shape[-1]
+    S = v_cache_BKSH.shape[2]
+    scale = 1.0 / math.sqrt(H) if scale is None else scale
+    dtype = q_BTKGH.dtype
+    q_BKGTH = jnp.transpose(q_BTKGH, (0, 2, 3, 1, 4))  # outside the kernels: a layout change
+    with jax.named_scope(kernels.SCORES):
+        s_BKGTS = jnp.einsum("BKGTH,BKHS->BKGTS", q_BKGTH, k_cache_BKHS.astype(dtype),
+                             preferred_element_type=jnp.float32)  # fmt: skip
+    with jax.named_scope(kernels.SOFTMAX):
+        last_BT = pos_B[:, None] + jnp.arange(T)[None, :]  # the last key each query sees
+        valid_BTS = jnp.arange(S)[None, None, :] <= last_BT[:, :, None]
+        s_BKGTS = jnp.where(valid_BTS[:, None, None], s_BKGTS * scale, NEG_INF)
+        p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(dtype)
+    with jax.named_scope(kernels.AV):
+        o_BKGTH = jnp.einsum("BKGTS,BKSH->BKGTH", p_BKGTS, v_cache_BKSH.astype(dtype))
     return jnp.transpose(o_BKGTH, (0, 3, 1, 2, 4))  # to BTKGH, outside the kernels
 
 

@@ -195,6 +195,24 @@ class KVCache:
     def with_positions(self, pos_B: jax.Array) -> KVCache:
         return dataclasses.replace(self, pos=pos_B.astype(jnp.int32))
 
+    def write_rows(self, layer: int, k_BTKH: jax.Array, v_BTKH: jax.Array) -> KVCache:
+        """Extend: T rows per sequence of one layer at positions pos .. pos + T - 1 (each
+        sequence at its own `pos`; positions are advanced by `with_positions`). Global layers of
+        an unscaled cache only (`kvjax.nn.transformer.Transformer.extend` checks, and calls this
+        inside the layer's named scope)."""
+        B, T = k_BTKH.shape[:2]
+        b_B1 = jnp.arange(B)[:, None]
+        slot_BT = self.pos[:, None] + jnp.arange(T)[None, :]
+        with jax.named_scope(kernels.KV_WRITE):  # called inside the layer's own scope
+            # advanced indices around a slice: the updates are [B, T, K, H] for both layouts
+            k = self.k[layer].at[b_B1, :, :, slot_BT].set(k_BTKH.astype(self.k[layer].dtype))
+            v = self.v[layer].at[b_B1, :, slot_BT, :].set(v_BTKH.astype(self.v[layer].dtype))
+        return dataclasses.replace(
+            self,
+            k=self.k[:layer] + (k,) + self.k[layer + 1 :],
+            v=self.v[:layer] + (v,) + self.v[layer + 1 :],
+        )
+
     def append(self, k_new: tuple[jax.Array, ...], v_new: tuple[jax.Array, ...]) -> KVCache:
         """Decode: write one row per sequence per layer ([B, K, H]) at `pos` (a rolling layer:
         at pos mod window), then advance pos.

@@ -16,6 +16,7 @@ from flax import nnx
 
 from kvjax import kernels
 from kvjax.config import ModelConfig
+from kvjax.config_checks import check_extend
 from kvjax.errors import KvjaxError
 from kvjax.nn.attention import Attention, soft_cap
 from kvjax.nn.fake_quant import cache_view
@@ -235,6 +236,39 @@ class Transformer(nnx.Module):
             with jax.named_scope(kernels.layer_scope(i)):
                 x_BTD = layer(x_BTD, positions_BT, attend)
         return self._head(x_BTD)[:, 0], tuple(new_k), tuple(new_v)
+
+    def extend(self, tokens_BT: jax.Array, cache: KVCache):
+        """T new tokens per sequence appended to a cache that holds `cache.pos` of them: a chunk
+        of a chunked prefill, or a speculative verify step (T = k + 1). Each layer writes the T
+        rows at pos .. pos + T - 1, then the T queries attend the cache causally (query t sees
+        the positions up to pos + t). Returns (logits [B, T, V], cache advanced by T)."""
+        check_extend(self.cfg)
+        self._check_tokens(tokens_BT, 2, "tokens_BT")
+        B, T = tokens_BT.shape
+        if B != cache.batch_size:
+            raise KvjaxError(
+                f"tokens_BT has batch {B} but the cache was made for batch_size={cache.batch_size}"
+            )
+        pos = _concrete(cache.pos)
+        if pos is not None and pos.max() + T > cache.max_len:
+            seq = int(pos.argmax())
+            held = int(pos[seq])
+            raise KvjaxError(
+                f"cannot extend by T={T}: sequence {seq} holds {held} positions of the cache's "
+                f"max_len={cache.max_len}; make the cache with max_len >= {held + T}"
+            )
+        positions_BT = cache.pos[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+        x_BTD = self._embed(tokens_BT)
+        for i, layer in enumerate(self.layers):
+
+            def attend(attn, proj, i=i):
+                nonlocal cache
+                cache = cache.write_rows(i, *attn.cache_rows(proj))
+                return attn.over_written_cache(proj, cache.layer(i), cache.pos)
+
+            with jax.named_scope(kernels.layer_scope(i)):
+                x_BTD = layer(x_BTD, positions_BT, attend)
+        return self._head(x_BTD), cache.with_positions(cache.pos + T)
 
     def decode(self, tokens_B: jax.Array, cache: KVCache):
         """One new token per sequence: (logits [B, V], cache advanced by one position)."""

@@ -16,6 +16,7 @@ from matplotlib import ticker  # noqa: E402
 from kvjax.plotting import quality  # noqa: E402
 from kvjax.plotting.compiled import roofline_compiled  # noqa: E402
 from kvjax.plotting.measured import _label_measured, kernel_bound, mark_flags  # noqa: E402
+from kvjax.plotting.serving import serving_frontier  # noqa: E402
 from kvjax.plotting.style import MLA_COLOR, kv_palette, variant_color  # noqa: E402
 
 COLUMN_WIDTH_IN = 3.5  # one column of a two-column paper
@@ -350,6 +351,7 @@ FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "gqa_uptrain": ("gqa_uptrain", quality.gqa_uptrain, (3 * COLUMN_WIDTH_IN, 2.4)),
     "tensor_parallel": ("tensor_parallel", tensor_parallel, (2 * COLUMN_WIDTH_IN, 2.8)),
     "kernel_bound": ("profile", kernel_bound, (2 * COLUMN_WIDTH_IN, 2.8)),
+    "serving_frontier": ("serving_frontier", serving_frontier, (2 * COLUMN_WIDTH_IN, 4.4)),
 }
 
 

@@ -4,7 +4,9 @@ The model is built from abstract shapes (no weights allocated) and one step is l
 - decode at context S: one new token per sequence attends S positions, S - 1 of them read from
   the cache (made with max_len = S - 1) and its own; the step includes the cache append;
 - prefill at context S: T = S prompt tokens into a cache with one free row (max_len = S + 1, so
-  the write is a real update; a cache of exactly S rows would be replaced, not written).
+  the write is a real update; a cache of exactly S rows would be replaced, not written);
+- extend at context S with T new tokens: a cache of max_len = S holding S - T, the T rows written
+  at their positions, then the T queries attend it.
 
 Stages (DESIGN.md): "lowered" is the pre-optimization module (dot FLOPs are exactly 2MNK, bytes are
 every unfused op's inputs + outputs) and is attributed per kernel through the `jax.named_scope`
@@ -78,10 +80,14 @@ def check_layers(layers: str) -> None:
 
 def cache_len(phase: str, context: int) -> int:
     """The cache rows of a traced step at `context` (see the module docstring)."""
+    if phase == "extend":
+        return context
     return context - 1 if phase == "decode" else context + 1
 
 
-def step_fn(cfg: ModelConfig, phase: str, batch: int, context: int, model=None):
+def step_fn(
+    cfg: ModelConfig, phase: str, batch: int, context: int, model=None, new_tokens: int = 0
+):
     """(function, abstract args) of one step of the abstract model (or of `model`, an abstract
     model already prepared, e.g. for sharding)."""
     from kvjax.nn import abstract_model
@@ -100,6 +106,14 @@ def step_fn(cfg: ModelConfig, phase: str, batch: int, context: int, model=None):
 
         def step(state, tokens, cache):
             return nnx.merge(graphdef, state).decode(tokens, cache)
+
+    elif phase == "extend":
+        Workload(phase, batch, context, new_tokens=new_tokens)  # validates T against S
+        cache = jax.eval_shape(lambda: model.init_cache(batch, cache_len(phase, context)))
+        tokens = jax.ShapeDtypeStruct((batch, new_tokens), jnp.int32)
+
+        def step(state, tokens, cache):
+            return nnx.merge(graphdef, state).extend(tokens, cache)
 
     else:
         cache = jax.eval_shape(lambda: model.init_cache(batch, cache_len(phase, context)))
@@ -157,6 +171,7 @@ def trace_step(
     stage: str = "lowered",
     layers: str = "all",
     roofline: bool = False,
+    new_tokens: int = 0,
 ) -> StepTrace:
     """One step traced from abstract shapes: per-kernel records and the step total.
 
@@ -164,7 +179,7 @@ def trace_step(
     (the layers are identical; tests check this equals the full unrolled trace).
     """
     # kvjax's model gathers every MoE token's k experts: compared at M*k expert reads
-    wl = model_workload(cfg, Workload(phase, batch, context))
+    wl = model_workload(cfg, Workload(phase, batch, context, new_tokens=new_tokens))
     if stage not in STAGES:
         raise KvjaxError(f"stage={stage!r} is not supported; allowed: {', '.join(STAGES)}")
     check_layers(layers)
@@ -181,7 +196,7 @@ def trace_step(
         traced_cfg = cfg.replace(
             num_layers=len(kinds), layer_pattern=pattern, first_dense_layers=dense
         )
-    fn, args = step_fn(traced_cfg, phase, batch, context)
+    fn, args = step_fn(traced_cfg, phase, batch, context, new_tokens=new_tokens)
     lowered = lower_for_cost(fn, args)
     backend = jax.default_backend()
     notes: list[str] = []

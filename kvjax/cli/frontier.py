@@ -1,0 +1,131 @@
+"""`kvjax frontier`: the throughput-latency frontier of a model on a chip at one context, for B
+from 1 to the largest batch that fits (weights + paged KV cache + the step's activations), per
+attention variant (`kvjax.analytic.serving`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvjax.analytic import serving
+from kvjax.analytic.variants import variant_configs
+from kvjax.cli.args import (
+    add_chip_args,
+    add_model_args,
+    add_serving_args,
+    emit,
+    positive_int,
+    resolve_chip,
+    resolve_model,
+)
+from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
+from kvjax.hardware import ChipSpec
+from kvjax.units import fmt_bytes, fmt_seconds, sig
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "frontier",
+        help="tokens/s against ms/token per sequence, B from 1 to what fits, per variant",
+        description="The serving frontier in closed form: for each batch that fits the chip "
+        "(weights + paged KV cache + activations), the decode step's bound (the sum of its "
+        "kernels' roofline bounds), tokens/s per chip and ms/token per sequence, and the time to "
+        "first token of a context-long prompt.",
+    )
+    add_model_args(p)
+    add_chip_args(p)
+    add_serving_args(p, speculative=False)
+    p.add_argument("--context", type=positive_int, default=8192, help="S positions (default 8k)")
+    p.add_argument(
+        "--variants",
+        action="store_true",
+        help="one curve per attention variant (MHA, GQA, MQA, MLA) of the model",
+    )
+    p.add_argument("--chunk", type=positive_int, default=0, metavar="C",
+                   help="time to first token with chunked prefill of C-token chunks")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def variants_of(cfg: ModelConfig, all_variants: bool) -> list[tuple[str, ModelConfig]]:
+    """(label, config) per curve: the model alone, or each attention variant kvjax has a model
+    for (an MLA model's MHA/GQA/MQA rows have none: their values are narrower than the keys)."""
+    if not all_variants:
+        return [(cfg.attention_variant, cfg)]
+    return [(label, v) for label, _, v, _ in variant_configs(cfg) if v is not None]
+
+
+def frontier_report(
+    cfg: ModelConfig, chip: ChipSpec, context: int, page_size: int = 0, chunk: int = 0,
+    all_variants: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    curves = []
+    for label, variant in variants_of(cfg, all_variants):
+        curve = serving.frontier(variant, chip, context, page_size, label)
+        curve["time_to_first_token_s"] = serving.time_to_first_token_s(variant, chip, context)
+        curve["time_to_first_token_chunked_s"] = None
+        if chunk:
+            try:
+                curve["time_to_first_token_chunked_s"] = serving.time_to_first_token_s(
+                    variant, chip, context, chunk
+                )
+            except KvjaxError as exc:  # an extend step the model does not run (MLA, windows)
+                curve["chunked_note"] = str(exc)
+        curves.append(curve)
+    return {
+        "model": cfg.name,
+        "chip": {
+            "name": chip.name,
+            "memory_bytes": chip.memory_bytes,
+            "peak_flops_per_s": chip.peak(cfg.compute_dtype),
+            "bandwidth_bytes_per_s": chip.bandwidth_bytes_per_s,
+        },  # fmt: skip
+        "context": context,
+        "page_size": page_size,
+        "chunk": chunk,
+        "variants": curves,
+        "points": [p for c in curves for p in c["points"]],
+        "max_batch": {c["variant"]: c["max_batch"] for c in curves},
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = resolve_model(args)
+    chip = resolve_chip(args, cfg)
+    report = frontier_report(cfg, chip, args.context, args.page_size, args.chunk, args.variants)
+    return emit(args, report, print_frontier)
+
+
+def print_frontier(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from kvjax.cli.render import console
+
+    con = console()
+    pages = f", pages of {report['page_size']}" if report["page_size"] else ""
+    con.print(
+        f"[bold]{report['model']}[/bold] on {report['chip']['name']} "
+        f"({fmt_bytes(report['chip']['memory_bytes'])}) | S={report['context']:,}{pages} | "
+        "decode bound = sum of the step's kernels' roofline bounds"
+    )
+    t = Table(title="throughput-latency frontier (each curve ends where memory ends)")
+    for col in ("variant", "B", "ms/token", "tokens/s", "memory"):
+        t.add_column(col, justify="left" if col == "variant" else "right")
+    for curve in report["variants"]:
+        for p in curve["points"]:
+            t.add_row(curve["variant"], f"{p['batch']:,}", sig(p["ms_per_token"]),
+                      f"{p['tokens_per_s']:,.0f}", fmt_bytes(p["memory_bytes"]))  # fmt: skip
+    con.print(t)
+    for curve in report["variants"]:
+        chunked = curve["time_to_first_token_chunked_s"]
+        extra = (
+            f"; chunked by {report['chunk']:,}: {fmt_seconds(chunked)}"
+            if chunked is not None
+            else (f"; chunked: {curve['chunked_note']}" if curve.get("chunked_note") else "")
+        )
+        con.print(
+            f"  {curve['variant']:<16} max batch {curve['max_batch']:,}; weights floor "
+            f"{sig(curve['weights_floor_ms_per_token'])} ms/token; first token of an "
+            f"S-token prompt {fmt_seconds(curve['time_to_first_token_s'])}{extra}"
+        )

@@ -1,0 +1,222 @@
+"""The serving questions of the seed in closed form, model and trace: the extend step (T new
+tokens on a cache), speculative decoding, paged caches, the throughput-latency frontier."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kvjax import kernels
+from kvjax.analytic import Workload, max_batch_that_fits, serving, step_kernels
+from kvjax.analytic.sizes import kv_cache_bytes, kv_positions_held, paged, weight_bytes
+from kvjax.config import get_model_config
+from kvjax.errors import KvjaxError
+from kvjax.hardware import get_chip
+from kvjax.nn.transformer import Transformer
+
+H100 = get_chip("h100-sxm")
+
+
+def test_hand_derivations_of_capacity_pages_and_speculation():
+    """llama-3-8b on an 80 GB H100 at S = 8192, bf16 KV, no pages, activations aside: 59
+    sequences; MQA (K/V projections of one head) 479; pages of 16 at S = 8001 hold 8016
+    positions; acceptance 0.8 with k = 4 yields 3.3616 tokens a verify step."""
+    cfg = get_model_config("llama-3-8b")
+    L, D, H = 32, 4096, 128
+    per_seq = 2 * L * 8 * H * 8192 * 2  # 2 L h_kv d_h S bytes
+    assert (80e9 - weight_bytes(cfg)) // per_seq == 59 == max_batch_that_fits(cfg, 80e9, 8192)
+    mqa = cfg.replace(num_kv_heads=1)
+    assert weight_bytes(cfg) - weight_bytes(mqa) == 2 * L * D * 7 * H * 2  # k and v: 7 heads fewer
+    assert max_batch_that_fits(mqa, 80e9, 8192) == 479
+    assert paged(8001, 16) == 8016 and paged(8001) == 8001 and paged(16, 16) == 16
+    assert kv_positions_held(cfg, 8001, 16)["total"] == 32 * 8016
+    assert kv_cache_bytes(cfg, 8001, 3, 16) == 3 * 32 * 8016 * 2 * 8 * 128 * 2
+    assert max_batch_that_fits(cfg, 80e9, 8001, 16) == max_batch_that_fits(cfg, 80e9, 8016)
+    assert serving.expected_tokens(4, 0.8) == pytest.approx(3.3616)
+    assert serving.expected_tokens(3, 1.0) == 4 and serving.expected_tokens(2, 0.0) == 1
+    for bad, words in (((0, 0.5), "spec_tokens=0"), ((2, 1.5), "acceptance=1.5")):
+        with pytest.raises(KvjaxError, match=words):
+            serving.expected_tokens(*bad)
+    with pytest.raises(KvjaxError, match="page_size=-1"):
+        paged(10, -1)
+
+
+def test_speculative_verify_step_is_an_extend_of_k_plus_one():
+    """The verify step reads the weights once for B(k + 1) tokens: its FLOPs are about k + 1
+    times decode's, its bytes barely more, so per generated token it costs verify / E."""
+    cfg = get_model_config("llama-3-8b")
+    wl = Workload("decode", 1, 8192)
+    out = serving.speculative(cfg, wl, H100, 4, 0.8)
+    verify = step_kernels(cfg, Workload("extend", 1, 8196, new_tokens=5), H100)
+    assert out["verify_flops"] == sum(k.flops for k in verify.values())
+    decode = step_kernels(cfg, wl, H100)
+    assert out["verify_flops"] / sum(k.flops for k in decode.values()) == pytest.approx(5, rel=0.02)
+    assert out["verify_bytes"] / sum(k.bytes for k in decode.values()) < 1.1
+    assert out["s_per_token"] == pytest.approx(out["verify_step_s"] / 3.3616)
+    assert 3 < out["speedup_over_decode"] < 3.3616
+    drafted = serving.speculative(
+        cfg, wl, H100, 4, 0.8, draft=cfg.replace(num_layers=2, name="draft")
+    )
+    assert drafted["s_per_token"] == pytest.approx(
+        (drafted["verify_step_s"] + 4 * drafted["draft_step_s"]) / 3.3616
+    )
+    with pytest.raises(KvjaxError, match="applies to --phase decode"):
+        serving.speculative(cfg, Workload("prefill", 1, 64), H100, 4, 0.8)
+
+
+def test_frontier_ends_where_memory_ends_and_never_beats_the_weights_floor():
+    cfg = get_model_config("llama-3-8b")
+    f = serving.frontier(cfg, H100, 8192)
+    points = f["points"]
+    assert points[-1]["batch"] == f["max_batch"] <= 59
+    assert [p["batch"] for p in points[:3]] == [1, 2, 4]
+    tps = [p["tokens_per_s"] for p in points]
+    assert tps == sorted(tps)
+    assert all(p["ms_per_token"] >= f["weights_floor_ms_per_token"] for p in points)
+    assert all(p["memory_bytes"] <= H100.memory_bytes for p in points)
+    over = serving.step_memory_bytes(cfg, Workload("decode", f["max_batch"] + 1, 8192))
+    assert over > H100.memory_bytes  # one more sequence does not fit
+    # chunked prefill: the chunks' extend steps; one chunk as long as the prompt is the prefill
+    whole = serving.time_to_first_token_s(cfg, H100, 4096)
+    assert serving.time_to_first_token_s(cfg, H100, 4096, chunk=4096) == whole
+    assert 0 < serving.time_to_first_token_s(cfg, H100, 4096, chunk=1024) < whole
+
+
+def test_extend_refuses_what_the_model_does_not_run():
+    for over, words in (({"sliding_window": 4, "layer_pattern": "LG"}, "sliding-window"),
+                        ({"attention_kernel": "flash"}, "attention_kernel='flash'")):  # fmt: skip
+        cfg = get_model_config("tiny-gqa", **over)
+        with pytest.raises(KvjaxError, match=words):
+            step_kernels(cfg, Workload("extend", 1, 16, new_tokens=4))
+    with pytest.raises(KvjaxError, match="MLA"):
+        step_kernels(get_model_config("tiny-mla"), Workload("extend", 1, 16, new_tokens=4))
+    with pytest.raises(KvjaxError, match="new_tokens=17 must lie in 1 .. context=16"):
+        Workload("extend", 1, 16, new_tokens=17)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 3, 12], ids=["mqa", "gqa", "mha"])
+def test_extend_equals_the_full_forward(kv_heads):
+    """A prompt prefilled, then T tokens extended on the cache (a second sequence at another
+    position), gives the full forward's logits of those positions; the cache then decodes on."""
+    cfg = get_model_config("tiny-gqa", num_kv_heads=kv_heads, num_layers=2, weight_dtype="f32",
+                           kv_dtype="f32")  # fmt: skip
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    ids = jax.random.randint(jax.random.key(4), (2, 12), 0, cfg.vocab_size)
+    want = np.asarray(model(ids))
+    cache = model.init_cache(2, 12)
+    _, cache = model.prefill(ids[:, :5], cache, lengths_B=jnp.array([5, 3]))
+    got, cache = jax.jit(lambda m, t, c: m.extend(t, c))(model, ids[:, 5:9].at[1].set(ids[1, 3:7]),
+                                                        cache)  # fmt: skip
+    np.testing.assert_allclose(np.asarray(got[0]), want[0, 5:9], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got[1]), want[1, 3:7], atol=1e-5, rtol=1e-5)
+    assert np.asarray(cache.pos).tolist() == [9, 7]
+    step, _ = model.decode(jnp.array([ids[0, 9], ids[1, 7]]), cache)
+    np.testing.assert_allclose(np.asarray(step[0]), want[0, 9], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(step[1]), want[1, 7], atol=1e-5, rtol=1e-5)
+    with pytest.raises(KvjaxError, match="cannot extend by T=4: sequence 0 holds 9 positions"):
+        model.extend(ids[:, :4], cache)
+
+
+@pytest.mark.parametrize("T", [1, 5, 64])
+def test_extend_trace_equals_the_closed_form_per_kernel(T):
+    """The extend step at T in {1, 5, 64} on a cache of 100, traced (lowered) against the closed
+    form: every kernel's FLOPs exact; the products' bytes too (the write and the softmax move
+    more, as `kernels.bytes_note` explains for prefill and decode)."""
+    from kvjax.traced.step import compare, trace_step
+
+    cfg = get_model_config("tiny-gqa", num_layers=2)
+    trace = trace_step(cfg, "extend", 2, 100, new_tokens=T)
+    rows = {r.name: r for r in compare(trace)}
+    closed = step_kernels(cfg, Workload("extend", 2, 100, new_tokens=T))
+    for name in closed:
+        assert rows[name].traced_flops == closed[name].flops, (name, rows[name])
+    for name in (kernels.Q_PROJ, kernels.SCORES, kernels.AV, kernels.LM_HEAD):  # unfused: exact
+        assert rows[name].traced_bytes == pytest.approx(closed[name].bytes, rel=0.01), name
+
+
+def test_frontier_command_json(capsys):
+    """`kvjax frontier --model llama-3-8b --chip h100-sxm --context 8192 --variants --json`: each
+    variant's last point is its max_batch, tokens/s rises with B, ms/token never falls below
+    the weights floor, and GQA/MQA/MLA reach more tokens/s than MHA at MHA's slowest ms/token."""
+    import json
+
+    from kvjax.cli.main import main
+
+    argv = ["frontier", "--model", "llama-3-8b", "--chip", "h100-sxm", "--context", "8192",
+            "--variants", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    curves = {c["variant"].split()[0]: c for c in report["variants"]}
+    assert set(curves) == {"MHA", "GQA", "MQA", "MLA"}
+    for name, c in curves.items():
+        points = c["points"]
+        assert points[-1]["batch"] == c["max_batch"] == report["max_batch"][c["variant"]]
+        tps = [p["tokens_per_s"] for p in points]
+        assert tps == sorted(tps), name
+        assert min(p["ms_per_token"] for p in points) >= c["weights_floor_ms_per_token"], name
+    assert curves["GQA"]["max_batch"] == 59 and curves["MQA"]["max_batch"] == 474  # activations
+
+    def tokens_at(curve, ms):  # the best tokens/s a curve reaches within `ms` per token
+        return max(p["tokens_per_s"] for p in curve["points"] if p["ms_per_token"] <= ms)
+
+    worst_mha = max(p["ms_per_token"] for p in curves["MHA"]["points"])
+    for name in ("GQA", "MQA", "MLA"):
+        assert tokens_at(curves[name], worst_mha) > tokens_at(curves["MHA"], worst_mha), name
+    assert main(argv[:-1] + ["--page-size", "16"]) == 0  # the table renders, on pages
+    assert "max batch 59" in capsys.readouterr().out
+
+
+def test_calc_extend_pages_and_speculation(capsys):
+    import json
+
+    from kvjax.cli.main import main
+
+    base = ["calc", "--model", "llama-3-8b", "--json"]
+    assert main([*base, "--phase", "extend", "--context", "8001", "--new-tokens", "5",
+                 "--page-size", "16"]) == 0  # fmt: skip
+    r = json.loads(capsys.readouterr().out)
+    assert r["workload"]["new_tokens"] == 5 and r["attention_kernel"] is None
+    assert r["kv_positions_held"]["global_positions"] == 8016
+    assert r["kv_page_waste_bytes"] == 32 * 15 * 2 * 8 * 128 * 2  # 15 padded positions a layer
+    closed = step_kernels(get_model_config("llama-3-8b"), Workload("extend", 1, 8001, new_tokens=5))
+    assert r["step_flops"] == sum(k.flops for k in closed.values())
+    assert main([*base, "--spec-tokens", "4", "--acceptance", "0.8"]) == 0
+    spec = json.loads(capsys.readouterr().out)["speculative"]
+    assert spec["expected_tokens_per_step"] == pytest.approx(3.3616)
+    assert main(base[:-1] + ["--spec-tokens", "4", "--acceptance", "0.8"]) == 0
+    assert "3.36 tokens per verify step" in capsys.readouterr().out
+    for argv, words in (
+        ([*base, "--spec-tokens", "4"], "needs --spec-tokens K and --acceptance A"),
+        ([*base, "--phase", "extend"], "--phase extend needs --new-tokens T"),
+        ([*base, "--new-tokens", "3"], "--new-tokens applies to --phase extend"),
+        ([*base, "--model", "tiny-mla", "--phase", "extend", "--new-tokens", "2"], "MLA"),
+    ):
+        assert main(argv) == 2, argv
+        assert words in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--acceptance", "1.5"])
+
+
+def test_serving_frontier_experiment_and_figure(tmp_path):
+    """configs/serving_frontier.yaml's points as records (llama-3-8b on one chip, the 70B on 8),
+    each curve ending at its max batch; the figure draws them."""
+    import pandas as pd
+
+    from kvjax.plotting import make_figures
+    from kvjax.runs.launcher import run_config
+
+    runs = run_config("configs/serving_frontier.yaml", runs_root=tmp_path / "runs", progress=False)
+    records = pd.DataFrame([r for run in runs for r in run.records()])
+    assert set(records.model) == {"llama-3-8b", "seed-70b"} and set(records.tp) == {1, 8}
+    gqa = records[(records.model == "llama-3-8b") & (records.variant == "GQA")
+                  & (records.kv_dtype == "bf16") & (records.context == 8192)
+                  & (records.chip == "h100-sxm")]  # fmt: skip
+    f = serving.frontier(get_model_config("llama-3-8b", attention_kernel="flash"), H100, 8192,
+                         label="GQA")  # fmt: skip
+    assert list(gqa.batch) == [p["batch"] for p in f["points"]]
+    assert list(gqa.tokens_per_s) == pytest.approx([p["tokens_per_s"] for p in f["points"]])
+    seventy = records[(records.model == "seed-70b") & records.variant.str.startswith("MLA")]
+    assert seventy.note.str.contains("not modelled").all()  # said, not drawn
+    written = make_figures(records.assign(experiment="serving_frontier"), tmp_path / "figs")
+    assert "serving_frontier.png" in {p.name for p in written}
