@@ -220,3 +220,21 @@ def test_serving_frontier_experiment_and_figure(tmp_path):
     assert seventy.note.str.contains("not modelled").all()  # said, not drawn
     written = make_figures(records.assign(experiment="serving_frontier"), tmp_path / "figs")
     assert "serving_frontier.png" in {p.name for p in written}
+
+
+def test_extend_is_measured_alone_and_as_served():
+    """`kvjax bench --phase extend`: the attention over the written cache timed alone (its closed
+    form the extend step's scores + softmax + av) and the served step (T tokens on a donated
+    cache of S - T, positions rewound each step), each beside XLA's bytes."""
+    from kvjax.analytic import attention_cost, step_cost
+    from kvjax.hardware import chip_from_numbers
+    from kvjax.measured.bench import bench_point
+
+    cfg = get_model_config("tiny-gqa", num_layers=1)
+    wl = Workload("extend", 2, 64, new_tokens=4)
+    ceilings = chip_from_numbers(100e9, 10e9, dtype="f32")
+    by = {p["kernel"]: p for p in bench_point(cfg, wl, ceilings, budget_s=0.05)}
+    assert by[kernels.ATTENTION]["closed_bytes"] == attention_cost(cfg, wl).bytes
+    assert by[kernels.STEP_KERNEL]["closed_bytes"] == step_cost(cfg, wl).bytes
+    assert by[kernels.Q_PROJ]["traced_bytes"] == pytest.approx(by[kernels.Q_PROJ]["closed_bytes"])
+    assert all(p["median_s"] > 0 for p in by.values())

@@ -39,7 +39,7 @@ def add_parsers(sub) -> None:
         "cache) and the whole decode step, against the measured ceilings of this device.",
     )
     add_model_args(bench, kv_heads_sweep=True)
-    add_workload_args(bench)
+    add_workload_args(bench, extend=True)
     add_chip_args(bench)
     bench.add_argument("--kernels", help="comma-separated kernel names (default: all), or step")
     bench.add_argument("--no-step", action="store_true", help="skip the whole decode step")
@@ -108,7 +108,8 @@ def bench_report(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "device": device_name(),
         "model": base.to_dict(),
-        "workload": {"phase": wl.phase, "batch": wl.batch, "context": wl.context},
+        "workload": {"phase": wl.phase, "batch": wl.batch, "context": wl.context,
+                     "new_tokens": wl.new_tokens},  # fmt: skip
         "ceilings": {
             "peak_flops_per_s": ceilings.peak(base.compute_dtype),
             "bandwidth_bytes_per_s": ceilings.bandwidth_bytes_per_s,

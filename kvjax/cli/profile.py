@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
         "module's op metadata; fused kernels are one row naming its members.",
     )
     add_model_args(p, kv_heads_sweep=True)
-    add_workload_args(p)
+    add_workload_args(p, extend=True)
     p.add_argument("--steps", type=int, default=20, help="profiled steps per point (default 20)")
     p.add_argument(
         "--rounds",

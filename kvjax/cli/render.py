@@ -325,7 +325,7 @@ def print_bench(report: dict[str, Any]) -> None:
         f"S={wl['context']:,} | {report['device']}: {fmt_rate(c['peak_flops_per_s'], 'FLOP/s')}, "
         f"{fmt_rate(c['bandwidth_bytes_per_s'], 'B/s')} measured {c['date']}"
     )
-    t = Table(title="measured kernels (one layer each; step = the whole decode step)")
+    t = Table(title="measured kernels (one layer each; step = the whole step as served)")
     cols = (
         "h_kv",
         "kernel",

@@ -56,7 +56,7 @@ def place(
 def check_bench_fits(cfg: ModelConfig, wl: Workload, include_step: bool = True) -> None:
     """The largest allocation a bench makes, refused before anything is allocated: the whole
     step (weights + KV cache) when it is timed."""
-    if include_step and wl.phase == "decode":
+    if include_step and wl.phase in ("decode", "extend"):
         needed = analytic.weight_bytes(cfg) + analytic.kv_cache_bytes(cfg, wl.context, wl.batch)
         check_fits(f"the {cfg.name} decode step (weights + KV cache)", needed)
 
@@ -91,7 +91,8 @@ def bench_point(
         stats = time_kernel(benches[name], budget_s=budget_s)
         points.append(place(name, benches[name].closed, stats, ceilings, dtype, chip))
         points[-1]["executed_as"] = benches[name].executed_as
-    if include_step and wl.phase == "decode" and (names is None or kernels.STEP_KERNEL in names):
+    timed = wl.phase in ("decode", "extend")  # the served step (prefill's: `kvjax profile`)
+    if include_step and timed and (names is None or kernels.STEP_KERNEL in names):
         stats = time_decode_step(cfg, wl, budget_s=2 * budget_s)
         step = analytic.step_cost(cfg, model_workload(cfg, wl))
         closed = KernelCost(kernels.STEP_KERNEL, step.flops, step.bytes)
@@ -110,7 +111,7 @@ def traced_bytes_per_kernel(cfg: ModelConfig, wl: Workload) -> dict[str, float]:
     """XLA's lowered bytes of one layer's kernels (and of the whole step), for the bench table."""
     from kvjax.traced.step import trace_step
 
-    trace = trace_step(cfg, wl.phase, wl.batch, wl.context, layers="one")
+    trace = trace_step(cfg, wl.phase, wl.batch, wl.context, layers="one", new_tokens=wl.new_tokens)
     per_layer = {}
     for k in trace.kernels:
         if k.layer in (None, 0):  # one copy of each layer kernel, plus the head kernels

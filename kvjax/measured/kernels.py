@@ -25,7 +25,14 @@ from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.measured.timing import TimingStats, available_memory_bytes, time_fn
 from kvjax.nn import flash, mla, moe
-from kvjax.nn.attention import attend_cache, attend_causal, decode_av, decode_scores, decode_softmax
+from kvjax.nn.attention import (
+    attend_cache,
+    attend_causal,
+    attend_extend,
+    decode_av,
+    decode_scores,
+    decode_softmax,
+)
 from kvjax.nn.layers import act_dtype, kv_dtype, linear, rms_norm, weight_dtype
 
 ROTATION_BYTES = 256 * 2**20  # input sets rotated until they exceed this (far above any LLC)
@@ -139,6 +146,14 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
                                 cfg.attn_softcap)  # fmt: skip
 
         add(kernels.ATTENTION, attention, attention_args, analytic.attention_cost(cfg, wl))
+    elif wl.phase == "extend":  # T queries over the S cache rows that now hold them
+        held = lambda key: jnp.full((B,), S - T, jnp.int32)  # noqa: E731 (S - T cached before)
+        add(
+            kernels.ATTENTION,
+            partial(attend_extend, scale=cfg.attn_scale),
+            [((B, T, K, G, H), a), ((B, K, H, S), kv), ((B, K, S, H), kv), held],
+            analytic.attention_cost(cfg, wl),
+        )
     else:
         add(
             kernels.ATTENTION,

@@ -1,5 +1,6 @@
 """The step as it is served, on the machine at hand: decode = attend over the cache (read only),
-then the donated append; prefill = the prompt into a donated cache. Used by the step timing
+then the donated append; prefill = the prompt into a donated cache; extend = T tokens on a
+donated cache holding S - T. Used by the step timing
 below and by the in-situ profile (`kvjax.measured.profile`)."""
 
 from __future__ import annotations
@@ -79,6 +80,22 @@ def served_step(cfg: ModelConfig, wl: Workload, seed: int = 0) -> ServedStep:
             "attend": (steps.attend, (steps.state, tokens_B, cache)),
             "append": (steps.append, (cache, new_k, new_v)),
         }
+    elif wl.phase == "extend":
+        # T new tokens on S - T cached, the cache of S rows donated; each step is the same step:
+        # positions are rewound to S - T from fresh arrays made beforehand, as decode's are
+        held = jnp.int32(wl.context - wl.query_len)
+        rewinds = iter([])
+
+        def step(cache):
+            nonlocal rewinds
+            pos_B = next(rewinds, None)
+            if pos_B is None:
+                rewinds = iter([jnp.full((wl.batch,), held) for _ in range(REWINDS)])
+                pos_B = next(rewinds)
+            return steps.extend(steps.state, ids, dataclasses.replace(cache, pos=pos_B))[1]
+
+        cache = dataclasses.replace(cache, pos=jnp.full((wl.batch,), held))
+        jits = {"extend": (steps.extend, (steps.state, ids, cache))}
     else:
         lengths_B = jnp.full((wl.batch,), wl.context, jnp.int32)
 
@@ -90,9 +107,10 @@ def served_step(cfg: ModelConfig, wl: Workload, seed: int = 0) -> ServedStep:
 
 
 def time_decode_step(cfg: ModelConfig, wl: Workload, budget_s: float = 2.0) -> TimingStats:
-    """The whole decode step (attend over a random cache, then the donated append)."""
-    if wl.phase != "decode":
-        raise KvjaxError("time_decode_step needs phase='decode'")
+    """The whole decode step (attend over a random cache, then the donated append), or the
+    extend step (T tokens written and attended on a random cache, donated)."""
+    if wl.phase not in ("decode", "extend"):
+        raise KvjaxError(f"time_decode_step needs phase='decode' or 'extend' (got {wl.phase!r})")
     served = served_step(cfg, wl)
     stats, _ = time_loop(served.step, served.carry, budget_s=budget_s)
     return stats

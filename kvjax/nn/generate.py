@@ -27,7 +27,8 @@ def _sample(logits_BV: jax.Array, temperature: float, key: jax.Array | None) -> 
 
 class CompiledSteps:
     """The jitted steps of one model: prefill (cache donated), attend (cache read), append
-    (cache donated). Also what the timing and trace views compile."""
+    (cache donated), extend (T tokens on a cache, donated). Also what the timing and trace
+    views compile."""
 
     def __init__(self, model: Transformer):
         self.graphdef, self.state = nnx.split(model)
@@ -45,7 +46,11 @@ class CompiledSteps:
         def append(cache, new_k, new_v):
             return cache.append(new_k, new_v)
 
-        self.prefill, self.attend, self.append = prefill, attend, append
+        @partial(jax.jit, donate_argnums=(2,))
+        def extend(state, tokens_BT, cache):
+            return nnx.merge(g, state).extend(tokens_BT, cache)
+
+        self.prefill, self.attend, self.append, self.extend = prefill, attend, append, extend
 
     def decode(self, tokens_B: jax.Array, cache: KVCache):
         logits_BV, new_k, new_v = self.attend(self.state, tokens_B, cache)
