@@ -133,7 +133,8 @@ def test_overrides_and_explicit_run_id(tmp_path):
             "experiment: kv_vs_context\nworkload:\n  tp: 4\n",
             None,
             "exp.yaml: workload.tp=4, workload.dp=1: experiment kv_vs_context does not model "
-            "parallelism (it would ignore them); experiments that do: serving_frontier, tensor_parallel",
+            "parallelism (it would ignore them); experiments that do: serving_frontier, "
+            "tensor_parallel",
         ),
         (
             "experiment: tensor_parallel\nsweep:\n  workload.tp: [2, 3]\n",
