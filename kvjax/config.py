@@ -99,6 +99,9 @@ class ModelConfig:
     mla_decode: str = "absorbed"
     sliding_window: int = 0  # positions a sliding ("L", local) layer attends, itself included
     layer_pattern: str = "G"  # per layer G (global: full) or L (local: sliding), tiled over L
+    # tokens a sliding layer keeps from the sequence's start beside its window (StreamingLLM's
+    # attention sinks, Xiao et al. 2023): query t sees key j when j < sink_tokens or t - j < W
+    sink_tokens: int = 0
     kv_scales: str = "auto"  # a quantized cache's scales: `kv_scale_kind` resolves "auto"
     kv_group_size: int = 32  # packed 4/2-bit caches: elements per scale/zero group (KIVI's 32)
     # Gemma / Qwen3 details (the defaults are Llama's):

@@ -130,6 +130,14 @@ def check_window(cfg: Fields) -> None:
         )
     if w and cfg.is_mla:
         raise KvjaxError("sliding_window with MLA (kv_lora_rank > 0) is not supported")
+    s = cfg.sink_tokens
+    if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+        raise KvjaxError(f"sink_tokens={s!r} must be a non-negative integer (0: none)")
+    if s and not w:
+        raise KvjaxError(
+            f"sink_tokens={s} keeps tokens beside a sliding window, but sliding_window=0; set "
+            "sliding_window and layer_pattern='L' (or sink_tokens=0)"
+        )
 
 
 def check_scales(cfg: Fields) -> None:

@@ -12,9 +12,11 @@ from kvjax.config import get_model_config
 from kvjax.errors import KvjaxError
 
 
-def _brute(T, S, bq, bk, window=0):
+def _brute(T, S, bq, bk, window=0, sinks=0):
     """Pairs allowed, pairs in tiles with any allowed pair, keys loaded per query block."""
-    allowed = lambda i, j: j <= S - T + i and (not window or S - T + i - j < window)  # noqa: E731
+    allowed = lambda i, j: j <= S - T + i and (  # noqa: E731
+        not window or S - T + i - j < window or j < sinks
+    )
     exact = sum(allowed(i, j) for i in range(T) for j in range(S))
     computed = loaded = 0
     for q0 in range(0, T, bq):
@@ -28,14 +30,15 @@ def _brute(T, S, bq, bk, window=0):
 
 
 @pytest.mark.parametrize(
-    "T,S,bq,bk,window",
-    [(4, 4, 2, 2, 0), (7, 7, 2, 3, 0), (9, 9, 4, 2, 3), (1, 11, 4, 4, 0), (3, 10, 2, 4, 5),
-     (16, 16, 16, 16, 0), (13, 13, 4, 4, 20)],
+    "T,S,bq,bk,window,sinks",
+    [(4, 4, 2, 2, 0, 0), (7, 7, 2, 3, 0, 0), (9, 9, 4, 2, 3, 0), (1, 11, 4, 4, 0, 0),
+     (3, 10, 2, 4, 5, 0), (16, 16, 16, 16, 0, 0), (13, 13, 4, 4, 20, 0), (17, 17, 4, 4, 5, 2),
+     (12, 12, 2, 3, 3, 5), (1, 30, 4, 4, 6, 4)],
 )  # fmt: skip
-def test_pair_counts_equal_brute_force(T, S, bq, bk, window):
-    exact, computed, loaded = _brute(T, S, bq, bk, window)
-    assert flash.exact_pairs(T, S, window) == exact
-    assert flash.block_pairs(T, S, bq, bk, window) == (computed, loaded)
+def test_pair_counts_equal_brute_force(T, S, bq, bk, window, sinks):
+    exact, computed, loaded = _brute(T, S, bq, bk, window, sinks)
+    assert flash.exact_pairs(T, S, window, sinks) == exact
+    assert flash.block_pairs(T, S, bq, bk, window, sinks) == (computed, loaded)
 
 
 def test_hand_counts():

@@ -107,3 +107,35 @@ def test_mistral_sliding_window_matches_transformers(tmp_path, window):
     full = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32", sliding_window=0,
                          layer_pattern="G")  # fmt: skip
     assert np.abs(np.asarray(full(jnp.asarray(toks))) - want).max() > 1e-2
+
+
+@pytest.mark.parametrize("window,sinks", [(4, 2), (3, 1)])
+def test_sink_tokens_beside_a_window_match_a_masked_transformers_forward(tmp_path, window, sinks):
+    """StreamingLLM's eviction (sinks + recent window, positions as the original tokens'): the
+    banded forward, and prefill + decode through the rolling cache of s + W slots, against
+    Hugging Face's LlamaForCausalLM given the same mask as a custom 4D attention mask
+    (query i sees key j <= i when i - j < W or j < s)."""
+    ref = save_tiny_llama(tmp_path)
+    ref.config._attn_implementation = "eager"
+    model = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32", sliding_window=window,
+                          layer_pattern="L", sink_tokens=sinks)  # fmt: skip
+    toks = np.random.default_rng(2).integers(0, 97, size=(2, 13))
+    i, j = np.arange(13)[:, None], np.arange(13)[None, :]
+    allowed = (j <= i) & ((i - j < window) | (j < sinks))
+    mask = torch.where(torch.tensor(allowed), 0.0, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        want = ref(torch.tensor(toks), attention_mask=mask[None, None].expand(2, 1, 13, 13)).logits
+    want = want.numpy()
+    np.testing.assert_allclose(np.asarray(model(jnp.asarray(toks))), want, atol=2e-4)
+    for prefix in (2, 9):  # inside the sinks + window, and past it (the gathered ring)
+        cache = model.init_cache(2, 16)
+        logits, cache = model.prefill(jnp.asarray(toks[:, :prefix]), cache)
+        got = [np.asarray(logits)]
+        for t in range(prefix, 13):
+            step, cache = model.decode(jnp.asarray(toks[:, t]), cache)
+            got.append(np.asarray(step)[:, None])
+        np.testing.assert_allclose(np.concatenate(got, axis=1), want, atol=2e-4)
+        assert {x.shape[-1] for x in cache.k} == {window + sinks}
+    plain = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32", sliding_window=window,
+                          layer_pattern="L")  # fmt: skip
+    assert np.abs(np.asarray(plain(jnp.asarray(toks))) - want).max() > 1e-2  # the sinks matter

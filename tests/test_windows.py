@@ -203,3 +203,55 @@ def test_calc_reports_the_window_split_and_takes_window_flags(capsys):
     assert calc("--sliding-window", "0", "--layer-pattern", "G")["kv_cache_bytes"] == 4 * GiB
     assert main(["calc", "--model", "mistral-7b", "--sliding-window", "0"]) == 2
     assert "has sliding (L) layers but sliding_window=0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("phase,batch,context", [("prefill", 1, 5), ("prefill", 3, 12),
+                                                 ("decode", 1, 7), ("decode", 3, 12)])  # fmt: skip
+@pytest.mark.parametrize("pattern", ["L", "GLL"])
+def test_sink_tokens_trace_as_the_closed_form_counts(pattern, phase, batch, context):
+    """Eviction to a budget (StreamingLLM: s sinks + a window of W): the traced step equals the
+    closed form per kernel (the rolling slot's 4 more ops a sequence, the band's sink compare
+    and or, the ring's gather past s + W), and decoding past the budget reads s + W rows."""
+    from test_traced_step import check_against_closed_form
+
+    cfg = get_model_config("tiny-gqa", num_layers=3, sliding_window=4, layer_pattern=pattern,
+                           sink_tokens=2)  # fmt: skip
+    check_against_closed_form(trace_step(cfg, phase, batch, context))
+    held = analytic.kv_positions_held(cfg, 100)
+    assert held["sliding_positions"] == 6 and held["total"] == 100 * held["global_layers"] + 6 * (
+        3 - held["global_layers"]
+    )  # fmt: skip
+
+
+def test_sink_cache_holds_sinks_and_window_and_decodes_past_them():
+    cfg = get_model_config("tiny-gqa", sliding_window=3, layer_pattern="L", sink_tokens=2)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    cache = model.init_cache(2, 16)
+    assert {k.shape[-1] for k in cache.k} == {5} and cache.max_len == 2**31 - 1
+    assert cache.nbytes == analytic.kv_cache_bytes(cfg, 16, 2)
+    ids = jax.random.randint(jax.random.key(3), (1, 20), 0, cfg.vocab_size)
+    np.testing.assert_array_equal(generate(model, ids[:, :4], 12, max_len=6),
+                                  generate(model, ids[:, :4], 12, use_cache=False))  # fmt: skip
+    for changes, words in (({"sink_tokens": 2}, "sink_tokens=2 keeps tokens beside a sliding"),
+                           ({"sink_tokens": -1, "sliding_window": 3, "layer_pattern": "L"},
+                            "sink_tokens=-1 must be")):  # fmt: skip
+        with pytest.raises(KvjaxError, match=words):
+            get_model_config("tiny-gqa", **changes)
+    with pytest.raises(KvjaxError, match="sink_tokens=2 is not supported"):
+        Transformer(cfg.replace(attention_kernel="flash"), rngs=nnx.Rngs(0))
+
+
+def test_calc_evicts_to_a_budget(capsys):
+    """`--kv-budget N --sink-tokens s`: every layer holds N positions, whatever S."""
+    import json
+
+    from kvjax.cli.main import main
+
+    argv = ["calc", "--model", "llama-3-8b", "--context", "131072", "--kv-budget", "4096",
+            "--sink-tokens", "4", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["model"]["sliding_window"] == 4092 and r["model"]["sink_tokens"] == 4
+    assert r["kv_cache_bytes"] == 32 * 4096 * 2 * 8 * 128 * 2  # N positions a layer, not S
+    assert main(argv[:-3] + ["--sink-tokens", "4096"]) == 2
+    assert "--kv-budget 4096 must exceed --sink-tokens 4096" in capsys.readouterr().err

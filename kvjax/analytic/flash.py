@@ -128,30 +128,38 @@ def plan(
 
 
 def attended_positions(cfg: ModelConfig, wl: Workload, sliding: bool = False) -> int:
-    """Key positions the last query attends: S, or the window W of a sliding layer."""
+    """Key positions the last query attends: S, or the window W of a sliding layer (and its
+    sink tokens)."""
     window = cfg.sliding_window if sliding else 0
-    return min(wl.context, window) if window else wl.context
+    return min(wl.context, window + cfg.sink_tokens) if window else wl.context
 
 
-def exact_pairs(T: int, S: int, window: int = 0) -> int:
+def exact_pairs(T: int, S: int, window: int = 0, sinks: int = 0) -> int:
     """Causal (query, key) pairs for T queries at the end of S positions: query t (0-based among
-    S - T + t) sees S - T + t + 1 keys, at most `window`. T(T+1)/2 when T = S, no window."""
+    S - T + t) sees S - T + t + 1 keys, at most `window`, plus the `sinks` first keys below its
+    window. T(T+1)/2 when T = S, no window."""
     first = S - T + 1  # keys seen by the first query
     if not window or window >= S:
         return T * first + T * (T - 1) // 2
-    return sum(min(first + t, window) for t in range(T))
+    return sum(min(first + t, window) + max(0, min(sinks, first + t - window))
+               for t in range(T))  # fmt: skip
 
 
-def block_pairs(T: int, S: int, bq: int, bk: int, window: int = 0) -> tuple[int, int]:
+def block_pairs(
+    T: int, S: int, bq: int, bk: int, window: int = 0, sinks: int = 0
+) -> tuple[int, int]:
     """(pairs computed, key positions loaded summed over query blocks) of a block loop: a
-    (query block, key block) tile is computed whole when any of its pairs is unmasked."""
+    (query block, key block) tile is computed whole when any of its pairs is unmasked; the
+    sinks' blocks join every query block's band."""
     pairs = loaded = 0
     offset = S - T
+    sink_blocks = set(range((sinks - 1) // bk + 1)) if sinks and window else set()
     for q0 in range(0, T, bq):
         rows = min(bq, T - q0)
         hi = offset + q0 + rows - 1  # last key the block's last query sees
         lo = max(0, offset + q0 - window + 1) if window else 0  # first key its first query sees
-        keys = min(S, (hi // bk + 1) * bk) - (lo // bk) * bk  # the blocks from lo's to hi's
+        blocks = set(range(lo // bk, hi // bk + 1)) | {b for b in sink_blocks if b * bk <= hi}
+        keys = sum(min(bk, S - b * bk) for b in blocks)
         pairs += rows * keys
         loaded += keys
     return pairs, loaded
@@ -167,10 +175,11 @@ def flash_attention_cost(
     Hk, Hv, a = shape.key_width, shape.value_width, _act_bytes(cfg)
     S, T = wl.context, wl.query_len
     per_pair = 2 * Hk + 2 * Hv
-    exact = B * exact_pairs(T, S, window)
+    sinks = cfg.sink_tokens if window else 0
+    exact = B * exact_pairs(T, S, window, sinks)
     q_bytes, o_bytes = B * T * N * Hk * a, B * T * N * Hv * a
     if wl.phase == "prefill":
-        computed, loaded = block_pairs(T, S, flash.block_q, flash.block_k, window)
+        computed, loaded = block_pairs(T, S, flash.block_q, flash.block_k, window, sinks)
         computed *= B
         # Prefill K/V in the compute dtype (the projections' output); the loop walks every
         # query head (FA2), re-reading each KV head's blocks once per query block and head.

@@ -47,10 +47,11 @@ def paged(positions: int, page_size: int = 0) -> int:
 
 def kv_positions_held(cfg: ModelConfig, context: int, page_size: int = 0) -> dict[str, int]:
     """Positions each kind of layer holds at context S: a global layer S, a sliding layer
-    min(S, window) (its rolling buffer), and their total over the layers; on pages of
+    min(S, window + sink_tokens) (its rolling buffer), and their total over the layers; on pages of
     `page_size` each rounded up to whole pages (`paged`)."""
     sliding = cfg.num_sliding_layers
-    per_sliding = paged(min(context, cfg.sliding_window), page_size) if sliding else 0
+    span = cfg.sliding_window + cfg.sink_tokens  # the window and the kept first tokens
+    per_sliding = paged(min(context, span), page_size) if sliding else 0
     per_global = paged(context, page_size)
     return {
         "global_layers": cfg.num_layers - sliding,
@@ -76,7 +77,7 @@ def _context_for_bytes(cfg: ModelConfig, budget: float, batch: int, page_size: i
     per = kv_bytes_per_token_per_layer(cfg) * batch
     rows = budget // per  # layer-positions affordable
     L, sliding = cfg.num_layers, cfg.num_sliding_layers
-    W = paged(cfg.sliding_window, page_size) if sliding else 0
+    W = paged(cfg.sliding_window + cfg.sink_tokens, page_size) if sliding else 0
     if not sliding or rows < L * W:  # still inside the window: every layer holds every position
         fits = int(rows // L)
     elif sliding == L:

@@ -134,9 +134,11 @@ def gqa_attention_kernels(
     gathered element; 3 on the divisor).
     """
     B, T, S = wl.batch, wl.query_len, wl.context
-    rolling = bool(window) and (S - 1 if wl.phase == "decode" else S + 1) >= window
+    sinks = cfg.sink_tokens if window else 0  # a sliding layer's kept first tokens
+    span = window + sinks  # a rolling layer's slots
+    rolling = bool(window) and (S - 1 if wl.phase == "decode" else S + 1) >= span
     if wl.phase == "decode" and rolling:
-        S = window + 1  # the W slots read and the new token
+        S = span + 1  # the W (+ sink) slots read and the new token
     D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     M = B * T
     R = B * N  # attention rows (one per query head per sequence) per query position
@@ -159,7 +161,8 @@ def gqa_attention_kernels(
     if decode:
         # Per layer two scatters (K and V) of B rows at (b, pos[b]); wrapping negative indices
         # costs 3 ops per index per scatter: 6B for pos, and 6B for b unless B = 1 (a constant).
-        remainder = 7 * B + 3 if rolling else 0  # the slot, t mod W
+        # the slot, t mod W; with sinks t below s, else s + (t - s) mod W: 4 more ops a sequence
+        remainder = (7 * B + 3 + (4 * B if sinks else 0)) if rolling else 0
         # token_head scales: two more scatters, their indices wrapped alike
         scale_index = (6 * B + (6 * B if B > 1 else 0)) if scales == "token_head" else 0
         kv_write = KernelCost(
@@ -188,7 +191,7 @@ def gqa_attention_kernels(
         if cap:  # every score, the new token's own included
             softmax = softmax + softcap_cost(kernels.SOFTMAX, R * S)
         if rolling:  # the slot about to be overwritten masked: != and & per slot, t mod W
-            softmax = softmax + KernelCost(kernels.SOFTMAX, 2 * B * window + remainder, 0.0)
+            softmax = softmax + KernelCost(kernels.SOFTMAX, 2 * B * span + remainder, 0.0)
         # out = P . V_cache + p_self * v_new (an outer product) and their sum.
         av = KernelCost(
             kernels.AV,
@@ -207,10 +210,12 @@ def gqa_attention_kernels(
         kv_write, scores, softmax, av = _extend_attention(cfg, wl)
     else:
         # Prefill writes the T new rows into the cache (one dynamic-update-slice each for K, V).
-        held = min(T, window) if window else T  # rows a sliding layer keeps
+        held = min(T, span) if window else T  # rows a sliding layer keeps
         # token_head scales are gathered too: two more gathers (6 checks a slot, 1 select each)
         per_slot = 2 * K * H + 22 + (2 * K + 12 if scales == "token_head" else 0)
-        gather = B * window * per_slot + 3 if rolling and T > window else 0
+        # sinks: slots below s take their own token (a compare a slot, a select per sequence's)
+        sink_slots = (span + B * span) if sinks else 0
+        gather = B * span * per_slot + 3 + sink_slots if rolling and T > span else 0
         kept = 2 * B * held * K * (H * kv + scale_row)
         kv_write = KernelCost(
             kernels.KV_WRITE,
@@ -229,8 +234,9 @@ def gqa_attention_kernels(
         softmax = prefill_softmax(R, T, S, a)
         if cap:
             softmax = softmax + softcap_cost(kernels.SOFTMAX, E)
-        if window and window < T:  # the band: i - j < W
-            softmax = softmax + KernelCost(kernels.SOFTMAX, 5 * T * S, 0.0)
+        if window and window < T:  # the band: i - j < W (or j < s: a compare a key, an or)
+            band = 5 * T * S + (T + T * S if sinks else 0)
+            softmax = softmax + KernelCost(kernels.SOFTMAX, band, 0.0)
         av = KernelCost(
             kernels.AV,
             flops=2 * E * H,

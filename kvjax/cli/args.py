@@ -153,6 +153,11 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
                        help=f"override {field} (MLA; 0 = off)")  # fmt: skip
     g.add_argument("--mla-decode", choices=MLA_FORMS, help="MLA decode form (default absorbed)")
     g.add_argument("--sliding-window", type=int, help="override sliding_window (0 = none)")
+    g.add_argument("--sink-tokens", type=int, metavar="S",
+                   help="sliding layers keep the first S tokens beside their window (StreamingLLM)")
+    g.add_argument("--kv-budget", type=positive_int, metavar="N",
+                   help="evict to N positions a layer: every layer sliding over N - S recent "
+                   "tokens beside the --sink-tokens S (default 0)")  # fmt: skip
     g.add_argument(
         "--kv-scales", choices=KV_SCALES,
         help="a quantized cache's scales (auto: per token per head for int8, per tensor for fp8, "
@@ -270,9 +275,19 @@ def resolve_model(args: argparse.Namespace) -> ModelConfig:
     if getattr(args, "mla_decode", None):
         changes["mla_decode"] = args.mla_decode
     for flag in ("sliding_window", "layer_pattern", "kv_scales", "kv_group_size",
-                 "attention_kernel"):  # fmt: skip
+                 "attention_kernel", "sink_tokens"):  # fmt: skip
         if getattr(args, flag, None) is not None:
             changes[flag] = getattr(args, flag)
+    budget = getattr(args, "kv_budget", None)
+    if budget is not None:  # eviction to a budget: sinks + a window of the rest, every layer
+        sinks = changes.get("sink_tokens") or 0
+        if "sliding_window" in changes or "layer_pattern" in changes:
+            raise KvjaxError("--kv-budget sets the window and the pattern itself; drop "
+                             "--sliding-window / --layer-pattern")  # fmt: skip
+        if budget <= sinks:
+            raise KvjaxError(f"--kv-budget {budget} must exceed --sink-tokens {sinks} (the "
+                             "recent window is the budget minus the sinks)")  # fmt: skip
+        changes.update(sliding_window=budget - sinks, layer_pattern="L", sink_tokens=sinks)
     if isinstance(changes.get("num_kv_heads"), list):  # a sweep: the first value is the base
         changes["num_kv_heads"] = changes["num_kv_heads"][0]
     if getattr(args, "weight_dtype", None):

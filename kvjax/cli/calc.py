@@ -280,8 +280,9 @@ def _qkvo_bytes(cfg: ModelConfig, wl: Workload) -> float:
     shape = flash.attention_shape(cfg, wl.phase)
     T, a = wl.query_len, _act_bytes(cfg)
     q_o = wl.batch * T * shape.query_heads * (shape.key_width + shape.value_width) * a
-    held = sum(min(wl.context, cfg.sliding_window) if cfg.layer_is_sliding(i) and
-               cfg.sliding_window else wl.context for i in range(cfg.num_layers))  # fmt: skip
+    span = cfg.sliding_window + cfg.sink_tokens  # a sliding layer's window and sinks
+    held = sum(min(wl.context, span) if cfg.layer_is_sliding(i) and cfg.sliding_window
+               else wl.context for i in range(cfg.num_layers))  # fmt: skip
     per_position = shape.kv_bytes_per_position if wl.phase == "decode" else (
         (shape.key_width + shape.value_width) * a)  # fmt: skip
     return q_o * cfg.num_layers + wl.batch * shape.kv_heads * held * per_position

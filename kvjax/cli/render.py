@@ -88,7 +88,9 @@ def print_calc(report: dict[str, Any]) -> None:
     if held["sliding_layers"]:
         con.print(
             f"  windows     {held['sliding_layers']} sliding layers hold "
-            f"{held['sliding_positions']:,} positions (window {m['sliding_window']:,}), "
+            f"{held['sliding_positions']:,} positions (window {m['sliding_window']:,}"
+            + (f" + {m['sink_tokens']:,} sink tokens" if m.get("sink_tokens") else "")
+            + "), "
             f"{held['global_layers']} global layers {held['global_positions']:,}: "
             f"{held['total']:,} layer-positions (vs {m['num_layers'] * S:,} without windows)"
         )

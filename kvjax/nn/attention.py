@@ -13,7 +13,7 @@ from kvjax import kernels
 from kvjax.config import ModelConfig
 from kvjax.nn import flash
 from kvjax.nn.fake_quant import read_quantized
-from kvjax.nn.kv_cache import dequantize
+from kvjax.nn.kv_cache import dequantize, rolling_slot
 from kvjax.nn.layers import RMSNorm, apply_rope, linear, param, read, rope_tables, weight_dtype
 from kvjax.nn.sharding import DATA, GRP, KV, constrain
 
@@ -86,8 +86,9 @@ class Attention(nnx.Module):
         if cfg.attention_kernel == "flash" and cached is None:
             return flash.flash_causal(*proj, window=window, scale=cfg.attn_scale)
         return attend_causal(
-            *proj, window=window, scale=cfg.attn_scale, softcap=cfg.attn_softcap, cached=cached
-        )
+            *proj, window=window, scale=cfg.attn_scale, softcap=cfg.attn_softcap, cached=cached,
+            sinks=cfg.sink_tokens if window else 0,
+        )  # fmt: skip
 
     def over_cache(self, proj, cache_arrays, pos_B: jax.Array, window: int = 0) -> jax.Array:
         q_BTKGH, k_BTKH, v_BTKH = proj
@@ -101,6 +102,7 @@ class Attention(nnx.Module):
         o_BKGH = attend_cache(
             q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], k_cache_BKHS, v_cache_BKSH, pos_B, window,
             k_scale, v_scale, self.cfg.attn_scale, self.cfg.attn_softcap,
+            self.cfg.sink_tokens if window else 0,
         )  # fmt: skip
         return o_BKGH[:, None]
 
@@ -117,12 +119,16 @@ class Attention(nnx.Module):
             return linear(o_BTE, read(self.o_proj, cfg))
 
 
-def causal_mask(T: int, window: int = 0) -> jax.Array:
+def causal_mask(T: int, window: int = 0, sinks: int = 0) -> jax.Array:
     """[T, T]: query i sees key j <= i, and with a sliding window only i - j < window (the
-    window counts the query's own position, as Hugging Face's sliding_window)."""
+    window counts the query's own position, as Hugging Face's sliding_window) or, with `sinks`,
+    j < sinks (StreamingLLM: the first tokens stay visible)."""
     mask_TS = jnp.tril(jnp.ones((T, T), jnp.bool_))
     if window and window < T:
-        mask_TS = mask_TS & ~jnp.tril(jnp.ones((T, T), jnp.bool_), -window)
+        band_TS = ~jnp.tril(jnp.ones((T, T), jnp.bool_), -window)
+        if sinks:
+            band_TS = band_TS | (jnp.arange(T) < sinks)[None, :]
+        mask_TS = mask_TS & band_TS
     return mask_TS
 
 
@@ -139,10 +145,11 @@ def attend_causal(
     scale: float | None = None,
     softcap: float = 0.0,
     cached=None,
+    sinks: int = 0,
 ) -> jax.Array:
     """Causal attention of T queries over the same T positions (forward and prefill), banded to
-    the last `window` positions for a sliding layer. Scores scaled by `scale` (1/sqrt(H) when
-    None) and soft-capped before the mask.
+    the last `window` positions for a sliding layer (and its first `sinks`). Scores scaled by
+    `scale` (1/sqrt(H) when None) and soft-capped before the mask.
 
     `cached` (the quality of a quantized cache, `kvjax.nn.fake_quant`): (k, v as the cache
     returns them, residual R): query t reads position j's quantized k and v where
@@ -164,7 +171,7 @@ def attend_causal(
             s_BKGTS = jnp.where(quantized_TS, scores(kq_BSKH), s_BKGTS)
     with jax.named_scope(kernels.SOFTMAX):
         s_BKGTS = soft_cap(s_BKGTS * scale, softcap)
-        s_BKGTS = jnp.where(causal_mask(T, window), s_BKGTS, NEG_INF)
+        s_BKGTS = jnp.where(causal_mask(T, window, sinks), s_BKGTS, NEG_INF)
         p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(dtype)
     with jax.named_scope(kernels.AV):
         if cached is None:
@@ -212,8 +219,9 @@ def decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS, k_scale_BKS=None):
 
 
 def decode_softmax(
-    s_BKGS, s_self_BKG, pos_B, head_dim: int, dtype, window: int = 0, scale=None, softcap=0.0
-):
+    s_BKGS, s_self_BKG, pos_B, head_dim: int, dtype, window: int = 0, scale=None, softcap=0.0,
+    sinks: int = 0,
+):  # fmt: skip
     """Softmax over the valid cached positions [0, pos) and the new token, written out so the
     new score joins the cached ones without a concat. Scaled by `scale` (1/sqrt(head_dim) when
     None) and soft-capped (Gemma 2) before the mask."""
@@ -221,7 +229,8 @@ def decode_softmax(
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     valid_BS = jnp.arange(S)[None, :] < pos_B[:, None]
     if window:  # a rolling buffer: the slot about to be overwritten holds a token out of window
-        valid_BS = valid_BS & (jnp.arange(S)[None, :] != jnp.remainder(pos_B, window)[:, None])
+        slot_B = rolling_slot(pos_B, window, sinks)
+        valid_BS = valid_BS & (jnp.arange(S)[None, :] != slot_B[:, None])
     # any head axes between B and S (K, G here; N for MLA)
     valid = valid_BS.reshape((B,) + (1,) * (s_BKGS.ndim - 2) + (S,))
     s_BKGS = jnp.where(valid, soft_cap(s_BKGS * scale, softcap), NEG_INF)
@@ -252,6 +261,7 @@ def attend_cache(
     v_scale_BKS: jax.Array | None = None,
     scale: float | None = None,
     softcap: float = 0.0,
+    sinks: int = 0,
 ) -> jax.Array:
     """One new query per sequence over its cached positions [0, pos) and its own new k, v.
 
@@ -263,7 +273,8 @@ def attend_cache(
         s_BKGS, s_self_BKG = decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS, k_scale_BKS)
     with jax.named_scope(kernels.SOFTMAX):
         p_BKGS, p_self_BKG = decode_softmax(
-            s_BKGS, s_self_BKG, pos_B, q_BKGH.shape[-1], q_BKGH.dtype, window, scale, softcap
-        )
+            s_BKGS, s_self_BKG, pos_B, q_BKGH.shape[-1], q_BKGH.dtype, window, scale, softcap,
+            sinks,
+        )  # fmt: skip
     with jax.named_scope(kernels.AV):
         return decode_av(p_BKGS, p_self_BKG, v_new_BKH, v_cache_BKSH, v_scale_BKS)

@@ -90,7 +90,8 @@ def generate(
     needed = int(lengths.max()) + steps - 1
     max_len = max(T, needed) if max_len is None else max_len
     cfg = model.cfg  # a cache whose every layer rolls over its window never fills
-    rolls = cfg.num_sliding_layers == cfg.num_layers and max_len >= cfg.sliding_window
+    span = cfg.sliding_window + cfg.sink_tokens
+    rolls = cfg.num_sliding_layers == cfg.num_layers and max_len >= span
     if (needed > max_len and not rolls) or T > max_len:
         raise KvjaxError(
             f"max_len={max_len} is too short: the prompt (T={T}) plus {steps} steps needs "

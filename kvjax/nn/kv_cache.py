@@ -55,6 +55,15 @@ def dequantize(x, scale, dtype, axis: int):
     return x * (jnp.expand_dims(scale, axis) if scale.ndim else scale).astype(dtype)
 
 
+def rolling_slot(pos_B: jax.Array, window: int, sinks: int = 0) -> jax.Array:
+    """The slot of a rolling layer that token `pos` is written to: pos mod W, or with `sinks`
+    (StreamingLLM's kept first tokens) the token itself below s and s + (pos - s) mod W after:
+    the sinks never overwritten, the W slots after them a ring of the most recent tokens."""
+    if not sinks:
+        return jnp.remainder(pos_B, window)
+    return jnp.where(pos_B < sinks, pos_B, sinks + jnp.remainder(pos_B - sinks, window))
+
+
 def check_cache_size(batch_size: int, max_len: int) -> None:
     """A cache's batch and length, refused in one line before anything is allocated."""
     for name, value in (("batch_size", batch_size), ("max_len", max_len)):
@@ -78,8 +87,9 @@ def _scales(kind: str, batch_size: int, num_kv_heads: int, lens) -> tuple[jax.Ar
 @dataclasses.dataclass(frozen=True)
 class KVCache:
     """Per layer K [B, K, H, L_i] and V [B, K, L_i, H]: L_i = max_len for a global layer, and for a
-    sliding layer min(max_len, window). A sliding layer whose buffer is the whole window is
-    *rolling* (`window[i] > 0`): token t is written to slot t mod window, and a decode step masks
+    sliding layer min(max_len, window + sinks). A sliding layer whose buffer is the whole window is
+    *rolling* (`window[i] > 0`): token t is written to slot t mod window (with `sinks`, the first
+    s tokens keep slots 0..s-1 and the ring follows them: `rolling_slot`), and a decode step masks
     the slot about to be overwritten (the token `window` positions back); the others never wrap."""
 
     k: tuple[jax.Array, ...]  # per layer, [B, K, H, L_i] in the config's KV dtype
@@ -90,17 +100,20 @@ class KVCache:
     k_scale: tuple[jax.Array, ...] = ()
     v_scale: tuple[jax.Array, ...] = ()
     scales: str = dataclasses.field(default="none", metadata=dict(static=True))
+    sinks: int = dataclasses.field(default=0, metadata=dict(static=True))
 
     @classmethod
     def zeros(
         cls, num_layers: int, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int,
-        dtype, windows: tuple[int, ...] = (), scales: str = "none",
+        dtype, windows: tuple[int, ...] = (), scales: str = "none", sinks: int = 0,
     ) -> KVCache:  # fmt: skip
         """`windows[i]`: layer i's sliding window (0: global); none given, every layer global.
-        `scales`: a 1-byte cache's ("tensor": 1.0, as vLLM without calibration; "token_head")."""
+        `scales`: a 1-byte cache's ("tensor": 1.0, as vLLM without calibration; "token_head").
+        `sinks`: a sliding layer also keeps the first `sinks` tokens (s + W rows, see
+        `rolling_slot`)."""
         check_cache_size(batch_size, max_len)
         windows = tuple(windows) or (0,) * num_layers
-        lens = [min(max_len, w) if w else max_len for w in windows]
+        lens = [min(max_len, w + sinks) if w else max_len for w in windows]
 
         def zeros(shape):
             return jnp.zeros(shape, dtype)
@@ -109,10 +122,11 @@ class KVCache:
             k=tuple(zeros((batch_size, num_kv_heads, head_dim, n)) for n in lens),
             v=tuple(zeros((batch_size, num_kv_heads, n, head_dim)) for n in lens),
             pos=jnp.zeros((batch_size,), jnp.int32),
-            window=tuple(w if w and max_len >= w else 0 for w in windows),
+            window=tuple(w if w and max_len >= w + sinks else 0 for w in windows),
             k_scale=_scales(scales, batch_size, num_kv_heads, lens),
             v_scale=_scales(scales, batch_size, num_kv_heads, lens),
             scales=scales,
+            sinks=sinks if any(w and max_len >= w + sinks for w in windows) else 0,
         )
 
     @property
@@ -148,6 +162,10 @@ class KVCache:
     def layer_window(self, i: int) -> int:
         return self._windows()[i]
 
+    def layer_sinks(self, i: int) -> int:
+        """The sink slots of layer i: the cache's `sinks` on a rolling layer, else 0."""
+        return self.sinks if self._windows()[i] else 0
+
     def write_prefix(
         self, layer: int, k_BTKH: jax.Array, v_BTKH: jax.Array, lengths_B: jax.Array | None = None
     ) -> KVCache:
@@ -172,7 +190,11 @@ class KVCache:
                 if lengths_B is None:
                     lengths_B = jnp.full((k_BTKH.shape[0],), T, jnp.int32)
                 last_B1 = lengths_B[:, None] - 1
-                t_Bn = last_B1 - jnp.remainder(last_B1 - jnp.arange(n)[None, :], n)
+                s = self.layer_sinks(layer)  # sink slots i < s hold token i; the ring: mod n - s
+                slots_n = jnp.arange(n)[None, :]
+                t_Bn = last_B1 - jnp.remainder(last_B1 - slots_n, n - s)
+                if s:
+                    t_Bn = jnp.where(slots_n < s, slots_n, t_Bn)
                 t_Bn = jnp.maximum(t_Bn, 0)  # slots no token reached yet: masked by position
                 k = jnp.take_along_axis(k_BKHT, t_Bn[:, None, None, :], axis=3)
                 v = jnp.take_along_axis(v_BKTH, t_Bn[:, None, :, None], axis=2)
@@ -225,7 +247,7 @@ class KVCache:
         for layer, (kc, vc, kn, vn) in enumerate(zip(self.k, self.v, k_new, v_new, strict=True)):
             with jax.named_scope(f"{kernels.layer_scope(layer)}/{kernels.KV_WRITE}"):
                 w = self.layer_window(layer)
-                slot = jnp.remainder(self.pos, w) if w else self.pos
+                slot = rolling_slot(self.pos, w, self.layer_sinks(layer)) if w else self.pos
                 k_sc, v_sc = (kss[layer], vss[layer]) if kss else (None, None)
                 kq, k_row = quantize(kn, kc.dtype, self.scales, k_sc)
                 vq, v_row = quantize(vn, vc.dtype, self.scales, v_sc)

@@ -167,7 +167,7 @@ class Transformer(nnx.Module):
         )
         return KVCache.zeros(
             cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim, kv_dtype(cfg),
-            windows, cfg.kv_scale_kind,
+            windows, cfg.kv_scale_kind, cfg.sink_tokens,
         )  # fmt: skip
 
     def prefill(self, tokens_BT: jax.Array, cache: KVCache, lengths_B: jax.Array | None = None):
