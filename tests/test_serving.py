@@ -238,3 +238,28 @@ def test_extend_is_measured_alone_and_as_served():
     assert by[kernels.STEP_KERNEL]["closed_bytes"] == step_cost(cfg, wl).bytes
     assert by[kernels.Q_PROJ]["traced_bytes"] == pytest.approx(by[kernels.Q_PROJ]["closed_bytes"])
     assert all(p["median_s"] > 0 for p in by.values())
+
+
+def test_eviction_quality_experiment_pairs_the_same_weights(tmp_path):
+    """experiments/eviction_quality.py on a few steps: per seed the full cache, s sinks + a
+    window and a plain window of each budget, from the same weights; a budget as long as the
+    sequence evicts nothing (its loss is the full cache's)."""
+    import pandas as pd
+
+    from kvjax.runs.launcher import run_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "experiment: eviction_quality\nmodel:\n  preset: tiny-gqa\n  num_layers: 2\n"
+        "  vocab_size: 256\noptions:\n  task: stdlib\n  steps: 3\n  batch_size: 2\n"
+        "  seq_len: 32\n  eval_every: 3\n  eval_batches: 1\n  max_bytes: 65536\n"
+        "  budgets: [[8, 2], [32, 4]]\n"
+    )
+    (run,) = run_config(config, runs_root=tmp_path / "runs", progress=False)
+    df = pd.DataFrame(run.records()).set_index(["eviction", "kv_budget"])
+    assert set(df.index) == {("full", 32), ("sinks + window", 8), ("window", 8),
+                             ("sinks + window", 32), ("window", 32)}  # fmt: skip
+    full = df.loc[("full", 32), "val_loss"]
+    assert df.loc[("window", 32), "val_loss"] == pytest.approx(full, rel=1e-6)
+    assert df.loc[("sinks + window", 32), "val_loss"] == pytest.approx(full, rel=1e-6)
+    assert df.loc[("window", 8), "val_loss"] != pytest.approx(full, rel=1e-6)

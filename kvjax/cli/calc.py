@@ -210,6 +210,16 @@ def calc_report(
         "weights_kv_floor_s_per_token": roofline.memory_floor_s(floor_weights + kv_cache, bw),
         "step_floor_s": step_floor,
         "kernel_sum_bound_s": sum(k.bound_s for k in placed),
+        # the serving frontier's point at this batch (`kvjax frontier`): the kernels one after
+        # another, and the largest batch whose weights + KV + activations fit
+        "serving_tokens_per_s": (
+            wl.batch / sum(k.bound_s for k in placed) if wl.phase == "decode" else None
+        ),
+        "max_serving_batch": (
+            None
+            if chip.memory_bytes is None
+            else serving.max_serving_batch(cfg, chip, wl.context, page_size)
+        ),
         "tokens_per_s_per_sequence": (1.0 / step_floor) if wl.phase == "decode" else None,
         "tokens_per_s": (wl.batch / step_floor) if wl.phase == "decode" else None,
         "kv_exceeds_weights_at_context": analytic.kv_exceeds_weights_at_context(cfg, wl.batch),
