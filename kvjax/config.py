@@ -62,8 +62,8 @@ _INT_FIELDS = (
     "d_ff",
     "vocab_size",
 )
-_BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "norm_plus_one", "scale_embeddings",
-                "sandwich_norms", "qk_norm", "norm_topk_prob")  # fmt: skip
+_BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "norm_plus_one",
+                "scale_embeddings", "sandwich_norms", "qk_norm", "norm_topk_prob")  # fmt: skip
 _OPTIONAL_NUMBERS = ("query_pre_attn_scalar", "rope_local_theta", "attn_softcap", "final_softcap")
 # Multi-head latent attention (DeepSeek-V2/V3); 0 = absent. `kv_lora_rank > 0` makes a model MLA.
 
@@ -88,6 +88,8 @@ class ModelConfig:
     mlp_activation: str = "silu"
     tied_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2 has biases on the q, k and v projections
+    o_bias: bool = False  # a bias on the attention's output projection (Seed-OSS, StarCoder2)
+    mlp_bias: bool = False  # biases on the dense MLP's projections (StarCoder2, Llama's mlp_bias)
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     rope_theta: float = 10000.0

@@ -55,7 +55,7 @@ def check_mla(cfg: Fields) -> None:
             f"rope_linear_factor={cfg.rope_linear_factor} is not supported with MLA "
             f"(kv_lora_rank > 0)"
         )
-    for field in ("qkv_bias", "qk_norm", "attn_softcap", "query_pre_attn_scalar",
+    for field in ("qkv_bias", "o_bias", "qk_norm", "attn_softcap", "query_pre_attn_scalar",
                   "norm_plus_one"):  # fmt: skip
         if getattr(cfg, field):
             raise KvjaxError(
@@ -98,6 +98,8 @@ def check_moe(cfg: Fields) -> None:
         )
     if not cfg.gated_mlp:
         raise KvjaxError("num_experts > 0 needs gated_mlp=True (every expert is gated)")
+    if cfg.mlp_bias:
+        raise KvjaxError("mlp_bias=True is not supported with experts (num_experts > 0)")
     G, g = cfg.expert_groups, cfg.topk_groups
     if E % G:
         raise KvjaxError(f"expert_groups={G} must divide num_experts={E}")

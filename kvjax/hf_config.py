@@ -26,7 +26,11 @@ _HF_ACTIVATIONS = {
     "gelu_fast": "gelu",
 }
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
-                   "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3")  # fmt: skip
+                   "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss")  # fmt: skip
+# Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
+# Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
+_O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
+                             "gemma3")  # fmt: skip
 _GEMMA = ("gemma", "gemma2", "gemma3_text", "gemma3")
 # Gemma3TextConfig's defaults (transformers 5), which the Hub's gemma-3 configs rely on: their
 # text_config omits what equals these.
@@ -329,7 +333,14 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     act = f.text("hidden_activation", _HF_ACTIVATIONS) or f.text("hidden_act", _HF_ACTIVATIONS)
     fields["mlp_activation"] = _HF_ACTIVATIONS[act or "silu"]
     fields["tied_embeddings"] = f.boolean("tie_word_embeddings", model_type in _GEMMA)
-    fields["qkv_bias"] = f.boolean("attention_bias", model_type == "qwen2")
+    # Seed-OSS's config class defaults attention_bias to True (a Hub file may omit it)
+    fields["qkv_bias"] = f.boolean("attention_bias", model_type in ("qwen2", "seed_oss"))
+    if model_type in _O_BIAS_IS_ATTENTION_BIAS:
+        fields["o_bias"] = fields["qkv_bias"]
+    elif model_type == "seed_oss":
+        fields["o_bias"] = f.boolean("attention_out_bias", False)
+    if model_type in ("llama", "seed_oss"):
+        fields["mlp_bias"] = f.boolean("mlp_bias", False)
     dtype = f.text("torch_dtype") or f.text("dtype")
     if dtype:
         fields["weight_dtype"] = fields["kv_dtype"] = dtype

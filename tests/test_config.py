@@ -114,7 +114,12 @@ def test_unknown_preset_suggests_nearest():
 
 
 def test_every_preset_has_a_citation_comment():
-    source = open(__import__("kvjax.presets").presets.__file__).read()
+    import kvjax.presets
+    import kvjax.presets_families
+
+    source = "\n".join(
+        open(m.__file__).read() for m in (kvjax.presets, kvjax.presets_families)
+    )  # fmt: skip
     for name in PRESETS:
         if not name.startswith("tiny"):
             block = source[: source.index(f'name="{name}"')]

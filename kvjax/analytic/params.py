@@ -44,7 +44,7 @@ def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
             kernels.Q_PROJ: D * N * H + bias_q,
             kernels.K_PROJ: D * K * H + bias_kv,
             kernels.V_PROJ: D * K * H + bias_kv,
-            kernels.O_PROJ: N * H * D,
+            kernels.O_PROJ: N * H * D + (D if cfg.o_bias else 0),
         }
     if cfg.qk_norm:
         attn[kernels.QK_NORM] = 2 * H
@@ -52,9 +52,10 @@ def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
     if moe:
         mlp = moe_layer_param_counts(cfg)
     else:
+        up = (2 if cfg.gated_mlp else 1) * F  # the gate and up (or up) outputs
         mlp = {
-            kernels.GATE_UP if cfg.gated_mlp else kernels.UP: (2 if cfg.gated_mlp else 1) * D * F,
-            kernels.DOWN: F * D,
+            kernels.GATE_UP if cfg.gated_mlp else kernels.UP: D * up + (up if cfg.mlp_bias else 0),
+            kernels.DOWN: F * D + (D if cfg.mlp_bias else 0),
         }
     return {**attn, **mlp, kernels.NORM_ATTN: D, kernels.NORM_MLP: D, **sandwich}
 

@@ -19,10 +19,11 @@ def _matmul(
 ) -> KernelCost:
     """y[m, n] = x[m, k] @ W[k, n] (+ b[n]): 2mkn FLOPs; reads W and x, writes y.
 
-    A bias is a broadcast of b to [m, n] and an add: m*n FLOPs, n*w + 4*m*n*a bytes.
+    A bias is a broadcast of b to [m, n] and an add: m*n FLOPs, n*w + 4*m*n*a bytes, and the
+    reshapes that lift b to [1, 1, n] before the broadcast: 6*n*a more (XLA's lowered count).
     """
     weight = k * n * w + (n * w if bias else 0)
-    bias_bytes = 4 * m * n * a if bias else 0
+    bias_bytes = 4 * m * n * a + 6 * n * a if bias else 0
     return KernelCost(
         name,
         flops=2 * m * k * n + (m * n if bias else 0),

@@ -94,10 +94,11 @@ def _fused(cfg, wl, attention: list[KernelCost], sliding: bool, chip) -> list[Ke
 
 def mlp_kernels(cfg: ModelConfig, M: int, D: int, F: int, w: int, a: int) -> list[KernelCost]:
     """A dense MLP of width F: gate_up (or up), the activation, down."""
+    bias = cfg.mlp_bias
     k = [
-        _matmul(kernels.GATE_UP, M, D, 2 * F, w, a)
+        _matmul(kernels.GATE_UP, M, D, 2 * F, w, a, bias=bias)
         if cfg.gated_mlp
-        else _matmul(kernels.UP, M, D, F, w, a)
+        else _matmul(kernels.UP, M, D, F, w, a, bias=bias)
     ]
     # silu(x) = x / (1 + exp(-x)): negate, exp, add, divide, multiply = 4 FLOPs + 1 exp;
     # gelu (tanh form): 8 FLOPs + 1 tanh; the gated form multiplies by `up` (1 more FLOP).
@@ -111,7 +112,7 @@ def mlp_kernels(cfg: ModelConfig, M: int, D: int, F: int, w: int, a: int) -> lis
             transcendentals=M * F,
         )
     )
-    k.append(_matmul(kernels.DOWN, M, F, D, w, a))
+    k.append(_matmul(kernels.DOWN, M, F, D, w, a, bias=bias))
     return k
 
 
@@ -242,7 +243,8 @@ def gqa_attention_kernels(
             flops=2 * E * H,
             bytes=E * a + B * S * K * H * a + M * N * H * a,
         )
-    return [*k, kv_write, scores, softmax, av, _matmul(kernels.O_PROJ, M, N * H, D, w, a)]
+    o_proj = _matmul(kernels.O_PROJ, M, N * H, D, w, a, bias=cfg.o_bias)
+    return [*k, kv_write, scores, softmax, av, o_proj]
 
 
 def _extend_attention(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:

@@ -38,6 +38,8 @@ class Attention(nnx.Module):
             self.q_bias = nnx.Param(jnp.zeros((N * H,), weight_dtype(cfg)))
             self.k_bias = nnx.Param(jnp.zeros((K * H,), weight_dtype(cfg)))
             self.v_bias = nnx.Param(jnp.zeros((K * H,), weight_dtype(cfg)))
+        if cfg.o_bias:
+            self.o_bias = nnx.Param(jnp.zeros((D,), weight_dtype(cfg)))
         if cfg.qk_norm:  # Qwen3, Gemma 3: one RMSNorm over head_dim shared by the heads
             self.q_norm = RMSNorm(cfg, H)
             self.k_norm = RMSNorm(cfg, H)
@@ -116,7 +118,8 @@ class Attention(nnx.Module):
         B, T = o_BTKGH.shape[:2]
         o_BTE = o_BTKGH.reshape(B, T, cfg.q_dim)  # outside the kernel: a bitcast once compiled
         with jax.named_scope(kernels.O_PROJ):
-            return linear(o_BTE, read(self.o_proj, cfg))
+            out_BTD = linear(o_BTE, read(self.o_proj, cfg))
+            return out_BTD + read(self.o_bias, cfg) if cfg.o_bias else out_BTD
 
 
 def causal_mask(T: int, window: int = 0, sinks: int = 0) -> jax.Array:

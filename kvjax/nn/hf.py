@@ -1,5 +1,5 @@
 """Load a local Hugging Face Llama / Mistral / Qwen2 / Qwen3 / Gemma / Gemma 2 / Gemma 3 (text) /
-dense DeepSeek-V2/V3 checkpoint (config.json + *.safetensors).
+dense DeepSeek-V2/V3 / Seed-OSS checkpoint (config.json + *.safetensors).
 
 Nothing is downloaded. Hugging Face stores linear weights as [out, in], as kvjax does, so the
 tensors are taken as they are (gate and up are concatenated into gate_up). DeepSeek (MLA):
@@ -24,7 +24,7 @@ from kvjax.nn.layers import weight_dtype
 from kvjax.nn.transformer import Transformer
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
-             "gemma3_text", "deepseek_v2", "deepseek_v3")  # fmt: skip
+             "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -106,6 +106,8 @@ def _load_attention(cfg: ModelConfig, a, get, put, p: str) -> None:
     put(a.k_proj, get(p + "self_attn.k_proj.weight", (K * H, D)))
     put(a.v_proj, get(p + "self_attn.v_proj.weight", (K * H, D)))
     put(a.o_proj, get(p + "self_attn.o_proj.weight", (D, N * H)))
+    if cfg.o_bias:
+        put(a.o_bias, get(p + "self_attn.o_proj.bias", (D,)))
     if cfg.qkv_bias:
         put(a.q_bias, get(p + "self_attn.q_proj.bias", (N * H,)))
         put(a.k_bias, get(p + "self_attn.k_proj.bias", (K * H,)))
@@ -126,6 +128,10 @@ def _load_mlp(mlp, get, put, p: str, F: int, D: int) -> None:
     up = get(p + "up_proj.weight", (F, D))
     put(mlp.gate_up, np.concatenate([gate, up], axis=0))
     put(mlp.down, get(p + "down_proj.weight", (D, F)))
+    if mlp.cfg.mlp_bias:
+        bias = [get(p + "gate_proj.bias", (F,)), get(p + "up_proj.bias", (F,))]
+        put(mlp.up_bias, np.concatenate(bias))
+        put(mlp.down_bias, get(p + "down_proj.bias", (D,)))
 
 
 def _load_moe(cfg: ModelConfig, moe, get, put, p: str, names: tuple[str, str, str]) -> None:

@@ -4,11 +4,12 @@ down), as the transformer's layers and the MoE layer's shared experts both run i
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from kvjax import kernels
 from kvjax.config import ModelConfig
-from kvjax.nn.layers import linear, param, read
+from kvjax.nn.layers import linear, param, read, weight_dtype
 from kvjax.nn.sharding import DATA, MODEL, constrain
 
 
@@ -27,6 +28,10 @@ class MLP(nnx.Module):
         else:
             self.up = param(rngs, (F, D), D, cfg)
         self.down = param(rngs, (D, F), F, cfg)
+        if cfg.mlp_bias:  # gate_up (2F) or up (F), and down (D)
+            up = (2 if cfg.gated_mlp else 1) * F
+            self.up_bias = nnx.Param(jnp.zeros((up,), weight_dtype(cfg)))
+            self.down_bias = nnx.Param(jnp.zeros((D,), weight_dtype(cfg)))
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         cfg = self.cfg
@@ -35,6 +40,8 @@ class MLP(nnx.Module):
         if cfg.gated_mlp:
             with jax.named_scope(kernels.GATE_UP):
                 gu_BTE = linear(x_BTD, read(self.gate_up, cfg))
+                if cfg.mlp_bias:
+                    gu_BTE = gu_BTE + read(self.up_bias, cfg)
             with jax.named_scope(kernels.ACT):
                 n = self.gate_up_blocks
                 if n == 1:
@@ -48,11 +55,14 @@ class MLP(nnx.Module):
         else:
             with jax.named_scope(kernels.UP):
                 u_BTF = linear(x_BTD, read(self.up, cfg))
+                if cfg.mlp_bias:
+                    u_BTF = u_BTF + read(self.up_bias, cfg)
             with jax.named_scope(kernels.ACT):
                 h_BTF = act(u_BTF)
         h_BTF = constrain(h_BTF, DATA, None, MODEL)
         with jax.named_scope(kernels.DOWN):
-            return linear(h_BTF, read(self.down, cfg))
+            out_BTD = linear(h_BTF, read(self.down, cfg))
+            return out_BTD + read(self.down_bias, cfg) if cfg.mlp_bias else out_BTD
 
 
 def _gelu_tanh(x: jax.Array) -> jax.Array:

@@ -1,0 +1,156 @@
+"""Every Hugging Face family kvjax reads, against transformers itself: the parameter count of the
+model built on the meta device from the config class's own defaults (what `kvjax calc --model
+<that config.json>` sizes), each preset's count from its card, and for the families added in
+issue 29 tiny random-checkpoint logits parity (uncached forward, prefill + cached decode, f32),
+with a test that switching each family's feature off moves the logits."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from support import check_hf_parity, require_module
+
+from kvjax import analytic, get_model_config
+from kvjax.hf_config import from_hf_config
+
+torch = require_module("torch")
+transformers = require_module("transformers")
+
+# model_type -> (config class, model class) in transformers 5
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"),
+}
+
+
+def hf_param_count(model) -> int:
+    """Parameters, a tied embedding once, and the one buffer a checkpoint holds as weights:
+    DeepSeek-V3's router score-correction biases."""
+    params = sum(p.numel() for p in model.parameters())
+    return params + sum(b.numel() for n, b in model.named_buffers() if "e_score_correction" in n)
+
+
+def _build(family, **fields):
+    config_cls, model_cls = (getattr(transformers, n) for n in FAMILIES[family])
+    config = config_cls(**fields)
+    with torch.device("meta"):
+        return config, model_cls(config)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_default_config_sizes_as_transformers(tmp_path, family):
+    """`kvjax calc --model <the config class's default config.json>`: the parameters of the
+    Hugging Face model that file builds."""
+    config, model = _build(family)
+    config.to_json_file(tmp_path / "config.json")
+    cfg = from_hf_config(tmp_path)
+    assert analytic.num_params(cfg) == hf_param_count(model), family
+
+
+# Each new family's preset: the card's fields (as in kvjax/presets_families.py)
+CARDS = {
+    "seed-oss-36b": ("seed_oss", dict(hidden_size=5120, num_hidden_layers=64,
+                                      num_attention_heads=80, num_key_value_heads=8,
+                                      head_dim=128, intermediate_size=27648,
+                                      vocab_size=155136, rope_theta=1e7)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CARDS))
+def test_presets_size_as_transformers(tmp_path, name):
+    family, fields = CARDS[name]
+    config, model = _build(family, **fields)
+    assert analytic.num_params(get_model_config(name)) == hf_param_count(model)
+    config.to_json_file(tmp_path / "config.json")
+    assert from_hf_config(tmp_path).replace(name=name) == get_model_config(name)
+
+
+# Tiny random checkpoints: every dimension distinct (D 48, N 12 of 8, K 3, F 56, V 97)
+TINY = dict(vocab_size=97, hidden_size=48, intermediate_size=56, num_hidden_layers=2,
+            num_attention_heads=12, num_key_value_heads=3, head_dim=8, max_position_embeddings=64,
+            rms_norm_eps=1e-5, tie_word_embeddings=False)  # fmt: skip
+def _zero(attribute):
+    """The feature switched off in a loaded model: every layer's `attribute` zeroed."""
+
+    def off(model):
+        for layer in model.layers:
+            owner, name = attribute.split(".")
+            param = getattr(getattr(layer, owner), name)
+            param[...] = jnp.zeros_like(param[...])
+
+    return off
+
+
+# family -> (its tiny config's extra fields, the feature switched off: kvjax fields to load
+# with, or a function of the loaded model)
+PARITY = {
+    "seed_oss": (dict(attention_bias=True, attention_out_bias=True, mlp_bias=True,
+                      attention_dropout=0.0, residual_dropout=0.0),
+                 _zero("attn.o_bias")),
+}  # fmt: skip
+
+
+def save_tiny(folder, family, **extra):
+    torch.manual_seed(0)
+    config_cls, model_cls = (getattr(transformers, n) for n in FAMILIES[family])
+    model = model_cls(config_cls(**{**TINY, **extra})).float().eval()
+    with torch.no_grad():  # norms away from 1, biases away from 0: a misplaced one shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+@pytest.mark.parametrize("family", sorted(PARITY))
+def test_tiny_checkpoint_logits_parity(tmp_path, family):
+    from kvjax.nn import load_hf_llama
+
+    extra, off = PARITY[family]
+    ref = save_tiny(tmp_path, family, **extra)
+    model = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32")
+    toks = np.random.default_rng(0).integers(0, 97, size=(2, 11))
+    want = check_hf_parity(model, ref, toks)
+    if callable(off):
+        off(model)
+        moved = model
+    else:
+        moved = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32", **off)
+    assert np.abs(np.asarray(moved(jnp.asarray(toks))) - want).max() > 1e-3, family
+
+
+def test_families_are_listed_once():
+    from kvjax.hf_config import _HF_MODEL_TYPES
+
+    assert set(FAMILIES) - {"gemma3"} <= set(_HF_MODEL_TYPES)
+    assert json.dumps(sorted(FAMILIES))  # a table, not a computation
+
+
+# Each family feature on the tiny config: the trace equals the closed form per kernel
+FEATURES = {
+    "biases": dict(qkv_bias=True, o_bias=True, mlp_bias=True),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+@pytest.mark.parametrize("phase,batch,context", [("prefill", 1, 9), ("decode", 3, 9)])
+def test_family_features_trace_as_the_closed_form(feature, phase, batch, context):
+    from test_traced_step import check_against_closed_form
+
+    from kvjax.traced.step import trace_step
+
+    cfg = get_model_config("tiny-gqa", **FEATURES[feature])
+    check_against_closed_form(trace_step(cfg, phase, batch, context))
