@@ -112,6 +112,11 @@ class ModelConfig:
     sandwich_norms: bool = False  # Gemma 2/3: RMSNorm on the attention and MLP outputs too
     qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm of every q and k head (over head_dim)
     query_pre_attn_scalar: float = 0.0  # softmax scale 1/sqrt(this) (0: head_dim)
+    # Granite's muP multipliers: embeddings times e, each residual branch times r before its
+    # add, logits divided by s (its attention_multiplier is the softmax scale above)
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
     rope_local_theta: float = 0.0  # sliding layers' RoPE base (Gemma 3: 10000; 0: rope_theta)
     rope_linear_factor: float = 1.0  # positions / factor in layers on rope_theta (HF "linear")
     attn_softcap: float = 0.0  # scores = c * tanh(scores / c) before the mask (Gemma 2: 50)
@@ -156,10 +161,13 @@ class ModelConfig:
             )
         object.__setattr__(self, "weight_dtype", canonical_dtype(self.weight_dtype, "weight_dtype"))
         object.__setattr__(self, "kv_dtype", canonical_dtype(self.kv_dtype, "kv_dtype", True))
-        for field in ("rope_theta", "norm_eps", "rope_linear_factor"):
+        for field in ("rope_theta", "norm_eps", "rope_linear_factor", "embedding_multiplier",
+                      "residual_multiplier", "logits_scaling"):  # fmt: skip
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise KvjaxError(f"{field}={value!r} must be a positive number")
+            if value == float("inf"):
+                raise KvjaxError(f"{field}={value!r} must be finite")
         for field in _OPTIONAL_NUMBERS:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
@@ -169,6 +177,11 @@ class ModelConfig:
         if self.attention_kernel not in ("xla", "flash"):
             raise KvjaxError(
                 f"attention_kernel={self.attention_kernel!r} is not supported; allowed: xla, flash"
+            )
+        if self.scale_embeddings and self.embedding_multiplier != 1.0:
+            raise KvjaxError(
+                f"embedding_multiplier={self.embedding_multiplier} with scale_embeddings=True: "
+                "one embedding scale (Gemma's sqrt(d_model), or a multiplier), not both"
             )
         check_mla(self)
         check_moe(self)

@@ -26,11 +26,12 @@ _HF_ACTIVATIONS = {
     "gelu_fast": "gelu",
 }
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
-                   "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss")  # fmt: skip
+                   "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
+                   "granite")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
-                             "gemma3")  # fmt: skip
+                             "gemma3", "granite")  # fmt: skip
 _GEMMA = ("gemma", "gemma2", "gemma3_text", "gemma3")
 # Gemma3TextConfig's defaults (transformers 5), which the Hub's gemma-3 configs rely on: their
 # text_config omits what equals these.
@@ -291,6 +292,18 @@ def _gemma_qwen_fields(f: _Fields, model_type: str) -> dict:
     return out
 
 
+def _granite_fields(f: _Fields) -> dict:
+    """Granite's muP multipliers (GraniteConfig's defaults: 1.0 each); its attention_multiplier
+    is the softmax scale itself, kvjax's 1/sqrt(query_pre_attn_scalar)."""
+    out: dict[str, float] = {}
+    for key in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+        if (value := f.number(key)) is not None:
+            out[key] = value
+    scale = f.number("attention_multiplier")
+    out["query_pre_attn_scalar"] = 1.0 / (1.0 if scale is None else scale) ** 2
+    return out
+
+
 def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     """A `ModelConfig` from a local config.json; `overrides` (the CLI's --kv-heads, ...) replace
     the file's values before validation, so a documented override of a bad value works."""
@@ -339,8 +352,10 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
         fields["o_bias"] = fields["qkv_bias"]
     elif model_type == "seed_oss":
         fields["o_bias"] = f.boolean("attention_out_bias", False)
-    if model_type in ("llama", "seed_oss"):
+    if model_type in ("llama", "seed_oss", "granite"):
         fields["mlp_bias"] = f.boolean("mlp_bias", False)
+    if model_type == "granite":
+        fields.update(_granite_fields(f))
     dtype = f.text("torch_dtype") or f.text("dtype")
     if dtype:
         fields["weight_dtype"] = fields["kv_dtype"] = dtype

@@ -137,6 +137,10 @@ NORM_POST_MLP = _k(
 RESIDUAL_MLP = _k("residual/mlp", ELEMENTWISE, True, "x + MLP output")
 NORM_FINAL = _k("norm/final", ELEMENTWISE, False, "RMSNorm before the LM head", _NORM_NOTE)
 LM_HEAD = _k("lm_head", MATMUL, False, "x @ W_vocab: f32 logits")
+LOGIT_SCALE = _k(
+    "lm_head/scale", ELEMENTWISE, False, "Granite: logits / logits_scaling",
+    "unfused elementwise: the division materialised in the lowered module",
+)  # fmt: skip
 LOGIT_SOFTCAP = _k(
     "lm_head/softcap", ELEMENTWISE, False, "Gemma 2: logits = c * tanh(logits / c)",
     "unfused elementwise: divide, tanh and multiply each materialised in the lowered module",

@@ -23,3 +23,26 @@ _preset(
         norm_eps=1e-6,
     )
 )
+
+# IBM Granite 3.x 8B (the instruct config.json published with transformers 4.49: 40 layers,
+# 32 / 8 heads of 128, hidden 4096, intermediate 12800, vocab 49159, tied embeddings, RoPE base
+# 1e7) and its muP multipliers: embeddings x 12, residual branches x 0.22, softmax scale
+# 0.0078125 = 1/128 (query_pre_attn_scalar 16384), logits / 16.
+_preset(
+    ModelConfig(
+        name="granite-3-8b",
+        num_layers=40,
+        d_model=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        d_ff=12800,
+        vocab_size=49159,
+        tied_embeddings=True,
+        rope_theta=10_000_000.0,
+        query_pre_attn_scalar=16384.0,
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        logits_scaling=16.0,
+    )
+)

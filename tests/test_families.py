@@ -31,6 +31,7 @@ FAMILIES = {
     "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"),
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),
 }
 
 
@@ -64,6 +65,12 @@ CARDS = {
                                       num_attention_heads=80, num_key_value_heads=8,
                                       head_dim=128, intermediate_size=27648,
                                       vocab_size=155136, rope_theta=1e7)),
+    "granite-3-8b": ("granite", dict(hidden_size=4096, num_hidden_layers=40,
+                                     num_attention_heads=32, num_key_value_heads=8,
+                                     intermediate_size=12800, vocab_size=49159,
+                                     tie_word_embeddings=True, rope_theta=1e7, rms_norm_eps=1e-5,
+                                     attention_multiplier=0.0078125, embedding_multiplier=12.0,
+                                     residual_multiplier=0.22, logits_scaling=16.0)),
 }  # fmt: skip
 
 
@@ -98,6 +105,9 @@ PARITY = {
     "seed_oss": (dict(attention_bias=True, attention_out_bias=True, mlp_bias=True,
                       attention_dropout=0.0, residual_dropout=0.0),
                  _zero("attn.o_bias")),
+    "granite": (dict(attention_multiplier=0.2, embedding_multiplier=3.0, residual_multiplier=0.5,
+                     logits_scaling=4.0),
+                dict(residual_multiplier=1.0)),
 }  # fmt: skip
 
 
@@ -142,6 +152,8 @@ def test_families_are_listed_once():
 # Each family feature on the tiny config: the trace equals the closed form per kernel
 FEATURES = {
     "biases": dict(qkv_bias=True, o_bias=True, mlp_bias=True),
+    "multipliers": dict(embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=4.0,
+                        query_pre_attn_scalar=25.0),
 }
 
 

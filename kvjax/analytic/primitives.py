@@ -51,8 +51,12 @@ def _rmsnorm(
     )
 
 
-def _residual(name: str, m: int, d: int, a: int) -> KernelCost:
-    return KernelCost(name, flops=m * d, bytes=3 * m * d * a)
+def _residual(name: str, m: int, d: int, a: int, multiplier: float = 1.0) -> KernelCost:
+    """x + branch (Granite: x + branch * r: the scalar broadcast to [m, d] and the multiply,
+    then the add, each materialised in the lowered module: 6 m d a bytes)."""
+    if multiplier == 1.0:
+        return KernelCost(name, flops=m * d, bytes=3 * m * d * a)
+    return KernelCost(name, flops=2 * m * d, bytes=6 * m * d * a)
 
 
 def softcap_cost(name: str, elements: int, a: int = 0) -> KernelCost:

@@ -56,7 +56,7 @@ def layer_kernels(
         _rmsnorm(kernels.NORM_ATTN, M, D, w, a, one),
         *attention,
         *post_attn,
-        _residual(kernels.RESIDUAL_ATTN, M, D, a),
+        _residual(kernels.RESIDUAL_ATTN, M, D, a, cfg.residual_multiplier),
         _rmsnorm(kernels.NORM_MLP, M, D, w, a, one),
     ]
     if moe:
@@ -70,7 +70,7 @@ def layer_kernels(
         k += mlp_kernels(cfg, M, D, F, w, a)
     if cfg.sandwich_norms:
         k.append(_rmsnorm(kernels.NORM_POST_MLP, M, D, w, a, one))
-    k.append(_residual(kernels.RESIDUAL_MLP, M, D, a))
+    k.append(_residual(kernels.RESIDUAL_MLP, M, D, a, cfg.residual_multiplier))
     return {c.name: c for c in k}
 
 
@@ -294,9 +294,10 @@ def embed_kernel(cfg: ModelConfig, wl: Workload) -> KernelCost:
     """
     M, D = wl.tokens, cfg.d_model
     w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
+    scaled = cfg.scale_embeddings or cfg.embedding_multiplier != 1.0  # Gemma's sqrt(D), Granite's
     return KernelCost(
         kernels.EMBED,
-        flops=M * D + 6 * M + (M * D if cfg.scale_embeddings else 0),  # Gemma's x sqrt(D)
+        flops=M * D + 6 * M + (M * D if scaled else 0),
         bytes=M * D * w + M * INDEX_BYTES + M * D * a,
         weight_bytes=M * D * w,
     )
@@ -310,6 +311,8 @@ def head_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
         kernels.NORM_FINAL: _rmsnorm(kernels.NORM_FINAL, M, D, w, a, cfg.norm_plus_one),
         kernels.LM_HEAD: _matmul(kernels.LM_HEAD, M, D, V, w, a, out=SCORE_BYTES),
     }
+    if cfg.logits_scaling != 1.0:  # Granite: a division of every logit (f32)
+        out[kernels.LOGIT_SCALE] = KernelCost(kernels.LOGIT_SCALE, M * V, 2 * M * V * SCORE_BYTES)
     if cfg.final_softcap:
         out[kernels.LOGIT_SOFTCAP] = softcap_cost(kernels.LOGIT_SOFTCAP, M * V, SCORE_BYTES)
     return out

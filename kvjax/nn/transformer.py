@@ -30,6 +30,7 @@ from kvjax.nn.sharding import DATA, MODEL, constrain
 
 class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs):
+        self.cfg = cfg
         self.attn_norm = RMSNorm(cfg)
         if cfg.is_mla:
             self.attn = LatentAttention(cfg, rngs=rngs)
@@ -53,7 +54,7 @@ class Block(nnx.Module):
             with jax.named_scope(kernels.NORM_POST_ATTN):
                 a_BTD = self.post_attn_norm(a_BTD)
         with jax.named_scope(kernels.RESIDUAL_ATTN):
-            x_BTD = constrain(x_BTD + a_BTD, DATA, None, None)
+            x_BTD = constrain(x_BTD + self._branch(a_BTD), DATA, None, None)
         with jax.named_scope(kernels.NORM_MLP):
             h_BTD = self.mlp_norm(x_BTD)
         m_BTD = self.mlp(h_BTD)
@@ -61,7 +62,12 @@ class Block(nnx.Module):
             with jax.named_scope(kernels.NORM_POST_MLP):
                 m_BTD = self.post_mlp_norm(m_BTD)
         with jax.named_scope(kernels.RESIDUAL_MLP):
-            return constrain(x_BTD + m_BTD, DATA, None, None)
+            return constrain(x_BTD + self._branch(m_BTD), DATA, None, None)
+
+    def _branch(self, y_BTD):
+        """A residual branch as it joins the stream (Granite: times residual_multiplier)."""
+        r = self.cfg.residual_multiplier
+        return y_BTD if r == 1.0 else y_BTD * jnp.asarray(r, y_BTD.dtype)
 
 
 class Transformer(nnx.Module):
@@ -93,6 +99,8 @@ class Transformer(nnx.Module):
             x_BTD = jnp.take(w_VD, tokens_BT, axis=0)
             if self.cfg.scale_embeddings:  # Gemma: sqrt(D), rounded to the weights' dtype
                 x_BTD = x_BTD * jnp.asarray(self.cfg.d_model**0.5, w_VD.dtype)
+            elif self.cfg.embedding_multiplier != 1.0:  # Granite
+                x_BTD = x_BTD * jnp.asarray(self.cfg.embedding_multiplier, w_VD.dtype)
         return constrain(x_BTD, DATA, None, None)
 
     def _head(self, x_BTD: jax.Array) -> jax.Array:
@@ -102,6 +110,9 @@ class Transformer(nnx.Module):
             w_VD = read(self.embed if self.lm_head is None else self.lm_head, self.cfg)
             # computed in vocab shards, then the logits (not the weight) gathered
             logits_BTV = constrain(linear(x_BTD, w_VD, out_dtype=jnp.float32), DATA, None, MODEL)
+        if self.cfg.logits_scaling != 1.0:  # Granite
+            with jax.named_scope(kernels.LOGIT_SCALE):
+                logits_BTV = logits_BTV / self.cfg.logits_scaling
         if self.cfg.final_softcap:
             with jax.named_scope(kernels.LOGIT_SOFTCAP):
                 logits_BTV = soft_cap(logits_BTV, self.cfg.final_softcap)
