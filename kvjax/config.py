@@ -101,6 +101,7 @@ class ModelConfig:
     mla_decode: str = "absorbed"
     sliding_window: int = 0  # positions a sliding ("L", local) layer attends, itself included
     layer_pattern: str = "G"  # per layer G (global: full) or L (local: sliding), tiled over L
+    rope_pattern: str = "R"  # per layer R (RoPE) or N (NoPE: no position encoding), tiled over L
     # tokens a sliding layer keeps from the sequence's start beside its window (StreamingLLM's
     # attention sinks, Xiao et al. 2023): query t sees key j when j < sink_tokens or t - j < W
     sink_tokens: int = 0
@@ -224,6 +225,10 @@ class ModelConfig:
     def layer_is_sliding(self, layer: int) -> bool:
         """Layer `layer` attends a sliding window (its pattern letter is L)."""
         return self.layer_pattern[layer % len(self.layer_pattern)] == "L"
+
+    def layer_has_rope(self, layer: int) -> bool:
+        """Layer `layer` rotates q and k (its rope_pattern letter is R; N: NoPE, SmolLM3)."""
+        return self.rope_pattern[layer % len(self.rope_pattern)] == "R"
 
     @property
     def num_sliding_layers(self) -> int:

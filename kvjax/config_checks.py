@@ -132,6 +132,14 @@ def check_window(cfg: Fields) -> None:
         )
     if w and cfg.is_mla:
         raise KvjaxError("sliding_window with MLA (kv_lora_rank > 0) is not supported")
+    rope = cfg.rope_pattern
+    if not isinstance(rope, str) or not rope or set(rope) - {"R", "N"}:
+        raise KvjaxError(
+            f"rope_pattern={rope!r} must be a string of R (RoPE) and N (NoPE: no position "
+            "encoding) tiled over the layers, e.g. 'RRRN' (SmolLM3)"
+        )
+    if "N" in rope and cfg.is_mla:
+        raise KvjaxError(f"rope_pattern={rope!r} (NoPE layers) is not supported with MLA")
     s = cfg.sink_tokens
     if isinstance(s, bool) or not isinstance(s, int) or s < 0:
         raise KvjaxError(f"sink_tokens={s!r} must be a non-negative integer (0: none)")

@@ -27,7 +27,7 @@ _HF_ACTIVATIONS = {
 }
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
-                   "granite")  # fmt: skip
+                   "granite", "smollm3")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -42,6 +42,13 @@ _GEMMA3_DEFAULTS = {
     "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "tie_word_embeddings": True,
 }  # fmt: skip
 _MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+# The later families' config-class defaults that differ from kvjax's (transformers 5), for the
+# keys a Hub config.json may omit because it equals them.
+_FAMILY_DEFAULTS = {
+    "seed_oss": {"attention_bias": True, "rms_norm_eps": 1e-6},
+    "granite": {"rms_norm_eps": 1e-6},
+    "smollm3": {"rope_theta": 2_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True},
+}
 
 
 def read_hf_json(path: Path) -> dict[str, Any]:
@@ -292,6 +299,18 @@ def _gemma_qwen_fields(f: _Fields, model_type: str) -> dict:
     return out
 
 
+def _rope_pattern(f: _Fields, data: dict, layers: int, where: str) -> str:
+    """SmolLM3's NoPE layers: `no_rope_layers` (1: RoPE, 0: none, one per layer), else one NoPE
+    layer every `no_rope_layer_interval` (SmolLM3Config's default 4: layers 3, 7, ...)."""
+    flags = data.get("no_rope_layers")
+    if flags is None:
+        every = f.integer("no_rope_layer_interval", default=4)
+        flags = [int((i + 1) % every != 0) for i in range(layers)]
+    if not isinstance(flags, list) or len(flags) != layers or set(flags) - {0, 1}:
+        raise KvjaxError(f"{where}: no_rope_layers must list {layers} entries of 0 and 1")
+    return _period("".join("R" if flag else "N" for flag in flags))
+
+
 def _granite_fields(f: _Fields) -> dict:
     """Granite's muP multipliers (GraniteConfig's defaults: 1.0 each); its attention_multiplier
     is the softmax scale itself, kvjax's 1/sqrt(query_pre_attn_scalar)."""
@@ -325,6 +344,11 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
                 "_name_or_path": data.get("_name_or_path"),
                 "torch_dtype": text.get("torch_dtype") or data.get("torch_dtype")}  # fmt: skip
         f = _Fields(data, where)
+    if model_type in _FAMILY_DEFAULTS:  # a key the file omits takes its config class's default
+        # (a top-level rope_theta default yields to one inside rope_parameters: `_rope_fields`)
+        present = {k: v for k, v in data.items() if v is not None}
+        data = {**_FAMILY_DEFAULTS[model_type], **present}
+        f = _Fields(data, where)
     missing = [
         key for key in _HF_REQUIRED if data.get(key) is None and _HF_REQUIRED[key] not in overrides
     ]
@@ -352,8 +376,11 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
         fields["o_bias"] = fields["qkv_bias"]
     elif model_type == "seed_oss":
         fields["o_bias"] = f.boolean("attention_out_bias", False)
-    if model_type in ("llama", "seed_oss", "granite"):
+    if model_type in ("llama", "seed_oss", "granite", "smollm3"):
         fields["mlp_bias"] = f.boolean("mlp_bias", False)
+    if model_type == "smollm3":
+        fields["o_bias"] = fields["qkv_bias"]
+        fields["rope_pattern"] = _rope_pattern(f, data, fields["num_layers"], where)
     if model_type == "granite":
         fields.update(_granite_fields(f))
     dtype = f.text("torch_dtype") or f.text("dtype")

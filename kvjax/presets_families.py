@@ -46,3 +46,23 @@ _preset(
         logits_scaling=16.0,
     )
 )
+
+# HuggingFaceTB/SmolLM3-3B (SmolLM3Config's defaults, written from it: 36 layers, 16 / 4 heads of
+# 128, hidden 2048, intermediate 11008, vocab 128256, tied embeddings, RoPE base 2e6, rms eps
+# 1e-6) and its NoPE layers: every fourth layer (3, 7, ...) has no position encoding.
+_preset(
+    ModelConfig(
+        name="smollm3-3b",
+        num_layers=36,
+        d_model=2048,
+        num_heads=16,
+        num_kv_heads=4,
+        head_dim=128,
+        d_ff=11008,
+        vocab_size=128256,
+        tied_embeddings=True,
+        rope_theta=2_000_000.0,
+        norm_eps=1e-6,
+        rope_pattern="RRRN",
+    )
+)

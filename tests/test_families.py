@@ -32,6 +32,7 @@ FAMILIES = {
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"),
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
 }
 
 
@@ -71,6 +72,9 @@ CARDS = {
                                      tie_word_embeddings=True, rope_theta=1e7, rms_norm_eps=1e-5,
                                      attention_multiplier=0.0078125, embedding_multiplier=12.0,
                                      residual_multiplier=0.22, logits_scaling=16.0)),
+    "smollm3-3b": ("smollm3", dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
+                                   num_key_value_heads=4, intermediate_size=11008,
+                                   vocab_size=128256)),
 }  # fmt: skip
 
 
@@ -108,6 +112,8 @@ PARITY = {
     "granite": (dict(attention_multiplier=0.2, embedding_multiplier=3.0, residual_multiplier=0.5,
                      logits_scaling=4.0),
                 dict(residual_multiplier=1.0)),
+    "smollm3": (dict(no_rope_layer_interval=2, num_hidden_layers=4, pad_token_id=None,
+                     bos_token_id=None, eos_token_id=None), dict(rope_pattern="R")),
 }  # fmt: skip
 
 
@@ -154,6 +160,7 @@ FEATURES = {
     "biases": dict(qkv_bias=True, o_bias=True, mlp_bias=True),
     "multipliers": dict(embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=4.0,
                         query_pre_attn_scalar=25.0),
+    "nope": dict(num_layers=3, rope_pattern="RN"),
 }
 
 

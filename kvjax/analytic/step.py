@@ -31,13 +31,15 @@ from kvjax.config_checks import check_extend
 
 
 def layer_kernels(
-    cfg: ModelConfig, wl: Workload, sliding: bool = False, moe: bool = False, chip=None
-) -> dict[str, KernelCost]:
+    cfg: ModelConfig, wl: Workload, sliding: bool = False, moe: bool = False, chip=None,
+    rope: bool = True,
+) -> dict[str, KernelCost]:  # fmt: skip
     """Every kernel of one decoder layer, in execution order (MLA's attention:
     `kvjax.analytic.mla`); `sliding`: a sliding-window layer of the config; `moe`: an MoE layer
     (`kvjax.analytic.moe`: router, experts, and the shared experts as the mlp/ kernels). With
     `cfg.attention_kernel == "flash"` scores, softmax and av are one fused kernel
-    (`kvjax.analytic.flash`), tiled for `chip` (a `ChipSpec`; None: 128 x 128 tiles)."""
+    (`kvjax.analytic.flash`), tiled for `chip` (a `ChipSpec`; None: 128 x 128 tiles); `rope`
+    False: a NoPE layer (no attn/rope kernel)."""
     if wl.phase == EXTEND:
         check_extend(cfg)  # the closed form covers what the model's extend step runs
     M, D, F = wl.tokens, cfg.d_model, cfg.d_ff
@@ -47,7 +49,9 @@ def layer_kernels(
 
         attention = mla_attention_kernels(cfg, wl)
     else:
-        attention = gqa_attention_kernels(cfg, wl, cfg.sliding_window if sliding else 0, sliding)
+        attention = gqa_attention_kernels(
+            cfg, wl, cfg.sliding_window if sliding else 0, sliding, rope
+        )  # fmt: skip
     if cfg.attention_kernel == "flash":
         attention = _fused(cfg, wl, attention, sliding, chip)
     one = cfg.norm_plus_one
@@ -117,7 +121,7 @@ def mlp_kernels(cfg: ModelConfig, M: int, D: int, F: int, w: int, a: int) -> lis
 
 
 def gqa_attention_kernels(
-    cfg: ModelConfig, wl: Workload, window: int = 0, sliding: bool = False
+    cfg: ModelConfig, wl: Workload, window: int = 0, sliding: bool = False, rope: bool = True
 ) -> list[KernelCost]:
     """The attention kernels of an MHA/GQA/MQA layer, projections to o_proj, in execution order.
 
@@ -157,7 +161,8 @@ def gqa_attention_kernels(
     if cfg.qk_norm:  # every q and k head normed over H: M*(N + K) rows, two scale vectors
         k.append(_rmsnorm(kernels.QK_NORM, M * (N + K), H, w, a, cfg.norm_plus_one, weights=2))
     scaled = cfg.rope_linear_factor != 1.0 and not (sliding and cfg.rope_local_theta)
-    k.append(rope_cost(M, N + K, H, a, scaled))
+    if rope:  # a NoPE layer (SmolLM3, Llama 4) rotates nothing
+        k.append(rope_cost(M, N + K, H, a, scaled))
     cap = cfg.attn_softcap
     if decode:
         # Per layer two scatters (K and V) of B rows at (b, pos[b]); wrapping negative indices
@@ -323,10 +328,11 @@ def step_kernels(cfg: ModelConfig, wl: Workload, chip=None) -> dict[str, KernelC
     `chip` tiles a fused attention (`layer_kernels`)."""
     out = {kernels.EMBED: embed_kernel(cfg, wl)}
     kinds = Counter(
-        (cfg.layer_is_sliding(i), cfg.layer_is_moe(i)) for i in range(cfg.num_layers)
-    )  # layers of each kind: (sliding, MoE)
-    for (sliding, moe), count in kinds.items():
-        for name, cost in layer_kernels(cfg, wl, sliding, moe, chip).items():
+        (cfg.layer_is_sliding(i), cfg.layer_is_moe(i), cfg.layer_has_rope(i))
+        for i in range(cfg.num_layers)
+    )  # layers of each kind: (sliding, MoE, RoPE)
+    for (sliding, moe, rope), count in kinds.items():
+        for name, cost in layer_kernels(cfg, wl, sliding, moe, chip, rope).items():
             out[name] = out[name] + cost.scaled(count) if name in out else cost.scaled(count)
     out.update(head_kernels(cfg, wl))
     return out

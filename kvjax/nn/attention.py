@@ -28,6 +28,7 @@ class Attention(nnx.Module):
         if cfg.attention_kernel == "flash":
             flash.check_supported(cfg)
         self.rope = cfg.layer_rope(layer)  # (base, linear factor): Gemma 3's local layers differ
+        self.use_rope = cfg.layer_has_rope(layer)  # False: a NoPE layer (SmolLM3)
         D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         # Weights stored 2-D, (out, in): q (N*H, D), k and v (K*H, D), o (D, N*H).
         self.q_proj = param(rngs, (N * H, D), D, cfg)
@@ -68,10 +69,11 @@ class Attention(nnx.Module):
             with jax.named_scope(kernels.QK_NORM):
                 q_BTKGH = self.q_norm(q_BTKGH)
                 k_BTKH = self.k_norm(k_BTKH)
-        with jax.named_scope(kernels.ROPE):
-            cos, sin = rope_tables(positions_BT, H, *self.rope)
-            q_BTKGH = apply_rope(q_BTKGH, cos, sin)
-            k_BTKH = apply_rope(k_BTKH, cos, sin)
+        if self.use_rope:
+            with jax.named_scope(kernels.ROPE):
+                cos, sin = rope_tables(positions_BT, H, *self.rope)
+                q_BTKGH = apply_rope(q_BTKGH, cos, sin)
+                k_BTKH = apply_rope(k_BTKH, cos, sin)
         return (
             constrain(q_BTKGH, DATA, None, KV, GRP, None),
             constrain(k_BTKH, DATA, None, KV, None),

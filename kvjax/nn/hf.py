@@ -24,7 +24,8 @@ from kvjax.nn.layers import weight_dtype
 from kvjax.nn.transformer import Transformer
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
-             "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite")  # fmt: skip
+             "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
+             "smollm3")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
