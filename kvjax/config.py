@@ -102,6 +102,7 @@ class ModelConfig:
     sliding_window: int = 0  # positions a sliding ("L", local) layer attends, itself included
     layer_pattern: str = "G"  # per layer G (global: full) or L (local: sliding), tiled over L
     rope_pattern: str = "R"  # per layer R (RoPE) or N (NoPE: no position encoding), tiled over L
+    rotary_dim: int = 0  # RoPE on the first rotary_dim of head_dim (partial rotary; 0: all)
     # tokens a sliding layer keeps from the sequence's start beside its window (StreamingLLM's
     # attention sinks, Xiao et al. 2023): query t sees key j when j < sink_tokens or t - j < W
     sink_tokens: int = 0
@@ -225,6 +226,11 @@ class ModelConfig:
     def layer_is_sliding(self, layer: int) -> bool:
         """Layer `layer` attends a sliding window (its pattern letter is L)."""
         return self.layer_pattern[layer % len(self.layer_pattern)] == "L"
+
+    @property
+    def rope_width(self) -> int:
+        """The rotated width of each q and k head: rotary_dim, or head_dim."""
+        return self.rotary_dim or self.head_dim
 
     def layer_has_rope(self, layer: int) -> bool:
         """Layer `layer` rotates q and k (its rope_pattern letter is R; N: NoPE, SmolLM3)."""

@@ -138,6 +138,14 @@ def check_window(cfg: Fields) -> None:
             f"rope_pattern={rope!r} must be a string of R (RoPE) and N (NoPE: no position "
             "encoding) tiled over the layers, e.g. 'RRRN' (SmolLM3)"
         )
+    R = cfg.rotary_dim
+    if isinstance(R, bool) or not isinstance(R, int) or R < 0 or R % 2 or R > cfg.head_dim:
+        raise KvjaxError(
+            f"rotary_dim={R!r} must be an even integer in 2 .. head_dim={cfg.head_dim} (0: all "
+            "of head_dim)"
+        )
+    if R and cfg.is_mla:
+        raise KvjaxError(f"rotary_dim={R} is not supported with MLA (its RoPE key is its own)")
     if "N" in rope and cfg.is_mla:
         raise KvjaxError(f"rope_pattern={rope!r} (NoPE layers) is not supported with MLA")
     s = cfg.sink_tokens

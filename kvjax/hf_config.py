@@ -27,7 +27,7 @@ _HF_ACTIVATIONS = {
 }
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
-                   "granite", "smollm3")  # fmt: skip
+                   "granite", "smollm3", "phi3")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -48,6 +48,7 @@ _FAMILY_DEFAULTS = {
     "seed_oss": {"attention_bias": True, "rms_norm_eps": 1e-6},
     "granite": {"rms_norm_eps": 1e-6},
     "smollm3": {"rope_theta": 2_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True},
+    "phi3": {"vocab_size": 32064},
 }
 
 
@@ -277,6 +278,14 @@ def _rope_fields(f: _Fields, data: dict, model_type: str, where: str) -> dict:
         out["rope_local_theta"] = local_theta
     if scaling.get("rope_type", scaling.get("type")) == "linear":
         out["rope_linear_factor"] = scaling.get("factor", 1.0)
+    # partial rotary (Phi-3, StableLM, GLM): in rope_parameters (transformers 5) or at the top
+    partial = full.get("partial_rotary_factor") if isinstance(full, dict) else None
+    partial = partial if partial is not None else f.number("partial_rotary_factor")
+    if partial is not None and partial != 1.0:
+        head_dim = f.integer("head_dim") or f.integer("hidden_size") // f.integer(
+            "num_attention_heads"
+        )  # fmt: skip
+        out["rotary_dim"] = int(head_dim * partial)
     return out
 
 

@@ -66,3 +66,22 @@ _preset(
         rope_pattern="RRRN",
     )
 )
+
+# microsoft/Phi-3-mini-4k-instruct (Phi3Config's defaults, written from it: 32 layers, 32 heads
+# of 96 with as many KV heads, hidden 3072, intermediate 8192, vocab 32064, untied; its published
+# config.json sets sliding_window 2047, every layer). Its checkpoint fuses q/k/v and gate/up
+# (split on load: the costs are the separate products').
+_preset(
+    ModelConfig(
+        name="phi-3-mini",
+        num_layers=32,
+        d_model=3072,
+        num_heads=32,
+        num_kv_heads=32,
+        head_dim=96,
+        d_ff=8192,
+        vocab_size=32064,
+        sliding_window=2047,
+        layer_pattern="L",
+    )
+)

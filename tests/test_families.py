@@ -33,6 +33,7 @@ FAMILIES = {
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"),
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
 }
 
 
@@ -75,6 +76,7 @@ CARDS = {
     "smollm3-3b": ("smollm3", dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
                                    num_key_value_heads=4, intermediate_size=11008,
                                    vocab_size=128256)),
+    "phi-3-mini": ("phi3", dict(sliding_window=2047)),
 }  # fmt: skip
 
 
@@ -114,6 +116,10 @@ PARITY = {
                 dict(residual_multiplier=1.0)),
     "smollm3": (dict(no_rope_layer_interval=2, num_hidden_layers=4, pad_token_id=None,
                      bos_token_id=None, eos_token_id=None), dict(rope_pattern="R")),
+    "phi3": (dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                   "partial_rotary_factor": 0.5},
+                  sliding_window=6, pad_token_id=None, bos_token_id=None, eos_token_id=None),
+             dict(rotary_dim=0)),
 }  # fmt: skip
 
 
@@ -161,6 +167,7 @@ FEATURES = {
     "multipliers": dict(embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=4.0,
                         query_pre_attn_scalar=25.0),
     "nope": dict(num_layers=3, rope_pattern="RN"),
+    "partial-rotary": dict(rotary_dim=4),
 }
 
 

@@ -162,7 +162,11 @@ def gqa_attention_kernels(
         k.append(_rmsnorm(kernels.QK_NORM, M * (N + K), H, w, a, cfg.norm_plus_one, weights=2))
     scaled = cfg.rope_linear_factor != 1.0 and not (sliding and cfg.rope_local_theta)
     if rope:  # a NoPE layer (SmolLM3, Llama 4) rotates nothing
-        k.append(rope_cost(M, N + K, H, a, scaled))
+        width = cfg.rope_width  # (R is the attention rows below)
+        cost = rope_cost(M, N + K, width, a, scaled)
+        if width < H:  # partial rotary: the rotated part and the rest joined again (a concat)
+            cost = cost + KernelCost(kernels.ROPE, 0.0, 2 * M * (N + K) * H * a)
+        k.append(cost)
     cap = cfg.attn_softcap
     if decode:
         # Per layer two scatters (K and V) of B rows at (b, pos[b]); wrapping negative indices

@@ -43,7 +43,8 @@ def mla_variant(cfg: ModelConfig) -> ModelConfig:
     rope = max(2, H // 4 * 2)  # H/2, kept even for RoPE's pairs
     return cfg.replace(
         num_kv_heads=cfg.num_heads, head_dim=H + rope, kv_lora_rank=4 * H, qk_rope_head_dim=rope,
-        v_head_dim=H, q_lora_rank=0, qkv_bias=False, o_bias=False, mla_decode="absorbed",
+        v_head_dim=H, q_lora_rank=0, qkv_bias=False, o_bias=False, rotary_dim=0,
+        mla_decode="absorbed",
         sliding_window=0, sink_tokens=0, layer_pattern="G", rope_pattern="R", qk_norm=False,
         attn_softcap=0.0, query_pre_attn_scalar=0.0,
         rope_local_theta=0.0, rope_linear_factor=1.0, norm_plus_one=False,

@@ -70,10 +70,19 @@ class Attention(nnx.Module):
                 q_BTKGH = self.q_norm(q_BTKGH)
                 k_BTKH = self.k_norm(k_BTKH)
         if self.use_rope:
+            R = cfg.rope_width  # partial rotary (Phi-3, StableLM, GLM): the first R dims only
             with jax.named_scope(kernels.ROPE):
-                cos, sin = rope_tables(positions_BT, H, *self.rope)
-                q_BTKGH = apply_rope(q_BTKGH, cos, sin)
-                k_BTKH = apply_rope(k_BTKH, cos, sin)
+                cos, sin = rope_tables(positions_BT, R, *self.rope)
+                if R == H:
+                    q_BTKGH = apply_rope(q_BTKGH, cos, sin)
+                    k_BTKH = apply_rope(k_BTKH, cos, sin)
+                else:
+                    q_BTKGH = jnp.concatenate(
+                        [apply_rope(q_BTKGH[..., :R], cos, sin), q_BTKGH[..., R:]], axis=-1
+                    )  # fmt: skip
+                    k_BTKH = jnp.concatenate(
+                        [apply_rope(k_BTKH[..., :R], cos, sin), k_BTKH[..., R:]], axis=-1
+                    )  # fmt: skip
         return (
             constrain(q_BTKGH, DATA, None, KV, GRP, None),
             constrain(k_BTKH, DATA, None, KV, None),

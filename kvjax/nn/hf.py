@@ -25,7 +25,7 @@ from kvjax.nn.transformer import Transformer
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
              "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
-             "smollm3")  # fmt: skip
+             "smollm3", "phi3")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -101,11 +101,18 @@ def _load_mla(cfg: ModelConfig, a, get, put, p: str, interleaved: bool) -> None:
     put(a.o_proj, get(p + "self_attn.o_proj.weight", (D, N * W)))
 
 
-def _load_attention(cfg: ModelConfig, a, get, put, p: str) -> None:
+def _load_attention(cfg: ModelConfig, a, get, put, p: str, fused: bool = False) -> None:
     D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    put(a.q_proj, get(p + "self_attn.q_proj.weight", (N * H, D)))
-    put(a.k_proj, get(p + "self_attn.k_proj.weight", (K * H, D)))
-    put(a.v_proj, get(p + "self_attn.v_proj.weight", (K * H, D)))
+    if fused:  # Phi-3: one qkv_proj of [q; k; v] rows
+        qkv = get(p + "self_attn.qkv_proj.weight", (N * H + 2 * K * H, D))
+        q, k, v = np.split(qkv, [N * H, N * H + K * H])
+        put(a.q_proj, q)
+        put(a.k_proj, k)
+        put(a.v_proj, v)
+    else:
+        put(a.q_proj, get(p + "self_attn.q_proj.weight", (N * H, D)))
+        put(a.k_proj, get(p + "self_attn.k_proj.weight", (K * H, D)))
+        put(a.v_proj, get(p + "self_attn.v_proj.weight", (K * H, D)))
     put(a.o_proj, get(p + "self_attn.o_proj.weight", (D, N * H)))
     if cfg.o_bias:
         put(a.o_bias, get(p + "self_attn.o_proj.bias", (D,)))
@@ -124,10 +131,13 @@ _EXPERT_NAMES = {  # (gate, up, down) of an expert: Mixtral's w1, w3, w2, everyo
 }
 
 
-def _load_mlp(mlp, get, put, p: str, F: int, D: int) -> None:
-    gate = get(p + "gate_proj.weight", (F, D))
-    up = get(p + "up_proj.weight", (F, D))
-    put(mlp.gate_up, np.concatenate([gate, up], axis=0))
+def _load_mlp(mlp, get, put, p: str, F: int, D: int, fused: bool = False) -> None:
+    if fused:  # Phi-3: one gate_up_proj of [gate; up] rows, kvjax's own layout
+        put(mlp.gate_up, get(p + "gate_up_proj.weight", (2 * F, D)))
+    else:
+        gate = get(p + "gate_proj.weight", (F, D))
+        up = get(p + "up_proj.weight", (F, D))
+        put(mlp.gate_up, np.concatenate([gate, up], axis=0))
     put(mlp.down, get(p + "down_proj.weight", (D, F)))
     if mlp.cfg.mlp_bias:
         bias = [get(p + "gate_proj.bias", (F,)), get(p + "up_proj.bias", (F,))]
@@ -180,17 +190,18 @@ def from_hf_tensors(
 
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     put(model.embed, get("model.embed_tokens.weight", (cfg.vocab_size, D)))
+    fused = "model.layers.0.self_attn.qkv_proj.weight" in tensors  # Phi-3's fused tensors
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         a = layer.attn
         if cfg.is_mla:
             _load_mla(cfg, a, get, put, p, rope_interleaved)
         else:
-            _load_attention(cfg, a, get, put, p)
+            _load_attention(cfg, a, get, put, p, fused)
         if cfg.layer_is_moe(i):
             _load_moe(cfg, layer.mlp, get, put, p + moe_prefix, _EXPERT_NAMES[moe_prefix])
         else:
-            _load_mlp(layer.mlp, get, put, p + "mlp.", F, D)
+            _load_mlp(layer.mlp, get, put, p + "mlp.", F, D, fused)
         put(layer.attn_norm.scale, get(p + "input_layernorm.weight", (D,)))
         if cfg.sandwich_norms:  # Gemma 2/3: post_attention_layernorm norms the attention output
             put(layer.post_attn_norm.scale, get(p + "post_attention_layernorm.weight", (D,)))
