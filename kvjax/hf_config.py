@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
+from kvjax.hf_fields import _FAMILY_DEFAULTS, _Fields, _granite_fields, _period, _rope_pattern
 
 _HF_REQUIRED = {
     "num_hidden_layers": "num_layers",
@@ -42,14 +42,6 @@ _GEMMA3_DEFAULTS = {
     "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "tie_word_embeddings": True,
 }  # fmt: skip
 _MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
-# The later families' config-class defaults that differ from kvjax's (transformers 5), for the
-# keys a Hub config.json may omit because it equals them.
-_FAMILY_DEFAULTS = {
-    "seed_oss": {"attention_bias": True, "rms_norm_eps": 1e-6},
-    "granite": {"rms_norm_eps": 1e-6},
-    "smollm3": {"rope_theta": 2_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True},
-    "phi3": {"vocab_size": 32064},
-}
 
 
 def read_hf_json(path: Path) -> dict[str, Any]:
@@ -72,54 +64,6 @@ def read_hf_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise KvjaxError(f"model config {str(path)!r} must hold a JSON object")
     return data
-
-
-class _Fields:
-    """Typed reads of a config.json's fields: a wrong type or range is one line naming the
-    field, never a Python error and never a silent default (a 0 stays 0 and is refused)."""
-
-    def __init__(self, data: dict[str, Any], where: str):
-        self.data, self.where = data, where
-
-    def _bad(self, key: str, want: str) -> KvjaxError:
-        return KvjaxError(f"{self.where}: {key}={self.data[key]!r} must be {want}")
-
-    def integer(self, key: str, default: Any = None) -> Any:
-        if key not in self.data or self.data[key] is None:
-            return default
-        value = self.data[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise self._bad(key, "a positive integer")
-        return value
-
-    def number(self, key: str) -> float | None:
-        if key not in self.data or self.data[key] is None:
-            return None
-        value = self.data[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise self._bad(key, "a positive number")
-        if not math.isfinite(value):
-            raise self._bad(key, "a finite positive number")
-        return float(value)
-
-    def boolean(self, key: str, default: bool) -> bool:
-        if key not in self.data or self.data[key] is None:
-            return default
-        if not isinstance(self.data[key], bool):
-            raise self._bad(key, "true or false")
-        return self.data[key]
-
-    def text(self, key: str, allowed=None) -> str | None:
-        if key not in self.data or self.data[key] is None:
-            return None
-        value = self.data[key]
-        if not isinstance(value, str):
-            raise self._bad(key, "a string")
-        if allowed is not None and value not in allowed:
-            raise KvjaxError(
-                f"{self.where}: {key}={value!r} is not supported; allowed: {', '.join(allowed)}"
-            )
-        return value
 
 
 def _mla_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: str) -> dict:
@@ -196,15 +140,6 @@ def _moe_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: st
 
 
 _LAYER_TYPES = {"sliding_attention": "L", "full_attention": "G"}
-
-
-def _period(pattern: str) -> str:
-    """The shortest prefix that tiles to `pattern` ('LGLGL' -> 'LG'; 62 Gemma 3 layers ->
-    'LLLLLG'): the same layers, written as the model card does."""
-    for p in range(1, len(pattern) + 1):
-        if all(pattern[i] == pattern[i % p] for i in range(len(pattern))):
-            return pattern[:p]
-    return pattern
 
 
 def _window_fields(f: _Fields, data: dict, layers: int, model_type: str, where: str) -> dict:
@@ -305,30 +240,6 @@ def _gemma_qwen_fields(f: _Fields, model_type: str) -> dict:
                 out[new] = cap
     if model_type in ("gemma3", "gemma3_text", "qwen3", "qwen3_moe"):
         out["qk_norm"] = True
-    return out
-
-
-def _rope_pattern(f: _Fields, data: dict, layers: int, where: str) -> str:
-    """SmolLM3's NoPE layers: `no_rope_layers` (1: RoPE, 0: none, one per layer), else one NoPE
-    layer every `no_rope_layer_interval` (SmolLM3Config's default 4: layers 3, 7, ...)."""
-    flags = data.get("no_rope_layers")
-    if flags is None:
-        every = f.integer("no_rope_layer_interval", default=4)
-        flags = [int((i + 1) % every != 0) for i in range(layers)]
-    if not isinstance(flags, list) or len(flags) != layers or set(flags) - {0, 1}:
-        raise KvjaxError(f"{where}: no_rope_layers must list {layers} entries of 0 and 1")
-    return _period("".join("R" if flag else "N" for flag in flags))
-
-
-def _granite_fields(f: _Fields) -> dict:
-    """Granite's muP multipliers (GraniteConfig's defaults: 1.0 each); its attention_multiplier
-    is the softmax scale itself, kvjax's 1/sqrt(query_pre_attn_scalar)."""
-    out: dict[str, float] = {}
-    for key in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
-        if (value := f.number(key)) is not None:
-            out[key] = value
-    scale = f.number("attention_multiplier")
-    out["query_pre_attn_scalar"] = 1.0 / (1.0 if scale is None else scale) ** 2
     return out
 
 
