@@ -62,8 +62,9 @@ _INT_FIELDS = (
     "d_ff",
     "vocab_size",
 )
-_BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "norm_plus_one",
-                "scale_embeddings", "sandwich_norms", "qk_norm", "norm_topk_prob")  # fmt: skip
+_BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "norm_bias",
+                "norm_plus_one", "scale_embeddings", "sandwich_norms", "qk_norm",
+                "norm_topk_prob")  # fmt: skip
 _OPTIONAL_NUMBERS = ("query_pre_attn_scalar", "rope_local_theta", "attn_softcap", "final_softcap")
 # Multi-head latent attention (DeepSeek-V2/V3); 0 = absent. `kv_lora_rank > 0` makes a model MLA.
 
@@ -94,6 +95,8 @@ class ModelConfig:
     kv_dtype: str = "bf16"
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    norm_kind: str = "rms"  # the block and final norms: RMSNorm, or LayerNorm (StarCoder2, Cohere)
+    norm_bias: bool = False  # a LayerNorm's bias (StarCoder2, StableLM; Cohere has none)
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0

@@ -132,6 +132,12 @@ def check_window(cfg: Fields) -> None:
         )
     if w and cfg.is_mla:
         raise KvjaxError("sliding_window with MLA (kv_lora_rank > 0) is not supported")
+    if cfg.norm_kind not in ("rms", "layer"):
+        raise KvjaxError(f"norm_kind={cfg.norm_kind!r} is not supported; allowed: rms, layer")
+    if cfg.norm_bias and cfg.norm_kind != "layer":
+        raise KvjaxError("norm_bias=True needs norm_kind='layer' (RMSNorm has no bias)")
+    if cfg.norm_kind == "layer" and (cfg.norm_plus_one or cfg.is_mla):
+        raise KvjaxError("norm_kind='layer' is not supported with norm_plus_one or MLA")
     rope = cfg.rope_pattern
     if not isinstance(rope, str) or not rope or set(rope) - {"R", "N"}:
         raise KvjaxError(

@@ -27,7 +27,7 @@ _HF_ACTIVATIONS = {
 }
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
-                   "granite", "smollm3", "phi3")  # fmt: skip
+                   "granite", "smollm3", "phi3", "starcoder2")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -298,6 +298,12 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
         fields["o_bias"] = f.boolean("attention_out_bias", False)
     if model_type in ("llama", "seed_oss", "granite", "smollm3"):
         fields["mlp_bias"] = f.boolean("mlp_bias", False)
+    if model_type == "starcoder2":  # LayerNorm with bias; a bias on every projection
+        bias = f.boolean("use_bias", True)
+        fields.update(norm_kind="layer", norm_bias=True, gated_mlp=False, qkv_bias=bias,
+                      o_bias=bias, mlp_bias=bias)  # fmt: skip
+        if (eps := f.number("norm_epsilon")) is not None:
+            fields["norm_eps"] = eps
     if model_type == "smollm3":
         fields["o_bias"] = fields["qkv_bias"]
         fields["rope_pattern"] = _rope_pattern(f, data, fields["num_layers"], where)

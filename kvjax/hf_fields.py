@@ -16,6 +16,7 @@ _FAMILY_DEFAULTS = {
     "granite": {"rms_norm_eps": 1e-6},
     "smollm3": {"rope_theta": 2_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True},
     "phi3": {"vocab_size": 32064},
+    "starcoder2": {"tie_word_embeddings": True, "hidden_act": "gelu_pytorch_tanh"},
 }
 
 

@@ -85,3 +85,27 @@ _preset(
         layer_pattern="L",
     )
 )
+
+# bigcode/starcoder2-3b's sizes, which are Starcoder2Config's defaults: 30 layers, 24 / 2 heads of
+# 128, hidden 3072, intermediate 12288 (plain GELU MLP), vocab 49152, tied embeddings; LayerNorm
+# with a bias, and a bias on every projection (use_bias).
+_preset(
+    ModelConfig(
+        name="starcoder2-3b",
+        num_layers=30,
+        d_model=3072,
+        num_heads=24,
+        num_kv_heads=2,
+        head_dim=128,
+        d_ff=12288,
+        vocab_size=49152,
+        tied_embeddings=True,
+        gated_mlp=False,
+        mlp_activation="gelu",
+        norm_kind="layer",
+        norm_bias=True,
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+    )
+)

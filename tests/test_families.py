@@ -34,6 +34,7 @@ FAMILIES = {
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM"),
 }
 
 
@@ -77,6 +78,7 @@ CARDS = {
                                    num_key_value_heads=4, intermediate_size=11008,
                                    vocab_size=128256)),
     "phi-3-mini": ("phi3", dict(sliding_window=2047)),
+    "starcoder2-3b": ("starcoder2", dict(bos_token_id=None, eos_token_id=None)),
 }  # fmt: skip
 
 
@@ -120,6 +122,9 @@ PARITY = {
                                    "partial_rotary_factor": 0.5},
                   sliding_window=6, pad_token_id=None, bos_token_id=None, eos_token_id=None),
              dict(rotary_dim=0)),
+    "starcoder2": (dict(norm_epsilon=1e-5, sliding_window=6, bos_token_id=None,
+                        eos_token_id=None, residual_dropout=0.0, embedding_dropout=0.0),
+                   _zero("attn_norm.bias")),
 }  # fmt: skip
 
 
@@ -168,6 +173,7 @@ FEATURES = {
                         query_pre_attn_scalar=25.0),
     "nope": dict(num_layers=3, rope_pattern="RN"),
     "partial-rotary": dict(rotary_dim=4),
+    "layernorm": dict(norm_kind="layer", norm_bias=True, sandwich_norms=True),
 }
 
 

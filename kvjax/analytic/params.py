@@ -48,7 +48,8 @@ def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
         }
     if cfg.qk_norm:
         attn[kernels.QK_NORM] = 2 * H
-    sandwich = {kernels.NORM_POST_ATTN: D, kernels.NORM_POST_MLP: D} if cfg.sandwich_norms else {}
+    n = 2 * D if cfg.norm_bias else D  # a norm's scale (and a LayerNorm's bias)
+    sandwich = {kernels.NORM_POST_ATTN: n, kernels.NORM_POST_MLP: n} if cfg.sandwich_norms else {}
     if moe:
         mlp = moe_layer_param_counts(cfg)
     else:
@@ -57,7 +58,7 @@ def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
             kernels.GATE_UP if cfg.gated_mlp else kernels.UP: D * up + (up if cfg.mlp_bias else 0),
             kernels.DOWN: F * D + (D if cfg.mlp_bias else 0),
         }
-    return {**attn, **mlp, kernels.NORM_ATTN: D, kernels.NORM_MLP: D, **sandwich}
+    return {**attn, **mlp, kernels.NORM_ATTN: n, kernels.NORM_MLP: n, **sandwich}
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
@@ -67,7 +68,7 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     for layers, kind in ((cfg.num_layers - moe, False), (moe, True)):
         for name, n in (layer_param_counts(cfg, kind) if layers else {}).items():
             counts[name] = counts.get(name, 0) + n * layers
-    counts[kernels.NORM_FINAL] = cfg.d_model
+    counts[kernels.NORM_FINAL] = cfg.d_model * (2 if cfg.norm_bias else 1)
     counts[kernels.LM_HEAD] = 0 if cfg.tied_embeddings else cfg.vocab_size * cfg.d_model
     counts["total"] = sum(counts.values())
     return counts

@@ -51,6 +51,27 @@ def _rmsnorm(
     )
 
 
+def _layernorm(name: str, m: int, d: int, w: int, a: int, bias: bool = False) -> KernelCost:
+    """(x - mean) * rsqrt(var + eps) * scale (+ bias), reduced in f32; `m` rows of width `d`.
+
+    FLOPs: the mean (md - m sums, m divides), x - mean (md), its square (md), the variance (md - m
+    sums, m divides), +eps (m), x*inv (md), *scale (md), +bias (md) = 6md + m (+ md); one rsqrt a
+    row; a 2-byte model also converts x to f32 and back (2md).
+    """
+    flops = 6 * m * d + m + (m * d if bias else 0) + (2 * m * d if a != 4 else 0)
+    d_w = (2 if bias else 1) * d
+    return KernelCost(
+        name, flops=flops, bytes=2 * m * d * a + d_w * w, transcendentals=m, weight_bytes=d_w * w
+    )
+
+
+def norm_cost(cfg, name: str, m: int, d: int, w: int, a: int) -> KernelCost:
+    """A block's (or the final) norm as `cfg.norm_kind` says: RMSNorm or LayerNorm."""
+    if cfg.norm_kind == "layer":
+        return _layernorm(name, m, d, w, a, cfg.norm_bias)
+    return _rmsnorm(name, m, d, w, a, cfg.norm_plus_one)
+
+
 def _residual(name: str, m: int, d: int, a: int, multiplier: float = 1.0) -> KernelCost:
     """x + branch (Granite: x + branch * r: the scalar broadcast to [m, d] and the multiply,
     then the add, each materialised in the lowered module: 6 m d a bytes)."""

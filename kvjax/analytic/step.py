@@ -21,6 +21,7 @@ from kvjax.analytic.primitives import (  # noqa: F401 (_act_bytes, rope_cost: re
     _rmsnorm,
     decode_softmax,
     extend_softmax,
+    norm_cost,
     prefill_softmax,
     rope_cost,
     softcap_cost,
@@ -54,14 +55,13 @@ def layer_kernels(
         )  # fmt: skip
     if cfg.attention_kernel == "flash":
         attention = _fused(cfg, wl, attention, sliding, chip)
-    one = cfg.norm_plus_one
-    post_attn = [_rmsnorm(kernels.NORM_POST_ATTN, M, D, w, a, one)] if cfg.sandwich_norms else []
+    post_attn = [norm_cost(cfg, kernels.NORM_POST_ATTN, M, D, w, a)] if cfg.sandwich_norms else []
     k = [
-        _rmsnorm(kernels.NORM_ATTN, M, D, w, a, one),
+        norm_cost(cfg, kernels.NORM_ATTN, M, D, w, a),
         *attention,
         *post_attn,
         _residual(kernels.RESIDUAL_ATTN, M, D, a, cfg.residual_multiplier),
-        _rmsnorm(kernels.NORM_MLP, M, D, w, a, one),
+        norm_cost(cfg, kernels.NORM_MLP, M, D, w, a),
     ]
     if moe:
         from kvjax.analytic.moe import moe_kernels
@@ -73,7 +73,7 @@ def layer_kernels(
     else:
         k += mlp_kernels(cfg, M, D, F, w, a)
     if cfg.sandwich_norms:
-        k.append(_rmsnorm(kernels.NORM_POST_MLP, M, D, w, a, one))
+        k.append(norm_cost(cfg, kernels.NORM_POST_MLP, M, D, w, a))
     k.append(_residual(kernels.RESIDUAL_MLP, M, D, a, cfg.residual_multiplier))
     return {c.name: c for c in k}
 
@@ -317,7 +317,7 @@ def head_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
     M, D, V = wl.tokens, cfg.d_model, cfg.vocab_size
     w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
     out = {
-        kernels.NORM_FINAL: _rmsnorm(kernels.NORM_FINAL, M, D, w, a, cfg.norm_plus_one),
+        kernels.NORM_FINAL: norm_cost(cfg, kernels.NORM_FINAL, M, D, w, a),
         kernels.LM_HEAD: _matmul(kernels.LM_HEAD, M, D, V, w, a, out=SCORE_BYTES),
     }
     if cfg.logits_scaling != 1.0:  # Granite: a division of every logit (f32)

@@ -47,7 +47,8 @@ def mla_variant(cfg: ModelConfig) -> ModelConfig:
         mla_decode="absorbed",
         sliding_window=0, sink_tokens=0, layer_pattern="G", rope_pattern="R", qk_norm=False,
         attn_softcap=0.0, query_pre_attn_scalar=0.0,
-        rope_local_theta=0.0, rope_linear_factor=1.0, norm_plus_one=False,
+        rope_local_theta=0.0, rope_linear_factor=1.0, norm_plus_one=False, norm_kind="rms",
+        norm_bias=False,
     )  # fmt: skip
 
 

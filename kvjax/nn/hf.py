@@ -25,7 +25,7 @@ from kvjax.nn.transformer import Transformer
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
              "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
-             "smollm3", "phi3")  # fmt: skip
+             "smollm3", "phi3", "starcoder2")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -132,6 +132,13 @@ _EXPERT_NAMES = {  # (gate, up, down) of an expert: Mixtral's w1, w3, w2, everyo
 
 
 def _load_mlp(mlp, get, put, p: str, F: int, D: int, fused: bool = False) -> None:
+    if not mlp.cfg.gated_mlp:  # up and down: StarCoder2's c_fc and c_proj
+        put(mlp.up, get(p + "c_fc.weight", (F, D)))
+        put(mlp.down, get(p + "c_proj.weight", (D, F)))
+        if mlp.cfg.mlp_bias:
+            put(mlp.up_bias, get(p + "c_fc.bias", (F,)))
+            put(mlp.down_bias, get(p + "c_proj.bias", (D,)))
+        return
     if fused:  # Phi-3: one gate_up_proj of [gate; up] rows, kvjax's own layout
         put(mlp.gate_up, get(p + "gate_up_proj.weight", (2 * F, D)))
     else:
@@ -202,14 +209,21 @@ def from_hf_tensors(
             _load_moe(cfg, layer.mlp, get, put, p + moe_prefix, _EXPERT_NAMES[moe_prefix])
         else:
             _load_mlp(layer.mlp, get, put, p + "mlp.", F, D, fused)
-        put(layer.attn_norm.scale, get(p + "input_layernorm.weight", (D,)))
+        def norm(module, name):  # a norm's scale, and a LayerNorm's bias
+            put(module.scale, get(name + ".weight", (D,)))
+            if cfg.norm_bias:
+                put(module.bias, get(name + ".bias", (D,)))
+
+        norm(layer.attn_norm, p + "input_layernorm")
         if cfg.sandwich_norms:  # Gemma 2/3: post_attention_layernorm norms the attention output
-            put(layer.post_attn_norm.scale, get(p + "post_attention_layernorm.weight", (D,)))
-            put(layer.mlp_norm.scale, get(p + "pre_feedforward_layernorm.weight", (D,)))
-            put(layer.post_mlp_norm.scale, get(p + "post_feedforward_layernorm.weight", (D,)))
+            norm(layer.post_attn_norm, p + "post_attention_layernorm")
+            norm(layer.mlp_norm, p + "pre_feedforward_layernorm")
+            norm(layer.post_mlp_norm, p + "post_feedforward_layernorm")
         else:
-            put(layer.mlp_norm.scale, get(p + "post_attention_layernorm.weight", (D,)))
+            norm(layer.mlp_norm, p + "post_attention_layernorm")
     put(model.final_norm.scale, get("model.norm.weight", (D,)))
+    if cfg.norm_bias:
+        put(model.final_norm.bias, get("model.norm.bias", (D,)))
     if not cfg.tied_embeddings:
         put(model.lm_head, get("lm_head.weight", (cfg.vocab_size, D)))
     unused = sorted(k for k in tensors if k not in used and "rotary_emb" not in k)

@@ -83,6 +83,35 @@ class RMSNorm(nnx.Module):
         return rms_norm(x_BTD, read(self.scale, cfg), cfg.norm_eps, cfg.norm_plus_one)
 
 
+class LayerNorm(nnx.Module):
+    """(x - mean) * rsqrt(var + eps) * w (+ b), reduced in f32 (torch's nn.LayerNorm:
+    StarCoder2, StableLM with a bias, Cohere without)."""
+
+    def __init__(self, cfg: ModelConfig, dim: int | None = None):
+        self.cfg = cfg
+        d = dim or cfg.d_model
+        self.scale = nnx.Param(jnp.ones((d,), weight_dtype(cfg)))
+        self.bias = nnx.Param(jnp.zeros((d,), weight_dtype(cfg))) if cfg.norm_bias else None
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        bias = None if self.bias is None else read(self.bias, cfg)
+        return layer_norm(x_BTD, read(self.scale, cfg), bias, cfg.norm_eps)
+
+
+def layer_norm(x_BTD: jax.Array, scale_D: jax.Array, bias_D, eps: float) -> jax.Array:
+    x = x_BTD.astype(jnp.float32)
+    centred = x - jnp.mean(x, axis=-1, keepdims=True)
+    inv = jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + eps)
+    y = (centred * inv).astype(x_BTD.dtype) * scale_D
+    return y if bias_D is None else y + bias_D
+
+
+def block_norm(cfg: ModelConfig):
+    """A block's (and the final) norm: RMSNorm, or LayerNorm (`cfg.norm_kind`)."""
+    return LayerNorm(cfg) if cfg.norm_kind == "layer" else RMSNorm(cfg)
+
+
 def rms_norm(x_BTD: jax.Array, scale_D: jax.Array, eps: float, plus_one: bool = False):
     """Llama casts the normalised x back before the scale; Gemma scales by 1 + w in f32 and casts
     last (Hugging Face GemmaRMSNorm)."""

@@ -21,7 +21,7 @@ from kvjax.errors import KvjaxError
 from kvjax.nn.attention import Attention, soft_cap
 from kvjax.nn.fake_quant import cache_view
 from kvjax.nn.kv_cache import KVCache
-from kvjax.nn.layers import RMSNorm, act_dtype, kv_dtype, linear, param, read
+from kvjax.nn.layers import act_dtype, block_norm, kv_dtype, linear, param, read
 from kvjax.nn.mla import LatentAttention, LatentCache
 from kvjax.nn.mlp import MLP
 from kvjax.nn.moe import MoE
@@ -31,16 +31,16 @@ from kvjax.nn.sharding import DATA, MODEL, constrain
 class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.attn_norm = RMSNorm(cfg)
+        self.attn_norm = block_norm(cfg)
         if cfg.is_mla:
             self.attn = LatentAttention(cfg, rngs=rngs)
         else:
             self.attn = Attention(cfg, layer, rngs=rngs)
-        self.mlp_norm = RMSNorm(cfg)
+        self.mlp_norm = block_norm(cfg)
         self.mlp = MoE(cfg, rngs=rngs) if cfg.layer_is_moe(layer) else MLP(cfg, rngs=rngs)
         # Gemma 2/3: the attention and MLP outputs are normed too, before their residual adds
-        self.post_attn_norm = RMSNorm(cfg) if cfg.sandwich_norms else None
-        self.post_mlp_norm = RMSNorm(cfg) if cfg.sandwich_norms else None
+        self.post_attn_norm = block_norm(cfg) if cfg.sandwich_norms else None
+        self.post_mlp_norm = block_norm(cfg) if cfg.sandwich_norms else None
 
     def __call__(self, x_BTD, positions_BT, attend):
         """`attend(attn, projection) -> o` is the only difference between the uncached forward,
@@ -85,7 +85,7 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         self.embed = param(rngs, (cfg.vocab_size, cfg.d_model), 1, cfg)
         self.layers = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.num_layers)])
-        self.final_norm = RMSNorm(cfg)
+        self.final_norm = block_norm(cfg)
         self.lm_head = (
             None
             if cfg.tied_embeddings
