@@ -27,7 +27,7 @@ _HF_ACTIVATIONS = {
 }
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
-                   "granite", "smollm3", "phi3", "starcoder2")  # fmt: skip
+                   "granite", "smollm3", "phi3", "starcoder2", "stablelm")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -217,10 +217,7 @@ def _rope_fields(f: _Fields, data: dict, model_type: str, where: str) -> dict:
     partial = full.get("partial_rotary_factor") if isinstance(full, dict) else None
     partial = partial if partial is not None else f.number("partial_rotary_factor")
     if partial is not None and partial != 1.0:
-        head_dim = f.integer("head_dim") or f.integer("hidden_size") // f.integer(
-            "num_attention_heads"
-        )  # fmt: skip
-        out["rotary_dim"] = int(head_dim * partial)
+        out["partial_rotary_factor"] = partial  # rotary_dim once head_dim is known
     return out
 
 
@@ -304,6 +301,14 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
                       o_bias=bias, mlp_bias=bias)  # fmt: skip
         if (eps := f.number("norm_epsilon")) is not None:
             fields["norm_eps"] = eps
+    if model_type == "stablelm":  # LayerNorm with bias, partial rotary (its default 0.25)
+        for flag in ("qk_layernorm", "use_parallel_residual"):
+            if f.boolean(flag, False):
+                raise KvjaxError(f"{where}: {flag}=true (StableLM) is not supported by kvjax")
+        fields.update(norm_kind="layer", norm_bias=True, qkv_bias=f.boolean("use_qkv_bias", False))
+        fields["head_dim"] = fields["d_model"] // fields["num_heads"]  # its modeling file's rule
+        if (eps := f.number("layer_norm_eps")) is not None:
+            fields["norm_eps"] = eps
     if model_type == "smollm3":
         fields["o_bias"] = fields["qkv_bias"]
         fields["rope_pattern"] = _rope_pattern(f, data, fields["num_layers"], where)
@@ -314,7 +319,10 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
         fields["weight_dtype"] = fields["kv_dtype"] = dtype
     if (value := f.number("rms_norm_eps")) is not None:
         fields["norm_eps"] = value
-    fields.update(_rope_fields(f, data, model_type, where))
+    rope = _rope_fields(f, data, model_type, where)
+    if (partial := rope.pop("partial_rotary_factor", None)) is not None:
+        rope["rotary_dim"] = int(fields["head_dim"] * partial)  # as the modeling files round it
+    fields.update(rope)
     fields.update(_gemma_qwen_fields(f, model_type))
     folder = path if path.is_dir() else path.parent
     name = data.get("_name_or_path")

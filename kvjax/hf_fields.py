@@ -17,6 +17,7 @@ _FAMILY_DEFAULTS = {
     "smollm3": {"rope_theta": 2_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True},
     "phi3": {"vocab_size": 32064},
     "starcoder2": {"tie_word_embeddings": True, "hidden_act": "gelu_pytorch_tanh"},
+    "stablelm": {"partial_rotary_factor": 0.25},
 }
 
 

@@ -109,3 +109,22 @@ _preset(
         mlp_bias=True,
     )
 )
+
+# stabilityai/stablelm-3b-4e1t, StableLmConfig's defaults: 32 layers, 32 heads of 80 (MHA),
+# hidden 2560, intermediate 6912, vocab 50304, untied; LayerNorm with a bias; RoPE on the first
+# quarter of each head (partial_rotary_factor 0.25: 20 of 80).
+_preset(
+    ModelConfig(
+        name="stablelm-3b",
+        num_layers=32,
+        d_model=2560,
+        num_heads=32,
+        num_kv_heads=32,
+        head_dim=80,
+        d_ff=6912,
+        vocab_size=50304,
+        norm_kind="layer",
+        norm_bias=True,
+        rotary_dim=20,
+    )
+)

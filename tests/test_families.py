@@ -35,6 +35,7 @@ FAMILIES = {
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM"),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM"),
 }
 
 
@@ -79,6 +80,7 @@ CARDS = {
                                    vocab_size=128256)),
     "phi-3-mini": ("phi3", dict(sliding_window=2047)),
     "starcoder2-3b": ("starcoder2", dict(bos_token_id=None, eos_token_id=None)),
+    "stablelm-3b": ("stablelm", dict(bos_token_id=None, eos_token_id=None)),
 }  # fmt: skip
 
 
@@ -125,6 +127,11 @@ PARITY = {
     "starcoder2": (dict(norm_epsilon=1e-5, sliding_window=6, bos_token_id=None,
                         eos_token_id=None, residual_dropout=0.0, embedding_dropout=0.0),
                    _zero("attn_norm.bias")),
+    "stablelm": (dict(use_qkv_bias=True, layer_norm_eps=1e-5, bos_token_id=None,
+                      eos_token_id=None, hidden_size=96,  # head_dim = 96 / 12 = 8
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                       "partial_rotary_factor": 0.5}),
+                 dict(rotary_dim=0)),
 }  # fmt: skip
 
 
