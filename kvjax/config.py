@@ -63,8 +63,8 @@ _INT_FIELDS = (
     "vocab_size",
 )
 _BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "norm_bias",
-                "norm_plus_one", "scale_embeddings", "sandwich_norms", "qk_norm",
-                "norm_topk_prob")  # fmt: skip
+                "norm_plus_one", "scale_embeddings", "sandwich_norms", "qk_norm", "qk_norm_full",
+                "pre_norms", "norm_topk_prob")  # fmt: skip
 _OPTIONAL_NUMBERS = ("query_pre_attn_scalar", "rope_local_theta", "attn_softcap", "final_softcap")
 # Multi-head latent attention (DeepSeek-V2/V3); 0 = absent. `kv_lora_rank > 0` makes a model MLA.
 
@@ -116,6 +116,8 @@ class ModelConfig:
     scale_embeddings: bool = False  # Gemma: embeddings times sqrt(d_model)
     sandwich_norms: bool = False  # Gemma 2/3: RMSNorm on the attention and MLP outputs too
     qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm of every q and k head (over head_dim)
+    qk_norm_full: bool = False  # OLMo 2: the q/k norms over all heads' width (N*H, K*H) at once
+    pre_norms: bool = True  # False: OLMo 2's blocks norm only their outputs (sandwich_norms)
     query_pre_attn_scalar: float = 0.0  # softmax scale 1/sqrt(this) (0: head_dim)
     # Granite's muP multipliers: embeddings times e, each residual branch times r before its
     # add, logits divided by s (its attention_multiplier is the softmax scale above)

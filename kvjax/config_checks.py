@@ -132,6 +132,10 @@ def check_window(cfg: Fields) -> None:
         )
     if w and cfg.is_mla:
         raise KvjaxError("sliding_window with MLA (kv_lora_rank > 0) is not supported")
+    if cfg.qk_norm_full and not cfg.qk_norm:
+        raise KvjaxError("qk_norm_full=True needs qk_norm=True (it says how wide the norms are)")
+    if not cfg.pre_norms and not cfg.sandwich_norms:
+        raise KvjaxError("pre_norms=False needs sandwich_norms=True (a block with no norm at all)")
     if cfg.norm_kind not in ("rms", "layer"):
         raise KvjaxError(f"norm_kind={cfg.norm_kind!r} is not supported; allowed: rms, layer")
     if cfg.norm_bias and cfg.norm_kind != "layer":

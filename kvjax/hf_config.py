@@ -27,7 +27,7 @@ _HF_ACTIVATIONS = {
 }
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
-                   "granite", "smollm3", "phi3", "starcoder2", "stablelm")  # fmt: skip
+                   "granite", "smollm3", "phi3", "starcoder2", "stablelm", "olmo2")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -309,6 +309,9 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
         fields["head_dim"] = fields["d_model"] // fields["num_heads"]  # its modeling file's rule
         if (eps := f.number("layer_norm_eps")) is not None:
             fields["norm_eps"] = eps
+    if model_type == "olmo2":  # norms after attention and MLP only; q/k normed whole
+        fields.update(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_full=True)
+        fields["o_bias"] = fields["qkv_bias"]
     if model_type == "smollm3":
         fields["o_bias"] = fields["qkv_bias"]
         fields["rope_pattern"] = _rope_pattern(f, data, fields["num_layers"], where)

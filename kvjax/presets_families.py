@@ -128,3 +128,25 @@ _preset(
         rotary_dim=20,
     )
 )
+
+# allenai/OLMo-2-1124-7B: 32 layers, 32 heads of 128 (MHA), hidden 4096, intermediate 11008,
+# vocab 100352, RoPE base 500000, rms eps 1e-6, untied; its blocks norm the attention and MLP
+# outputs only (no norm before them), and q and k are normed over all their heads at once.
+_preset(
+    ModelConfig(
+        name="olmo-2-7b",
+        num_layers=32,
+        d_model=4096,
+        num_heads=32,
+        num_kv_heads=32,
+        head_dim=128,
+        d_ff=11008,
+        vocab_size=100352,
+        rope_theta=500_000.0,
+        norm_eps=1e-6,
+        pre_norms=False,
+        sandwich_norms=True,
+        qk_norm=True,
+        qk_norm_full=True,
+    )
+)

@@ -36,6 +36,7 @@ FAMILIES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM"),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
 }
 
 
@@ -81,6 +82,8 @@ CARDS = {
     "phi-3-mini": ("phi3", dict(sliding_window=2047)),
     "starcoder2-3b": ("starcoder2", dict(bos_token_id=None, eos_token_id=None)),
     "stablelm-3b": ("stablelm", dict(bos_token_id=None, eos_token_id=None)),
+    "olmo-2-7b": ("olmo2", dict(vocab_size=100352, rope_theta=500000.0, rms_norm_eps=1e-6,
+                                pad_token_id=None, eos_token_id=None)),
 }  # fmt: skip
 
 
@@ -102,8 +105,9 @@ def _zero(attribute):
 
     def off(model):
         for layer in model.layers:
-            owner, name = attribute.split(".")
-            param = getattr(getattr(layer, owner), name)
+            param = layer
+            for name in attribute.split("."):
+                param = getattr(param, name)
             param[...] = jnp.zeros_like(param[...])
 
     return off
@@ -132,6 +136,7 @@ PARITY = {
                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                        "partial_rotary_factor": 0.5}),
                  dict(rotary_dim=0)),
+    "olmo2": (dict(pad_token_id=None, eos_token_id=None), _zero("attn.q_norm.scale")),
 }  # fmt: skip
 
 
@@ -181,6 +186,7 @@ FEATURES = {
     "nope": dict(num_layers=3, rope_pattern="RN"),
     "partial-rotary": dict(rotary_dim=4),
     "layernorm": dict(norm_kind="layer", norm_bias=True, sandwich_norms=True),
+    "post-norms": dict(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_full=True),
 }
 
 

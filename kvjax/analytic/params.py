@@ -46,8 +46,8 @@ def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
             kernels.V_PROJ: D * K * H + bias_kv,
             kernels.O_PROJ: N * H * D + (D if cfg.o_bias else 0),
         }
-    if cfg.qk_norm:
-        attn[kernels.QK_NORM] = 2 * H
+    if cfg.qk_norm:  # per head: two H-wide scales; OLMo 2's full width: N*H and K*H
+        attn[kernels.QK_NORM] = (N + K) * H if cfg.qk_norm_full else 2 * H
     n = 2 * D if cfg.norm_bias else D  # a norm's scale (and a LayerNorm's bias)
     sandwich = {kernels.NORM_POST_ATTN: n, kernels.NORM_POST_MLP: n} if cfg.sandwich_norms else {}
     if moe:
@@ -58,7 +58,8 @@ def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
             kernels.GATE_UP if cfg.gated_mlp else kernels.UP: D * up + (up if cfg.mlp_bias else 0),
             kernels.DOWN: F * D + (D if cfg.mlp_bias else 0),
         }
-    return {**attn, **mlp, kernels.NORM_ATTN: n, kernels.NORM_MLP: n, **sandwich}
+    pre = {kernels.NORM_ATTN: n, kernels.NORM_MLP: n} if cfg.pre_norms else {}
+    return {**attn, **mlp, **pre, **sandwich}
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:

@@ -56,12 +56,13 @@ def layer_kernels(
     if cfg.attention_kernel == "flash":
         attention = _fused(cfg, wl, attention, sliding, chip)
     post_attn = [norm_cost(cfg, kernels.NORM_POST_ATTN, M, D, w, a)] if cfg.sandwich_norms else []
+    pre = cfg.pre_norms  # OLMo 2 norms only the outputs
     k = [
-        norm_cost(cfg, kernels.NORM_ATTN, M, D, w, a),
+        *([norm_cost(cfg, kernels.NORM_ATTN, M, D, w, a)] if pre else []),
         *attention,
         *post_attn,
         _residual(kernels.RESIDUAL_ATTN, M, D, a, cfg.residual_multiplier),
-        norm_cost(cfg, kernels.NORM_MLP, M, D, w, a),
+        *([norm_cost(cfg, kernels.NORM_MLP, M, D, w, a)] if pre else []),
     ]
     if moe:
         from kvjax.analytic.moe import moe_kernels
@@ -158,7 +159,10 @@ def gqa_attention_kernels(
         _matmul(kernels.K_PROJ, M, D, K * H, w, a, bias=cfg.qkv_bias),
         _matmul(kernels.V_PROJ, M, D, K * H, w, a, bias=cfg.qkv_bias),
     ]
-    if cfg.qk_norm:  # every q and k head normed over H: M*(N + K) rows, two scale vectors
+    if cfg.qk_norm_full:  # OLMo 2: q normed over its N*H, k over its K*H (their own scales)
+        q_norm, k_norm = (_rmsnorm(kernels.QK_NORM, M, n * H, w, a) for n in (N, K))
+        k.append(q_norm + k_norm)
+    elif cfg.qk_norm:  # every q and k head normed over H: M*(N + K) rows, two scale vectors
         k.append(_rmsnorm(kernels.QK_NORM, M * (N + K), H, w, a, cfg.norm_plus_one, weights=2))
     scaled = cfg.rope_linear_factor != 1.0 and not (sliding and cfg.rope_local_theta)
     if rope:  # a NoPE layer (SmolLM3, Llama 4) rotates nothing

@@ -42,8 +42,8 @@ class Attention(nnx.Module):
         if cfg.o_bias:
             self.o_bias = nnx.Param(jnp.zeros((D,), weight_dtype(cfg)))
         if cfg.qk_norm:  # Qwen3, Gemma 3: one RMSNorm over head_dim shared by the heads
-            self.q_norm = RMSNorm(cfg, H)
-            self.k_norm = RMSNorm(cfg, H)
+            self.q_norm = RMSNorm(cfg, N * H if cfg.qk_norm_full else H)  # OLMo 2: all heads
+            self.k_norm = RMSNorm(cfg, K * H if cfg.qk_norm_full else H)
 
     def project(self, x_BTD: jax.Array, positions_BT: jax.Array):
         """q [B, T, K, G, H] (RoPE applied), k [B, T, K, H] (RoPE applied), v [B, T, K, H]."""
@@ -62,10 +62,13 @@ class Attention(nnx.Module):
             v_BTE = linear(x_BTD, read(self.v_proj, cfg))
             if cfg.qkv_bias:
                 v_BTE = v_BTE + read(self.v_bias, cfg)
+        if cfg.qk_norm_full:  # OLMo 2: the projections normed whole, before the heads split
+            with jax.named_scope(kernels.QK_NORM):
+                q_BTE, k_BTE = self.q_norm(q_BTE), self.k_norm(k_BTE)
         # Query head n = k * G + g uses kv head k (Hugging Face's repeat_kv order).
         q_BTKGH = q_BTE.reshape(B, T, K, G, H)
         k_BTKH = k_BTE.reshape(B, T, K, H)
-        if cfg.qk_norm:
+        if cfg.qk_norm and not cfg.qk_norm_full:
             with jax.named_scope(kernels.QK_NORM):
                 q_BTKGH = self.q_norm(q_BTKGH)
                 k_BTKH = self.k_norm(k_BTKH)

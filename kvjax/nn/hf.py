@@ -25,7 +25,7 @@ from kvjax.nn.transformer import Transformer
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
              "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
-             "smollm3", "phi3", "starcoder2", "stablelm")  # fmt: skip
+             "smollm3", "phi3", "starcoder2", "stablelm", "olmo2")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -120,9 +120,10 @@ def _load_attention(cfg: ModelConfig, a, get, put, p: str, fused: bool = False) 
         put(a.q_bias, get(p + "self_attn.q_proj.bias", (N * H,)))
         put(a.k_bias, get(p + "self_attn.k_proj.bias", (K * H,)))
         put(a.v_bias, get(p + "self_attn.v_proj.bias", (K * H,)))
-    if cfg.qk_norm:
-        put(a.q_norm.scale, get(p + "self_attn.q_norm.weight", (H,)))
-        put(a.k_norm.scale, get(p + "self_attn.k_norm.weight", (H,)))
+    if cfg.qk_norm:  # per head (H), or OLMo 2's over all heads (N*H, K*H)
+        wq, wk = (N * H, K * H) if cfg.qk_norm_full else (H, H)
+        put(a.q_norm.scale, get(p + "self_attn.q_norm.weight", (wq,)))
+        put(a.k_norm.scale, get(p + "self_attn.k_norm.weight", (wk,)))
 
 
 _EXPERT_NAMES = {  # (gate, up, down) of an expert: Mixtral's w1, w3, w2, everyone else's names
@@ -214,10 +215,12 @@ def from_hf_tensors(
             if cfg.norm_bias:
                 put(module.bias, get(name + ".bias", (D,)))
 
-        norm(layer.attn_norm, p + "input_layernorm")
+        if cfg.pre_norms:
+            norm(layer.attn_norm, p + "input_layernorm")
         if cfg.sandwich_norms:  # Gemma 2/3: post_attention_layernorm norms the attention output
             norm(layer.post_attn_norm, p + "post_attention_layernorm")
-            norm(layer.mlp_norm, p + "pre_feedforward_layernorm")
+            if cfg.pre_norms:  # OLMo 2 has none before its MLP
+                norm(layer.mlp_norm, p + "pre_feedforward_layernorm")
             norm(layer.post_mlp_norm, p + "post_feedforward_layernorm")
         else:
             norm(layer.mlp_norm, p + "post_attention_layernorm")

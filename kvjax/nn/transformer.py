@@ -31,12 +31,12 @@ from kvjax.nn.sharding import DATA, MODEL, constrain
 class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.attn_norm = block_norm(cfg)
+        self.attn_norm = block_norm(cfg) if cfg.pre_norms else None  # OLMo 2: outputs only
         if cfg.is_mla:
             self.attn = LatentAttention(cfg, rngs=rngs)
         else:
             self.attn = Attention(cfg, layer, rngs=rngs)
-        self.mlp_norm = block_norm(cfg)
+        self.mlp_norm = block_norm(cfg) if cfg.pre_norms else None
         self.mlp = MoE(cfg, rngs=rngs) if cfg.layer_is_moe(layer) else MLP(cfg, rngs=rngs)
         # Gemma 2/3: the attention and MLP outputs are normed too, before their residual adds
         self.post_attn_norm = block_norm(cfg) if cfg.sandwich_norms else None
@@ -46,8 +46,10 @@ class Block(nnx.Module):
         """`attend(attn, projection) -> o` is the only difference between the uncached forward,
         prefill and decode; `attn` (GQA `Attention` or MLA `LatentAttention`) offers
         `cache_rows`, `causal` and `over_cache` for it."""
-        with jax.named_scope(kernels.NORM_ATTN):
-            h_BTD = self.attn_norm(x_BTD)
+        h_BTD = x_BTD
+        if self.attn_norm is not None:
+            with jax.named_scope(kernels.NORM_ATTN):
+                h_BTD = self.attn_norm(x_BTD)
         proj = self.attn.project(h_BTD, positions_BT)
         a_BTD = self.attn.output(attend(self.attn, proj))
         if self.post_attn_norm is not None:
@@ -55,8 +57,10 @@ class Block(nnx.Module):
                 a_BTD = self.post_attn_norm(a_BTD)
         with jax.named_scope(kernels.RESIDUAL_ATTN):
             x_BTD = constrain(x_BTD + self._branch(a_BTD), DATA, None, None)
-        with jax.named_scope(kernels.NORM_MLP):
-            h_BTD = self.mlp_norm(x_BTD)
+        h_BTD = x_BTD
+        if self.mlp_norm is not None:
+            with jax.named_scope(kernels.NORM_MLP):
+                h_BTD = self.mlp_norm(x_BTD)
         m_BTD = self.mlp(h_BTD)
         if self.post_mlp_norm is not None:
             with jax.named_scope(kernels.NORM_POST_MLP):
