@@ -64,7 +64,7 @@ _INT_FIELDS = (
 )
 _BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "norm_bias",
                 "norm_plus_one", "scale_embeddings", "sandwich_norms", "qk_norm", "qk_norm_full",
-                "pre_norms", "norm_topk_prob")  # fmt: skip
+                "pre_norms", "norm_topk_prob", "shared_expert_gate")  # fmt: skip
 _OPTIONAL_NUMBERS = ("query_pre_attn_scalar", "rope_local_theta", "attn_softcap", "final_softcap")
 # Multi-head latent attention (DeepSeek-V2/V3); 0 = absent. `kv_lora_rank > 0` makes a model MLA.
 
@@ -133,6 +133,7 @@ class ModelConfig:
     num_experts: int = 0
     experts_per_token: int = 0
     num_shared_experts: int = 0
+    shared_expert_gate: bool = False  # Qwen2-MoE: the shared experts' output x sigmoid(x @ w_g)
     moe_d_ff: int = 0
     first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace: these keep a d_ff MLP
     router: str = "softmax"

@@ -100,6 +100,8 @@ def check_moe(cfg: Fields) -> None:
         raise KvjaxError("num_experts > 0 needs gated_mlp=True (every expert is gated)")
     if cfg.mlp_bias:
         raise KvjaxError("mlp_bias=True is not supported with experts (num_experts > 0)")
+    if cfg.shared_expert_gate and not cfg.num_shared_experts:
+        raise KvjaxError("shared_expert_gate=True needs shared experts (num_shared_experts > 0)")
     G, g = cfg.expert_groups, cfg.topk_groups
     if E % G:
         raise KvjaxError(f"expert_groups={G} must divide num_experts={E}")

@@ -27,7 +27,8 @@ _HF_ACTIVATIONS = {
 }
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
-                   "granite", "smollm3", "phi3", "starcoder2", "stablelm", "olmo2")  # fmt: skip
+                   "granite", "smollm3", "phi3", "starcoder2", "stablelm", "olmo2",
+                   "qwen2_moe")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -100,7 +101,7 @@ def _moe_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: st
     layers = fields["num_layers"]
     if model_type == "mixtral":
         experts, width = f.integer("num_local_experts", 8), fields["d_ff"]
-    elif model_type == "qwen3_moe":
+    elif model_type in ("qwen3_moe", "qwen2_moe"):
         # the Hub's configs write num_experts, transformers 5 num_local_experts
         experts = f.integer("num_experts") or f.integer("num_local_experts")
         width = f.integer("moe_intermediate_size")
@@ -134,8 +135,16 @@ def _moe_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: st
         if grouped:
             out["expert_groups"] = f.integer("n_group", 1)
             out["topk_groups"] = f.integer("topk_group", 1)
-    elif model_type == "qwen3_moe":
+    elif model_type in ("qwen3_moe", "qwen2_moe"):
         out["norm_topk_prob"] = f.boolean("norm_topk_prob", False)
+    if model_type == "qwen2_moe":  # one gated shared expert, as wide as whole routed experts
+        shared = f.integer("shared_expert_intermediate_size", 0) or 0
+        if shared % width:
+            raise KvjaxError(
+                f"{where}: shared_expert_intermediate_size={shared} is not a multiple of "
+                f"moe_intermediate_size={width} (kvjax sizes shared experts in whole experts)"
+            )
+        out.update(num_shared_experts=shared // width, shared_expert_gate=bool(shared))
     return out
 
 
@@ -147,7 +156,10 @@ def _window_fields(f: _Fields, data: dict, layers: int, model_type: str, where: 
     else Gemma 2's alternation (local first), Gemma 3's `sliding_window_pattern` (n-1 local, then
     one global), Qwen's `use_sliding_window` with `max_window_layers` (layers from that index on
     slide), or every layer (Mistral v0.1). A null or absent window is full attention."""
-    window = f.integer("sliding_window", default=0)
+    if data.get("use_sliding_window") is False:  # Qwen2-MoE then writes sliding_window 0
+        window = 0 if data.get("sliding_window") in (0, None) else f.integer("sliding_window")
+    else:
+        window = f.integer("sliding_window", default=0)
     types = data.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or len(types) != layers or set(types) - set(_LAYER_TYPES):
@@ -281,7 +293,7 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     fields["head_dim"] = f.integer("head_dim", default=fields["d_model"] // fields["num_heads"])
     if model_type in _MLA_MODEL_TYPES:
         fields.update(_mla_fields(f, data, fields, model_type, where))
-    if model_type in ("mixtral", "qwen3_moe", *_MLA_MODEL_TYPES):
+    if model_type in ("mixtral", "qwen3_moe", "qwen2_moe", *_MLA_MODEL_TYPES):
         fields.update(_moe_fields(f, data, fields, model_type, where))
     fields.update(_window_fields(f, data, fields["num_layers"], model_type, where))
     act = f.text("hidden_activation", _HF_ACTIVATIONS) or f.text("hidden_act", _HF_ACTIVATIONS)
@@ -289,6 +301,8 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     fields["tied_embeddings"] = f.boolean("tie_word_embeddings", model_type in _GEMMA)
     # Seed-OSS's config class defaults attention_bias to True (a Hub file may omit it)
     fields["qkv_bias"] = f.boolean("attention_bias", model_type in ("qwen2", "seed_oss"))
+    if model_type == "qwen2_moe":  # its own key, true by default
+        fields["qkv_bias"] = f.boolean("qkv_bias", True)
     if model_type in _O_BIAS_IS_ATTENTION_BIAS:
         fields["o_bias"] = fields["qkv_bias"]
     elif model_type == "seed_oss":

@@ -18,6 +18,7 @@ _FAMILY_DEFAULTS = {
     "phi3": {"vocab_size": 32064},
     "starcoder2": {"tie_word_embeddings": True, "hidden_act": "gelu_pytorch_tanh"},
     "stablelm": {"partial_rotary_factor": 0.25},
+    "qwen2_moe": {"rms_norm_eps": 1e-6},
 }
 
 

@@ -187,6 +187,10 @@ MOE_ACT = _k(
     "the lowered module; the closed form counts one fused pass",
 )  # fmt: skip
 MOE_DOWN = _k("moe/down", GATHER, True, "MoE: h @ W_down of its k experts", _GATHER_NOTE)
+MOE_SHARED_GATE = _k(
+    "moe/shared_gate", MATMUL, True,
+    "Qwen2-MoE: the shared experts' output times sigmoid(x @ w_g), one gate a token",
+)  # fmt: skip
 MOE_COMBINE = _k(
     "moe/combine", ELEMENTWISE, True, "MoE: the k outputs weighted and summed (+ shared experts)",
     "a small product and reshapes: the lowered module counts the broadcast weights and the "

@@ -150,3 +150,28 @@ _preset(
         qk_norm_full=True,
     )
 )
+
+# Qwen/Qwen1.5-MoE-A2.7B, Qwen2MoeConfig's defaults: 24 layers, 16 heads of 128 (MHA), hidden
+# 2048, vocab 151936, q/k/v biases, rms eps 1e-6, untied; 60 experts of 1408, 4 a token
+# (softmax, not renormalised), and one shared expert of 5632 (= 4 experts) whose output a
+# sigmoid gate scales.
+_preset(
+    ModelConfig(
+        name="qwen1.5-moe-a2.7b",
+        num_layers=24,
+        d_model=2048,
+        num_heads=16,
+        num_kv_heads=16,
+        head_dim=128,
+        d_ff=5632,
+        vocab_size=151936,
+        qkv_bias=True,
+        norm_eps=1e-6,
+        num_experts=60,
+        experts_per_token=4,
+        moe_d_ff=1408,
+        num_shared_experts=4,
+        shared_expert_gate=True,
+        norm_topk_prob=False,
+    )
+)

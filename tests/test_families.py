@@ -37,6 +37,7 @@ FAMILIES = {
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM"),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM"),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
 }
 
 
@@ -84,6 +85,7 @@ CARDS = {
     "stablelm-3b": ("stablelm", dict(bos_token_id=None, eos_token_id=None)),
     "olmo-2-7b": ("olmo2", dict(vocab_size=100352, rope_theta=500000.0, rms_norm_eps=1e-6,
                                 pad_token_id=None, eos_token_id=None)),
+    "qwen1.5-moe-a2.7b": ("qwen2_moe", dict()),
 }  # fmt: skip
 
 
@@ -137,6 +139,8 @@ PARITY = {
                                        "partial_rotary_factor": 0.5}),
                  dict(rotary_dim=0)),
     "olmo2": (dict(pad_token_id=None, eos_token_id=None), _zero("attn.q_norm.scale")),
+    "qwen2_moe": (dict(moe_intermediate_size=20, shared_expert_intermediate_size=40,
+                       num_experts=6, num_experts_per_tok=2), _zero("mlp.shared_gate")),
 }  # fmt: skip
 
 
@@ -188,6 +192,7 @@ FEATURES = {
     "layernorm": dict(norm_kind="layer", norm_bias=True, sandwich_norms=True),
     "post-norms": dict(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_full=True),
 }
+MOE_FEATURES = {"shared-gate": dict(num_shared_experts=2, shared_expert_gate=True)}
 
 
 @pytest.mark.parametrize("feature", sorted(FEATURES))
@@ -198,4 +203,15 @@ def test_family_features_trace_as_the_closed_form(feature, phase, batch, context
     from kvjax.traced.step import trace_step
 
     cfg = get_model_config("tiny-gqa", **FEATURES[feature])
+    check_against_closed_form(trace_step(cfg, phase, batch, context))
+
+
+@pytest.mark.parametrize("feature", sorted(MOE_FEATURES))
+@pytest.mark.parametrize("phase,batch,context", [("prefill", 1, 9), ("decode", 3, 9)])
+def test_moe_family_features_trace_as_the_closed_form(feature, phase, batch, context):
+    from test_traced_step import check_against_closed_form
+
+    from kvjax.traced.step import trace_step
+
+    cfg = get_model_config("tiny-moe", **MOE_FEATURES[feature])
     check_against_closed_form(trace_step(cfg, phase, batch, context))

@@ -23,6 +23,7 @@ MATMULS = {
     kernels.Q_ABSORB,
     kernels.V_UP,
     kernels.MOE_ROUTER,
+    kernels.MOE_SHARED_GATE,  # its bytes counted as lowered: exact
 }
 STRICT_BYTES = MATMULS | {kernels.RESIDUAL_ATTN, kernels.RESIDUAL_MLP}
 

@@ -122,13 +122,24 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
         bytes=down_w + M * k * F * a + M * k * D * a,
         weight_bytes=down_w,
     )
+    gate = []
+    if cfg.shared_expert_gate:
+        # Qwen2-MoE: g = sigmoid(x @ w_g) (2MD, then 1 / (1 + exp(-y)): 3M and M exps), and
+        # the shared output times g broadcast over D (MD). Bytes as lowered: the product's
+        # w_g, x and g; the sigmoid's steps on M values (14 M a); g broadcast to [M, D] and
+        # the multiply (4 M D a)
+        gate_w = D * w
+        gate = [KernelCost(
+            kernels.MOE_SHARED_GATE, flops=2 * M * D + 3 * M + M * D,
+            bytes=gate_w + 5 * M * D * a + 16 * M * a, transcendentals=M, weight_bytes=gate_w,
+        )]  # fmt: skip
     shared = cfg.num_shared_experts > 0  # their output added here
     combine = KernelCost(
         kernels.MOE_COMBINE,
         flops=2 * M * k * D + (M * k if a != 4 else 0) + (M * D if shared else 0),
         bytes=M * k * D * a + M * k * a + M * D * a + (2 * M * D * a if shared else 0),
     )
-    return [router, topk, gate_up, act, down, combine]
+    return [router, topk, gate_up, act, down, *gate, combine]
 
 
 def gather_flops(picks: int) -> int:

@@ -103,6 +103,8 @@ def moe_layer_param_counts(cfg: ModelConfig) -> dict[str, int]:
         S = cfg.num_shared_experts * F
         out[kernels.GATE_UP] = 2 * D * S
         out[kernels.DOWN] = S * D
+    if cfg.shared_expert_gate:  # Qwen2-MoE's w_g (1 x D)
+        out[kernels.MOE_SHARED_GATE] = D
     return out
 
 

@@ -25,7 +25,7 @@ from kvjax.nn.transformer import Transformer
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
              "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
-             "smollm3", "phi3", "starcoder2", "stablelm", "olmo2")  # fmt: skip
+             "smollm3", "phi3", "starcoder2", "stablelm", "olmo2", "qwen2_moe")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -170,8 +170,11 @@ def _load_moe(cfg: ModelConfig, moe, get, put, p: str, names: tuple[str, str, st
     ]
     put(moe.expert_gate_up, np.stack(gate_up))
     put(moe.expert_down, np.stack([get(f"{ex}{e}.{down_name}.weight", (D, F)) for e in range(E)]))
-    if moe.shared is not None:
-        _load_mlp(moe.shared, get, put, p + "shared_experts.", moe.shared.width, D)
+    if moe.shared is not None:  # DeepSeek's shared_experts; Qwen2-MoE's gated shared_expert
+        name = "shared_expert." if moe.shared_gate is not None else "shared_experts."
+        _load_mlp(moe.shared, get, put, p + name, moe.shared.width, D)
+    if moe.shared_gate is not None:
+        put(moe.shared_gate, get(p + "shared_expert_gate.weight", (1, D)))
 
 
 def from_hf_tensors(

@@ -20,7 +20,7 @@ from flax import nnx
 
 from kvjax import kernels
 from kvjax.config import ModelConfig
-from kvjax.nn.layers import act_dtype, param
+from kvjax.nn.layers import act_dtype, linear, param, read
 from kvjax.nn.mlp import MLP, _gelu_tanh
 
 
@@ -37,6 +37,8 @@ class MoE(nnx.Module):
         # DeepSeek's shared experts: one dense gated MLP of num_shared_experts x moe_d_ff
         S = cfg.num_shared_experts * F
         self.shared = _mlp(cfg, S, rngs) if S else None
+        # Qwen2-MoE: a sigmoid gate a token on the shared experts' output (1 x D)
+        self.shared_gate = param(rngs, (1, D), D, cfg) if cfg.shared_expert_gate else None
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         cfg = self.cfg
@@ -56,6 +58,10 @@ class MoE(nnx.Module):
         with jax.named_scope(kernels.MOE_DOWN):
             y_MkD = experts_down(h_MkF, read_experts(self.expert_down, idx_Mk, cfg))
         shared_BTD = None if self.shared is None else self.shared(x_BTD)
+        if self.shared_gate is not None:
+            with jax.named_scope(kernels.MOE_SHARED_GATE):
+                g_BT1 = jax.nn.sigmoid(linear(x_BTD, read(self.shared_gate, cfg)))
+                shared_BTD = shared_BTD * g_BT1
         with jax.named_scope(kernels.MOE_COMBINE):
             out_BTD = jnp.einsum("MkD,Mk->MD", y_MkD, weights_Mk.astype(y_MkD.dtype)).reshape(
                 B, T, D
