@@ -28,7 +28,7 @@ _HF_ACTIVATIONS = {
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
                    "granite", "smollm3", "phi3", "starcoder2", "stablelm", "olmo2",
-                   "qwen2_moe")  # fmt: skip
+                   "qwen2_moe", "olmoe")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -101,10 +101,11 @@ def _moe_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: st
     layers = fields["num_layers"]
     if model_type == "mixtral":
         experts, width = f.integer("num_local_experts", 8), fields["d_ff"]
-    elif model_type in ("qwen3_moe", "qwen2_moe"):
+    elif model_type in ("qwen3_moe", "qwen2_moe", "olmoe"):
         # the Hub's configs write num_experts, transformers 5 num_local_experts
         experts = f.integer("num_experts") or f.integer("num_local_experts")
-        width = f.integer("moe_intermediate_size")
+        # OLMoE's experts are intermediate_size wide (it has no dense MLP)
+        width = fields["d_ff"] if model_type == "olmoe" else f.integer("moe_intermediate_size")
         step = _layer_index(data, "decoder_sparse_step", where, 1)
         if step != 1 or data.get("mlp_only_layers"):
             raise KvjaxError(
@@ -135,7 +136,7 @@ def _moe_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: st
         if grouped:
             out["expert_groups"] = f.integer("n_group", 1)
             out["topk_groups"] = f.integer("topk_group", 1)
-    elif model_type in ("qwen3_moe", "qwen2_moe"):
+    elif model_type in ("qwen3_moe", "qwen2_moe", "olmoe"):
         out["norm_topk_prob"] = f.boolean("norm_topk_prob", False)
     if model_type == "qwen2_moe":  # one gated shared expert, as wide as whole routed experts
         shared = f.integer("shared_expert_intermediate_size", 0) or 0
@@ -293,7 +294,7 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     fields["head_dim"] = f.integer("head_dim", default=fields["d_model"] // fields["num_heads"])
     if model_type in _MLA_MODEL_TYPES:
         fields.update(_mla_fields(f, data, fields, model_type, where))
-    if model_type in ("mixtral", "qwen3_moe", "qwen2_moe", *_MLA_MODEL_TYPES):
+    if model_type in ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe", *_MLA_MODEL_TYPES):
         fields.update(_moe_fields(f, data, fields, model_type, where))
     fields.update(_window_fields(f, data, fields["num_layers"], model_type, where))
     act = f.text("hidden_activation", _HF_ACTIVATIONS) or f.text("hidden_act", _HF_ACTIVATIONS)
@@ -326,6 +327,10 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     if model_type == "olmo2":  # norms after attention and MLP only; q/k normed whole
         fields.update(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_full=True)
         fields["o_bias"] = fields["qkv_bias"]
+    if model_type == "olmoe":  # Llama's pre-norms; q/k normed whole, as OLMo 2
+        if data.get("clip_qkv") is not None:
+            raise KvjaxError(f"{where}: clip_qkv={data['clip_qkv']!r} (OLMoE) is not supported")
+        fields.update(qk_norm=True, qk_norm_full=True, o_bias=fields["qkv_bias"])
     if model_type == "smollm3":
         fields["o_bias"] = fields["qkv_bias"]
         fields["rope_pattern"] = _rope_pattern(f, data, fields["num_layers"], where)

@@ -175,3 +175,25 @@ _preset(
         norm_topk_prob=False,
     )
 )
+
+# allenai/OLMoE-1B-7B-0924, OlmoeConfig's defaults: 16 layers, 16 heads of 128 (MHA), hidden
+# 2048, vocab 50304, untied; every layer 64 experts of 2048, 8 a token (softmax, not
+# renormalised); q and k normed over all their heads at once (as OLMo 2), Llama's pre-norms.
+_preset(
+    ModelConfig(
+        name="olmoe-1b-7b",
+        num_layers=16,
+        d_model=2048,
+        num_heads=16,
+        num_kv_heads=16,
+        head_dim=128,
+        d_ff=2048,
+        vocab_size=50304,
+        qk_norm=True,
+        qk_norm_full=True,
+        num_experts=64,
+        experts_per_token=8,
+        moe_d_ff=2048,
+        norm_topk_prob=False,
+    )
+)

@@ -38,6 +38,7 @@ FAMILIES = {
     "stablelm": ("StableLmConfig", "StableLmForCausalLM"),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
 }
 
 
@@ -86,6 +87,7 @@ CARDS = {
     "olmo-2-7b": ("olmo2", dict(vocab_size=100352, rope_theta=500000.0, rms_norm_eps=1e-6,
                                 pad_token_id=None, eos_token_id=None)),
     "qwen1.5-moe-a2.7b": ("qwen2_moe", dict()),
+    "olmoe-1b-7b": ("olmoe", dict(pad_token_id=None, eos_token_id=None)),
 }  # fmt: skip
 
 
@@ -141,6 +143,9 @@ PARITY = {
     "olmo2": (dict(pad_token_id=None, eos_token_id=None), _zero("attn.q_norm.scale")),
     "qwen2_moe": (dict(moe_intermediate_size=20, shared_expert_intermediate_size=40,
                        num_experts=6, num_experts_per_tok=2), _zero("mlp.shared_gate")),
+    "olmoe": (dict(num_experts=6, num_experts_per_tok=2, intermediate_size=20, hidden_size=96,
+                   pad_token_id=None,
+                   eos_token_id=None), _zero("attn.k_norm.scale")),
 }  # fmt: skip
 
 
