@@ -28,7 +28,7 @@ _HF_ACTIVATIONS = {
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
                    "granite", "smollm3", "phi3", "starcoder2", "stablelm", "olmo2",
-                   "qwen2_moe", "olmoe")  # fmt: skip
+                   "qwen2_moe", "olmoe", "glm4")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -301,7 +301,7 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     fields["mlp_activation"] = _HF_ACTIVATIONS[act or "silu"]
     fields["tied_embeddings"] = f.boolean("tie_word_embeddings", model_type in _GEMMA)
     # Seed-OSS's config class defaults attention_bias to True (a Hub file may omit it)
-    fields["qkv_bias"] = f.boolean("attention_bias", model_type in ("qwen2", "seed_oss"))
+    fields["qkv_bias"] = f.boolean("attention_bias", model_type in ("qwen2", "seed_oss", "glm4"))
     if model_type == "qwen2_moe":  # its own key, true by default
         fields["qkv_bias"] = f.boolean("qkv_bias", True)
     if model_type in _O_BIAS_IS_ATTENTION_BIAS:
@@ -327,6 +327,8 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     if model_type == "olmo2":  # norms after attention and MLP only; q/k normed whole
         fields.update(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_full=True)
         fields["o_bias"] = fields["qkv_bias"]
+    if model_type == "glm4":  # a norm before and after attention and the MLP
+        fields["sandwich_norms"] = True
     if model_type == "olmoe":  # Llama's pre-norms; q/k normed whole, as OLMo 2
         if data.get("clip_qkv") is not None:
             raise KvjaxError(f"{where}: clip_qkv={data['clip_qkv']!r} (OLMoE) is not supported")

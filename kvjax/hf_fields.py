@@ -19,6 +19,7 @@ _FAMILY_DEFAULTS = {
     "starcoder2": {"tie_word_embeddings": True, "hidden_act": "gelu_pytorch_tanh"},
     "stablelm": {"partial_rotary_factor": 0.25},
     "qwen2_moe": {"rms_norm_eps": 1e-6},
+    "glm4": {"partial_rotary_factor": 0.5, "rms_norm_eps": 1.5625e-7, "vocab_size": 151552},
 }
 
 

@@ -197,3 +197,24 @@ _preset(
         norm_topk_prob=False,
     )
 )
+
+# GLM-4-9B (zai-org/GLM-4-9B-0414's sizes, which are Glm4Config's defaults): 40 layers, 32 / 2
+# heads of 128, hidden 4096, intermediate 13696, vocab 151552, rms eps 1.5625e-7, untied; q/k/v
+# biases; a norm before and after both attention and the MLP; RoPE on the first half of each
+# head (interleaved pairs, reordered on load).
+_preset(
+    ModelConfig(
+        name="glm-4-9b",
+        num_layers=40,
+        d_model=4096,
+        num_heads=32,
+        num_kv_heads=2,
+        head_dim=128,
+        d_ff=13696,
+        vocab_size=151552,
+        qkv_bias=True,
+        sandwich_norms=True,
+        rotary_dim=64,
+        norm_eps=1.5625e-7,
+    )
+)

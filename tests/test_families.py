@@ -39,6 +39,7 @@ FAMILIES = {
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM"),
 }
 
 
@@ -88,6 +89,7 @@ CARDS = {
                                 pad_token_id=None, eos_token_id=None)),
     "qwen1.5-moe-a2.7b": ("qwen2_moe", dict()),
     "olmoe-1b-7b": ("olmoe", dict(pad_token_id=None, eos_token_id=None)),
+    "glm-4-9b": ("glm4", dict(pad_token_id=None)),
 }  # fmt: skip
 
 
@@ -146,6 +148,7 @@ PARITY = {
     "olmoe": (dict(num_experts=6, num_experts_per_tok=2, intermediate_size=20, hidden_size=96,
                    pad_token_id=None,
                    eos_token_id=None), _zero("attn.k_norm.scale")),
+    "glm4": (dict(pad_token_id=None, attention_bias=True), _zero("post_mlp_norm.scale")),
 }  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from kvjax.nn.transformer import Transformer
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
              "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
              "smollm3", "phi3", "starcoder2", "stablelm", "olmo2", "qwen2_moe",
-             "olmoe")  # fmt: skip
+             "olmoe", "glm4")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -64,19 +64,23 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
                 f"checkpoint rope scaling type {kind!r} is not implemented in kvjax's model (its "
                 f"logits would differ); `kvjax calc`/`trace` of the config are unaffected"
             )
-    interleaved = model_type == "deepseek_v2" or (
+    interleaved = model_type in ("deepseek_v2", "glm4") or (
         model_type == "deepseek_v3" and data.get("rope_interleave", True)
     )
     tensors = _read_safetensors(folder)
     moe_prefix = "block_sparse_moe." if model_type == "mixtral" else "mlp."
-    return from_hf_tensors(cfg, tensors, rope_interleaved=interleaved, moe_prefix=moe_prefix)
+    return from_hf_tensors(cfg, tensors, rope_interleaved=interleaved, moe_prefix=moe_prefix,
+                           glm=model_type == "glm4")  # fmt: skip
 
 
-def _deinterleave(w_OI: np.ndarray, heads: int, head_dim: int, rope: int) -> np.ndarray:
-    """Rows of each head's last `rope` outputs reordered [0, 2, 4, ...; 1, 3, 5, ...]."""
+def _deinterleave(w_OI: np.ndarray, heads: int, head_dim: int, rope: int, first: bool = False):
+    """Rows of each head's last `rope` outputs (`first`: its first, GLM's partial rotary)
+    reordered [0, 2, 4, ...; 1, 3, 5, ...]: interleaved RoPE pairs become rotate-half's. A bias
+    (1-D) is reordered alike."""
     w = w_OI.reshape(heads, head_dim, -1).copy()
-    part = w[:, head_dim - rope :]
-    w[:, head_dim - rope :] = np.concatenate([part[:, 0::2], part[:, 1::2]], axis=1)
+    lo = 0 if first else head_dim - rope
+    part = w[:, lo : lo + rope]
+    w[:, lo : lo + rope] = np.concatenate([part[:, 0::2], part[:, 1::2]], axis=1)
     return w.reshape(w_OI.shape)
 
 
@@ -102,8 +106,21 @@ def _load_mla(cfg: ModelConfig, a, get, put, p: str, interleaved: bool) -> None:
     put(a.o_proj, get(p + "self_attn.o_proj.weight", (D, N * W)))
 
 
-def _load_attention(cfg: ModelConfig, a, get, put, p: str, fused: bool = False) -> None:
+def _load_attention(
+    cfg: ModelConfig, a, get, put, p: str, fused: bool = False, interleaved: bool = False
+) -> None:
+    """q/k/v/o (Phi-3: one fused qkv_proj); `interleaved`: GLM's partial rotary pairs adjacent
+    dims, so the rotated rows of q and k (and their biases) are reordered to rotate-half's."""
     D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    if interleaved:
+        R = cfg.rope_width
+        raw = get
+
+        def get(name, shape):  # noqa: F811 (the reordering reader)
+            x = raw(name, shape)
+            heads = N if ".q_proj." in name else K if ".k_proj." in name else 0
+            return _deinterleave(x, heads, H, R, first=True) if heads else x
+
     if fused:  # Phi-3: one qkv_proj of [q; k; v] rows
         qkv = get(p + "self_attn.qkv_proj.weight", (N * H + 2 * K * H, D))
         q, k, v = np.split(qkv, [N * H, N * H + K * H])
@@ -183,6 +200,7 @@ def from_hf_tensors(
     tensors: dict[str, np.ndarray],
     rope_interleaved: bool = False,
     moe_prefix: str = "mlp.",
+    glm: bool = False,
 ) -> Transformer:
     D, F = cfg.d_model, cfg.d_ff
     dtype = weight_dtype(cfg)
@@ -203,17 +221,18 @@ def from_hf_tensors(
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     put(model.embed, get("model.embed_tokens.weight", (cfg.vocab_size, D)))
     fused = "model.layers.0.self_attn.qkv_proj.weight" in tensors  # Phi-3's fused tensors
+    fused_mlp = "model.layers.0.mlp.gate_up_proj.weight" in tensors  # Phi-3's and GLM's
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         a = layer.attn
         if cfg.is_mla:
             _load_mla(cfg, a, get, put, p, rope_interleaved)
         else:
-            _load_attention(cfg, a, get, put, p, fused)
+            _load_attention(cfg, a, get, put, p, fused, rope_interleaved)
         if cfg.layer_is_moe(i):
             _load_moe(cfg, layer.mlp, get, put, p + moe_prefix, _EXPERT_NAMES[moe_prefix])
         else:
-            _load_mlp(layer.mlp, get, put, p + "mlp.", F, D, fused)
+            _load_mlp(layer.mlp, get, put, p + "mlp.", F, D, fused_mlp)
         def norm(module, name):  # a norm's scale, and a LayerNorm's bias
             put(module.scale, get(name + ".weight", (D,)))
             if cfg.norm_bias:
@@ -221,7 +240,11 @@ def from_hf_tensors(
 
         if cfg.pre_norms:
             norm(layer.attn_norm, p + "input_layernorm")
-        if cfg.sandwich_norms:  # Gemma 2/3: post_attention_layernorm norms the attention output
+        if glm:  # GLM-4's four: post_self_attn after attention, post_attention before the MLP
+            norm(layer.post_attn_norm, p + "post_self_attn_layernorm")
+            norm(layer.mlp_norm, p + "post_attention_layernorm")
+            norm(layer.post_mlp_norm, p + "post_mlp_layernorm")
+        elif cfg.sandwich_norms:  # Gemma 2/3: post_attention_layernorm norms the attention output
             norm(layer.post_attn_norm, p + "post_attention_layernorm")
             if cfg.pre_norms:  # OLMo 2 has none before its MLP
                 norm(layer.mlp_norm, p + "pre_feedforward_layernorm")
