@@ -28,7 +28,7 @@ _HF_ACTIVATIONS = {
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
                    "granite", "smollm3", "phi3", "starcoder2", "stablelm", "olmo2",
-                   "qwen2_moe", "olmoe", "glm4")  # fmt: skip
+                   "qwen2_moe", "olmoe", "glm4", "ernie4_5")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -327,6 +327,9 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     if model_type == "olmo2":  # norms after attention and MLP only; q/k normed whole
         fields.update(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_full=True)
         fields["o_bias"] = fields["qkv_bias"]
+    if model_type == "ernie4_5":  # use_bias on every projection
+        bias = f.boolean("use_bias", False)
+        fields.update(qkv_bias=bias, o_bias=bias, mlp_bias=bias)
     if model_type == "glm4":  # a norm before and after attention and the MLP
         fields["sandwich_norms"] = True
     if model_type == "olmoe":  # Llama's pre-norms; q/k normed whole, as OLMo 2

@@ -218,3 +218,21 @@ _preset(
         norm_eps=1.5625e-7,
     )
 )
+
+# baidu/ERNIE-4.5-0.3B-PT, Ernie4_5Config's defaults: 18 layers, 16 / 2 heads of 128, hidden
+# 1024, intermediate 3072, vocab 103424, tied embeddings, RoPE base 500000 (interleaved pairs,
+# reordered on load), no biases (use_bias false).
+_preset(
+    ModelConfig(
+        name="ernie-4.5-0.3b",
+        num_layers=18,
+        d_model=1024,
+        num_heads=16,
+        num_kv_heads=2,
+        head_dim=128,
+        d_ff=3072,
+        vocab_size=103424,
+        tied_embeddings=True,
+        rope_theta=500_000.0,
+    )
+)

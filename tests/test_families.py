@@ -40,6 +40,7 @@ FAMILIES = {
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
     "glm4": ("Glm4Config", "Glm4ForCausalLM"),
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM"),
 }
 
 
@@ -90,6 +91,7 @@ CARDS = {
     "qwen1.5-moe-a2.7b": ("qwen2_moe", dict()),
     "olmoe-1b-7b": ("olmoe", dict(pad_token_id=None, eos_token_id=None)),
     "glm-4-9b": ("glm4", dict(pad_token_id=None)),
+    "ernie-4.5-0.3b": ("ernie4_5", dict(pad_token_id=None, bos_token_id=None, eos_token_id=None)),
 }  # fmt: skip
 
 
@@ -149,6 +151,8 @@ PARITY = {
                    pad_token_id=None,
                    eos_token_id=None), _zero("attn.k_norm.scale")),
     "glm4": (dict(pad_token_id=None, attention_bias=True), _zero("post_mlp_norm.scale")),
+    "ernie4_5": (dict(use_bias=True, pad_token_id=None, bos_token_id=None, eos_token_id=None),
+                 _zero("attn.o_bias")),
 }  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from kvjax.nn.transformer import Transformer
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
              "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
              "smollm3", "phi3", "starcoder2", "stablelm", "olmo2", "qwen2_moe",
-             "olmoe", "glm4")  # fmt: skip
+             "olmoe", "glm4", "ernie4_5")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -64,7 +64,7 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
                 f"checkpoint rope scaling type {kind!r} is not implemented in kvjax's model (its "
                 f"logits would differ); `kvjax calc`/`trace` of the config are unaffected"
             )
-    interleaved = model_type in ("deepseek_v2", "glm4") or (
+    interleaved = model_type in ("deepseek_v2", "glm4", "ernie4_5") or (
         model_type == "deepseek_v3" and data.get("rope_interleave", True)
     )
     tensors = _read_safetensors(folder)
@@ -109,8 +109,9 @@ def _load_mla(cfg: ModelConfig, a, get, put, p: str, interleaved: bool) -> None:
 def _load_attention(
     cfg: ModelConfig, a, get, put, p: str, fused: bool = False, interleaved: bool = False
 ) -> None:
-    """q/k/v/o (Phi-3: one fused qkv_proj); `interleaved`: GLM's partial rotary pairs adjacent
-    dims, so the rotated rows of q and k (and their biases) are reordered to rotate-half's."""
+    """q/k/v/o (Phi-3: one fused qkv_proj); `interleaved`: GLM's (partial) and ERNIE's rotary
+    pair adjacent dims, so the rotated rows of q and k (and their biases) are reordered to
+    rotate-half's."""
     D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     if interleaved:
         R = cfg.rope_width
