@@ -236,3 +236,28 @@ _preset(
         rope_theta=500_000.0,
     )
 )
+
+# LGAI-EXAONE/EXAONE-4.0-32B (its config.json as TensorRT-LLM's tests carry it: 64 layers, 40 /
+# 8 heads of 128, hidden 5120, intermediate 27392, vocab 102400, RoPE base 1e6, untied): three
+# sliding layers of 4096 for every global one, RoPE on the sliding layers only; its blocks norm
+# only their outputs, and q and k are normed per head. (Its llama3 RoPE scaling changes no
+# cost.)
+_preset(
+    ModelConfig(
+        name="exaone-4.0-32b",
+        num_layers=64,
+        d_model=5120,
+        num_heads=40,
+        num_kv_heads=8,
+        head_dim=128,
+        d_ff=27392,
+        vocab_size=102400,
+        rope_theta=1_000_000.0,
+        sliding_window=4096,
+        layer_pattern="LLLG",
+        rope_pattern="RRRN",
+        pre_norms=False,
+        sandwich_norms=True,
+        qk_norm=True,
+    )
+)

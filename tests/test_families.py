@@ -41,6 +41,7 @@ FAMILIES = {
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
     "glm4": ("Glm4Config", "Glm4ForCausalLM"),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM"),
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM"),
 }
 
 
@@ -92,6 +93,10 @@ CARDS = {
     "olmoe-1b-7b": ("olmoe", dict(pad_token_id=None, eos_token_id=None)),
     "glm-4-9b": ("glm4", dict(pad_token_id=None)),
     "ernie-4.5-0.3b": ("ernie4_5", dict(pad_token_id=None, bos_token_id=None, eos_token_id=None)),
+    "exaone-4.0-32b": ("exaone4", dict(hidden_size=5120, num_hidden_layers=64,
+                                       num_attention_heads=40, num_key_value_heads=8,
+                                       head_dim=128, intermediate_size=27392, rope_theta=1e6,
+                                       sliding_window=4096, sliding_window_pattern=4)),
 }  # fmt: skip
 
 
@@ -153,6 +158,8 @@ PARITY = {
     "glm4": (dict(pad_token_id=None, attention_bias=True), _zero("post_mlp_norm.scale")),
     "ernie4_5": (dict(use_bias=True, pad_token_id=None, bos_token_id=None, eos_token_id=None),
                  _zero("attn.o_bias")),
+    "exaone4": (dict(sliding_window=4, sliding_window_pattern=2, num_hidden_layers=4,
+                     bos_token_id=None, eos_token_id=None), dict(rope_pattern="R")),
 }  # fmt: skip
 
 
