@@ -64,7 +64,7 @@ _INT_FIELDS = (
 )
 _BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "norm_bias",
                 "norm_plus_one", "scale_embeddings", "sandwich_norms", "qk_norm", "qk_norm_full",
-                "pre_norms", "norm_topk_prob", "shared_expert_gate")  # fmt: skip
+                "pre_norms", "parallel_block", "norm_topk_prob", "shared_expert_gate")  # fmt: skip
 _OPTIONAL_NUMBERS = ("query_pre_attn_scalar", "rope_local_theta", "attn_softcap", "final_softcap")
 # Multi-head latent attention (DeepSeek-V2/V3); 0 = absent. `kv_lora_rank > 0` makes a model MLA.
 
@@ -118,6 +118,7 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm of every q and k head (over head_dim)
     qk_norm_full: bool = False  # OLMo 2: the q/k norms over all heads' width (N*H, K*H) at once
     pre_norms: bool = True  # False: OLMo 2's blocks norm only their outputs (sandwich_norms)
+    parallel_block: bool = False  # Cohere: x + attn(norm(x)) + mlp(norm(x)), one norm a block
     query_pre_attn_scalar: float = 0.0  # softmax scale 1/sqrt(this) (0: head_dim)
     # Granite's muP multipliers: embeddings times e, each residual branch times r before its
     # add, logits divided by s (its attention_multiplier is the softmax scale above)

@@ -138,6 +138,9 @@ def check_window(cfg: Fields) -> None:
         raise KvjaxError("qk_norm_full=True needs qk_norm=True (it says how wide the norms are)")
     if not cfg.pre_norms and not cfg.sandwich_norms:
         raise KvjaxError("pre_norms=False needs sandwich_norms=True (a block with no norm at all)")
+    if cfg.parallel_block and (cfg.sandwich_norms or not cfg.pre_norms):
+        raise KvjaxError("parallel_block=True has one norm before attention and MLP: it takes "
+                         "neither sandwich_norms nor pre_norms=False")  # fmt: skip
     if cfg.norm_kind not in ("rms", "layer"):
         raise KvjaxError(f"norm_kind={cfg.norm_kind!r} is not supported; allowed: rms, layer")
     if cfg.norm_bias and cfg.norm_kind != "layer":

@@ -28,7 +28,8 @@ _HF_ACTIVATIONS = {
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
                    "granite", "smollm3", "phi3", "starcoder2", "stablelm", "olmo2",
-                   "qwen2_moe", "olmoe", "glm4", "ernie4_5", "exaone4")  # fmt: skip
+                   "qwen2_moe", "olmoe", "glm4", "ernie4_5", "exaone4",
+                   "cohere2")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -182,7 +183,7 @@ def _window_fields(f: _Fields, data: dict, layers: int, model_type: str, where: 
     elif model_type in ("gemma3", "gemma3_text"):
         every = f.integer("sliding_window_pattern", default=6)
         pattern = "L" * (every - 1) + "G"
-    elif model_type == "exaone4":  # without layer_types: every n-th layer global, or L/G
+    elif model_type in ("exaone4", "cohere2"):  # without layer_types: every n-th layer global
         every = data.get("sliding_window_pattern", 4)
         if isinstance(every, str) and every and not set(every) - {"L", "G"}:
             pattern = every
@@ -342,6 +343,14 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     if model_type == "exaone4":  # norms after attention and MLP only, per-head q/k norms,
         # and with a window RoPE on the sliding layers only (the global ones are NoPE)
         fields.update(pre_norms=False, sandwich_norms=True, qk_norm=True)
+        if fields.get("sliding_window"):
+            fields["rope_pattern"] = fields["layer_pattern"].replace("L", "R").replace("G", "N")
+    if model_type == "cohere2":  # one LayerNorm (no bias) before a parallel attention + MLP;
+        # logits x logit_scale; with a window RoPE on the sliding layers only
+        fields.update(norm_kind="layer", parallel_block=True)
+        if (eps := f.number("layer_norm_eps")) is not None:
+            fields["norm_eps"] = eps
+        fields["logits_scaling"] = 1.0 / (f.number("logit_scale") or 0.0625)
         if fields.get("sliding_window"):
             fields["rope_pattern"] = fields["layer_pattern"].replace("L", "R").replace("G", "N")
     if model_type == "olmoe":  # Llama's pre-norms; q/k normed whole, as OLMo 2

@@ -21,6 +21,7 @@ _FAMILY_DEFAULTS = {
     "qwen2_moe": {"rms_norm_eps": 1e-6},
     "glm4": {"partial_rotary_factor": 0.5, "rms_norm_eps": 1.5625e-7, "vocab_size": 151552},
     "ernie4_5": {"rope_theta": 500_000.0, "tie_word_embeddings": True, "head_dim": 128},
+    "cohere2": {"tie_word_embeddings": True, "sliding_window": 4096},
 }
 
 

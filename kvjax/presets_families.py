@@ -261,3 +261,29 @@ _preset(
         qk_norm=True,
     )
 )
+
+# CohereForAI/c4ai-command-r7b-12-2024 (model_type cohere2): 32 layers, 32 / 8 heads of 128,
+# hidden 4096, intermediate 14336, vocab 256000, tied embeddings, RoPE base 50000 (interleaved
+# pairs, reordered on load), logits x 0.25; three sliding layers of 4096 for every global one,
+# RoPE on the sliding layers only; one LayerNorm (no bias) before attention and the MLP, which
+# run in parallel on it.
+_preset(
+    ModelConfig(
+        name="command-r7b",
+        num_layers=32,
+        d_model=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        d_ff=14336,
+        vocab_size=256000,
+        tied_embeddings=True,
+        rope_theta=50_000.0,
+        logits_scaling=4.0,
+        sliding_window=4096,
+        layer_pattern="LLLG",
+        rope_pattern="RRRN",
+        norm_kind="layer",
+        parallel_block=True,
+    )
+)

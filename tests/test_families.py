@@ -42,6 +42,7 @@ FAMILIES = {
     "glm4": ("Glm4Config", "Glm4ForCausalLM"),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM"),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM"),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM"),
 }
 
 
@@ -97,6 +98,10 @@ CARDS = {
                                        num_attention_heads=40, num_key_value_heads=8,
                                        head_dim=128, intermediate_size=27392, rope_theta=1e6,
                                        sliding_window=4096, sliding_window_pattern=4)),
+    "command-r7b": ("cohere2", dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                                    num_key_value_heads=8, intermediate_size=14336,
+                                    rope_theta=50000.0, logit_scale=0.25, sliding_window=4096,
+                                    pad_token_id=None, bos_token_id=None, eos_token_id=None)),
 }  # fmt: skip
 
 
@@ -160,6 +165,10 @@ PARITY = {
                  _zero("attn.o_bias")),
     "exaone4": (dict(sliding_window=4, sliding_window_pattern=2, num_hidden_layers=4,
                      bos_token_id=None, eos_token_id=None), dict(rope_pattern="R")),
+    "cohere2": (dict(sliding_window=4, num_hidden_layers=4, logit_scale=0.5, pad_token_id=None,
+                     bos_token_id=None, eos_token_id=None,
+                     layer_types=["sliding_attention", "full_attention"] * 2),
+                dict(rope_pattern="R")),
 }  # fmt: skip
 
 
@@ -210,6 +219,7 @@ FEATURES = {
     "partial-rotary": dict(rotary_dim=4),
     "layernorm": dict(norm_kind="layer", norm_bias=True, sandwich_norms=True),
     "post-norms": dict(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_full=True),
+    "parallel": dict(parallel_block=True, norm_kind="layer"),
 }
 MOE_FEATURES = {"shared-gate": dict(num_shared_experts=2, shared_expert_gate=True)}
 

@@ -59,6 +59,8 @@ def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
             kernels.DOWN: F * D + (D if cfg.mlp_bias else 0),
         }
     pre = {kernels.NORM_ATTN: n, kernels.NORM_MLP: n} if cfg.pre_norms else {}
+    if cfg.parallel_block:  # Cohere: one norm a block
+        pre.pop(kernels.NORM_MLP)
     return {**attn, **mlp, **pre, **sandwich}
 
 

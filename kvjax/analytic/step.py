@@ -62,7 +62,8 @@ def layer_kernels(
         *attention,
         *post_attn,
         _residual(kernels.RESIDUAL_ATTN, M, D, a, cfg.residual_multiplier),
-        *([norm_cost(cfg, kernels.NORM_MLP, M, D, w, a)] if pre else []),
+        # a parallel block (Cohere) feeds the MLP the same normed x: no norm of its own
+        *([norm_cost(cfg, kernels.NORM_MLP, M, D, w, a)] if pre and not cfg.parallel_block else []),
     ]
     if moe:
         from kvjax.analytic.moe import moe_kernels

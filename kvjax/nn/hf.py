@@ -26,7 +26,7 @@ from kvjax.nn.transformer import Transformer
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
              "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
              "smollm3", "phi3", "starcoder2", "stablelm", "olmo2", "qwen2_moe",
-             "olmoe", "glm4", "ernie4_5", "exaone4")  # fmt: skip
+             "olmoe", "glm4", "ernie4_5", "exaone4", "cohere2")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -64,7 +64,7 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
                 f"checkpoint rope scaling type {kind!r} is not implemented in kvjax's model (its "
                 f"logits would differ); `kvjax calc`/`trace` of the config are unaffected"
             )
-    interleaved = model_type in ("deepseek_v2", "glm4", "ernie4_5") or (
+    interleaved = model_type in ("deepseek_v2", "glm4", "ernie4_5", "cohere2") or (
         model_type == "deepseek_v3" and data.get("rope_interleave", True)
     )
     tensors = _read_safetensors(folder)
@@ -250,7 +250,7 @@ def from_hf_tensors(
             if cfg.pre_norms:  # OLMo 2 has none before its MLP
                 norm(layer.mlp_norm, p + "pre_feedforward_layernorm")
             norm(layer.post_mlp_norm, p + "post_feedforward_layernorm")
-        else:
+        elif not cfg.parallel_block:  # Cohere's one norm is input_layernorm
             norm(layer.mlp_norm, p + "post_attention_layernorm")
     put(model.final_norm.scale, get("model.norm.weight", (D,)))
     if cfg.norm_bias:

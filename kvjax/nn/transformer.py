@@ -36,7 +36,7 @@ class Block(nnx.Module):
             self.attn = LatentAttention(cfg, rngs=rngs)
         else:
             self.attn = Attention(cfg, layer, rngs=rngs)
-        self.mlp_norm = block_norm(cfg) if cfg.pre_norms else None
+        self.mlp_norm = block_norm(cfg) if cfg.pre_norms and not cfg.parallel_block else None
         self.mlp = MoE(cfg, rngs=rngs) if cfg.layer_is_moe(layer) else MLP(cfg, rngs=rngs)
         # Gemma 2/3: the attention and MLP outputs are normed too, before their residual adds
         self.post_attn_norm = block_norm(cfg) if cfg.sandwich_norms else None
@@ -52,6 +52,12 @@ class Block(nnx.Module):
                 h_BTD = self.attn_norm(x_BTD)
         proj = self.attn.project(h_BTD, positions_BT)
         a_BTD = self.attn.output(attend(self.attn, proj))
+        if self.cfg.parallel_block:  # Cohere: the MLP reads the same normed x
+            m_BTD = self.mlp(h_BTD)
+            with jax.named_scope(kernels.RESIDUAL_ATTN):
+                x_BTD = constrain(x_BTD + self._branch(a_BTD), DATA, None, None)
+            with jax.named_scope(kernels.RESIDUAL_MLP):
+                return constrain(x_BTD + self._branch(m_BTD), DATA, None, None)
         if self.post_attn_norm is not None:
             with jax.named_scope(kernels.NORM_POST_ATTN):
                 a_BTD = self.post_attn_norm(a_BTD)
