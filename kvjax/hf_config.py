@@ -8,7 +8,14 @@ from typing import Any
 
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
-from kvjax.hf_fields import _FAMILY_DEFAULTS, _Fields, _granite_fields, _period, _rope_pattern
+from kvjax.hf_fields import (
+    _FAMILY_DEFAULTS,
+    _NOT_YET,
+    _Fields,
+    _granite_fields,
+    _period,
+    _rope_pattern,
+)
 
 _HF_REQUIRED = {
     "num_hidden_layers": "num_layers",
@@ -269,6 +276,11 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     where = f"config {str(path)!r}"
     f = _Fields(data, where)
     model_type = f.text("model_type") or "llama"
+    if model_type in _NOT_YET:
+        raise KvjaxError(
+            f"{where}: model_type={model_type!r} is not supported yet: it needs "
+            f"{_NOT_YET[model_type]}; allowed: {', '.join(_HF_MODEL_TYPES)}"
+        )
     if model_type not in _HF_MODEL_TYPES:
         raise KvjaxError(
             f"{where}: model_type={model_type!r} is not supported; "

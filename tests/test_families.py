@@ -118,6 +118,8 @@ def test_presets_size_as_transformers(tmp_path, name):
 TINY = dict(vocab_size=97, hidden_size=48, intermediate_size=56, num_hidden_layers=2,
             num_attention_heads=12, num_key_value_heads=3, head_dim=8, max_position_embeddings=64,
             rms_norm_eps=1e-5, tie_word_embeddings=False)  # fmt: skip
+
+
 def _zero(attribute):
     """The feature switched off in a loaded model: every layer's `attribute` zeroed."""
 
@@ -213,8 +215,12 @@ def test_families_are_listed_once():
 # Each family feature on the tiny config: the trace equals the closed form per kernel
 FEATURES = {
     "biases": dict(qkv_bias=True, o_bias=True, mlp_bias=True),
-    "multipliers": dict(embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=4.0,
-                        query_pre_attn_scalar=25.0),
+    "multipliers": dict(
+        embedding_multiplier=3.0,
+        residual_multiplier=0.5,
+        logits_scaling=4.0,
+        query_pre_attn_scalar=25.0,
+    ),
     "nope": dict(num_layers=3, rope_pattern="RN"),
     "partial-rotary": dict(rotary_dim=4),
     "layernorm": dict(norm_kind="layer", norm_bias=True, sandwich_norms=True),

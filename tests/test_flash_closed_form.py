@@ -14,9 +14,10 @@ from kvjax.errors import KvjaxError
 
 def _brute(T, S, bq, bk, window=0, sinks=0):
     """Pairs allowed, pairs in tiles with any allowed pair, keys loaded per query block."""
-    allowed = lambda i, j: j <= S - T + i and (  # noqa: E731
-        not window or S - T + i - j < window or j < sinks
-    )
+
+    def allowed(i, j):
+        return j <= S - T + i and (not window or S - T + i - j < window or j < sinks)
+
     exact = sum(allowed(i, j) for i in range(T) for j in range(S))
     computed = loaded = 0
     for q0 in range(0, T, bq):

@@ -153,8 +153,12 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
                        help=f"override {field} (MLA; 0 = off)")  # fmt: skip
     g.add_argument("--mla-decode", choices=MLA_FORMS, help="MLA decode form (default absorbed)")
     g.add_argument("--sliding-window", type=int, help="override sliding_window (0 = none)")
-    g.add_argument("--sink-tokens", type=int, metavar="S",
-                   help="sliding layers keep the first S tokens beside their window (StreamingLLM)")
+    g.add_argument(
+        "--sink-tokens",
+        type=int,
+        metavar="S",
+        help="sliding layers keep the first S tokens beside their window (StreamingLLM)",
+    )
     g.add_argument("--kv-budget", type=positive_int, metavar="N",
                    help="evict to N positions a layer: every layer sliding over N - S recent "
                    "tokens beside the --sink-tokens S (default 0)")  # fmt: skip

@@ -152,8 +152,12 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
             )
     return {
         "model": cfg.to_dict(),
-        "workload": {"phase": wl.phase, "batch": wl.batch, "context": wl.context,
-                     "new_tokens": wl.new_tokens},  # fmt: skip
+        "workload": {
+            "phase": wl.phase,
+            "batch": wl.batch,
+            "context": wl.context,
+            "new_tokens": wl.new_tokens,
+        },  # fmt: skip
         "chip": {"name": chip.name, "peak_flops_per_s": peak, "bandwidth_bytes_per_s": bw},
         "stage": trace.stage,
         "backend": trace.backend,

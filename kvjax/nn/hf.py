@@ -234,6 +234,7 @@ def from_hf_tensors(
             _load_moe(cfg, layer.mlp, get, put, p + moe_prefix, _EXPERT_NAMES[moe_prefix])
         else:
             _load_mlp(layer.mlp, get, put, p + "mlp.", F, D, fused_mlp)
+
         def norm(module, name):  # a norm's scale, and a LayerNorm's bias
             put(module.scale, get(name + ".weight", (D,)))
             if cfg.norm_bias:
