@@ -36,7 +36,7 @@ _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
                    "granite", "smollm3", "phi3", "starcoder2", "stablelm", "olmo2",
                    "qwen2_moe", "olmoe", "glm4", "ernie4_5", "exaone4",
-                   "cohere2")  # fmt: skip
+                   "cohere2", "internlm3")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -324,6 +324,11 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     fields["qkv_bias"] = f.boolean("attention_bias", model_type in ("qwen2", "seed_oss", "glm4"))
     if model_type == "qwen2_moe":  # its own key, true by default
         fields["qkv_bias"] = f.boolean("qkv_bias", True)
+    if model_type == "internlm3":  # run as Llama: qkv_bias (attention_bias) on q, k, v and o;
+        # bias (mlp_bias) on the MLP (transformers 4's Hub files write qkv_bias and bias)
+        fields["qkv_bias"] = f.boolean("qkv_bias", fields["qkv_bias"])
+        fields["o_bias"] = fields["qkv_bias"]
+        fields["mlp_bias"] = f.boolean("bias", f.boolean("mlp_bias", False))
     if model_type in _O_BIAS_IS_ATTENTION_BIAS:
         fields["o_bias"] = fields["qkv_bias"]
     elif model_type == "seed_oss":

@@ -22,6 +22,7 @@ _FAMILY_DEFAULTS = {
     "glm4": {"partial_rotary_factor": 0.5, "rms_norm_eps": 1.5625e-7, "vocab_size": 151552},
     "ernie4_5": {"rope_theta": 500_000.0, "tie_word_embeddings": True, "head_dim": 128},
     "cohere2": {"tie_word_embeddings": True, "sliding_window": 4096},
+    "internlm3": {"vocab_size": 128512, "num_key_value_heads": 2, "head_dim": 128},
 }
 
 
@@ -110,7 +111,6 @@ def _granite_fields(f: _Fields) -> dict:
 # than read as a Llama and given a silently wrong cache or FLOP count.
 _NOT_YET = {
     "apertus": "xIELU activation (learned alpha_p/alpha_n per layer) on a non-gated MLP",
-    "internlm3": "transformers ships no modeling file for it, so there is no parity reference",
     "gpt_oss": "learned attention sinks, clamped SwiGLU experts with biases, YaRN RoPE and "
     "MXFP4 expert weights",
     "llama4_text": "chunked attention, L2 q/k norms, attention temperature tuning and "

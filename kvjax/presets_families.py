@@ -287,3 +287,20 @@ _preset(
         parallel_block=True,
     )
 )
+
+# internlm/internlm3-8b-instruct (config.json: 48 layers, 32 / 2 heads of 128, hidden 4096,
+# intermediate 10240, vocab 128512, RoPE base 5e7 with dynamic NTK scaling x6 beyond 32768
+# positions, which changes no cost; no biases). transformers runs it as Llama.
+_preset(
+    ModelConfig(
+        name="internlm3-8b",
+        num_layers=48,
+        d_model=4096,
+        num_heads=32,
+        num_kv_heads=2,
+        head_dim=128,
+        d_ff=10240,
+        vocab_size=128512,
+        rope_theta=50_000_000.0,
+    )
+)

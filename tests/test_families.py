@@ -43,6 +43,7 @@ FAMILIES = {
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM"),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM"),
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM"),
+    "internlm3": ("InternLM3Config", "LlamaForCausalLM"),  # transformers runs it as Llama
 }
 
 
@@ -102,6 +103,8 @@ CARDS = {
                                     num_key_value_heads=8, intermediate_size=14336,
                                     rope_theta=50000.0, logit_scale=0.25, sliding_window=4096,
                                     pad_token_id=None, bos_token_id=None, eos_token_id=None)),
+    "internlm3-8b": ("internlm3", dict(rope_theta=5e7, pad_token_id=None, bos_token_id=None,
+                                       eos_token_id=None)),
 }  # fmt: skip
 
 
@@ -171,6 +174,8 @@ PARITY = {
                      bos_token_id=None, eos_token_id=None,
                      layer_types=["sliding_attention", "full_attention"] * 2),
                 dict(rope_pattern="R")),
+    "internlm3": (dict(qkv_bias=True, bias=True, pad_token_id=None, bos_token_id=None,
+                       eos_token_id=None), _zero("attn.o_bias")),
 }  # fmt: skip
 
 
@@ -250,3 +255,17 @@ def test_moe_family_features_trace_as_the_closed_form(feature, phase, batch, con
 
     cfg = get_model_config("tiny-moe", **MOE_FEATURES[feature])
     check_against_closed_form(trace_step(cfg, phase, batch, context))
+
+
+def test_internlm3_hub_file_bias_keys(tmp_path):
+    """InternLM3's Hub config.json (transformers 4) writes `qkv_bias` and `bias`, which its
+    config class maps to attention_bias (q, k, v and o, as Llama runs it) and mlp_bias."""
+    base = dict(model_type="internlm3", hidden_size=64, num_hidden_layers=2,
+                num_attention_heads=4, intermediate_size=96, vocab_size=50)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps({**base, "qkv_bias": True, "bias": False}))
+    cfg = from_hf_config(tmp_path)
+    assert (cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias) == (True, True, False)
+    assert (cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size) == (2, 128, 50)  # class defaults
+    (tmp_path / "config.json").write_text(json.dumps({**base, "bias": True}))
+    cfg = from_hf_config(tmp_path)
+    assert (cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias) == (False, False, True)

@@ -26,7 +26,7 @@ from kvjax.nn.transformer import Transformer
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
              "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
              "smollm3", "phi3", "starcoder2", "stablelm", "olmo2", "qwen2_moe",
-             "olmoe", "glm4", "ernie4_5", "exaone4", "cohere2")  # fmt: skip
+             "olmoe", "glm4", "ernie4_5", "exaone4", "cohere2", "internlm3")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
