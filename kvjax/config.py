@@ -15,6 +15,7 @@ from kvjax.config_checks import (  # the constants re-exported for the CLI and t
     ROUTERS,
     check_mla,
     check_moe,
+    check_rope,
     check_scales,
     check_window,
 )
@@ -64,7 +65,8 @@ _INT_FIELDS = (
 )
 _BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "norm_bias",
                 "norm_plus_one", "scale_embeddings", "sandwich_norms", "qk_norm", "qk_norm_full",
-                "pre_norms", "parallel_block", "norm_topk_prob", "shared_expert_gate")  # fmt: skip
+                "pre_norms", "parallel_block", "norm_topk_prob", "shared_expert_gate",
+                "rope_truncate")  # fmt: skip
 _OPTIONAL_NUMBERS = ("query_pre_attn_scalar", "rope_local_theta", "attn_softcap", "final_softcap")
 # Multi-head latent attention (DeepSeek-V2/V3); 0 = absent. `kv_lora_rank > 0` makes a model MLA.
 
@@ -127,6 +129,16 @@ class ModelConfig:
     logits_scaling: float = 1.0
     rope_local_theta: float = 0.0  # sliding layers' RoPE base (Gemma 3: 10000; 0: rope_theta)
     rope_linear_factor: float = 1.0  # positions / factor in layers on rope_theta (HF "linear")
+    # long-context RoPE (kvjax.rope) in the layers on rope_theta: Llama 3.1's "llama3" or "yarn"
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0  # the context extension factor
+    rope_original_context: int = 0  # original_max_position_embeddings
+    rope_low_freq_factor: float = 1.0  # llama3's ramp, over original_context / these
+    rope_high_freq_factor: float = 4.0
+    rope_beta_fast: float = 32.0  # YaRN's ramp, in rotations over the original context
+    rope_beta_slow: float = 1.0
+    rope_truncate: bool = True  # YaRN: the ramp's ends rounded to whole dimensions
+    rope_attention_factor: float = 1.0  # YaRN: cos and sin times this (its "mscale")
     attn_softcap: float = 0.0  # scores = c * tanh(scores / c) before the mask (Gemma 2: 50)
     final_softcap: float = 0.0  # logits = c * tanh(logits / c) (Gemma 2: 30)
     # Mixture of experts (0 experts: dense). Layers from `first_dense_layers` on are MoE: a router,
@@ -192,6 +204,7 @@ class ModelConfig:
                 f"embedding_multiplier={self.embedding_multiplier} with scale_embeddings=True: "
                 "one embedding scale (Gemma's sqrt(d_model), or a multiplier), not both"
             )
+        check_rope(self)
         check_mla(self)
         check_moe(self)
         check_window(self)
@@ -229,6 +242,11 @@ class ModelConfig:
         if self.rope_local_theta and self.layer_is_sliding(layer):
             return self.rope_local_theta, 1.0
         return self.rope_theta, self.rope_linear_factor
+
+    def rope_table(self, sliding: bool) -> bool:
+        """The layer's RoPE frequencies are `rope_scaling`'s (constants, `kvjax.rope`): every
+        layer on rope_theta, i.e. all but the sliding ones of a model with rope_local_theta."""
+        return self.rope_scaling != "none" and not (sliding and self.rope_local_theta)
 
     def layer_is_sliding(self, layer: int) -> bool:
         """Layer `layer` attends a sliding window (its pattern letter is L)."""

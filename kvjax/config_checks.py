@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvjax.errors import KvjaxError
+from kvjax.rope import SCALINGS
 
 # The config under construction: any object with ModelConfig's fields (read, never built here),
 # so this module needs nothing from kvjax.config, which imports it.
@@ -55,12 +56,48 @@ def check_mla(cfg: Fields) -> None:
             f"rope_linear_factor={cfg.rope_linear_factor} is not supported with MLA "
             f"(kv_lora_rank > 0)"
         )
-    for field in ("qkv_bias", "o_bias", "qk_norm", "attn_softcap", "query_pre_attn_scalar",
-                  "norm_plus_one"):  # fmt: skip
+    for field in ("qkv_bias", "o_bias", "qk_norm", "attn_softcap", "norm_plus_one"):
         if getattr(cfg, field):
             raise KvjaxError(
                 f"{field}={getattr(cfg, field)!r} is not supported with MLA (kv_lora_rank > 0)"
             )
+
+
+def check_rope(cfg: Fields) -> None:
+    """Long-context RoPE scaling (`kvjax.rope`): its kind and the numbers that kind reads."""
+    if cfg.rope_scaling not in SCALINGS:
+        raise KvjaxError(
+            f"rope_scaling={cfg.rope_scaling!r} is not supported; allowed: {', '.join(SCALINGS)}"
+        )
+    if cfg.rope_scaling == "none":
+        return
+    if cfg.rope_linear_factor != 1.0:
+        raise KvjaxError(
+            f"rope_linear_factor={cfg.rope_linear_factor} with rope_scaling="
+            f"{cfg.rope_scaling!r}: one RoPE scaling, not both"
+        )
+    ctx = cfg.rope_original_context
+    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx <= 0:
+        raise KvjaxError(
+            f"rope_original_context={ctx!r} must be a positive integer with rope_scaling="
+            f"{cfg.rope_scaling!r} (original_max_position_embeddings)"
+        )
+    numbers = ["rope_factor", "rope_attention_factor"] + (
+        ["rope_low_freq_factor", "rope_high_freq_factor"]
+        if cfg.rope_scaling == "llama3"
+        else ["rope_beta_fast", "rope_beta_slow"]
+    )
+    for field in numbers:
+        value = getattr(cfg, field)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise KvjaxError(f"{field}={value!r} must be a positive number")
+        if value == float("inf"):
+            raise KvjaxError(f"{field}={value!r} must be finite")
+    if cfg.rope_scaling == "llama3" and not cfg.rope_low_freq_factor < cfg.rope_high_freq_factor:
+        raise KvjaxError(
+            f"rope_low_freq_factor={cfg.rope_low_freq_factor} must be below "
+            f"rope_high_freq_factor={cfg.rope_high_freq_factor}"
+        )
 
 
 def check_moe(cfg: Fields) -> None:

@@ -14,6 +14,7 @@ from kvjax.hf_fields import (
     _Fields,
     _granite_fields,
     _period,
+    _rope_fields,
     _rope_pattern,
 )
 
@@ -200,53 +201,6 @@ def _window_fields(f: _Fields, data: dict, layers: int, model_type: str, where: 
     else:
         pattern = "L"
     return {"sliding_window": window, "layer_pattern": pattern} if "L" in pattern else {}
-
-
-def rope_scalings(data: dict) -> list[dict]:
-    """Every RoPE scaling dict of a config: `rope_scaling`, and `rope_parameters` flat or per
-    layer type (transformers 5)."""
-    out = []
-    for key in ("rope_scaling", "rope_parameters"):
-        value = data.get(key)
-        if isinstance(value, dict):
-            nested = [v for v in value.values() if isinstance(v, dict)]
-            out.extend(nested if nested else [value])
-        elif value is not None:
-            raise KvjaxError(f"config {key}={value!r} must be an object")
-    return out
-
-
-def _rope_fields(f: _Fields, data: dict, model_type: str, where: str) -> dict:
-    """RoPE bases and linear scaling: `rope_theta` / `rope_scaling` (transformers 4), or
-    `rope_parameters` (transformers 5: flat, or per layer type for Gemma 3); Gemma 3's local
-    base `rope_local_base_freq`. A non-linear scaling (YaRN, llama3, ...) does not change the
-    costs and is left out (the checkpoint loader refuses it: `kvjax.nn.hf`)."""
-    out: dict[str, float] = {}
-    params = data.get("rope_parameters")
-    if not isinstance(params, dict):
-        params = {}
-    full = params.get("full_attention", params)
-    local = params.get("sliding_attention", {})
-    full = full if isinstance(full, dict) else {}
-    scaling = data.get("rope_scaling") or (full if "rope_type" in full else {})
-    if not isinstance(scaling, dict):
-        raise KvjaxError(f"{where}: rope_scaling={scaling!r} must be an object")
-    theta = full.get("rope_theta") if isinstance(full, dict) else None
-    theta = theta if theta is not None else f.number("rope_theta")
-    if theta is not None:
-        out["rope_theta"] = theta
-    local_theta = local.get("rope_theta") if isinstance(local, dict) else None
-    local_theta = local_theta if local_theta is not None else f.number("rope_local_base_freq")
-    if local_theta is not None and model_type in ("gemma3", "gemma3_text"):
-        out["rope_local_theta"] = local_theta
-    if scaling.get("rope_type", scaling.get("type")) == "linear":
-        out["rope_linear_factor"] = scaling.get("factor", 1.0)
-    # partial rotary (Phi-3, StableLM, GLM): in rope_parameters (transformers 5) or at the top
-    partial = full.get("partial_rotary_factor") if isinstance(full, dict) else None
-    partial = partial if partial is not None else f.number("partial_rotary_factor")
-    if partial is not None and partial != 1.0:
-        out["partial_rotary_factor"] = partial  # rotary_dim once head_dim is known
-    return out
 
 
 def _gemma_qwen_fields(f: _Fields, model_type: str) -> dict:

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from kvjax.errors import KvjaxError
+from kvjax.rope import yarn_mscale
 
 # The later families' config-class defaults that differ from kvjax's (transformers 5), for the
 # keys a Hub config.json may omit because it equals them.
@@ -118,3 +119,95 @@ _NOT_YET = {
     "llama4": "chunked attention, L2 q/k norms, attention temperature tuning and "
     "interleaved MoE layers",
 }
+
+
+def long_rope_fields(scaling: dict, kind: str, data: dict, model_type: str, where: str) -> dict:
+    """Llama 3.1's `llama3` and YaRN's scaling (`kvjax.rope`) from a rope_scaling /
+    rope_parameters dict, with Hugging Face's defaults (YaRN: factor = max positions / original
+    when absent, beta_fast 32, beta_slow 1, truncate true; attention_factor from mscale and
+    mscale_all_dim, else 0.1 ln(factor) + 1). DeepSeek's attention also multiplies its softmax
+    scale by yarn_mscale(factor, mscale_all_dim)^2: returned as query_pre_attn_scalar."""
+    f = _Fields(scaling, f"{where}: rope scaling")
+    original = f.integer("original_max_position_embeddings")
+    if original is None and kind == "yarn":
+        original = _Fields(data, where).integer("max_position_embeddings")
+    if original is None:
+        raise KvjaxError(f"{where}: rope scaling {kind!r} needs original_max_position_embeddings")
+    factor = f.number("factor")
+    if factor is None and kind == "yarn":
+        factor = _Fields(data, where).integer("max_position_embeddings", 0) / original
+    if not factor:
+        raise KvjaxError(f"{where}: rope scaling {kind!r} needs a factor")
+    out: dict[str, Any] = {"rope_scaling": kind, "rope_factor": factor,
+                           "rope_original_context": original}  # fmt: skip
+    if kind == "llama3":
+        out["rope_low_freq_factor"] = f.number("low_freq_factor") or 1.0
+        out["rope_high_freq_factor"] = f.number("high_freq_factor") or 4.0
+        return out
+    out["rope_beta_fast"] = f.number("beta_fast") or 32.0
+    out["rope_beta_slow"] = f.number("beta_slow") or 1.0
+    out["rope_truncate"] = f.boolean("truncate", True)
+    mscale, mscale_all = f.number("mscale"), f.number("mscale_all_dim")
+    attention = f.number("attention_factor")
+    if attention is None:
+        attention = (
+            yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all)
+            if mscale and mscale_all
+            else yarn_mscale(factor)
+        )
+    out["rope_attention_factor"] = attention
+    if model_type in ("deepseek_v2", "deepseek_v3") and mscale_all:
+        head_dim = data.get("qk_nope_head_dim", 0) + data.get("qk_rope_head_dim", 0)
+        out["query_pre_attn_scalar"] = head_dim / yarn_mscale(factor, mscale_all) ** 4
+    return out
+
+
+def rope_scalings(data: dict) -> list[dict]:
+    """Every RoPE scaling dict of a config: `rope_scaling`, and `rope_parameters` flat or per
+    layer type (transformers 5)."""
+    out = []
+    for key in ("rope_scaling", "rope_parameters"):
+        value = data.get(key)
+        if isinstance(value, dict):
+            nested = [v for v in value.values() if isinstance(v, dict)]
+            out.extend(nested if nested else [value])
+        elif value is not None:
+            raise KvjaxError(f"config {key}={value!r} must be an object")
+    return out
+
+
+def _rope_fields(f: _Fields, data: dict, model_type: str, where: str) -> dict:
+    """RoPE bases and linear scaling: `rope_theta` / `rope_scaling` (transformers 4), or
+    `rope_parameters` (transformers 5: flat, or per layer type for Gemma 3); Gemma 3's local
+    base `rope_local_base_freq`; Llama 3.1's and YaRN's long-context scalings (`kvjax.rope`). Any
+    other (dynamic NTK, longrope) changes no cost and is left out (the checkpoint loader refuses
+    it: `kvjax.nn.hf`)."""
+    out: dict[str, float] = {}
+    params = data.get("rope_parameters")
+    if not isinstance(params, dict):
+        params = {}
+    full = params.get("full_attention", params)
+    local = params.get("sliding_attention", {})
+    full = full if isinstance(full, dict) else {}
+    scaling = data.get("rope_scaling") or (full if "rope_type" in full else {})
+    if not isinstance(scaling, dict):
+        raise KvjaxError(f"{where}: rope_scaling={scaling!r} must be an object")
+    theta = full.get("rope_theta") if isinstance(full, dict) else None
+    theta = theta if theta is not None else f.number("rope_theta")
+    if theta is not None:
+        out["rope_theta"] = theta
+    local_theta = local.get("rope_theta") if isinstance(local, dict) else None
+    local_theta = local_theta if local_theta is not None else f.number("rope_local_base_freq")
+    if local_theta is not None and model_type in ("gemma3", "gemma3_text"):
+        out["rope_local_theta"] = local_theta
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        out["rope_linear_factor"] = scaling.get("factor", 1.0)
+    elif kind in ("llama3", "yarn"):
+        out.update(long_rope_fields(scaling, kind, data, model_type, where))
+    # partial rotary (Phi-3, StableLM, GLM): in rope_parameters (transformers 5) or at the top
+    partial = full.get("partial_rotary_factor") if isinstance(full, dict) else None
+    partial = partial if partial is not None else f.number("partial_rotary_factor")
+    if partial is not None and partial != 1.0:
+        out["partial_rotary_factor"] = partial  # rotary_dim once head_dim is known
+    return out

@@ -3,6 +3,7 @@ in tests against the published totals. Registered into `kvjax.config.PRESETS` on
 package imports this module)."""
 
 from kvjax.config import ModelConfig, _preset
+from kvjax.rope import yarn_mscale
 
 # --------------------------------------------------------------------------------------------
 # The seed's model ("a 70B-parameter, 80-layer model with d_h=128 in BF16", 64 query heads).
@@ -275,12 +276,22 @@ _preset(
 # DeepSeek's MLA widths, shared by V2-Lite and V3: latent 512, RoPE key 64, q/k 128 + 64, v 128.
 _DEEPSEEK_MLA = dict(head_dim=192, norm_eps=1e-6, kv_lora_rank=512, qk_rope_head_dim=64,
                      v_head_dim=128)  # fmt: skip
+
+
+def _deepseek_yarn(mscale: float) -> dict:
+    """Both configs' rope_scaling: YaRN x40 over 4096 positions with mscale = mscale_all_dim, so
+    cos and sin keep factor 1 and the softmax scale gains yarn_mscale(40, mscale)^2."""
+    return dict(rope_scaling="yarn", rope_factor=40.0, rope_original_context=4096,
+                query_pre_attn_scalar=192 / yarn_mscale(40.0, mscale) ** 4)  # fmt: skip
+
+
 # deepseek-ai/DeepSeek-V2-Lite config.json (DeepSeek-AI, 2024): 15.7e9 parameters, 2.4e9 active;
 # MLA without a query low rank; layer 0 dense (10944), then 64 routed experts of 1408 (6 per
 # token, softmax, not renormalised) and 2 shared.
 _preset(
     ModelConfig(
         name="deepseek-v2-lite",
+        **_deepseek_yarn(0.707),
         num_layers=27,
         d_model=2048,
         num_heads=16,
@@ -303,6 +314,7 @@ _preset(
 _preset(
     ModelConfig(
         name="deepseek-v3",
+        **_deepseek_yarn(1.0),
         num_layers=61,
         d_model=7168,
         num_heads=128,

@@ -39,14 +39,18 @@ CARDS = {
         q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
         n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=1,
         moe_layer_freq=1, topk_method="greedy", n_group=1, topk_group=1, norm_topk_prob=False,
-        routed_scaling_factor=1.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
+        routed_scaling_factor=1.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_scaling=dict(type="yarn", factor=40, beta_fast=32, beta_slow=1, mscale=0.707,
+                          mscale_all_dim=0.707, original_max_position_embeddings=4096))),
     "deepseek-v3": ("deepseek_v3", dict(
         vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
         num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, kv_lora_rank=512,
         q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
         n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=3,
         moe_layer_freq=1, n_group=8, topk_group=4, norm_topk_prob=True,
-        routed_scaling_factor=2.5, rms_norm_eps=1e-6, tie_word_embeddings=False)),
+        routed_scaling_factor=2.5, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_scaling=dict(type="yarn", factor=40, beta_fast=32, beta_slow=1, mscale=1.0,
+                          mscale_all_dim=1.0, original_max_position_embeddings=4096))),
 }  # fmt: skip
 HF = {"mixtral": "Mixtral", "qwen3_moe": "Qwen3Moe", "deepseek_v2": "DeepseekV2",
       "deepseek_v3": "DeepseekV3"}  # fmt: skip

@@ -99,12 +99,12 @@ def test_moe_deepseek_config_imports_its_experts(tmp_path):
         from_hf_config(tmp_path)
 
 
-def test_yarn_checkpoint_weights_are_refused_but_its_config_imports(tmp_path):
+def test_dynamic_rope_checkpoint_weights_are_refused_but_its_config_imports(tmp_path):
     save_tiny_deepseek(tmp_path)
     data = json.loads((tmp_path / "config.json").read_text())
-    data["rope_scaling"] = {"type": "yarn", "factor": 40.0}
+    data["rope_scaling"] = {"type": "dynamic", "factor": 4.0}
     data.pop("rope_parameters", None)
     (tmp_path / "config.json").write_text(json.dumps(data))
     assert from_hf_config(tmp_path).kv_lora_rank == 20
-    with pytest.raises(KvjaxError, match="rope scaling type 'yarn' is not implemented"):
+    with pytest.raises(KvjaxError, match="rope scaling type 'dynamic' is not implemented"):
         load_hf_llama(tmp_path, weight_dtype="f32")

@@ -55,7 +55,16 @@ def mla_attention_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
     k += [
         _matmul(kernels.KV_A_PROJ, M, D, A + P, w, a),
         _rmsnorm(kernels.NORM_KV_A, M, A, w, a),
-        rope_cost(M, N + 1, P, a),  # N query heads and the one shared key
+        # N query heads and the one shared key (DeepSeek-V3's YaRN frequencies are constants)
+        rope_cost(
+            M,
+            N + 1,
+            P,
+            a,
+            False,
+            cfg.rope_table(False),
+            cfg.rope_table(False) and cfg.rope_attention_factor != 1.0,
+        ),  # fmt: skip
     ]
     if wl.phase == "prefill":
         k += _prefill(cfg, wl, widen)

@@ -133,21 +133,27 @@ def extend_softmax(R: int, B: int, T: int, S: int, a: int) -> KernelCost:
     )
 
 
-def rope_cost(M: int, heads: int, H: int, a: int, scaled: bool = False) -> KernelCost:
+def rope_cost(
+    M: int, heads: int, H: int, a: int, scaled: bool = False, table: bool = False,
+    attention_factor: bool = False,
+) -> KernelCost:  # fmt: skip
     """RoPE over `heads` rotated vectors of H per token (q's and k's): x1*cos - x2*sin,
     x2*cos + x1*sin, 3 FLOPs an element. Tables: angles = position * inv_freq (M*H/2), inv_freq =
     1/theta^(2i/H) (3*H/2 incl. one power each), positions to f32 (M); cos and sin: M*H
     transcendentals. A 2-byte model converts the tables for q and for k (2*M*H). `scaled`:
-    linear scaling divides inv_freq by the factor (H/2)."""
+    linear scaling divides inv_freq by the factor (H/2). `table`: a long-context scaling's
+    frequencies are constants (`kvjax.rope`), so inv_freq costs nothing; `attention_factor`:
+    YaRN's cos and sin times it (M*H)."""
     elems = M * heads * H
+    freq_flops = 0 if table else 3 * (H // 2) + (H // 2 if scaled else 0)
     return KernelCost(
         kernels.ROPE,
         flops=3 * elems
         + M * H // 2
         + M
-        + 3 * (H // 2)
+        + freq_flops
         + (2 * M * H if a != 4 else 0)
-        + (H // 2 if scaled else 0),
+        + (M * H if attention_factor else 0),
         bytes=2 * elems * a + M * H * a,
-        transcendentals=M * H + H // 2,
+        transcendentals=M * H + (0 if table else H // 2),
     )

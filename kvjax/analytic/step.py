@@ -168,7 +168,9 @@ def gqa_attention_kernels(
     scaled = cfg.rope_linear_factor != 1.0 and not (sliding and cfg.rope_local_theta)
     if rope:  # a NoPE layer (SmolLM3, Llama 4) rotates nothing
         width = cfg.rope_width  # (R is the attention rows below)
-        cost = rope_cost(M, N + K, width, a, scaled)
+        table = cfg.rope_table(sliding)
+        af = table and cfg.rope_attention_factor != 1.0
+        cost = rope_cost(M, N + K, width, a, scaled, table, af)
         if width < H:  # partial rotary: the rotated part and the rest joined again (a concat)
             cost = cost + KernelCost(kernels.ROPE, 0.0, 2 * M * (N + K) * H * a)
         k.append(cost)

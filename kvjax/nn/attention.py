@@ -14,7 +14,16 @@ from kvjax.config import ModelConfig
 from kvjax.nn import flash
 from kvjax.nn.fake_quant import read_quantized
 from kvjax.nn.kv_cache import dequantize, rolling_slot
-from kvjax.nn.layers import RMSNorm, apply_rope, linear, param, read, rope_tables, weight_dtype
+from kvjax.nn.layers import (
+    RMSNorm,
+    apply_rope,
+    layer_rope_tables,
+    linear,
+    param,
+    read,
+    rope_tables,
+    weight_dtype,
+)
 from kvjax.nn.sharding import DATA, GRP, KV, constrain
 
 NEG_INF = -1e30  # finite, so a fully masked row never produces NaN
@@ -27,7 +36,10 @@ class Attention(nnx.Module):
         self.cfg = cfg
         if cfg.attention_kernel == "flash":
             flash.check_supported(cfg)
-        self.rope = cfg.layer_rope(layer)  # (base, linear factor): Gemma 3's local layers differ
+        # (base, linear factor or long-context frequencies): Gemma 3's local layers differ
+        self.rope = layer_rope_tables(
+            cfg, cfg.layer_rope(layer), cfg.layer_is_sliding(layer), cfg.rope_width
+        )
         self.use_rope = cfg.layer_has_rope(layer)  # False: a NoPE layer (SmolLM3)
         D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         # Weights stored 2-D, (out, in): q (N*H, D), k and v (K*H, D), o (D, N*H).
@@ -75,7 +87,7 @@ class Attention(nnx.Module):
         if self.use_rope:
             R = cfg.rope_width  # partial rotary (Phi-3, StableLM, GLM): the first R dims only
             with jax.named_scope(kernels.ROPE):
-                cos, sin = rope_tables(positions_BT, R, *self.rope)
+                cos, sin = rope_tables(positions_BT, R, **self.rope)
                 if R == H:
                     q_BTKGH = apply_rope(q_BTKGH, cos, sin)
                     k_BTKH = apply_rope(k_BTKH, cos, sin)

@@ -19,7 +19,8 @@ from flax import nnx
 
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
-from kvjax.hf_config import from_hf_config, read_hf_json, rope_scalings
+from kvjax.hf_config import from_hf_config, read_hf_json
+from kvjax.hf_fields import rope_scalings
 from kvjax.nn.layers import weight_dtype
 from kvjax.nn.transformer import Transformer
 
@@ -59,7 +60,7 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
         )
     for scaling in rope_scalings(data):
         kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind not in ("default", "linear", None):
+        if kind not in ("default", "linear", "llama3", "yarn", None):
             raise KvjaxError(
                 f"checkpoint rope scaling type {kind!r} is not implemented in kvjax's model (its "
                 f"logits would differ); `kvjax calc`/`trace` of the config are unaffected"

@@ -9,9 +9,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from kvjax.config import ModelConfig
+from kvjax.rope import inverse_frequencies
 
 JNP_DTYPES = {
     "f32": jnp.float32,
@@ -123,15 +125,38 @@ def rms_norm(x_BTD: jax.Array, scale_D: jax.Array, eps: float, plus_one: bool = 
 
 
 def rope_tables(
-    positions_BT: jax.Array, head_dim: int, theta: float, factor: float = 1.0
+    positions_BT: jax.Array,
+    head_dim: int,
+    theta: float,
+    factor: float = 1.0,
+    inv_freq=None,
+    attention_factor: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
     """cos and sin of shape [B, T, H/2] for integer positions; `factor` > 1 is Hugging Face's
-    "linear" scaling (inverse frequencies divided by it)."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    if factor != 1.0:
-        inv_freq = inv_freq / factor
+    "linear" scaling (inverse frequencies divided by it). `inv_freq` (H/2 numbers: a long-context
+    scaling's, `kvjax.rope`) replaces the computed frequencies as a constant; YaRN's
+    `attention_factor` multiplies cos and sin."""
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+        if factor != 1.0:
+            inv_freq = inv_freq / factor
+    else:
+        inv_freq = jnp.asarray(np.asarray(inv_freq, np.float32))
     angles_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
-    return jnp.cos(angles_BTh), jnp.sin(angles_BTh)
+    cos_BTh, sin_BTh = jnp.cos(angles_BTh), jnp.sin(angles_BTh)
+    if attention_factor != 1.0:
+        cos_BTh, sin_BTh = cos_BTh * attention_factor, sin_BTh * attention_factor
+    return cos_BTh, sin_BTh
+
+
+def layer_rope_tables(cfg: ModelConfig, layer_rope: tuple, sliding: bool, width: int):
+    """`rope_tables`' keyword arguments for a layer: (base, linear factor) from
+    `cfg.layer_rope`, and the long-context scaling's frequencies where the layer has them."""
+    theta, factor = layer_rope
+    if not cfg.rope_table(sliding):
+        return {"theta": theta, "factor": factor}
+    inv_freq = tuple(float(x) for x in inverse_frequencies(cfg, width, theta))
+    return {"theta": theta, "inv_freq": inv_freq, "attention_factor": cfg.rope_attention_factor}
 
 
 def apply_rope(x_BT_H: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> jax.Array:

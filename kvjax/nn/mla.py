@@ -16,13 +16,13 @@ interleaved benchmark). Two ways to decode one token over a cache of S positions
   the query is folded into latent space once (`attn/q_absorb`), attention runs MQA-like over the
   cached latents themselves, and the value up-projection follows attention (`attn/v_up`).
 Both are exact; `tests/test_nn_mla.py` checks they agree. Prefill (and the uncached forward) runs
-the expanded form, as DeepSeek and vLLM do. The softmax scale is 1/sqrt(U + P).
+the expanded form, as DeepSeek and vLLM do. The softmax scale is 1/sqrt(U + P)
+(`ModelConfig.attn_scale`: DeepSeek's YaRN multiplies it by mscale^2).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +34,16 @@ from kvjax.errors import KvjaxError
 from kvjax.nn import flash
 from kvjax.nn.attention import NEG_INF, decode_softmax
 from kvjax.nn.kv_cache import check_cache_size
-from kvjax.nn.layers import apply_rope, linear, param, read, rms_norm, rope_tables, weight_dtype
+from kvjax.nn.layers import (
+    apply_rope,
+    layer_rope_tables,
+    linear,
+    param,
+    read,
+    rms_norm,
+    rope_tables,
+    weight_dtype,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +113,8 @@ class LatentAttention(nnx.Module):
         with jax.named_scope(kernels.NORM_KV_A):
             c_BTA = rms_norm(c_BTA, read(self.kv_a_norm, cfg), cfg.norm_eps)
         with jax.named_scope(kernels.ROPE):
-            cos, sin = rope_tables(positions_BT, cfg.qk_rope_head_dim, cfg.rope_theta)
+            rope = layer_rope_tables(cfg, (cfg.rope_theta, 1.0), False, cfg.qk_rope_head_dim)
+            cos, sin = rope_tables(positions_BT, cfg.qk_rope_head_dim, **rope)
             q_rope_BTNP = apply_rope(q_rope_BTNP, cos, sin)
             k_rope_BTP = apply_rope(k_rope_BTP, cos, sin)
         return LatentProjection(q_nope_BTNU, q_rope_BTNP, c_BTA, k_rope_BTP)
@@ -132,7 +142,7 @@ class LatentAttention(nnx.Module):
             )
         with jax.named_scope(kernels.SOFTMAX):
             causal_TS = jnp.tril(jnp.ones((T, T), jnp.bool_))
-            s_BNTS = jnp.where(causal_TS, s_BNTS * (1.0 / math.sqrt(cfg.head_dim)), NEG_INF)
+            s_BNTS = jnp.where(causal_TS, s_BNTS * cfg.attn_scale, NEG_INF)
             p_BNTS = jax.nn.softmax(s_BNTS, axis=-1).astype(dtype)
         with jax.named_scope(kernels.AV):
             o_BNTW = jnp.einsum("BNTS,BSNW->BNTW", p_BNTS, v_BSNW)
@@ -153,7 +163,7 @@ class LatentAttention(nnx.Module):
         k_BSNH = jnp.concatenate([k_BSNU, k_rope_BSNP.astype(k_BSNU.dtype)], axis=-1)
         v_BSNH = jnp.pad(v_BSNW, ((0, 0), (0, 0), (0, 0), (0, U + P - W)))
         o_BTNH = flash.flash_causal(
-            q_BTNH[:, :, :, None], k_BSNH, v_BSNH, scale=1.0 / math.sqrt(cfg.head_dim)
+            q_BTNH[:, :, :, None], k_BSNH, v_BSNH, scale=cfg.attn_scale
         )  # fmt: skip
         return o_BTNH[:, :, :, 0, :W]
 
@@ -181,7 +191,9 @@ class LatentAttention(nnx.Module):
                 q_nope_BNU, q_rope_BNP, k_BSNU, k_new_BNU, kr_cache_BSP, kr_new_BP
             )
         with jax.named_scope(kernels.SOFTMAX):
-            p_BNS, p_self_BN = decode_softmax(s_BNS, s_self_BN, pos_B, cfg.head_dim, dtype)
+            p_BNS, p_self_BN = decode_softmax(
+                s_BNS, s_self_BN, pos_B, cfg.head_dim, dtype, scale=cfg.attn_scale
+            )
         with jax.named_scope(kernels.AV):
             return naive_av(p_BNS, p_self_BN, v_BSNW, v_new_BNW)
 
@@ -195,7 +207,7 @@ class LatentAttention(nnx.Module):
         if cfg.attention_kernel == "flash":
             o_lat_BNA = flash.flash_decode_latent(
                 jnp.transpose(q_lat_NBA, (1, 0, 2)), q_rope_BNP, c_new_BA, kr_new_BP,
-                c_cache_BSA, kr_cache_BSP, pos_B, scale=1.0 / math.sqrt(cfg.head_dim),
+                c_cache_BSA, kr_cache_BSP, pos_B, scale=cfg.attn_scale,
             )  # fmt: skip
             with jax.named_scope(kernels.V_UP):
                 return up_values(o_lat_BNA, read(self.v_up, cfg))
@@ -205,7 +217,7 @@ class LatentAttention(nnx.Module):
             )
         with jax.named_scope(kernels.SOFTMAX):
             p_BNS, p_self_BN = decode_softmax(
-                s_BNS, s_self_BN, pos_B, cfg.head_dim, q_nope_BNU.dtype
+                s_BNS, s_self_BN, pos_B, cfg.head_dim, q_nope_BNU.dtype, scale=cfg.attn_scale
             )
         with jax.named_scope(kernels.AV):
             o_lat_BNA = absorbed_av(p_BNS, p_self_BN, c_new_BA, c_cache_BSA)
