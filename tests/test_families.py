@@ -226,6 +226,7 @@ FEATURES = {
     "layernorm": dict(norm_kind="layer", norm_bias=True, sandwich_norms=True),
     "post-norms": dict(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_full=True),
     "parallel": dict(parallel_block=True, norm_kind="layer"),
+    "xielu": dict(gated_mlp=False, mlp_activation="xielu", qk_norm=True),
 }
 MOE_FEATURES = {"shared-gate": dict(num_shared_experts=2, shared_expert_gate=True)}
 
