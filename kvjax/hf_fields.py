@@ -22,6 +22,7 @@ _FAMILY_DEFAULTS = {
     "glm4": {"partial_rotary_factor": 0.5, "rms_norm_eps": 1.5625e-7, "vocab_size": 151552},
     "ernie4_5": {"rope_theta": 500_000.0, "tie_word_embeddings": True, "head_dim": 128},
     "cohere2": {"tie_word_embeddings": True, "sliding_window": 4096},
+    "apertus": {"hidden_act": "xielu", "rope_theta": 12_000_000.0},
 }
 
 
@@ -109,7 +110,6 @@ def _granite_fields(f: _Fields) -> dict:
 # Issue 29's families not built yet: a file of one is refused by name, with what it needs, rather
 # than read as a Llama and given a silently wrong cache or FLOP count.
 _NOT_YET = {
-    "apertus": "xIELU activation (learned alpha_p/alpha_n per layer) on a non-gated MLP",
     "internlm3": "transformers ships no modeling file for it, so there is no parity reference",
     "gpt_oss": "learned attention sinks, clamped SwiGLU experts with biases, YaRN RoPE and "
     "MXFP4 expert weights",

@@ -43,6 +43,7 @@ FAMILIES = {
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM"),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM"),
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM"),
+    "apertus": ("ApertusConfig", "ApertusForCausalLM"),
 }
 
 
@@ -171,6 +172,10 @@ PARITY = {
                      bos_token_id=None, eos_token_id=None,
                      layer_types=["sliding_attention", "full_attention"] * 2),
                 dict(rope_pattern="R")),
+    # Apertus's llama3 RoPE scaling is not in kvjax's model yet: the tiny checkpoint's is plain
+    "apertus": (dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                     pad_token_id=None, bos_token_id=None, eos_token_id=None),
+                _zero("mlp.alpha_p")),
 }  # fmt: skip
 
 
@@ -184,6 +189,8 @@ def save_tiny(folder, family, **extra):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn_like(p))
+            elif "act_fn.alpha" in name:  # Apertus's xIELU: each layer's own alphas
+                p.add_(0.5 * torch.randn_like(p))
     model.save_pretrained(folder, safe_serialization=True)
     return model
 
@@ -251,3 +258,17 @@ def test_moe_family_features_trace_as_the_closed_form(feature, phase, batch, con
 
     cfg = get_model_config("tiny-moe", **MOE_FEATURES[feature])
     check_against_closed_form(trace_step(cfg, phase, batch, context))
+
+
+def test_apertus_checkpoint_with_another_xielu_beta_is_refused(tmp_path):
+    """kvjax holds xIELU's beta and eps fixed (Hugging Face's buffers, which Apertus never
+    changes): a checkpoint whose beta differs is refused by name, not run wrong."""
+    from kvjax.errors import KvjaxError
+    from kvjax.nn import load_hf_llama
+
+    ref = save_tiny(tmp_path, "apertus", **PARITY["apertus"][0])
+    with torch.no_grad():
+        ref.model.layers[1].mlp.act_fn.beta.fill_(0.25)
+    ref.save_pretrained(tmp_path, safe_serialization=True)
+    with pytest.raises(KvjaxError, match=r"layers\.1\.mlp\.act_fn\.beta' = 0\.25: .*beta 0\.5"):
+        load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32")
