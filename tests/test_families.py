@@ -103,6 +103,7 @@ CARDS = {
                                     num_key_value_heads=8, intermediate_size=14336,
                                     rope_theta=50000.0, logit_scale=0.25, sliding_window=4096,
                                     pad_token_id=None, bos_token_id=None, eos_token_id=None)),
+    "apertus-8b": ("apertus", dict(num_key_value_heads=8, intermediate_size=21504)),
 }  # fmt: skip
 
 
