@@ -273,3 +273,10 @@ def test_apertus_checkpoint_with_another_xielu_beta_is_refused(tmp_path):
     ref.save_pretrained(tmp_path, safe_serialization=True)
     with pytest.raises(KvjaxError, match=r"layers\.1\.mlp\.act_fn\.beta' = 0\.25: .*beta 0\.5"):
         load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32")
+
+
+def test_xielu_on_a_gated_mlp_is_refused_by_name():
+    from kvjax.errors import KvjaxError
+
+    with pytest.raises(KvjaxError, match=r"^mlp_activation='xielu' needs gated_mlp=False"):
+        get_model_config("tiny-gqa", mlp_activation="xielu")
