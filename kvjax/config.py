@@ -31,7 +31,7 @@ _DTYPE_ALIASES = {
 # Packed sub-byte KV caches (KIVI-style, Liu et al. 2024): closed form only (no model array), in
 # bytes per element.
 PACKED_KV_BYTES: dict[str, float] = {"int4": 0.5, "int2": 0.25}
-ACTIVATIONS = ("silu", "gelu")
+ACTIVATIONS = ("silu", "gelu", "xielu")  # xielu: Apertus's, with learned alphas (kvjax.nn.mlp)
 # Scales of a quantized KV cache: one f32 per tensor (per layer, K and V), per token per KV head,
 # or (packed 4/2-bit) per group of `kv_group_size` elements an f16 scale and an f16 zero point.
 SCALE_BYTES = 4  # scales are f32
@@ -179,6 +179,10 @@ class ModelConfig:
             raise KvjaxError(
                 f"mlp_activation={self.mlp_activation!r} is not supported; "
                 f"allowed: {', '.join(ACTIVATIONS)}"
+            )
+        if self.mlp_activation == "xielu" and self.gated_mlp:
+            raise KvjaxError(
+                "mlp_activation='xielu' needs gated_mlp=False (Apertus's up -> xIELU -> down)"
             )
         object.__setattr__(self, "weight_dtype", canonical_dtype(self.weight_dtype, "weight_dtype"))
         object.__setattr__(self, "kv_dtype", canonical_dtype(self.kv_dtype, "kv_dtype", True))

@@ -32,16 +32,17 @@ _HF_ACTIVATIONS = {
     "gelu_new": "gelu",
     "gelu_pytorch_tanh": "gelu",
     "gelu_fast": "gelu",
+    "xielu": "xielu",
 }
 _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
                    "granite", "smollm3", "phi3", "starcoder2", "stablelm", "olmo2",
                    "qwen2_moe", "olmoe", "glm4", "ernie4_5", "exaone4",
-                   "cohere2", "internlm3")  # fmt: skip
+                   "cohere2", "internlm3", "apertus")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
-                             "gemma3", "granite")  # fmt: skip
+                             "gemma3", "granite", "apertus")  # fmt: skip
 _GEMMA = ("gemma", "gemma2", "gemma3_text", "gemma3")
 # Gemma3TextConfig's defaults (transformers 5), which the Hub's gemma-3 configs rely on: their
 # text_config omits what equals these.
@@ -205,7 +206,7 @@ def _window_fields(f: _Fields, data: dict, layers: int, model_type: str, where: 
 
 def _gemma_qwen_fields(f: _Fields, model_type: str) -> dict:
     """Gemma's (1 + w) norms and sqrt(D) embedding scale; Gemma 2/3's sandwich norms, softmax
-    scale and soft-capping; Gemma 3's and Qwen3's q/k norms."""
+    scale and soft-capping; Gemma 3's, Qwen3's and Apertus's per-head q/k norms."""
     out: dict[str, Any] = {}
     if model_type in _GEMMA:
         out.update(norm_plus_one=True, scale_embeddings=True)
@@ -217,7 +218,7 @@ def _gemma_qwen_fields(f: _Fields, model_type: str) -> dict:
                          ("final_logit_softcapping", "final_softcap")):  # fmt: skip
             if (cap := f.number(old)) is not None:
                 out[new] = cap
-    if model_type in ("gemma3", "gemma3_text", "qwen3", "qwen3_moe"):
+    if model_type in ("gemma3", "gemma3_text", "qwen3", "qwen3_moe", "apertus"):
         out["qk_norm"] = True
     return out
 
@@ -309,6 +310,8 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     if model_type == "ernie4_5":  # use_bias on every projection
         bias = f.boolean("use_bias", False)
         fields.update(qkv_bias=bias, o_bias=bias, mlp_bias=bias)
+    if model_type == "apertus":  # up -> xIELU -> down (its hidden_act), no MLP bias
+        fields["gated_mlp"] = False
     if model_type == "glm4":  # a norm before and after attention and the MLP
         fields["sandwich_norms"] = True
     if model_type == "exaone4":  # norms after attention and MLP only, per-head q/k norms,

@@ -24,6 +24,7 @@ _FAMILY_DEFAULTS = {
     "ernie4_5": {"rope_theta": 500_000.0, "tie_word_embeddings": True, "head_dim": 128},
     "cohere2": {"tie_word_embeddings": True, "sliding_window": 4096},
     "internlm3": {"vocab_size": 128512, "num_key_value_heads": 2, "head_dim": 128},
+    "apertus": {"hidden_act": "xielu", "rope_theta": 12_000_000.0},
 }
 
 
@@ -111,7 +112,6 @@ def _granite_fields(f: _Fields) -> dict:
 # Issue 29's families not built yet: a file of one is refused by name, with what it needs, rather
 # than read as a Llama and given a silently wrong cache or FLOP count.
 _NOT_YET = {
-    "apertus": "xIELU activation (learned alpha_p/alpha_n per layer) on a non-gated MLP",
     "gpt_oss": "learned attention sinks, clamped SwiGLU experts with biases, YaRN RoPE and "
     "MXFP4 expert weights",
     "llama4_text": "chunked attention, L2 q/k norms, attention temperature tuning and "

@@ -126,7 +126,7 @@ NORM_MLP = _k("norm/mlp", ELEMENTWISE, True, "RMSNorm before the MLP", _NORM_NOT
 GATE_UP = _k("mlp/gate_up", MATMUL, True, "x @ [W_gate; W_up] (gated MLP)")
 UP = _k("mlp/up", MATMUL, True, "x @ W_up (plain MLP)")
 ACT = _k(
-    "mlp/act", ELEMENTWISE, True, "silu / gelu (times up, gated)",
+    "mlp/act", ELEMENTWISE, True, "silu / gelu / xIELU (times up, gated)",
     "unfused elementwise: the activation's steps (negate, exp, add, divide, multiply) each "
     "materialised in the lowered module; the closed form counts one fused pass",
 )  # fmt: skip

@@ -304,3 +304,28 @@ _preset(
         rope_theta=50_000_000.0,
     )
 )
+
+# swiss-ai/Apertus-8B-2509's config.json (its card's values; ApertusConfig's defaults are the
+# same model but with 32 KV heads and intermediate 14336): 32 layers, 32 / 8 heads of 128, hidden
+# 4096, intermediate 21504 in a plain MLP (up -> xIELU -> down, two learned scalars a layer), vocab
+# 131072, untied; per-head q/k RMSNorms (as Qwen3); RoPE base 1.2e7 with Llama 3.1's scaling
+# (factor 8 over 8192 positions, ramp 1..4).
+_preset(
+    ModelConfig(
+        name="apertus-8b",
+        num_layers=32,
+        d_model=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        d_ff=21504,
+        vocab_size=131072,
+        gated_mlp=False,
+        mlp_activation="xielu",
+        qk_norm=True,
+        rope_theta=12_000_000.0,
+        rope_scaling="llama3",
+        rope_factor=8.0,
+        rope_original_context=8192,
+    )
+)

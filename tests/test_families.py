@@ -44,6 +44,7 @@ FAMILIES = {
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM"),
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM"),
     "internlm3": ("InternLM3Config", "LlamaForCausalLM"),  # transformers runs it as Llama
+    "apertus": ("ApertusConfig", "ApertusForCausalLM"),
 }
 
 
@@ -105,6 +106,7 @@ CARDS = {
                                     pad_token_id=None, bos_token_id=None, eos_token_id=None)),
     "internlm3-8b": ("internlm3", dict(rope_theta=5e7, pad_token_id=None, bos_token_id=None,
                                        eos_token_id=None)),
+    "apertus-8b": ("apertus", dict(num_key_value_heads=8, intermediate_size=21504)),
 }  # fmt: skip
 
 
@@ -176,6 +178,12 @@ PARITY = {
                 dict(rope_pattern="R")),
     "internlm3": (dict(qkv_bias=True, bias=True, pad_token_id=None, bos_token_id=None,
                        eos_token_id=None), _zero("attn.o_bias")),
+    # Apertus's default llama3 RoPE scaling, over a context short enough to move the frequencies
+    "apertus": (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 16},
+                     pad_token_id=None, bos_token_id=None, eos_token_id=None),
+                _zero("mlp.alpha_p")),
 }  # fmt: skip
 
 
@@ -189,6 +197,8 @@ def save_tiny(folder, family, **extra):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn_like(p))
+            elif "act_fn.alpha" in name:  # Apertus's xIELU: each layer's own alphas
+                p.add_(0.5 * torch.randn_like(p))
     model.save_pretrained(folder, safe_serialization=True)
     return model
 
@@ -231,6 +241,7 @@ FEATURES = {
     "layernorm": dict(norm_kind="layer", norm_bias=True, sandwich_norms=True),
     "post-norms": dict(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_full=True),
     "parallel": dict(parallel_block=True, norm_kind="layer"),
+    "xielu": dict(gated_mlp=False, mlp_activation="xielu", qk_norm=True),
 }
 MOE_FEATURES = {"shared-gate": dict(num_shared_experts=2, shared_expert_gate=True)}
 
@@ -269,3 +280,24 @@ def test_internlm3_hub_file_bias_keys(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**base, "bias": True}))
     cfg = from_hf_config(tmp_path)
     assert (cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias) == (False, False, True)
+
+
+def test_apertus_checkpoint_with_another_xielu_beta_is_refused(tmp_path):
+    """kvjax holds xIELU's beta and eps fixed (Hugging Face's buffers, which Apertus never
+    changes): a checkpoint whose beta differs is refused by name, not run wrong."""
+    from kvjax.errors import KvjaxError
+    from kvjax.nn import load_hf_llama
+
+    ref = save_tiny(tmp_path, "apertus", **PARITY["apertus"][0])
+    with torch.no_grad():
+        ref.model.layers[1].mlp.act_fn.beta.fill_(0.25)
+    ref.save_pretrained(tmp_path, safe_serialization=True)
+    with pytest.raises(KvjaxError, match=r"layers\.1\.mlp\.act_fn\.beta' = 0\.25: .*beta 0\.5"):
+        load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32")
+
+
+def test_xielu_on_a_gated_mlp_is_refused_by_name():
+    from kvjax.errors import KvjaxError
+
+    with pytest.raises(KvjaxError, match=r"^mlp_activation='xielu' needs gated_mlp=False"):
+        get_model_config("tiny-gqa", mlp_activation="xielu")

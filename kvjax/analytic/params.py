@@ -58,6 +58,8 @@ def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
             kernels.GATE_UP if cfg.gated_mlp else kernels.UP: D * up + (up if cfg.mlp_bias else 0),
             kernels.DOWN: F * D + (D if cfg.mlp_bias else 0),
         }
+        if cfg.mlp_activation == "xielu":  # Apertus's learned alpha_p and alpha_n, per layer
+            mlp[kernels.ACT] = 2
     pre = {kernels.NORM_ATTN: n, kernels.NORM_MLP: n} if cfg.pre_norms else {}
     if cfg.parallel_block:  # Cohere: one norm a block
         pre.pop(kernels.NORM_MLP)

@@ -72,6 +72,35 @@ def norm_cost(cfg, name: str, m: int, d: int, w: int, a: int) -> KernelCost:
     return _rmsnorm(name, m, d, w, a, cfg.norm_plus_one)
 
 
+def act_cost(cfg, m: int, f: int, w: int, a: int) -> KernelCost:
+    """The dense MLP's activation on `m` rows of width `f` (times up, gated), as the lowered
+    module counts it.
+
+    silu(x) = x / (1 + exp(-x)): negate, exp, add, divide, multiply = 4 FLOPs + 1 exp; gelu (tanh
+    form): 8 FLOPs + 1 tanh; the gated form multiplies by `up` (1 more FLOP). xIELU (Apertus,
+    Hugging Face's XIELUActivation): x > 0, beta x, alpha_p x x (2), + beta x, min(x, eps),
+    expm1 (1 transcendental), - x, * alpha_n, + beta x, the select = 10 FLOPs an element; once
+    a layer the learned alphas' softplus (6 FLOPs, an exp and a log1p each) and beta + it:
+    13 FLOPs, 4 transcendentals; the two alphas are its weights.
+    """
+    if cfg.mlp_activation == "xielu":
+        return KernelCost(
+            kernels.ACT,
+            flops=10 * m * f + 13,
+            bytes=2 * m * f * a + 2 * w,
+            transcendentals=m * f + 4,
+            weight_bytes=2 * w,
+        )
+    gated = cfg.gated_mlp
+    flops = {"silu": 4, "gelu": 8}[cfg.mlp_activation] + (1 if gated else 0)
+    return KernelCost(
+        kernels.ACT,
+        flops=flops * m * f,
+        bytes=(3 if gated else 2) * m * f * a,
+        transcendentals=m * f,
+    )
+
+
 def _residual(name: str, m: int, d: int, a: int, multiplier: float = 1.0) -> KernelCost:
     """x + branch (Granite: x + branch * r: the scalar broadcast to [m, d] and the multiply,
     then the add, each materialised in the lowered module: 6 m d a bytes)."""

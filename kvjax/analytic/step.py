@@ -19,6 +19,7 @@ from kvjax.analytic.primitives import (  # noqa: F401 (_act_bytes, rope_cost: re
     _matmul,
     _residual,
     _rmsnorm,
+    act_cost,
     decode_softmax,
     extend_softmax,
     norm_cost,
@@ -106,18 +107,7 @@ def mlp_kernels(cfg: ModelConfig, M: int, D: int, F: int, w: int, a: int) -> lis
         if cfg.gated_mlp
         else _matmul(kernels.UP, M, D, F, w, a, bias=bias)
     ]
-    # silu(x) = x / (1 + exp(-x)): negate, exp, add, divide, multiply = 4 FLOPs + 1 exp;
-    # gelu (tanh form): 8 FLOPs + 1 tanh; the gated form multiplies by `up` (1 more FLOP).
-    act_flops = {"silu": 4, "gelu": 8}[cfg.mlp_activation] + (1 if cfg.gated_mlp else 0)
-    act_inputs = 2 if cfg.gated_mlp else 1
-    k.append(
-        KernelCost(
-            kernels.ACT,
-            flops=act_flops * M * F,
-            bytes=(act_inputs + 1) * M * F * a,
-            transcendentals=M * F,
-        )
-    )
+    k.append(act_cost(cfg, M, F, w, a))  # silu, gelu or xIELU (`primitives.act_cost`)
     k.append(_matmul(kernels.DOWN, M, F, D, w, a, bias=bias))
     return k
 

@@ -22,12 +22,14 @@ from kvjax.errors import KvjaxError
 from kvjax.hf_config import from_hf_config, read_hf_json
 from kvjax.hf_fields import rope_scalings
 from kvjax.nn.layers import weight_dtype
+from kvjax.nn.mlp import XIELU_BETA, XIELU_EPS
 from kvjax.nn.transformer import Transformer
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
              "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
              "smollm3", "phi3", "starcoder2", "stablelm", "olmo2", "qwen2_moe",
-             "olmoe", "glm4", "ernie4_5", "exaone4", "cohere2", "internlm3")  # fmt: skip
+             "olmoe", "glm4", "ernie4_5", "exaone4", "cohere2", "internlm3",
+             "apertus")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -70,8 +72,9 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
     )
     tensors = _read_safetensors(folder)
     moe_prefix = "block_sparse_moe." if model_type == "mixtral" else "mlp."
+    norms = ("attention_layernorm", "feedforward_layernorm") if model_type == "apertus" else None
     return from_hf_tensors(cfg, tensors, rope_interleaved=interleaved, moe_prefix=moe_prefix,
-                           glm=model_type == "glm4")  # fmt: skip
+                           glm=model_type == "glm4", norm_names=norms)  # fmt: skip
 
 
 def _deinterleave(w_OI: np.ndarray, heads: int, head_dim: int, rope: int, first: bool = False):
@@ -152,13 +155,17 @@ _EXPERT_NAMES = {  # (gate, up, down) of an expert: Mixtral's w1, w3, w2, everyo
 }
 
 
-def _load_mlp(mlp, get, put, p: str, F: int, D: int, fused: bool = False) -> None:
-    if not mlp.cfg.gated_mlp:  # up and down: StarCoder2's c_fc and c_proj
-        put(mlp.up, get(p + "c_fc.weight", (F, D)))
-        put(mlp.down, get(p + "c_proj.weight", (D, F)))
+def _load_mlp(mlp, get, put, p: str, F: int, D: int, fused: bool = False, plain=()) -> None:
+    if not mlp.cfg.gated_mlp:  # up and down: StarCoder2's c_fc and c_proj, Apertus's up/down_proj
+        up, down = plain or ("c_fc", "c_proj")
+        put(mlp.up, get(f"{p}{up}.weight", (F, D)))
+        put(mlp.down, get(f"{p}{down}.weight", (D, F)))
         if mlp.cfg.mlp_bias:
-            put(mlp.up_bias, get(p + "c_fc.bias", (F,)))
-            put(mlp.down_bias, get(p + "c_proj.bias", (D,)))
+            put(mlp.up_bias, get(f"{p}{up}.bias", (F,)))
+            put(mlp.down_bias, get(f"{p}{down}.bias", (D,)))
+        if mlp.cfg.mlp_activation == "xielu":  # Apertus's act_fn: the learned alphas
+            put(mlp.alpha_p, get(p + "act_fn.alpha_p", (1,)))
+            put(mlp.alpha_n, get(p + "act_fn.alpha_n", (1,)))
         return
     if fused:  # Phi-3: one gate_up_proj of [gate; up] rows, kvjax's own layout
         put(mlp.gate_up, get(p + "gate_up_proj.weight", (2 * F, D)))
@@ -197,13 +204,30 @@ def _load_moe(cfg: ModelConfig, moe, get, put, p: str, names: tuple[str, str, st
         put(moe.shared_gate, get(p + "shared_expert_gate.weight", (1, D)))
 
 
+def _check_xielu_constants(tensors, get, p: str) -> None:
+    """xIELU's beta and eps are buffers in a checkpoint (if saved) that Hugging Face's ApertusMLP
+    never sets otherwise; kvjax holds them as constants, so a checkpoint's must equal them (to
+    its dtype's rounding: bf16's -1e-6 is -9.98e-7)."""
+    for name, want in (("beta", XIELU_BETA), ("eps", XIELU_EPS)):
+        if p + name in tensors:
+            value = float(get(p + name, ()))
+            if not np.isclose(value, want, rtol=1e-2, atol=0.0):
+                raise KvjaxError(
+                    f"tensor {p + name!r} = {value:g}: kvjax's xIELU has {name} {want:g} "
+                    "fixed (Hugging Face's default, which Apertus uses)"
+                )
+
+
 def from_hf_tensors(
     cfg: ModelConfig,
     tensors: dict[str, np.ndarray],
     rope_interleaved: bool = False,
     moe_prefix: str = "mlp.",
     glm: bool = False,
+    norm_names: tuple[str, str] | None = None,
 ) -> Transformer:
+    """`norm_names`: the two pre-norms' tensor names (Apertus's attention_layernorm and
+    feedforward_layernorm; Llama's input_layernorm and post_attention_layernorm otherwise)."""
     D, F = cfg.d_model, cfg.d_ff
     dtype = weight_dtype(cfg)
     used: set[str] = set()
@@ -224,6 +248,8 @@ def from_hf_tensors(
     put(model.embed, get("model.embed_tokens.weight", (cfg.vocab_size, D)))
     fused = "model.layers.0.self_attn.qkv_proj.weight" in tensors  # Phi-3's fused tensors
     fused_mlp = "model.layers.0.mlp.gate_up_proj.weight" in tensors  # Phi-3's and GLM's
+    plain = () if "model.layers.0.mlp.c_fc.weight" in tensors else ("up_proj", "down_proj")
+    attn_norm, mlp_norm = norm_names or ("input_layernorm", "post_attention_layernorm")
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         a = layer.attn
@@ -234,7 +260,9 @@ def from_hf_tensors(
         if cfg.layer_is_moe(i):
             _load_moe(cfg, layer.mlp, get, put, p + moe_prefix, _EXPERT_NAMES[moe_prefix])
         else:
-            _load_mlp(layer.mlp, get, put, p + "mlp.", F, D, fused_mlp)
+            _load_mlp(layer.mlp, get, put, p + "mlp.", F, D, fused_mlp, plain)
+            if cfg.mlp_activation == "xielu":
+                _check_xielu_constants(tensors, get, p + "mlp.act_fn.")
 
         def norm(module, name):  # a norm's scale, and a LayerNorm's bias
             put(module.scale, get(name + ".weight", (D,)))
@@ -242,7 +270,7 @@ def from_hf_tensors(
                 put(module.bias, get(name + ".bias", (D,)))
 
         if cfg.pre_norms:
-            norm(layer.attn_norm, p + "input_layernorm")
+            norm(layer.attn_norm, p + attn_norm)
         if glm:  # GLM-4's four: post_self_attn after attention, post_attention before the MLP
             norm(layer.post_attn_norm, p + "post_self_attn_layernorm")
             norm(layer.mlp_norm, p + "post_attention_layernorm")
@@ -253,7 +281,7 @@ def from_hf_tensors(
                 norm(layer.mlp_norm, p + "pre_feedforward_layernorm")
             norm(layer.post_mlp_norm, p + "post_feedforward_layernorm")
         elif not cfg.parallel_block:  # Cohere's one norm is input_layernorm
-            norm(layer.mlp_norm, p + "post_attention_layernorm")
+            norm(layer.mlp_norm, p + mlp_norm)
     put(model.final_norm.scale, get("model.norm.weight", (D,)))
     if cfg.norm_bias:
         put(model.final_norm.bias, get("model.norm.bias", (D,)))

@@ -1,7 +1,12 @@
 """The dense MLP: gated (SwiGLU / GeGLU: gate_up, activation, down) or plain (up, activation,
-down), as the transformer's layers and the MoE layer's shared experts both run it."""
+down), as the transformer's layers and the MoE layer's shared experts both run it. Apertus's
+xIELU is Hugging Face's XIELUActivation (its Python path): per layer two learned scalars stored
+before their softplus, alpha_p and alpha_n (parameters), and the fixed beta 0.5 and eps -1e-6
+(buffers there; its ApertusMLP never sets them otherwise: `kvjax.nn.hf` checks a checkpoint's)."""
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +33,9 @@ class MLP(nnx.Module):
         else:
             self.up = param(rngs, (F, D), D, cfg)
         self.down = param(rngs, (D, F), F, cfg)
+        if cfg.mlp_activation == "xielu":  # softplus^-1 of Hugging Face's initial 0.8, 0.8 - beta
+            self.alpha_p = nnx.Param(jnp.full((1,), XIELU_ALPHA_P, weight_dtype(cfg)))
+            self.alpha_n = nnx.Param(jnp.full((1,), XIELU_ALPHA_N, weight_dtype(cfg)))
         if cfg.mlp_bias:  # gate_up (2F) or up (F), and down (D)
             up = (2 if cfg.gated_mlp else 1) * F
             self.up_bias = nnx.Param(jnp.zeros((up,), weight_dtype(cfg)))
@@ -37,6 +45,11 @@ class MLP(nnx.Module):
         cfg = self.cfg
         F = self.width
         act = jax.nn.silu if cfg.mlp_activation == "silu" else _gelu_tanh
+        if cfg.mlp_activation == "xielu":
+
+            def act(u):  # the alphas read in the kernel's scope: their softplus counts there
+                return xielu(u, read(self.alpha_p, cfg), read(self.alpha_n, cfg))
+
         if cfg.gated_mlp:
             with jax.named_scope(kernels.GATE_UP):
                 gu_BTE = linear(x_BTD, read(self.gate_up, cfg))
@@ -67,3 +80,19 @@ class MLP(nnx.Module):
 
 def _gelu_tanh(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=True)
+
+
+XIELU_BETA, XIELU_EPS = 0.5, -1e-6
+XIELU_ALPHA_P = math.log(math.expm1(0.8))
+XIELU_ALPHA_N = math.log(math.expm1(0.8 - XIELU_BETA))
+
+
+def xielu(x: jax.Array, alpha_p_raw: jax.Array, alpha_n_raw: jax.Array) -> jax.Array:
+    """xIELU (Huang et al. 2024) as Hugging Face's `_xielu_python` computes it: alpha_p x^2 +
+    beta x for x > 0, else (expm1(min(x, eps)) - x) alpha_n + beta x, with alpha_p =
+    softplus(alpha_p_raw) and alpha_n = beta + softplus(alpha_n_raw)."""
+    alpha_p = jax.nn.softplus(alpha_p_raw)
+    alpha_n = XIELU_BETA + jax.nn.softplus(alpha_n_raw)
+    beta_x = XIELU_BETA * x
+    negative = (jnp.expm1(jnp.minimum(x, XIELU_EPS)) - x) * alpha_n + beta_x
+    return jnp.where(x > 0, alpha_p * x * x + beta_x, negative)

@@ -318,6 +318,7 @@ PARAM_KERNELS = {
     "k_proj": kernels.K_PROJ, "k_bias": kernels.K_PROJ,
     "v_proj": kernels.V_PROJ, "v_bias": kernels.V_PROJ,
     "o_proj": kernels.O_PROJ, "gate_up": kernels.GATE_UP, "up": kernels.UP, "down": kernels.DOWN,
+    "alpha_p": kernels.ACT, "alpha_n": kernels.ACT,  # xIELU's learned scalars (Apertus)
     "attn_norm": kernels.NORM_ATTN, "mlp_norm": kernels.NORM_MLP,
     "q_norm": kernels.QK_NORM, "k_norm": kernels.QK_NORM,
     "post_attn_norm": kernels.NORM_POST_ATTN, "post_mlp_norm": kernels.NORM_POST_MLP,
