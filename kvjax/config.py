@@ -31,7 +31,12 @@ _DTYPE_ALIASES = {
 # Packed sub-byte KV caches (KIVI-style, Liu et al. 2024): closed form only (no model array), in
 # bytes per element.
 PACKED_KV_BYTES: dict[str, float] = {"int4": 0.5, "int2": 0.25}
-ACTIVATIONS = ("silu", "gelu", "xielu")  # xielu: Apertus's, with learned alphas (kvjax.nn.mlp)
+# xielu: Apertus's, with learned alphas; clamped_swiglu: gpt-oss's (kvjax.nn.mlp)
+ACTIVATIONS = ("silu", "gelu", "xielu", "clamped_swiglu")
+# Expert weights stored apart from the rest (gpt-oss's MXFP4 checkpoints): 4-bit e2m1 elements
+# and one e8m0 exponent per block of 32, 17 bytes a block = 4.25 bits an element. Closed form
+# only: kvjax's model holds the experts dequantized (kvjax.nn.mxfp4).
+MXFP4_BLOCK, MXFP4_BLOCK_BYTES = 32, 17
 # Scales of a quantized KV cache: one f32 per tensor (per layer, K and V), per token per KV head,
 # or (packed 4/2-bit) per group of `kv_group_size` elements an f16 scale and an f16 zero point.
 SCALE_BYTES = 4  # scales are f32
@@ -66,7 +71,7 @@ _INT_FIELDS = (
 _BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "norm_bias",
                 "norm_plus_one", "scale_embeddings", "sandwich_norms", "qk_norm", "qk_norm_full",
                 "pre_norms", "parallel_block", "norm_topk_prob", "shared_expert_gate",
-                "rope_truncate")  # fmt: skip
+                "rope_truncate", "sink_logits", "router_bias", "expert_bias")  # fmt: skip
 _OPTIONAL_NUMBERS = ("query_pre_attn_scalar", "rope_local_theta", "attn_softcap", "final_softcap")
 # Multi-head latent attention (DeepSeek-V2/V3); 0 = absent. `kv_lora_rank > 0` makes a model MLA.
 
@@ -89,6 +94,10 @@ class ModelConfig:
     vocab_size: int
     gated_mlp: bool = True  # SwiGLU/GeGLU: gate, up and down matrices; else up and down
     mlp_activation: str = "silu"
+    # clamped_swiglu (gpt-oss): (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g =
+    # min(gate, limit)
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
     tied_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2 has biases on the q, k and v projections
     o_bias: bool = False  # a bias on the attention's output projection (Seed-OSS, StarCoder2)
@@ -140,6 +149,9 @@ class ModelConfig:
     rope_truncate: bool = True  # YaRN: the ramp's ends rounded to whole dimensions
     rope_attention_factor: float = 1.0  # YaRN: cos and sin times this (its "mscale")
     attn_softcap: float = 0.0  # scores = c * tanh(scores / c) before the mask (Gemma 2: 50)
+    # gpt-oss: a learned logit per query head joins every softmax's denominator (attends to
+    # nothing; Xiao et al.'s sink as a parameter, not a kept token: that is `sink_tokens`)
+    sink_logits: bool = False
     final_softcap: float = 0.0  # logits = c * tanh(logits / c) (Gemma 2: 30)
     # Mixture of experts (0 experts: dense). Layers from `first_dense_layers` on are MoE: a router,
     # E routed experts of width moe_d_ff (k per token) and num_shared_experts x moe_d_ff shared.
@@ -147,6 +159,9 @@ class ModelConfig:
     experts_per_token: int = 0
     num_shared_experts: int = 0
     shared_expert_gate: bool = False  # Qwen2-MoE: the shared experts' output x sigmoid(x @ w_g)
+    router_bias: bool = False  # gpt-oss: a bias on the router's logits
+    expert_bias: bool = False  # gpt-oss: biases on every expert's gate_up and down
+    expert_weight_dtype: str = ""  # "" (weight_dtype) or "mxfp4" (gpt-oss, closed form only)
     moe_d_ff: int = 0
     first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace: these keep a d_ff MLP
     router: str = "softmax"
@@ -184,10 +199,13 @@ class ModelConfig:
             raise KvjaxError(
                 "mlp_activation='xielu' needs gated_mlp=False (Apertus's up -> xIELU -> down)"
             )
+        if self.mlp_activation == "clamped_swiglu" and not self.gated_mlp:
+            raise KvjaxError("mlp_activation='clamped_swiglu' needs gated_mlp=True (gate and up)")
         object.__setattr__(self, "weight_dtype", canonical_dtype(self.weight_dtype, "weight_dtype"))
         object.__setattr__(self, "kv_dtype", canonical_dtype(self.kv_dtype, "kv_dtype", True))
         for field in ("rope_theta", "norm_eps", "rope_linear_factor", "embedding_multiplier",
-                      "residual_multiplier", "logits_scaling"):  # fmt: skip
+                      "residual_multiplier", "logits_scaling", "swiglu_alpha",
+                      "swiglu_limit"):  # fmt: skip
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise KvjaxError(f"{field}={value!r} must be a positive number")
@@ -202,6 +220,11 @@ class ModelConfig:
         if self.attention_kernel not in ("xla", "flash"):
             raise KvjaxError(
                 f"attention_kernel={self.attention_kernel!r} is not supported; allowed: xla, flash"
+            )
+        if self.sink_logits and self.kv_lora_rank:
+            raise KvjaxError(
+                "sink_logits=True is not supported with MLA (kv_lora_rank > 0): kvjax's latent "
+                "attention has no sink term"
             )
         if self.scale_embeddings and self.embedding_multiplier != 1.0:
             raise KvjaxError(

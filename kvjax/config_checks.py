@@ -8,6 +8,8 @@ from typing import Any
 from kvjax.errors import KvjaxError
 from kvjax.rope import SCALINGS
 
+EXPERT_DTYPES = ("", "mxfp4")  # kvjax.config re-exports it
+
 # The config under construction: any object with ModelConfig's fields (read, never built here),
 # so this module needs nothing from kvjax.config, which imports it.
 Fields = Any
@@ -117,7 +119,8 @@ def check_moe(cfg: Fields) -> None:
             raise KvjaxError(f"{field}={value!r} must be a positive integer (1: no groups)")
     if not E:
         for field in ("experts_per_token", "num_shared_experts", "moe_d_ff",
-                      "first_dense_layers"):  # fmt: skip
+                      "first_dense_layers", "router_bias", "expert_bias",
+                      "expert_weight_dtype"):  # fmt: skip
             if getattr(cfg, field):
                 raise KvjaxError(
                     f"{field}={getattr(cfg, field)} is an MoE field, but num_experts=0 "
@@ -137,6 +140,16 @@ def check_moe(cfg: Fields) -> None:
         raise KvjaxError("num_experts > 0 needs gated_mlp=True (every expert is gated)")
     if cfg.mlp_bias:
         raise KvjaxError("mlp_bias=True is not supported with experts (num_experts > 0)")
+    if cfg.expert_weight_dtype not in EXPERT_DTYPES:
+        raise KvjaxError(
+            f"expert_weight_dtype={cfg.expert_weight_dtype!r} is not supported; allowed: "
+            f"'' (weight_dtype), {', '.join(d for d in EXPERT_DTYPES if d)}"
+        )
+    if cfg.expert_weight_dtype == "mxfp4" and (cfg.d_model % 32 or cfg.moe_d_ff % 32):
+        raise KvjaxError(
+            f"expert_weight_dtype='mxfp4' packs blocks of 32 along each expert matrix's input: "
+            f"d_model={cfg.d_model} and moe_d_ff={cfg.moe_d_ff} must be multiples of 32"
+        )
     if cfg.shared_expert_gate and not cfg.num_shared_experts:
         raise KvjaxError("shared_expert_gate=True needs shared experts (num_shared_experts > 0)")
     G, g = cfg.expert_groups, cfg.topk_groups

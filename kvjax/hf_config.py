@@ -11,7 +11,9 @@ from kvjax.errors import KvjaxError
 from kvjax.hf_fields import (
     _FAMILY_DEFAULTS,
     _NOT_YET,
+    GPT_OSS_ROPE,
     _Fields,
+    _gpt_oss_fields,
     _granite_fields,
     _period,
     _rope_fields,
@@ -38,7 +40,7 @@ _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
                    "granite", "smollm3", "phi3", "starcoder2", "stablelm", "olmo2",
                    "qwen2_moe", "olmoe", "glm4", "ernie4_5", "exaone4",
-                   "cohere2", "internlm3", "apertus")  # fmt: skip
+                   "cohere2", "internlm3", "apertus", "gpt_oss")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -111,11 +113,12 @@ def _moe_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: st
     layers = fields["num_layers"]
     if model_type == "mixtral":
         experts, width = f.integer("num_local_experts", 8), fields["d_ff"]
-    elif model_type in ("qwen3_moe", "qwen2_moe", "olmoe"):
+    elif model_type in ("qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss"):
         # the Hub's configs write num_experts, transformers 5 num_local_experts
         experts = f.integer("num_experts") or f.integer("num_local_experts")
-        # OLMoE's experts are intermediate_size wide (it has no dense MLP)
-        width = fields["d_ff"] if model_type == "olmoe" else f.integer("moe_intermediate_size")
+        # OLMoE's and gpt-oss's experts are intermediate_size wide (no dense MLP)
+        dense_width = model_type in ("olmoe", "gpt_oss")
+        width = fields["d_ff"] if dense_width else f.integer("moe_intermediate_size")
         step = _layer_index(data, "decoder_sparse_step", where, 1)
         if step != 1 or data.get("mlp_only_layers"):
             raise KvjaxError(
@@ -187,8 +190,8 @@ def _window_fields(f: _Fields, data: dict, layers: int, model_type: str, where: 
             return {}  # Qwen configs carry a window they do not use
         first = data.get("max_window_layers", 0) or 0
         pattern = "".join("L" if i >= first else "G" for i in range(layers))
-    elif model_type == "gemma2":
-        pattern = "LG"  # Gemma2Config: layer i slides when i is even
+    elif model_type in ("gemma2", "gpt_oss"):
+        pattern = "LG"  # Gemma2Config, GptOssConfig: layer i slides when i is even
     elif model_type in ("gemma3", "gemma3_text"):
         every = f.integer("sliding_window_pattern", default=6)
         pattern = "L" * (every - 1) + "G"
@@ -269,7 +272,7 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
     fields["head_dim"] = f.integer("head_dim", default=fields["d_model"] // fields["num_heads"])
     if model_type in _MLA_MODEL_TYPES:
         fields.update(_mla_fields(f, data, fields, model_type, where))
-    if model_type in ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe", *_MLA_MODEL_TYPES):
+    if model_type in ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss", *_MLA_MODEL_TYPES):
         fields.update(_moe_fields(f, data, fields, model_type, where))
     fields.update(_window_fields(f, data, fields["num_layers"], model_type, where))
     act = f.text("hidden_activation", _HF_ACTIVATIONS) or f.text("hidden_act", _HF_ACTIVATIONS)
@@ -336,11 +339,16 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
         fields["rope_pattern"] = _rope_pattern(f, data, fields["num_layers"], where)
     if model_type == "granite":
         fields.update(_granite_fields(f))
+    if model_type == "gpt_oss":
+        fields.update(_gpt_oss_fields(f, data, fields))
     dtype = f.text("torch_dtype") or f.text("dtype")
     if dtype:
         fields["weight_dtype"] = fields["kv_dtype"] = dtype
     if (value := f.number("rms_norm_eps")) is not None:
         fields["norm_eps"] = value
+    if model_type == "gpt_oss" and data.get("rope_scaling") is None:
+        if not isinstance(data.get("rope_parameters"), dict):  # its config class's default
+            data = {**data, "rope_scaling": GPT_OSS_ROPE}
     rope = _rope_fields(f, data, model_type, where)
     if (partial := rope.pop("partial_rotary_factor", None)) is not None:
         rope["rotary_dim"] = int(fields["head_dim"] * partial)  # as the modeling files round it

@@ -25,6 +25,16 @@ _FAMILY_DEFAULTS = {
     "cohere2": {"tie_word_embeddings": True, "sliding_window": 4096},
     "internlm3": {"vocab_size": 128512, "num_key_value_heads": 2, "head_dim": 128},
     "apertus": {"hidden_act": "xielu", "rope_theta": 12_000_000.0},
+    "gpt_oss": {
+        "vocab_size": 201088,
+        "head_dim": 64,
+        "num_key_value_heads": 8,
+        "sliding_window": 128,
+        "attention_bias": True,
+        "rope_theta": 150_000.0,
+        "num_local_experts": 128,
+        "num_experts_per_tok": 4,
+    },
 }
 
 
@@ -97,6 +107,32 @@ def _rope_pattern(f: _Fields, data: dict, layers: int, where: str) -> str:
     return _period("".join("R" if flag else "N" for flag in flags))
 
 
+# GptOssConfig's RoPE when a file gives none: YaRN x32 over 4096 positions, not truncated
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
+
+
+def _gpt_oss_fields(f: _Fields, data: dict, fields: dict) -> dict:
+    """gpt-oss: sink logits, biases on q/k/v/o, the router and the experts, the clamped SwiGLU
+    (swiglu_alpha 1.702 and swiglu_limit 7 unless given), top-k of the router's logits softmaxed
+    (= softmax, top-k, renormalised), and MXFP4 experts where quantization_config says so."""
+    out: dict[str, Any] = {"sink_logits": True, "router_bias": True, "expert_bias": True,
+                           "mlp_activation": "clamped_swiglu", "norm_topk_prob": True,
+                           "o_bias": fields["qkv_bias"]}  # fmt: skip
+    for key in ("swiglu_alpha", "swiglu_limit"):
+        if (value := f.number(key)) is not None:
+            out[key] = value
+    quant = data.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") == "mxfp4":
+        out["expert_weight_dtype"] = "mxfp4"
+    elif quant is not None:
+        raise KvjaxError(
+            f"{f.where}: quantization_config={str(quant)[:60]!r} is not supported for gpt_oss; "
+            f"allowed: quant_method 'mxfp4' (or none)"
+        )
+    return out
+
+
 def _granite_fields(f: _Fields) -> dict:
     """Granite's muP multipliers (GraniteConfig's defaults: 1.0 each); its attention_multiplier
     is the softmax scale itself, kvjax's 1/sqrt(query_pre_attn_scalar)."""
@@ -112,8 +148,6 @@ def _granite_fields(f: _Fields) -> dict:
 # Issue 29's families not built yet: a file of one is refused by name, with what it needs, rather
 # than read as a Llama and given a silently wrong cache or FLOP count.
 _NOT_YET = {
-    "gpt_oss": "learned attention sinks, clamped SwiGLU experts with biases, YaRN RoPE and "
-    "MXFP4 expert weights",
     "llama4_text": "chunked attention, L2 q/k norms, attention temperature tuning and "
     "interleaved MoE layers",
     "llama4": "chunked attention, L2 q/k norms, attention temperature tuning and "

@@ -45,6 +45,7 @@ FAMILIES = {
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM"),
     "internlm3": ("InternLM3Config", "LlamaForCausalLM"),  # transformers runs it as Llama
     "apertus": ("ApertusConfig", "ApertusForCausalLM"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
 }
 
 
@@ -107,6 +108,9 @@ CARDS = {
     "internlm3-8b": ("internlm3", dict(rope_theta=5e7, pad_token_id=None, bos_token_id=None,
                                        eos_token_id=None)),
     "apertus-8b": ("apertus", dict(num_key_value_heads=8, intermediate_size=21504)),
+    "gpt-oss-120b": ("gpt_oss", dict(quantization_config={"quant_method": "mxfp4"})),
+    "gpt-oss-20b": ("gpt_oss", dict(num_hidden_layers=24, num_local_experts=32,
+                                    quantization_config={"quant_method": "mxfp4"})),
 }  # fmt: skip
 
 
@@ -136,6 +140,12 @@ def _zero(attribute):
             param[...] = jnp.zeros_like(param[...])
 
     return off
+
+
+def _no_sinks(model):
+    """gpt-oss's sinks off: a logit of -1e9 adds exp(-1e9 - max) = 0 to every denominator."""
+    for layer in model.layers:
+        layer.attn.sink_logits[...] = jnp.full_like(layer.attn.sink_logits[...], -1e9)
 
 
 # family -> (its tiny config's extra fields, the feature switched off: kvjax fields to load
@@ -184,6 +194,9 @@ PARITY = {
                                       "original_max_position_embeddings": 16},
                      pad_token_id=None, bos_token_id=None, eos_token_id=None),
                 _zero("mlp.alpha_p")),
+    # alternating sliding layers of 4 and full ones (its default), YaRN x32 (its default)
+    "gpt_oss": (dict(num_local_experts=6, num_experts_per_tok=2, sliding_window=4,
+                     num_hidden_layers=4), _no_sinks),
 }  # fmt: skip
 
 
@@ -242,8 +255,15 @@ FEATURES = {
     "post-norms": dict(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_full=True),
     "parallel": dict(parallel_block=True, norm_kind="layer"),
     "xielu": dict(gated_mlp=False, mlp_activation="xielu", qk_norm=True),
+    "sink-logits": dict(sink_logits=True, sliding_window=4, layer_pattern="LG"),
+    "clamped-swiglu": dict(mlp_activation="clamped_swiglu", swiglu_limit=0.5),
 }
-MOE_FEATURES = {"shared-gate": dict(num_shared_experts=2, shared_expert_gate=True)}
+MOE_FEATURES = {
+    "shared-gate": dict(num_shared_experts=2, shared_expert_gate=True),
+    "gpt-oss-experts": dict(
+        router_bias=True, expert_bias=True, mlp_activation="clamped_swiglu", sink_logits=True
+    ),
+}
 
 
 @pytest.mark.parametrize("feature", sorted(FEATURES))

@@ -131,23 +131,9 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
         assert round(_number(shown["out-ridge"])) == 295
         page.screenshot(path=str(tmp_path / "explorer_default.png"), full_page=True)
 
-        for i in range(30):
-            model = rng.choice(models)
-            chip = rng.choice(sorted(CHIPS))
-            kv_heads = rng.choice(PRESETS[model].kv_head_choices())
-            attention = ["gqa", "absorbed", "naive"][i % 3]  # a third each: GQA, MLA's two forms
-            if PRESETS[model].is_mla and attention == "gqa":  # DeepSeek: MLA is its attention
-                attention = "absorbed"
-            # int8 caches need per-token scales, not modelled for MLA's latent (the page's
-            # int8 option is disabled there)
-            per_row = ["int8", "int4", "int2"]  # per-row scales: GQA only
-            if PRESETS[model].head_dim % PRESETS[model].kv_group_size:  # disabled on the page
-                per_row = ["int8"]
-            kv_dtype = rng.choice(
-                ["bf16", "f16", "f32", "fp8"] + (per_row if attention == "gqa" else [])
-            )
-            b_exp, s_exp = rng.randint(0, 10), rng.randint(7, 20)
-            fused = ["xla", "flash"][(i // 3) % 2]  # the attention kernel, both for each form
+        def check_point(model, chip, kv_heads, attention, latent_pick, kv_dtype, b_exp, s_exp,
+                        fused):  # fmt: skip
+            """The page at one point against `kvjax calc` (or the MLA variant's report)."""
             page.select_option("#model", model)
             page.select_option("#chip", chip)
             page.select_option("#attention", attention)
@@ -156,7 +142,7 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                 page.select_option("#kv_heads", str(kv_heads))
             else:
                 options = page.eval_on_selector_all("#latent option", "os => os.map(o => o.value)")
-                latent = int(rng.choice(options))
+                latent = int(latent_pick(options))
                 page.select_option("#latent", str(latent))
             page.select_option("#kv_dtype", kv_dtype)
             page.select_option("#attention_kernel", fused)
@@ -191,6 +177,35 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                 )
             fits = "does not fit" not in shown["out-fits"]
             assert fits == want["fits_in_memory"], point
+
+        for i in range(30):
+            model = rng.choice(models)
+            chip = rng.choice(sorted(CHIPS))
+            kv_heads = rng.choice(PRESETS[model].kv_head_choices())
+            attention = ["gqa", "absorbed", "naive"][i % 3]  # a third each: GQA, MLA's two forms
+            if PRESETS[model].is_mla and attention == "gqa":  # DeepSeek: MLA is its attention
+                attention = "absorbed"
+            # int8 caches need per-token scales, not modelled for MLA's latent (the page's
+            # int8 option is disabled there)
+            per_row = ["int8", "int4", "int2"]  # per-row scales: GQA only
+            if PRESETS[model].head_dim % PRESETS[model].kv_group_size:  # disabled on the page
+                per_row = ["int8"]
+            kv_dtype = rng.choice(
+                ["bf16", "f16", "f32", "fp8"] + (per_row if attention == "gqa" else [])
+            )
+            b_exp, s_exp = rng.randint(0, 10), rng.randint(7, 20)
+            fused = ["xla", "flash"][(i // 3) % 2]  # the attention kernel, both for each form
+            check_point(model, chip, kv_heads, attention, rng.choice, kv_dtype, b_exp, s_exp,
+                        fused)  # fmt: skip
+        # every preset whose features the random draws may miss, decode at B = 8, S = 8k, both
+        # attention kernels: gpt-oss (sinks, biased router and experts, MXFP4, YaRN), Apertus
+        # (xIELU, llama3 RoPE), DeepSeek-V3 (YaRN on MLA), InternLM3
+        for model in ("gpt-oss-20b", "gpt-oss-120b", "apertus-8b", "deepseek-v3", "internlm3-8b"):
+            attention = "absorbed" if PRESETS[model].is_mla else "gqa"
+            for fused in ("xla", "flash"):
+                widest = lambda options: max(map(int, options))  # noqa: E731
+                check_point(model, "h100-sxm", PRESETS[model].num_kv_heads, attention, widest,
+                            "bf16", 3, 13, fused)  # fmt: skip
         # a sliding-window model past its window: Mistral-7B-v0.1 at 32k holds 4096 positions
         page.select_option("#model", "mistral-7b")
         page.select_option("#attention", "gqa")

@@ -192,7 +192,7 @@ def flash_attention_cost(
             kernels.ATTENTION, flops=N * computed * per_pair,
             bytes=q_bytes + kv_read + o_bytes, transcendentals=N * computed,
         )  # fmt: skip
-        return FlashCost(attention, None, flash, exact, computed)
+        return FlashCost(attention + _sinks(cfg, B * T * N), None, flash, exact, computed)
     positions = attended_positions(cfg, wl, sliding)
     cache = B * Kh * positions * shape.kv_bytes_per_position  # read once for all G heads
     partials = B * N * flash.splits * (Hv + 2) * SCORE_BYTES if flash.splits > 1 else 0
@@ -202,6 +202,7 @@ def flash_attention_cost(
         bytes=q_bytes + cache + (partials if partials else o_bytes),
         transcendentals=N * computed, kv_bytes=cache,
     )  # fmt: skip
+    attention = attention + _sinks(cfg, B * N)
     combine = None
     if partials:  # rescale each split's output by exp(m_i - m), sum, divide by the summed l
         combine = KernelCost(
@@ -209,3 +210,15 @@ def flash_attention_cost(
             bytes=partials + o_bytes, transcendentals=B * N * flash.splits,
         )  # fmt: skip
     return FlashCost(attention, combine, flash, exact, computed)
+
+
+def _sinks(cfg: ModelConfig, rows: int) -> KernelCost:
+    """gpt-oss's sink logits in a fused kernel: the N logits read, and per query row the sink
+    in the running max and exp(sink - max) in the denominator (2 FLOPs, 1 exp)."""
+    if not cfg.sink_logits:
+        return KernelCost(kernels.ATTENTION, 0.0, 0.0)
+    w = cfg.weight_bytes_per_element
+    return KernelCost(
+        kernels.ATTENTION, flops=2 * rows, bytes=cfg.num_heads * w, transcendentals=rows,
+        weight_bytes=cfg.num_heads * w,
+    )  # fmt: skip

@@ -24,11 +24,13 @@ from kvjax.analytic.costs import SCORE_BYTES, KernelCost, Workload
 from kvjax.analytic.params import (  # noqa: F401 (re-exported for callers of analytic.moe)
     BIAS_BYTES,
     bias_extra_bytes,
+    expert_matrix_bytes,
     expert_params,
     moe_layer_param_counts,
     num_params,
     weight_bytes,
 )
+from kvjax.analytic.primitives import act_flops
 from kvjax.config import DTYPE_BYTES, ModelConfig
 from kvjax.errors import KvjaxError
 
@@ -93,6 +95,15 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
         bytes=router_w + M * D * a + widen * 4 + (widen * 4 if widen else 0) + M * E * SCORE_BYTES,
         weight_bytes=router_w,
     )
+    if cfg.router_bias:  # gpt-oss: + b (E, widened to f32 unless stored so) on the f32 logits.
+        # Bytes as lowered: the widening (E w in, 4E out), three E-wide f32 copies of jnp's
+        # broadcasting (a reshape, a broadcast, a reshape: 24E), the broadcast to [M, E]
+        # (4E + 4ME) and the add (12ME)
+        widen_b = E * w + 4 * E if w != 4 else 0
+        router = router + KernelCost(
+            kernels.MOE_ROUTER, flops=M * E + (E if w != 4 else 0),
+            bytes=widen_b + 28 * E + 16 * M * E, weight_bytes=E * w,
+        )  # fmt: skip
     bias = E * BIAS_BYTES if cfg.router == "sigmoid" else 0  # DeepSeek-V3's correction bias
     topk = KernelCost(
         kernels.MOE_TOPK,
@@ -101,27 +112,29 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
         transcendentals=M * E,
         weight_bytes=bias,
     )
-    gate_up_w = touched * 2 * F * D * w
+    gate_up_w = expert_matrix_bytes(cfg, touched * 2 * F * D)
     gate_up = KernelCost(
         kernels.MOE_GATE_UP,
         flops=2 * M * k * D * 2 * F + gather_flops(M * k),
         bytes=gate_up_w + M * D * a + M * k * 2 * F * a,
         weight_bytes=gate_up_w,
     )
-    act_flops = {"silu": 4, "gelu": 8}[cfg.mlp_activation] + 1
     act = KernelCost(
         kernels.MOE_ACT,
-        flops=act_flops * M * k * F,
+        flops=act_flops(cfg, M * k * F, a),
         bytes=3 * M * k * F * a,
         transcendentals=M * k * F,
     )
-    down_w = touched * F * D * w
+    down_w = expert_matrix_bytes(cfg, touched * F * D)
     down = KernelCost(
         kernels.MOE_DOWN,
         flops=2 * M * k * F * D + gather_flops(M * k),
         bytes=down_w + M * k * F * a + M * k * D * a,
         weight_bytes=down_w,
     )
+    if cfg.expert_bias:  # gpt-oss: each pick's bias rows gathered and added (2F, then D)
+        gate_up = gate_up + expert_bias_cost(kernels.MOE_GATE_UP, M * k, 2 * F, touched, w, a)
+        down = down + expert_bias_cost(kernels.MOE_DOWN, M * k, D, touched, w, a)
     gate = []
     if cfg.shared_expert_gate:
         # Qwen2-MoE: g = sigmoid(x @ w_g) (2MD, then 1 / (1 + exp(-y)): 3M and M exps), and
@@ -140,6 +153,16 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
         bytes=M * k * D * a + M * k * a + M * D * a + (2 * M * D * a if shared else 0),
     )
     return [router, topk, gate_up, act, down, *gate, combine]
+
+
+def expert_bias_cost(name: str, picks: int, width: int, touched: float, w: int, a: int):
+    """The picked experts' bias rows (`width` each) gathered and added to the products: the
+    gather's index arithmetic and the add; the touched experts' rows read."""
+    bias_w = touched * width * w
+    return KernelCost(
+        name, flops=picks * width + gather_flops(picks),
+        bytes=bias_w + 3 * picks * width * a, weight_bytes=bias_w,
+    )  # fmt: skip
 
 
 def gather_flops(picks: int) -> int:

@@ -5,7 +5,7 @@ cache) and `kvjax.analytic.moe` (experts touched, active parameters) both count 
 from __future__ import annotations
 
 from kvjax import kernels
-from kvjax.config import ModelConfig
+from kvjax.config import MXFP4_BLOCK, MXFP4_BLOCK_BYTES, ModelConfig
 
 BIAS_BYTES = 4  # DeepSeek-V3's e_score_correction_bias is kept in f32 (as Hugging Face does)
 
@@ -46,6 +46,8 @@ def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
             kernels.V_PROJ: D * K * H + bias_kv,
             kernels.O_PROJ: N * H * D + (D if cfg.o_bias else 0),
         }
+    if cfg.sink_logits:  # gpt-oss: a learned sink logit per query head
+        attn[kernels.SOFTMAX] = N
     if cfg.qk_norm:  # per head: two H-wide scales; OLMo 2's full width: N*H and K*H
         attn[kernels.QK_NORM] = (N + K) * H if cfg.qk_norm_full else 2 * H
     n = 2 * D if cfg.norm_bias else D  # a norm's scale (and a LayerNorm's bias)
@@ -84,8 +86,21 @@ def num_params(cfg: ModelConfig) -> int:
 
 
 def weight_bytes(cfg: ModelConfig) -> int:
-    """Parameters x the weight dtype's bytes (DeepSeek-V3's router biases in f32)."""
-    return num_params(cfg) * cfg.weight_bytes_per_element + bias_extra_bytes(cfg)
+    """Parameters x the weight dtype's bytes (DeepSeek-V3's router biases in f32; MXFP4
+    experts at 17 bytes a block of 32: `expert_matrix_bytes`)."""
+    total = num_params(cfg) * cfg.weight_bytes_per_element + bias_extra_bytes(cfg)
+    if cfg.expert_weight_dtype:
+        matrices = cfg.num_moe_layers * cfg.num_experts * expert_params(cfg)
+        total += expert_matrix_bytes(cfg, matrices) - matrices * cfg.weight_bytes_per_element
+    return total
+
+
+def expert_matrix_bytes(cfg: ModelConfig, elements: float) -> float:
+    """Bytes of `elements` of routed-expert matrices: the weight dtype's, or MXFP4's 4.25 bits
+    (16 bytes of e2m1 pairs and one e8m0 exponent per block of 32; OCP MX spec v1.0)."""
+    if cfg.expert_weight_dtype == "mxfp4":
+        return elements * MXFP4_BLOCK_BYTES / MXFP4_BLOCK
+    return elements * cfg.weight_bytes_per_element
 
 
 def expert_params(cfg: ModelConfig) -> int:
@@ -99,9 +114,11 @@ def moe_layer_param_counts(cfg: ModelConfig) -> dict[str, int]:
     num_shared_experts * F_e, as DeepSeek builds them), counted as the mlp/ kernels."""
     D, E, F = cfg.d_model, cfg.num_experts, cfg.moe_d_ff
     out = {
-        kernels.MOE_ROUTER: E * D + (E if cfg.router == "sigmoid" else 0),
-        kernels.MOE_GATE_UP: E * 2 * D * F,
-        kernels.MOE_DOWN: E * F * D,
+        # DeepSeek-V3's correction bias, gpt-oss's logit bias: E each
+        kernels.MOE_ROUTER: E * D + (E if cfg.router == "sigmoid" or cfg.router_bias else 0),
+        # gpt-oss's expert biases: 2F and D an expert
+        kernels.MOE_GATE_UP: E * 2 * D * F + (E * 2 * F if cfg.expert_bias else 0),
+        kernels.MOE_DOWN: E * F * D + (E * D if cfg.expert_bias else 0),
     }
     if cfg.num_shared_experts:
         S = cfg.num_shared_experts * F

@@ -92,12 +92,36 @@ def act_cost(cfg, m: int, f: int, w: int, a: int) -> KernelCost:
             weight_bytes=2 * w,
         )
     gated = cfg.gated_mlp
-    flops = {"silu": 4, "gelu": 8}[cfg.mlp_activation] + (1 if gated else 0)
     return KernelCost(
         kernels.ACT,
-        flops=flops * m * f,
+        flops=act_flops(cfg, m * f, a),
         bytes=(3 if gated else 2) * m * f * a,
         transcendentals=m * f,
+    )
+
+
+def act_flops(cfg, elements: int, a: int) -> int:
+    """An activation's FLOPs over `elements` (times up when gated): silu 4 + 1, gelu 8 + 1;
+    gpt-oss's clamped SwiGLU min(gate, l), clip(up) (2), alpha * g, sigmoid (3: XLA's logistic,
+    and an exp), g * s, up + 1, the product: 10, and in a 2-byte model the limit and -limit
+    converted once (2)."""
+    if cfg.mlp_activation == "clamped_swiglu":
+        return 10 * elements + (2 if a != 4 else 0)
+    return ({"silu": 4, "gelu": 8}[cfg.mlp_activation] + (1 if cfg.gated_mlp else 0)) * elements
+
+
+def sink_logits_cost(cfg, rows: int, decode: bool, w: int) -> KernelCost:
+    """gpt-oss's sink logits in a layer's softmax over `rows` query rows: the N logits read and
+    widened to f32 (N FLOPs unless stored in f32), then per row the max taken with the sink,
+    exp(sink - max) (1 exp) added to the denominator: 2 FLOPs a row in the causal and extend
+    softmax, 3 in decode's written-out one (its sink max is a pass of its own)."""
+    N = cfg.num_heads
+    return KernelCost(
+        kernels.SOFTMAX,
+        flops=(3 if decode else 2) * rows + (N if w != 4 else 0),
+        bytes=N * w,
+        transcendentals=rows,
+        weight_bytes=N * w,
     )
 
 

@@ -25,6 +25,7 @@ from kvjax.analytic.primitives import (  # noqa: F401 (_act_bytes, rope_cost: re
     norm_cost,
     prefill_softmax,
     rope_cost,
+    sink_logits_cost,
     softcap_cost,
 )
 from kvjax.analytic.quant import dequantize_cost, quantize_flops, scale_bytes_per_row
@@ -195,6 +196,8 @@ def gqa_attention_kernels(
             kv_bytes=cache_rows * kv + B * K * C * scale_row,
         )
         softmax = decode_softmax(R, B, S, a)
+        if cfg.sink_logits:
+            softmax = softmax + sink_logits_cost(cfg, R, True, w)
         if cap:  # every score, the new token's own included
             softmax = softmax + softcap_cost(kernels.SOFTMAX, R * S)
         if rolling:  # the slot about to be overwritten masked: != and & per slot, t mod W
@@ -239,6 +242,8 @@ def gqa_attention_kernels(
             bytes=M * N * H * a + B * S * K * H * a + E * SCORE_BYTES,
         )
         softmax = prefill_softmax(R, T, S, a)
+        if cfg.sink_logits:
+            softmax = softmax + sink_logits_cost(cfg, R * T, False, w)
         if cap:
             softmax = softmax + softcap_cost(kernels.SOFTMAX, E)
         if window and window < T:  # the band: i - j < W (or j < s: a compare a key, an or)
@@ -283,6 +288,8 @@ def _extend_attention(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
         kv_bytes=cache * kv,
     )
     softmax = extend_softmax(R, B, T, S, a)
+    if cfg.sink_logits:
+        softmax = softmax + sink_logits_cost(cfg, R * T, False, cfg.weight_bytes_per_element)
     if cfg.attn_softcap:
         softmax = softmax + softcap_cost(kernels.SOFTMAX, E)
     av = KernelCost(

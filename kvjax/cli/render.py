@@ -39,6 +39,7 @@ def print_calc(report: dict[str, Any]) -> None:
         f"  params      {report['params']:,} ({fmt_count(report['params'])}); weights "
         f"{fmt_bytes(report['weight_bytes'])} = {fmt_rate(report['weight_bytes'], 'B')} "
         f"in {m['weight_dtype']}"
+        + (f" (experts in {m['expert_weight_dtype']})" if m.get("expert_weight_dtype") else "")
     )
     if report.get("moe"):
         e = report["moe"]

@@ -115,6 +115,8 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
 
         add(kernels.QK_NORM, qk_norm,
             [((B, T, K, G, H), a), ((B, T, K, H), a), ((H,), w), ((H,), w)])  # fmt: skip
+    # gpt-oss's sink logits, as the model's softmax takes them ([K, G], a constant here)
+    sink = jnp.zeros((K, G), w) if cfg.sink_logits else None
     if wl.phase == "decode":
         C = S - 1
         pos = lambda key: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
@@ -126,7 +128,12 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
         add(
             kernels.SOFTMAX,
             partial(
-                decode_softmax, head_dim=H, dtype=a, scale=cfg.attn_scale, softcap=cfg.attn_softcap
+                decode_softmax,
+                head_dim=H,
+                dtype=a,
+                scale=cfg.attn_scale,
+                softcap=cfg.attn_softcap,
+                sink_logits_KG=sink,
             ),  # fmt: skip
             [((B, K, G, C), jnp.float32), ((B, K, G), jnp.float32), pos],
         )
@@ -143,21 +150,23 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
         def attention(q, kn, vn, kc, vc, pos_B, *scales):
             k_scale, v_scale = scales or (None, None)
             return attend_cache(q, kn, vn, kc, vc, pos_B, 0, k_scale, v_scale, cfg.attn_scale,
-                                cfg.attn_softcap)  # fmt: skip
+                                cfg.attn_softcap, 0, sink)  # fmt: skip
 
         add(kernels.ATTENTION, attention, attention_args, analytic.attention_cost(cfg, wl))
     elif wl.phase == "extend":  # T queries over the S cache rows that now hold them
         held = lambda key: jnp.full((B,), S - T, jnp.int32)  # noqa: E731 (S - T cached before)
         add(
             kernels.ATTENTION,
-            partial(attend_extend, scale=cfg.attn_scale),
+            partial(attend_extend, scale=cfg.attn_scale, sink_logits_KG=sink),
             [((B, T, K, G, H), a), ((B, K, H, S), kv), ((B, K, S, H), kv), held],
             analytic.attention_cost(cfg, wl),
         )
     else:
         add(
             kernels.ATTENTION,
-            partial(attend_causal, scale=cfg.attn_scale, softcap=cfg.attn_softcap),
+            partial(
+                attend_causal, scale=cfg.attn_scale, softcap=cfg.attn_softcap, sink_logits_KG=sink
+            ),
             [((B, T, K, G, H), a), ((B, T, K, H), a), ((B, T, K, H), a)],
             analytic.attention_cost(cfg, wl),
         )

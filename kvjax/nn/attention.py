@@ -47,6 +47,8 @@ class Attention(nnx.Module):
         self.k_proj = param(rngs, (K * H, D), D, cfg)
         self.v_proj = param(rngs, (K * H, D), D, cfg)
         self.o_proj = param(rngs, (D, N * H), N * H, cfg)
+        if cfg.sink_logits:  # gpt-oss: one learned logit per query head (n = k * G + g)
+            self.sink_logits = nnx.Param(jnp.zeros((N,), weight_dtype(cfg)))
         if cfg.qkv_bias:
             self.q_bias = nnx.Param(jnp.zeros((N * H,), weight_dtype(cfg)))
             self.k_bias = nnx.Param(jnp.zeros((K * H,), weight_dtype(cfg)))
@@ -115,8 +117,15 @@ class Attention(nnx.Module):
             return flash.flash_causal(*proj, window=window, scale=cfg.attn_scale)
         return attend_causal(
             *proj, window=window, scale=cfg.attn_scale, softcap=cfg.attn_softcap, cached=cached,
-            sinks=cfg.sink_tokens if window else 0,
+            sinks=cfg.sink_tokens if window else 0, sink_logits_KG=self._sink_logits(),
         )  # fmt: skip
+
+    def _sink_logits(self):
+        """gpt-oss's per-head sink logits as [K, G] in their stored dtype (None without them):
+        widened to f32 inside the softmax's scope, where their cost belongs."""
+        if not self.cfg.sink_logits:
+            return None
+        return self.sink_logits[...].reshape(self.cfg.num_kv_heads, -1)
 
     def over_cache(self, proj, cache_arrays, pos_B: jax.Array, window: int = 0) -> jax.Array:
         q_BTKGH, k_BTKH, v_BTKH = proj
@@ -130,14 +139,16 @@ class Attention(nnx.Module):
         o_BKGH = attend_cache(
             q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], k_cache_BKHS, v_cache_BKSH, pos_B, window,
             k_scale, v_scale, self.cfg.attn_scale, self.cfg.attn_softcap,
-            self.cfg.sink_tokens if window else 0,
+            self.cfg.sink_tokens if window else 0, self._sink_logits(),
         )  # fmt: skip
         return o_BKGH[:, None]
 
     def over_written_cache(self, proj, cache_arrays, pos_B: jax.Array) -> jax.Array:
         """Extend: the T new queries over the cache that now holds their rows."""
         k_cache_BKHS, v_cache_BKSH, _, _ = cache_arrays
-        return attend_extend(proj[0], k_cache_BKHS, v_cache_BKSH, pos_B, self.cfg.attn_scale)
+        return attend_extend(
+            proj[0], k_cache_BKHS, v_cache_BKSH, pos_B, self.cfg.attn_scale, self._sink_logits()
+        )
 
     def output(self, o_BTKGH: jax.Array) -> jax.Array:
         cfg = self.cfg
@@ -175,10 +186,12 @@ def attend_causal(
     softcap: float = 0.0,
     cached=None,
     sinks: int = 0,
+    sink_logits_KG=None,
 ) -> jax.Array:
     """Causal attention of T queries over the same T positions (forward and prefill), banded to
     the last `window` positions for a sliding layer (and its first `sinks`). Scores scaled by
-    `scale` (1/sqrt(H) when None) and soft-capped before the mask.
+    `scale` (1/sqrt(H) when None) and soft-capped before the mask; `sink_logits_KG` (gpt-oss)
+    join each head's softmax denominator (`softmax_with_sinks`).
 
     `cached` (the quality of a quantized cache, `kvjax.nn.fake_quant`): (k, v as the cache
     returns them, residual R): query t reads position j's quantized k and v where
@@ -201,7 +214,7 @@ def attend_causal(
     with jax.named_scope(kernels.SOFTMAX):
         s_BKGTS = soft_cap(s_BKGTS * scale, softcap)
         s_BKGTS = jnp.where(causal_mask(T, window, sinks), s_BKGTS, NEG_INF)
-        p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(dtype)
+        p_BKGTS = softmax_with_sinks(s_BKGTS, sink_logits_KG).astype(dtype)
     with jax.named_scope(kernels.AV):
         if cached is None:
             o_BKGTH = jnp.einsum("BKGTS,BSKH->BKGTH", p_BKGTS, v_BSKH.astype(dtype))
@@ -215,7 +228,22 @@ def attend_causal(
     return jnp.transpose(o_BKGTH, (0, 3, 1, 2, 4))  # to BTKGH, outside the kernels
 
 
-def attend_extend(q_BTKGH, k_cache_BKHS, v_cache_BKSH, pos_B, scale: float | None = None):
+def softmax_with_sinks(s_BKGTS: jax.Array, sink_logits_KG=None) -> jax.Array:
+    """Softmax over the last axis; with gpt-oss's sink logits (one per head, [K, G]) each row's
+    denominator also holds exp(sink): the max taken with the sink, exp(sink - max) added to the
+    sum, the sink's own probability dropped (Hugging Face's concat-softmax-slice, unconcatenated).
+    """
+    if sink_logits_KG is None:
+        return jax.nn.softmax(s_BKGTS, axis=-1)
+    sink = sink_logits_KG.astype(jnp.float32)[None, :, :, None, None]
+    m = jnp.maximum(jnp.max(s_BKGTS, axis=-1, keepdims=True), sink)
+    e_BKGTS = jnp.exp(s_BKGTS - m)
+    return e_BKGTS / (jnp.sum(e_BKGTS, axis=-1, keepdims=True) + jnp.exp(sink - m))
+
+
+def attend_extend(
+    q_BTKGH, k_cache_BKHS, v_cache_BKSH, pos_B, scale: float | None = None, sink_logits_KG=None
+):
     """T new queries per sequence over its cache after their rows were written: query t of a
     sequence at `pos_B` (positions held before the step) sees key j <= pos + t. The cache is
     read as stored ((B, K, H, S) keys, (B, K, S, H) values) in the compute dtype."""
@@ -231,7 +259,7 @@ def attend_extend(q_BTKGH, k_cache_BKHS, v_cache_BKSH, pos_B, scale: float | Non
         last_BT = pos_B[:, None] + jnp.arange(T)[None, :]  # the last key each query sees
         valid_BTS = jnp.arange(S)[None, None, :] <= last_BT[:, :, None]
         s_BKGTS = jnp.where(valid_BTS[:, None, None], s_BKGTS * scale, NEG_INF)
-        p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(dtype)
+        p_BKGTS = softmax_with_sinks(s_BKGTS, sink_logits_KG).astype(dtype)
     with jax.named_scope(kernels.AV):
         o_BKGTH = jnp.einsum("BKGTS,BKSH->BKGTH", p_BKGTS, v_cache_BKSH.astype(dtype))
     return jnp.transpose(o_BKGTH, (0, 3, 1, 2, 4))  # to BTKGH, outside the kernels
@@ -249,7 +277,7 @@ def decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS, k_scale_BKS=None):
 
 def decode_softmax(
     s_BKGS, s_self_BKG, pos_B, head_dim: int, dtype, window: int = 0, scale=None, softcap=0.0,
-    sinks: int = 0,
+    sinks: int = 0, sink_logits_KG=None,
 ):  # fmt: skip
     """Softmax over the valid cached positions [0, pos) and the new token, written out so the
     new score joins the cached ones without a concat. Scaled by `scale` (1/sqrt(head_dim) when
@@ -265,9 +293,15 @@ def decode_softmax(
     s_BKGS = jnp.where(valid, soft_cap(s_BKGS * scale, softcap), NEG_INF)
     s_self_BKG = soft_cap(s_self_BKG * scale, softcap)
     m_BKG = jnp.maximum(jnp.max(s_BKGS, axis=-1), s_self_BKG)
+    if sink_logits_KG is not None:  # gpt-oss: the sink joins the max and the denominator
+        sink_1KG = sink_logits_KG.astype(jnp.float32)[None]
+        m_BKG = jnp.maximum(m_BKG, sink_1KG)
     e_BKGS = jnp.exp(s_BKGS - m_BKG[..., None])
     e_self_BKG = jnp.exp(s_self_BKG - m_BKG)
-    inv_BKG = 1.0 / (jnp.sum(e_BKGS, axis=-1) + e_self_BKG)
+    total_BKG = jnp.sum(e_BKGS, axis=-1) + e_self_BKG
+    if sink_logits_KG is not None:
+        total_BKG = total_BKG + jnp.exp(sink_1KG - m_BKG)
+    inv_BKG = 1.0 / total_BKG
     return (e_BKGS * inv_BKG[..., None]).astype(dtype), (e_self_BKG * inv_BKG).astype(dtype)
 
 
@@ -291,6 +325,7 @@ def attend_cache(
     scale: float | None = None,
     softcap: float = 0.0,
     sinks: int = 0,
+    sink_logits_KG=None,
 ) -> jax.Array:
     """One new query per sequence over its cached positions [0, pos) and its own new k, v.
 
@@ -303,7 +338,7 @@ def attend_cache(
     with jax.named_scope(kernels.SOFTMAX):
         p_BKGS, p_self_BKG = decode_softmax(
             s_BKGS, s_self_BKG, pos_B, q_BKGH.shape[-1], q_BKGH.dtype, window, scale, softcap,
-            sinks,
+            sinks, sink_logits_KG,
         )  # fmt: skip
     with jax.named_scope(kernels.AV):
         return decode_av(p_BKGS, p_self_BKG, v_new_BKH, v_cache_BKSH, v_scale_BKS)

@@ -75,6 +75,12 @@ def check_supported(cfg) -> None:
             f"attention_kernel='flash' with sink_tokens={cfg.sink_tokens} is not supported (the "
             "fused kernels band to the window only); use attention_kernel='xla'"
         )
+    if cfg.sink_logits:
+        raise KvjaxError(
+            "attention_kernel='flash' with sink_logits=True (gpt-oss) is not supported by the "
+            "model's fused kernels (the closed form counts it: kvjax calc); use attention_kernel="
+            "'xla'"
+        )
     if cfg.attn_softcap:
         raise KvjaxError(
             f"attention_kernel='flash' with attn_softcap={cfg.attn_softcap:g} is not supported "

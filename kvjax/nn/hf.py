@@ -23,13 +23,14 @@ from kvjax.hf_config import from_hf_config, read_hf_json
 from kvjax.hf_fields import rope_scalings
 from kvjax.nn.layers import weight_dtype
 from kvjax.nn.mlp import XIELU_BETA, XIELU_EPS
+from kvjax.nn.mxfp4 import load_gpt_oss_experts
 from kvjax.nn.transformer import Transformer
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
              "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
              "smollm3", "phi3", "starcoder2", "stablelm", "olmo2", "qwen2_moe",
              "olmoe", "glm4", "ernie4_5", "exaone4", "cohere2", "internlm3",
-             "apertus")  # fmt: skip
+             "apertus", "gpt_oss")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -70,6 +71,8 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
     interleaved = model_type in ("deepseek_v2", "glm4", "ernie4_5", "cohere2") or (
         model_type == "deepseek_v3" and data.get("rope_interleave", True)
     )
+    if cfg.expert_weight_dtype:  # gpt-oss's MXFP4 experts, dequantized on load (kvjax.nn.mxfp4)
+        cfg = cfg.replace(expert_weight_dtype="")
     tensors = _read_safetensors(folder)
     moe_prefix = "block_sparse_moe." if model_type == "mixtral" else "mlp."
     norms = ("attention_layernorm", "feedforward_layernorm") if model_type == "apertus" else None
@@ -139,6 +142,8 @@ def _load_attention(
     put(a.o_proj, get(p + "self_attn.o_proj.weight", (D, N * H)))
     if cfg.o_bias:
         put(a.o_bias, get(p + "self_attn.o_proj.bias", (D,)))
+    if cfg.sink_logits:  # gpt-oss
+        put(a.sink_logits, get(p + "self_attn.sinks", (N,)))
     if cfg.qkv_bias:
         put(a.q_bias, get(p + "self_attn.q_proj.bias", (N * H,)))
         put(a.k_bias, get(p + "self_attn.k_proj.bias", (K * H,)))
@@ -257,7 +262,9 @@ def from_hf_tensors(
             _load_mla(cfg, a, get, put, p, rope_interleaved)
         else:
             _load_attention(cfg, a, get, put, p, fused, rope_interleaved)
-        if cfg.layer_is_moe(i):
+        if cfg.layer_is_moe(i) and cfg.expert_bias:  # gpt-oss's stacked experts
+            load_gpt_oss_experts(cfg, layer.mlp, tensors, get, put, p + "mlp.")
+        elif cfg.layer_is_moe(i):
             _load_moe(cfg, layer.mlp, get, put, p + moe_prefix, _EXPERT_NAMES[moe_prefix])
         else:
             _load_mlp(layer.mlp, get, put, p + "mlp.", F, D, fused_mlp, plain)

@@ -58,13 +58,14 @@ class MLP(nnx.Module):
             with jax.named_scope(kernels.ACT):
                 n = self.gate_up_blocks
                 if n == 1:
-                    h_BTF = act(gu_BTE[..., :F]) * gu_BTE[..., F:]
+                    h_BTF = gated_product(cfg, gu_BTE[..., :F], gu_BTE[..., F:], act)
                 else:  # one [gate_d; up_d] block per device (kvjax.nn.sharding)
                     B, T = gu_BTE.shape[:2]
                     gu_BTn2f = constrain(
                         gu_BTE.reshape(B, T, n, 2, F // n), DATA, None, MODEL, None, None
                     )
-                    h_BTF = (act(gu_BTn2f[..., 0, :]) * gu_BTn2f[..., 1, :]).reshape(B, T, F)
+                    h_BTF = gated_product(cfg, gu_BTn2f[..., 0, :], gu_BTn2f[..., 1, :], act)
+                    h_BTF = h_BTF.reshape(B, T, F)
         else:
             with jax.named_scope(kernels.UP):
                 u_BTF = linear(x_BTD, read(self.up, cfg))
@@ -80,6 +81,19 @@ class MLP(nnx.Module):
 
 def _gelu_tanh(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=True)
+
+
+def gated_product(cfg: ModelConfig, gate: jax.Array, up: jax.Array, act=None) -> jax.Array:
+    """A gated MLP's hidden values: act(gate) * up (SwiGLU, GeGLU), or gpt-oss's clamped SwiGLU,
+    (clip(up, -l, l) + 1) * g * sigmoid(alpha * g) with g = min(gate, l) (its experts'
+    `_apply_gate`: l = swiglu_limit, alpha = swiglu_alpha)."""
+    if cfg.mlp_activation == "clamped_swiglu":
+        limit = cfg.swiglu_limit
+        g = jnp.minimum(gate, limit)
+        u = jnp.clip(up, -limit, limit)
+        return (u + 1) * (g * jax.nn.sigmoid(g * cfg.swiglu_alpha))
+    act = act or (jax.nn.silu if cfg.mlp_activation == "silu" else _gelu_tanh)
+    return act(gate) * up
 
 
 XIELU_BETA, XIELU_EPS = 0.5, -1e-6

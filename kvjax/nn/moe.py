@@ -20,20 +20,26 @@ from flax import nnx
 
 from kvjax import kernels
 from kvjax.config import ModelConfig
-from kvjax.nn.layers import act_dtype, linear, param, read
-from kvjax.nn.mlp import MLP, _gelu_tanh
+from kvjax.nn.layers import act_dtype, linear, param, read, weight_dtype
+from kvjax.nn.mlp import MLP, gated_product
 
 
 class MoE(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         E, D, F = cfg.num_experts, cfg.d_model, cfg.moe_d_ff
+        wd = weight_dtype(cfg)
         self.router = param(rngs, (E, D), D, cfg)
         # DeepSeek-V3's e_score_correction_bias: shifts the choice, not the weights (f32)
         sigmoid = cfg.router == "sigmoid"
         self.router_bias = nnx.Param(jnp.zeros((E,), jnp.float32)) if sigmoid else None
+        # gpt-oss: a bias on the router's logits
+        self.router_logit_bias = nnx.Param(jnp.zeros((E,), wd)) if cfg.router_bias else None
         self.expert_gate_up = param(rngs, (E, 2 * F, D), D, cfg)
         self.expert_down = param(rngs, (E, D, F), F, cfg)
+        if cfg.expert_bias:  # gpt-oss: every expert's gate_up (2F) and down (D) biased
+            self.expert_gate_up_bias = nnx.Param(jnp.zeros((E, 2 * F), wd))
+            self.expert_down_bias = nnx.Param(jnp.zeros((E, D), wd))
         # DeepSeek's shared experts: one dense gated MLP of num_shared_experts x moe_d_ff
         S = cfg.num_shared_experts * F
         self.shared = _mlp(cfg, S, rngs) if S else None
@@ -47,16 +53,21 @@ class MoE(nnx.Module):
         x_MD = x_BTD.reshape(B * T, D)
         with jax.named_scope(kernels.MOE_ROUTER):
             logits = router_logits(x_MD, self.router[...])
+            if self.router_logit_bias is not None:
+                logits = logits + self.router_logit_bias[...].astype(jnp.float32)
         with jax.named_scope(kernels.MOE_TOPK):
             bias = None if self.router_bias is None else self.router_bias[...]
             weights_Mk, idx_Mk = route(cfg, logits, bias)
-        act = jax.nn.silu if cfg.mlp_activation == "silu" else _gelu_tanh
         with jax.named_scope(kernels.MOE_GATE_UP):
             gu_MkE = experts_gate_up(x_MD, read_experts(self.expert_gate_up, idx_Mk, cfg))
+            if cfg.expert_bias:
+                gu_MkE = gu_MkE + read_experts(self.expert_gate_up_bias, idx_Mk, cfg)
         with jax.named_scope(kernels.MOE_ACT):
-            h_MkF = act(gu_MkE[..., :F]) * gu_MkE[..., F:]
+            h_MkF = gated_product(cfg, gu_MkE[..., :F], gu_MkE[..., F:])
         with jax.named_scope(kernels.MOE_DOWN):
             y_MkD = experts_down(h_MkF, read_experts(self.expert_down, idx_Mk, cfg))
+            if cfg.expert_bias:
+                y_MkD = y_MkD + read_experts(self.expert_down_bias, idx_Mk, cfg)
         shared_BTD = None if self.shared is None else self.shared(x_BTD)
         if self.shared_gate is not None:
             with jax.named_scope(kernels.MOE_SHARED_GATE):

@@ -92,6 +92,13 @@ class Transformer(nnx.Module):
                 f"kv_dtype={cfg.kv_dtype!r} (a packed 4/2-bit cache) is modelled in the closed "
                 f"form only (kvjax calc, the explorer); the model's cache holds int8, fp8 or wider"
             )
+        if cfg.expert_weight_dtype:
+            raise KvjaxError(
+                f"expert_weight_dtype={cfg.expert_weight_dtype!r} is modelled in the closed form "
+                f"only (kvjax calc, the explorer, the trace's closed form); kvjax's model runs "
+                f"experts in weight_dtype={cfg.weight_dtype!r}, as its checkpoint loader "
+                f"dequantizes them: use expert_weight_dtype=''"
+            )
         self.cfg = cfg
         self.embed = param(rngs, (cfg.vocab_size, cfg.d_model), 1, cfg)
         self.layers = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.num_layers)])

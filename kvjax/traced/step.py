@@ -178,6 +178,11 @@ def trace_step(
     `layers="one"` traces a one-layer model and multiplies each layer kernel by `num_layers`
     (the layers are identical; tests check this equals the full unrolled trace).
     """
+    # MXFP4 experts (gpt-oss) are closed form only: the model runs them dequantized, so the
+    # trace and the closed form it is compared with both take the weight dtype
+    dequantized = cfg.expert_weight_dtype
+    if dequantized:
+        cfg = cfg.replace(expert_weight_dtype="")
     # kvjax's model gathers every MoE token's k experts: compared at M*k expert reads
     wl = model_workload(cfg, Workload(phase, batch, context, new_tokens=new_tokens))
     if stage not in STAGES:
@@ -202,6 +207,11 @@ def trace_step(
     lowered = lower_for_cost(fn, args)
     backend = jax.default_backend()
     notes: list[str] = []
+    if dequantized:
+        notes.append(
+            f"experts traced in {cfg.weight_dtype}, as kvjax's model runs them "
+            f"({dequantized} experts are sized by the closed form only: kvjax calc)"
+        )
     if stage == "compiled":
         compiled = lowered.compile()
         xla = dict(compiled.cost_analysis() or {})
