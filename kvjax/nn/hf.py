@@ -191,7 +191,7 @@ def _load_llama4_moe(cfg: ModelConfig, moe, get, put, p: str) -> None:
 def _load_moe(cfg: ModelConfig, moe, get, put, p: str, names: tuple[str, str, str]) -> None:
     """The router (and DeepSeek-V3's score-correction bias), the experts stacked to (E, 2F, D)
     and (E, D, F), and DeepSeek's shared experts."""
-    if cfg.router == "topk_sigmoid":
+    if p.endswith("feed_forward."):  # Llama 4's names and layout
         return _load_llama4_moe(cfg, moe, get, put, p)
     D, E, F = cfg.d_model, cfg.num_experts, cfg.moe_d_ff
     gate_name, up_name, down_name = names
