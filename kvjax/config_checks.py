@@ -221,10 +221,10 @@ def check_window(cfg: Fields) -> None:
             f"layer_pattern={pattern!r} has none; set layer_pattern (e.g. 'LLLG') and "
             "sliding_window (the chunk size)"
         )
-    if cfg.chunked_attention and (cfg.sink_tokens or cfg.attention_kernel != "xla"):
+    if cfg.chunked_attention and cfg.sink_tokens:
         raise KvjaxError(
-            "chunked_attention=True takes sink_tokens=0 and attention_kernel='xla' (the fused "
-            "kernels and the sinks band to a sliding window)"
+            f"chunked_attention=True takes sink_tokens=0 (sinks keep tokens beside a sliding "
+            f"window); got sink_tokens={cfg.sink_tokens}"
         )
     if cfg.qk_l2_norm and cfg.qk_norm:
         raise KvjaxError("qk_l2_norm=True (Llama 4's unscaled norm) and qk_norm=True: one q/k norm")

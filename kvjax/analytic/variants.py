@@ -46,7 +46,7 @@ def mla_variant(cfg: ModelConfig) -> ModelConfig:
         v_head_dim=H, q_lora_rank=0, qkv_bias=False, o_bias=False, rotary_dim=0,
         mla_decode="absorbed",
         sliding_window=0, sink_tokens=0, layer_pattern="G", rope_pattern="R", qk_norm=False,
-        qk_norm_full=False,
+        qk_norm_full=False, chunked_attention=False, qk_l2_norm=False, temperature_floor=0,
         attn_softcap=0.0, query_pre_attn_scalar=0.0,
         rope_local_theta=0.0, rope_linear_factor=1.0, norm_plus_one=False, norm_kind="rms",
         norm_bias=False,
