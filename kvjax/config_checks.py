@@ -137,8 +137,8 @@ def check_moe(cfg: Fields) -> None:
         raise KvjaxError(f"moe_d_ff={cfg.moe_d_ff} must be a positive integer for MoE")
     if cfg.first_dense_layers + cfg.moe_layer_step > cfg.num_layers:
         raise KvjaxError(
-            f"first_dense_layers={cfg.first_dense_layers} with moe_layer_step="
-            f"{cfg.moe_layer_step} leaves no MoE layer of num_layers={cfg.num_layers}; allowed: "
+            f"first_dense_layers={cfg.first_dense_layers} leaves no MoE layer of num_layers="
+            f"{cfg.num_layers} (moe_layer_step={cfg.moe_layer_step}); allowed: "
             f"first_dense_layers + moe_layer_step <= {cfg.num_layers}"
         )
     if cfg.router == "topk_sigmoid" and (
