@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvjax.config_checks import (  # the constants re-exported for the CLI and the docs
+    ACTIVATIONS,  # noqa: F401 (re-exported)
     KV_SCALES,
     MLA_FORMS,
     ROUTERS,
+    check_features,
     check_mla,
     check_moe,
     check_rope,
@@ -31,8 +33,6 @@ _DTYPE_ALIASES = {
 # Packed sub-byte KV caches (KIVI-style, Liu et al. 2024): closed form only (no model array), in
 # bytes per element.
 PACKED_KV_BYTES: dict[str, float] = {"int4": 0.5, "int2": 0.25}
-# xielu: Apertus's, with learned alphas; clamped_swiglu: gpt-oss's (kvjax.nn.mlp)
-ACTIVATIONS = ("silu", "gelu", "xielu", "clamped_swiglu")
 # Expert weights stored apart from the rest (gpt-oss's MXFP4 checkpoints): 4-bit e2m1 elements
 # and one e8m0 exponent per block of 32, 17 bytes a block = 4.25 bits an element. Closed form
 # only: kvjax's model holds the experts dequantized (kvjax.nn.mxfp4).
@@ -71,7 +71,8 @@ _INT_FIELDS = (
 _BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "norm_bias",
                 "norm_plus_one", "scale_embeddings", "sandwich_norms", "qk_norm", "qk_norm_full",
                 "pre_norms", "parallel_block", "norm_topk_prob", "shared_expert_gate",
-                "rope_truncate", "sink_logits", "router_bias", "expert_bias")  # fmt: skip
+                "rope_truncate", "sink_logits", "router_bias", "expert_bias",
+                "chunked_attention", "qk_l2_norm")  # fmt: skip
 _OPTIONAL_NUMBERS = ("query_pre_attn_scalar", "rope_local_theta", "attn_softcap", "final_softcap")
 # Multi-head latent attention (DeepSeek-V2/V3); 0 = absent. `kv_lora_rank > 0` makes a model MLA.
 
@@ -120,6 +121,10 @@ class ModelConfig:
     # tokens a sliding layer keeps from the sequence's start beside its window (StreamingLLM's
     # attention sinks, Xiao et al. 2023): query t sees key j when j < sink_tokens or t - j < W
     sink_tokens: int = 0
+    # Llama 4: the L layers attend chunks of sliding_window tokens instead of a sliding window
+    # (query t sees key j when j // W == t // W and j <= t; its attention_chunk_size), on the
+    # same rolling buffer of W slots (the chunk's keys are the slots below t mod W)
+    chunked_attention: bool = False
     kv_scales: str = "auto"  # a quantized cache's scales: `kv_scale_kind` resolves "auto"
     kv_group_size: int = 32  # packed 4/2-bit caches: elements per scale/zero group (KIVI's 32)
     # Gemma / Qwen3 details (the defaults are Llama's):
@@ -128,6 +133,13 @@ class ModelConfig:
     sandwich_norms: bool = False  # Gemma 2/3: RMSNorm on the attention and MLP outputs too
     qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm of every q and k head (over head_dim)
     qk_norm_full: bool = False  # OLMo 2: the q/k norms over all heads' width (N*H, K*H) at once
+    # Llama 4: q and k heads RMS-normed over head_dim without a scale (its L2Norm, eps norm_eps),
+    # after RoPE, on the RoPE layers only
+    qk_l2_norm: bool = False
+    # Llama 4's attention temperature tuning on its NoPE layers: q at position t times
+    # log(floor((t + 1) / temperature_floor) + 1) * temperature_scale + 1 (0: off)
+    temperature_floor: int = 0
+    temperature_scale: float = 0.1
     pre_norms: bool = True  # False: OLMo 2's blocks norm only their outputs (sandwich_norms)
     parallel_block: bool = False  # Cohere: x + attn(norm(x)) + mlp(norm(x)), one norm a block
     query_pre_attn_scalar: float = 0.0  # softmax scale 1/sqrt(this) (0: head_dim)
@@ -153,7 +165,8 @@ class ModelConfig:
     # nothing; Xiao et al.'s sink as a parameter, not a kept token: that is `sink_tokens`)
     sink_logits: bool = False
     final_softcap: float = 0.0  # logits = c * tanh(logits / c) (Gemma 2: 30)
-    # Mixture of experts (0 experts: dense). Layers from `first_dense_layers` on are MoE: a router,
+    # Mixture of experts (0 experts: dense). Layers from `first_dense_layers` on are MoE (every
+    # moe_layer_step-th of them: layer i when (i - first_dense_layers + 1) % step == 0): a router,
     # E routed experts of width moe_d_ff (k per token) and num_shared_experts x moe_d_ff shared.
     num_experts: int = 0
     experts_per_token: int = 0
@@ -164,6 +177,7 @@ class ModelConfig:
     expert_weight_dtype: str = ""  # "" (weight_dtype) or "mxfp4" (gpt-oss, closed form only)
     moe_d_ff: int = 0
     first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace: these keep a d_ff MLP
+    moe_layer_step: int = 1  # Llama 4's interleave_moe_layer_step (Scout 1, Maverick 2)
     router: str = "softmax"
     norm_topk_prob: bool = True  # renormalise the k weights to sum 1
     routed_scaling_factor: float = 1.0  # DeepSeek-V3: 2.5
@@ -190,17 +204,6 @@ class ModelConfig:
         for field in _BOOL_FIELDS:
             if not isinstance(getattr(self, field), bool):
                 raise KvjaxError(f"{field}={getattr(self, field)!r} must be true or false")
-        if self.mlp_activation not in ACTIVATIONS:
-            raise KvjaxError(
-                f"mlp_activation={self.mlp_activation!r} is not supported; "
-                f"allowed: {', '.join(ACTIVATIONS)}"
-            )
-        if self.mlp_activation == "xielu" and self.gated_mlp:
-            raise KvjaxError(
-                "mlp_activation='xielu' needs gated_mlp=False (Apertus's up -> xIELU -> down)"
-            )
-        if self.mlp_activation == "clamped_swiglu" and not self.gated_mlp:
-            raise KvjaxError("mlp_activation='clamped_swiglu' needs gated_mlp=True (gate and up)")
         object.__setattr__(self, "weight_dtype", canonical_dtype(self.weight_dtype, "weight_dtype"))
         object.__setattr__(self, "kv_dtype", canonical_dtype(self.kv_dtype, "kv_dtype", True))
         for field in ("rope_theta", "norm_eps", "rope_linear_factor", "embedding_multiplier",
@@ -221,16 +224,7 @@ class ModelConfig:
             raise KvjaxError(
                 f"attention_kernel={self.attention_kernel!r} is not supported; allowed: xla, flash"
             )
-        if self.sink_logits and self.kv_lora_rank:
-            raise KvjaxError(
-                "sink_logits=True is not supported with MLA (kv_lora_rank > 0): kvjax's latent "
-                "attention has no sink term"
-            )
-        if self.scale_embeddings and self.embedding_multiplier != 1.0:
-            raise KvjaxError(
-                f"embedding_multiplier={self.embedding_multiplier} with scale_embeddings=True: "
-                "one embedding scale (Gemma's sqrt(d_model), or a multiplier), not both"
-            )
+        check_features(self)
         check_rope(self)
         check_mla(self)
         check_moe(self)
@@ -297,12 +291,18 @@ class ModelConfig:
         return self.num_experts > 0
 
     def layer_is_moe(self, layer: int) -> bool:
-        """Layer `layer` has the MoE MLP (every layer from first_dense_layers on)."""
-        return self.is_moe and layer >= self.first_dense_layers
+        """Layer `layer` has the MoE MLP: from first_dense_layers on, every moe_layer_step-th
+        (Llama 4 Maverick's 2: layers 1, 3, 5, ...)."""
+        first = self.first_dense_layers
+        return self.is_moe and layer >= first and (layer - first + 1) % self.moe_layer_step == 0
 
     @property
     def num_moe_layers(self) -> int:
-        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+        return sum(self.layer_is_moe(i) for i in range(self.num_layers))
+
+    def layer_is_chunked(self, layer: int) -> bool:
+        """Layer `layer` attends chunks (Llama 4's chunked layers: `chunked_attention`)."""
+        return self.chunked_attention and self.layer_is_sliding(layer)
 
     @property
     def is_mla(self) -> bool:

@@ -9,6 +9,8 @@ from kvjax.errors import KvjaxError
 from kvjax.rope import SCALINGS
 
 EXPERT_DTYPES = ("", "mxfp4")  # kvjax.config re-exports it
+# xielu: Apertus's, with learned alphas; clamped_swiglu: gpt-oss's (kvjax.nn.mlp)
+ACTIVATIONS = ("silu", "gelu", "xielu", "clamped_swiglu")
 
 # The config under construction: any object with ModelConfig's fields (read, never built here),
 # so this module needs nothing from kvjax.config, which imports it.
@@ -16,7 +18,8 @@ Fields = Any
 
 KV_SCALES = ("auto", "none", "tensor", "token_head", "group")
 MLA_FORMS = ("absorbed", "naive")
-ROUTERS = ("softmax", "sigmoid")
+# topk_sigmoid (Llama 4): the top-k logits' sigmoids, each scaling the token's input to its expert
+ROUTERS = ("softmax", "sigmoid", "topk_sigmoid")
 _MOE_INT_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", "moe_d_ff",
                    "first_dense_layers")  # fmt: skip
 _MLA_INT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
@@ -58,11 +61,38 @@ def check_mla(cfg: Fields) -> None:
             f"rope_linear_factor={cfg.rope_linear_factor} is not supported with MLA "
             f"(kv_lora_rank > 0)"
         )
-    for field in ("qkv_bias", "o_bias", "qk_norm", "attn_softcap", "norm_plus_one"):
+    for field in ("qkv_bias", "o_bias", "qk_norm", "attn_softcap", "norm_plus_one", "qk_l2_norm",
+                  "temperature_floor"):  # fmt: skip
         if getattr(cfg, field):
             raise KvjaxError(
                 f"{field}={getattr(cfg, field)!r} is not supported with MLA (kv_lora_rank > 0)"
             )
+
+
+def check_features(cfg: Fields) -> None:
+    """The MLP's activation (and the MLP form it needs), gpt-oss's sink logits, the embedding
+    scale: one line each naming the field."""
+    if cfg.mlp_activation not in ACTIVATIONS:
+        raise KvjaxError(
+            f"mlp_activation={cfg.mlp_activation!r} is not supported; "
+            f"allowed: {', '.join(ACTIVATIONS)}"
+        )
+    if cfg.mlp_activation == "xielu" and cfg.gated_mlp:
+        raise KvjaxError(
+            "mlp_activation='xielu' needs gated_mlp=False (Apertus's up -> xIELU -> down)"
+        )
+    if cfg.mlp_activation == "clamped_swiglu" and not cfg.gated_mlp:
+        raise KvjaxError("mlp_activation='clamped_swiglu' needs gated_mlp=True (gate and up)")
+    if cfg.sink_logits and cfg.kv_lora_rank:
+        raise KvjaxError(
+            "sink_logits=True is not supported with MLA (kv_lora_rank > 0): kvjax's latent "
+            "attention has no sink term"
+        )
+    if cfg.scale_embeddings and cfg.embedding_multiplier != 1.0:
+        raise KvjaxError(
+            f"embedding_multiplier={cfg.embedding_multiplier} with scale_embeddings=True: "
+            "one embedding scale (Gemma's sqrt(d_model), or a multiplier), not both"
+        )
 
 
 def check_rope(cfg: Fields) -> None:
@@ -113,11 +143,16 @@ def check_moe(cfg: Fields) -> None:
         raise KvjaxError(f"routed_scaling_factor={f!r} must be a positive number")
     if cfg.router not in ROUTERS:
         raise KvjaxError(f"router={cfg.router!r} is not supported; allowed: {', '.join(ROUTERS)}")
-    for field in ("expert_groups", "topk_groups"):
+    for field in ("expert_groups", "topk_groups", "moe_layer_step"):
         value = getattr(cfg, field)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise KvjaxError(f"{field}={value!r} must be a positive integer (1: no groups)")
     if not E:
+        if cfg.moe_layer_step != 1:
+            raise KvjaxError(
+                f"moe_layer_step={cfg.moe_layer_step} is an MoE field, but num_experts=0 (dense); "
+                "set num_experts > 0 or moe_layer_step=1"
+            )
         for field in ("experts_per_token", "num_shared_experts", "moe_d_ff",
                       "first_dense_layers", "router_bias", "expert_bias",
                       "expert_weight_dtype"):  # fmt: skip
@@ -131,10 +166,18 @@ def check_moe(cfg: Fields) -> None:
         raise KvjaxError(f"experts_per_token={k} must be in 1 .. num_experts={E}")
     if cfg.moe_d_ff <= 0:
         raise KvjaxError(f"moe_d_ff={cfg.moe_d_ff} must be a positive integer for MoE")
-    if cfg.first_dense_layers >= cfg.num_layers:
+    if cfg.first_dense_layers + cfg.moe_layer_step > cfg.num_layers:
         raise KvjaxError(
-            f"first_dense_layers={cfg.first_dense_layers} leaves no MoE layer of "
-            f"num_layers={cfg.num_layers}; allowed: 0 .. {cfg.num_layers - 1}"
+            f"first_dense_layers={cfg.first_dense_layers} leaves no MoE layer of num_layers="
+            f"{cfg.num_layers} (moe_layer_step={cfg.moe_layer_step}); allowed: "
+            f"first_dense_layers + moe_layer_step <= {cfg.num_layers}"
+        )
+    if cfg.router == "topk_sigmoid" and (
+        cfg.norm_topk_prob or cfg.routed_scaling_factor != 1.0 or cfg.expert_groups != 1
+    ):
+        raise KvjaxError(
+            "router='topk_sigmoid' (Llama 4) scales each expert's input by the sigmoid of its "
+            "logit: it takes norm_topk_prob=False, routed_scaling_factor=1 and expert_groups=1"
         )
     if not cfg.gated_mlp:
         raise KvjaxError("num_experts > 0 needs gated_mlp=True (every expert is gated)")
@@ -213,6 +256,24 @@ def check_window(cfg: Fields) -> None:
         raise KvjaxError(f"rotary_dim={R} is not supported with MLA (its RoPE key is its own)")
     if "N" in rope and cfg.is_mla:
         raise KvjaxError(f"rope_pattern={rope!r} (NoPE layers) is not supported with MLA")
+    if cfg.chunked_attention and "L" not in pattern:
+        raise KvjaxError(
+            f"chunked_attention=True makes the L layers attend chunks of sliding_window, but "
+            f"layer_pattern={pattern!r} has none; set layer_pattern (e.g. 'LLLG') and "
+            "sliding_window (the chunk size)"
+        )
+    if cfg.chunked_attention and cfg.sink_tokens:
+        raise KvjaxError(
+            f"chunked_attention=True takes sink_tokens=0 (sinks keep tokens beside a sliding "
+            f"window); got sink_tokens={cfg.sink_tokens}"
+        )
+    if cfg.qk_l2_norm and cfg.qk_norm:
+        raise KvjaxError("qk_l2_norm=True (Llama 4's unscaled norm) and qk_norm=True: one q/k norm")
+    floor, scale = cfg.temperature_floor, cfg.temperature_scale
+    if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+        raise KvjaxError(f"temperature_floor={floor!r} must be a non-negative integer (0: off)")
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale < 1e300:
+        raise KvjaxError(f"temperature_scale={scale!r} must be a finite positive number")
     s = cfg.sink_tokens
     if isinstance(s, bool) or not isinstance(s, int) or s < 0:
         raise KvjaxError(f"sink_tokens={s!r} must be a non-negative integer (0: none)")

@@ -18,6 +18,8 @@ from kvjax.hf_fields import (
     _period,
     _rope_fields,
     _rope_pattern,
+    llama4_data,
+    llama4_fields,
 )
 
 _HF_REQUIRED = {
@@ -40,11 +42,12 @@ _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
                    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "seed_oss",
                    "granite", "smollm3", "phi3", "starcoder2", "stablelm", "olmo2",
                    "qwen2_moe", "olmoe", "glm4", "ernie4_5", "exaone4",
-                   "cohere2", "internlm3", "apertus", "gpt_oss")  # fmt: skip
+                   "cohere2", "internlm3", "apertus", "gpt_oss", "llama4_text",
+                   "llama4")  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
-                             "gemma3", "granite", "apertus")  # fmt: skip
+                             "gemma3", "granite", "apertus", "llama4_text")  # fmt: skip
 _GEMMA = ("gemma", "gemma2", "gemma3_text", "gemma3")
 # Gemma3TextConfig's defaults (transformers 5), which the Hub's gemma-3 configs rely on: their
 # text_config omits what equals these.
@@ -252,6 +255,10 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
                 "_name_or_path": data.get("_name_or_path"),
                 "torch_dtype": text.get("torch_dtype") or data.get("torch_dtype")}  # fmt: skip
         f = _Fields(data, where)
+    if model_type in ("llama4", "llama4_text"):  # the text model over its class defaults
+        data = llama4_data(data, where)
+        model_type = "llama4_text"
+        f = _Fields(data, where)
     if model_type in _FAMILY_DEFAULTS:  # a key the file omits takes its config class's default
         # (a top-level rope_theta default yields to one inside rope_parameters: `_rope_fields`)
         present = {k: v for k, v in data.items() if v is not None}
@@ -274,7 +281,10 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
         fields.update(_mla_fields(f, data, fields, model_type, where))
     if model_type in ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss", *_MLA_MODEL_TYPES):
         fields.update(_moe_fields(f, data, fields, model_type, where))
-    fields.update(_window_fields(f, data, fields["num_layers"], model_type, where))
+    if model_type == "llama4_text":
+        fields.update(llama4_fields(f, data, fields, where))
+    else:
+        fields.update(_window_fields(f, data, fields["num_layers"], model_type, where))
     act = f.text("hidden_activation", _HF_ACTIVATIONS) or f.text("hidden_act", _HF_ACTIVATIONS)
     fields["mlp_activation"] = _HF_ACTIVATIONS[act or "silu"]
     fields["tied_embeddings"] = f.boolean("tie_word_embeddings", model_type in _GEMMA)

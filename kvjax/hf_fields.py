@@ -147,12 +147,88 @@ def _granite_fields(f: _Fields) -> dict:
 
 # Issue 29's families not built yet: a file of one is refused by name, with what it needs, rather
 # than read as a Llama and given a silently wrong cache or FLOP count.
-_NOT_YET = {
-    "llama4_text": "chunked attention, L2 q/k norms, attention temperature tuning and "
-    "interleaved MoE layers",
-    "llama4": "chunked attention, L2 q/k norms, attention temperature tuning and "
-    "interleaved MoE layers",
-}
+_NOT_YET = {}
+# Llama4TextConfig's defaults (transformers 5: Llama-4-Scout-17B-16E's text model), for the keys a
+# file omits; the multimodal `llama4` config's text_config is read the same way
+_LLAMA4_DEFAULTS = {
+    "vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+    "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False, "num_experts_per_tok": 1, "num_local_experts": 16,
+    "interleave_moe_layer_step": 1, "use_qk_norm": True, "no_rope_layer_interval": 4,
+    "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
+    "attn_scale": 0.1, "attention_bias": False, "rope_theta": 500_000.0,
+}  # fmt: skip
+_LLAMA4_LAYER_TYPES = {"chunked_attention": "L", "full_attention": "G"}
+
+
+def llama4_data(data: dict, where: str) -> dict:
+    """A llama4_text config (or a llama4 config's text_config) over its class defaults; an
+    explicit null attention_chunk_size (no chunked layers) is kept."""
+    text = data.get("text_config", data) if data.get("model_type") == "llama4" else data
+    if not isinstance(text, dict):
+        raise KvjaxError(f"{where}: text_config must be an object")
+    present = {k: v for k, v in text.items() if v is not None}
+    out = {**_LLAMA4_DEFAULTS, **present, "model_type": "llama4_text",
+           "_name_or_path": data.get("_name_or_path"),
+           "torch_dtype": text.get("torch_dtype") or data.get("torch_dtype")}  # fmt: skip
+    if "attention_chunk_size" in text and text["attention_chunk_size"] is None:
+        out["attention_chunk_size"] = None
+    return out
+
+
+def llama4_fields(f: _Fields, data: dict, fields: dict, where: str) -> dict:
+    """Llama 4's text model (Llama4TextModel): NoPE layers (`no_rope_layers`, else one every
+    `no_rope_layer_interval`), chunked attention on the RoPE layers (`attention_chunk_size`, or
+    an explicit `layer_types`) as the L layers with chunked_attention, L2 q/k norms on the RoPE
+    layers (`use_qk_norm`), temperature tuning on the NoPE layers, and MoE every
+    `interleave_moe_layer_step`-th layer (an explicit `moe_layers` must be that pattern): a
+    router whose top-k sigmoids scale the expert input, one shared expert of intermediate_size;
+    dense layers of intermediate_size_mlp."""
+    layers = fields["num_layers"]
+    out: dict[str, Any] = {"rope_pattern": _rope_pattern(f, data, layers, where)}
+    rope = out["rope_pattern"]
+    types = data.get("layer_types")
+    chunk = data.get("attention_chunk_size")
+    if types is None:
+        types = [
+            "chunked_attention" if rope[i % len(rope)] == "R" and chunk is not None
+            else "full_attention" for i in range(layers)
+        ]  # fmt: skip
+    if not isinstance(types, list) or len(types) != layers or set(types) - set(_LLAMA4_LAYER_TYPES):
+        raise KvjaxError(
+            f"{where}: layer_types must list {layers} entries of "
+            f"{', '.join(_LLAMA4_LAYER_TYPES)}, got {str(types)[:80]}"
+        )
+    pattern = _period("".join(_LLAMA4_LAYER_TYPES[t] for t in types))
+    if "L" in pattern:
+        window = f.integer("attention_chunk_size")
+        if window is None:
+            raise KvjaxError(f"{where}: chunked_attention layers need attention_chunk_size")
+        out.update(sliding_window=window, layer_pattern=pattern, chunked_attention=True)
+    out["qk_l2_norm"] = f.boolean("use_qk_norm", True)
+    if f.boolean("attn_temperature_tuning", True):
+        out["temperature_floor"] = f.integer("floor_scale", 8192)
+        out["temperature_scale"] = f.number("attn_scale") or 0.1
+    bias = f.boolean("attention_bias", False)
+    out.update(qkv_bias=bias, o_bias=bias)
+    step = f.integer("interleave_moe_layer_step", 1)
+    moe = data.get("moe_layers")
+    if moe is not None and moe != list(range(step - 1, layers, step)):
+        raise KvjaxError(
+            f"{where}: moe_layers={str(moe)[:60]} is not every interleave_moe_layer_step={step}"
+            f"-th layer ({step - 1}, {2 * step - 1}, ...): only that pattern is modelled"
+        )
+    experts = f.integer("num_local_experts", 16)
+    if step > layers or (moe is not None and not moe):  # no MoE layer: a dense model
+        return {**out, "d_ff": f.integer("intermediate_size_mlp", 16384)}
+    out.update(
+        num_experts=experts, experts_per_token=f.integer("num_experts_per_tok", 1),
+        moe_d_ff=fields["d_ff"], num_shared_experts=1, router="topk_sigmoid",
+        norm_topk_prob=False, moe_layer_step=step,
+        d_ff=f.integer("intermediate_size_mlp", 16384),
+    )  # fmt: skip
+    return out
 
 
 def long_rope_fields(scaling: dict, kind: str, data: dict, model_type: str, where: str) -> dict:

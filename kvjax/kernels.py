@@ -104,6 +104,12 @@ ROPE = _k(
     "unfused elementwise: cos/sin tables, halves, four multiplies and two adds each materialised "
     "in the lowered module; the closed form counts one fused pass over q and k",
 )  # fmt: skip
+TEMPERATURE = _k(
+    "attn/temperature", ELEMENTWISE, True,
+    "Llama 4's NoPE layers: q times log(floor((t + 1) / floor_scale) + 1) * scale + 1",
+    "unfused elementwise: the position's scale steps and q's widening, multiply and narrowing "
+    "each materialised in the lowered module",
+)  # fmt: skip
 KV_WRITE = _k(
     "kv_cache/write", SCATTER, True, "the new k, v rows written into the cache",
     "scatter: XLA counts the updated region read, the update read and the write (3x the row) "

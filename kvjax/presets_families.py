@@ -347,3 +347,37 @@ _GPT_OSS = dict(
 )  # fmt: skip
 _preset(ModelConfig(name="gpt-oss-120b", num_layers=36, num_experts=128, **_GPT_OSS))
 _preset(ModelConfig(name="gpt-oss-20b", num_layers=24, num_experts=32, **_GPT_OSS))
+
+# meta-llama/Llama-4-Scout-17B-16E (text_config: 48 layers, 40 / 8 heads of 128, hidden 5120,
+# vocab 202048; every layer MoE: 16 experts of 8192, 1 per token, whose sigmoid weight scales the
+# expert's input, and one shared expert of 8192 (intermediate_size_mlp 16384 is unused); every
+# 4th layer NoPE and global with temperature tuning (floor 8192, scale 0.1), the others chunked
+# (8192) with L2 q/k norms. RoPE base 5e5; its llama3 scaling (factor 16 over 8192) is left out
+# here (another branch adds rope_scaling="llama3" to the presets). 107,769,861,120 parameters =
+# the meta-device Llama4ForCausalLM of its text config (the vision tower not counted).
+_preset(
+    ModelConfig(
+        name="llama-4-scout",
+        num_layers=48,
+        d_model=5120,
+        num_heads=40,
+        num_kv_heads=8,
+        head_dim=128,
+        d_ff=16384,
+        vocab_size=202048,
+        rope_theta=500_000.0,
+        sliding_window=8192,
+        layer_pattern="LLLG",
+        rope_pattern="RRRN",
+        chunked_attention=True,
+        qk_l2_norm=True,
+        temperature_floor=8192,
+        temperature_scale=0.1,
+        num_experts=16,
+        experts_per_token=1,
+        num_shared_experts=1,
+        moe_d_ff=8192,
+        router="topk_sigmoid",
+        norm_topk_prob=False,
+    )
+)

@@ -204,7 +204,10 @@ def test_hf_missing_head_count_defaults_like_transformers(tmp_path):
         ({"model_type": "llama", "hidden_size": 64}, "is incomplete: missing 'num_hidden_layers'"),
         ({**LLAMA3_8B_HF, "model_type": "bert"}, "model_type='bert' is not supported"),
         ({**LLAMA3_8B_HF, "model_type": "gpt_oss"}, "'gpt_oss' is not supported yet: .*sinks"),
-        ({**LLAMA3_8B_HF, "model_type": "llama4_text"}, "'llama4_text' .*chunked attention"),
+        (
+            {**LLAMA3_8B_HF, "model_type": "llama4_text", "moe_layers": [0, 5]},
+            r"moe_layers=\[0, 5\] is not every interleave_moe_layer_step=1-th layer",
+        ),
         (
             {**LLAMA3_8B_HF, "num_key_value_heads": 5},
             "num_heads=32 is not divisible by num_kv_heads=5",

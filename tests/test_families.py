@@ -46,6 +46,7 @@ FAMILIES = {
     "internlm3": ("InternLM3Config", "LlamaForCausalLM"),  # transformers runs it as Llama
     "apertus": ("ApertusConfig", "ApertusForCausalLM"),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
+    "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM"),
 }
 
 
@@ -111,6 +112,9 @@ CARDS = {
     "gpt-oss-120b": ("gpt_oss", dict(quantization_config={"quant_method": "mxfp4"})),
     "gpt-oss-20b": ("gpt_oss", dict(num_hidden_layers=24, num_local_experts=32,
                                     quantization_config={"quant_method": "mxfp4"})),
+    # Llama4TextConfig's defaults are Scout's text model (its llama3 RoPE scaling left out)
+    "llama-4-scout": ("llama4_text", dict(pad_token_id=None, bos_token_id=None,
+                                          eos_token_id=None)),
 }  # fmt: skip
 
 
@@ -147,6 +151,11 @@ def _no_sinks(model):
     for layer in model.layers:
         layer.attn.sink_logits[...] = jnp.full_like(layer.attn.sink_logits[...], -1e9)
 
+
+LLAMA4_TINY = dict(intermediate_size=20, intermediate_size_mlp=56, num_local_experts=6,
+                   num_experts_per_tok=2, num_hidden_layers=4, interleave_moe_layer_step=2,
+                   no_rope_layer_interval=2, attention_chunk_size=4, floor_scale=2, attn_scale=0.5,
+                   pad_token_id=None, bos_token_id=None, eos_token_id=None)  # fmt: skip
 
 # family -> (its tiny config's extra fields, the feature switched off: kvjax fields to load
 # with, or a function of the loaded model)
@@ -197,6 +206,10 @@ PARITY = {
     # alternating sliding layers of 4 and full ones (its default), YaRN x32 (its default)
     "gpt_oss": (dict(num_local_experts=6, num_experts_per_tok=2, sliding_window=4,
                      num_hidden_layers=4), _no_sinks),
+    # chunks of 4 (11 tokens: prefill and decode past two chunk ends), NoPE every 2nd layer with
+    # temperature tuning, MoE every 2nd layer (6 experts of 20, 2 a token, a shared one)
+    "llama4_text": (LLAMA4_TINY, dict(chunked_attention=False, layer_pattern="G",
+                                      sliding_window=0)),
 }  # fmt: skip
 
 
@@ -257,13 +270,23 @@ FEATURES = {
     "xielu": dict(gated_mlp=False, mlp_activation="xielu", qk_norm=True),
     "sink-logits": dict(sink_logits=True, sliding_window=4, layer_pattern="LG"),
     "clamped-swiglu": dict(mlp_activation="clamped_swiglu", swiglu_limit=0.5),
+    "chunked": dict(num_layers=3, layer_pattern="LLG", sliding_window=4, chunked_attention=True),
+    "l2-norm-temperature": dict(
+        num_layers=3, rope_pattern="RN", qk_l2_norm=True, temperature_floor=4, temperature_scale=0.3
+    ),
 }
 MOE_FEATURES = {
     "shared-gate": dict(num_shared_experts=2, shared_expert_gate=True),
-    "gpt-oss-experts": dict(
-        router_bias=True, expert_bias=True, mlp_activation="clamped_swiglu", sink_logits=True
-    ),
-}
+    "gpt-oss-experts": dict(router_bias=True, expert_bias=True, mlp_activation="clamped_swiglu",
+                            sink_logits=True),
+    # Llama 4: MoE every 2nd layer, the top-k sigmoids scaling the experts' input, k = 1 and 2
+    "llama4-moe": dict(num_layers=3, moe_layer_step=2, router="topk_sigmoid",
+                       norm_topk_prob=False, num_shared_experts=1, experts_per_token=1),
+    "llama4-moe-k2": dict(num_layers=4, moe_layer_step=2, router="topk_sigmoid",
+                          norm_topk_prob=False, num_shared_experts=1, layer_pattern="LLLG",
+                          rope_pattern="RRRN", sliding_window=4, chunked_attention=True,
+                          qk_l2_norm=True, temperature_floor=3),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("feature", sorted(FEATURES))
@@ -286,6 +309,28 @@ def test_moe_family_features_trace_as_the_closed_form(feature, phase, batch, con
 
     cfg = get_model_config("tiny-moe", **MOE_FEATURES[feature])
     check_against_closed_form(trace_step(cfg, phase, batch, context))
+
+
+def test_llama4_features_each_move_the_logits(tmp_path):
+    """Llama 4's other pieces, each switched off on the tiny checkpoint, move its logits: the
+    L2 q/k norms, the temperature tuning and the expert-input scaling (as a softmax router)."""
+    from kvjax.nn import load_hf_llama
+
+    ref = save_tiny(tmp_path, "llama4_text", **LLAMA4_TINY)
+    toks = np.random.default_rng(0).integers(0, 97, size=(2, 11))
+    with torch.no_grad():
+        want = ref(torch.tensor(toks)).logits.numpy()
+    for off in (dict(qk_l2_norm=False), dict(temperature_floor=0), dict(router="softmax")):
+        model = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32", **off)
+        assert np.abs(np.asarray(model(jnp.asarray(toks))) - want).max() > 1e-3, off
+
+
+def test_llama4_multimodal_config_reads_its_text_config(tmp_path):
+    """A `llama4` config.json (Llama4Config) is sized as its text model: Scout's."""
+    transformers.Llama4Config().to_json_file(tmp_path / "config.json")
+    cfg = from_hf_config(tmp_path)
+    assert analytic.num_params(cfg) == analytic.num_params(get_model_config("llama-4-scout"))
+    assert cfg.replace(name="llama-4-scout") == get_model_config("llama-4-scout")
 
 
 def test_internlm3_hub_file_bias_keys(tmp_path):

@@ -248,7 +248,7 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
         # Gemma 2 / Gemma 3 / Qwen3: sandwich and q/k norms, (1 + w), embedding scale, soft-caps,
         # local RoPE bases, past their windows (batch 4, 32k)
         models = [("gemma-2-9b", 8), ("gemma-3-27b", 16), ("qwen3-8b", 8), ("mixtral-8x7b", 8),
-                  ("qwen3-30b-a3b", 4)]  # fmt: skip
+                  ("qwen3-30b-a3b", 4), ("llama-4-scout", 8)]  # fmt: skip
         for model, kv_heads in models:
             page.select_option("#model", model)
             page.select_option("#attention", "gqa")
@@ -297,6 +297,20 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                 assert page.evaluate(js) == pytest.approx(read, rel=1e-12), (model, batch)
                 js = f"weightBytes(DATA.models['{model}'])"
                 assert page.evaluate(js) == weight_bytes(PRESETS[model])
+        # Llama 4: chunked layers inside and past their chunk, L2 q/k norms, temperature tuning,
+        # the input-scaling router; MoE every 2nd layer at k = 2; the fused decode
+        for changes in ({}, {"moe_layer_step": 2, "experts_per_token": 2},
+                        {"attention_kernel": "flash"}):  # fmt: skip
+            cfg = PRESETS["llama-4-scout"].replace(**changes)
+            model = f"Object.assign({{}}, DATA.models['llama-4-scout'], {json.dumps(changes)})"
+            for batch, context in ((1, 4096), (4, 32768)):
+                closed = step_cost(cfg, Workload("decode", batch, context))
+                js = f"decodeStep({model}, {batch}, {context})"
+                assert page.evaluate(js)[:2] == [
+                    pytest.approx(closed.flops, rel=1e-12),
+                    pytest.approx(closed.bytes, rel=1e-12),
+                ], changes
+            assert page.evaluate(f"weightBytes({model})") == weight_bytes(cfg)
         page.screenshot(path=str(tmp_path / "explorer_last.png"), full_page=True)
         if os.environ.get("KVJAX_SCREENSHOT"):
             shutil.copy(tmp_path / "explorer_default.png", os.environ["KVJAX_SCREENSHOT"])

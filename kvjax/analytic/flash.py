@@ -178,6 +178,11 @@ def flash_attention_cost(
     sinks = cfg.sink_tokens if window else 0
     exact = B * exact_pairs(T, S, window, sinks)
     q_bytes, o_bytes = B * T * N * Hk * a, B * T * N * Hv * a
+    if wl.phase == "prefill" and window and cfg.chunked_attention:
+        raise KvjaxError(
+            "attention_kernel='flash' prefill over chunked layers (chunked_attention) is not "
+            "modelled (its tiles follow a sliding band); use attention_kernel='xla'"
+        )
     if wl.phase == "prefill":
         computed, loaded = block_pairs(T, S, flash.block_q, flash.block_k, window, sinks)
         computed *= B

@@ -105,18 +105,21 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
             bytes=widen_b + 28 * E + 16 * M * E, weight_bytes=E * w,
         )  # fmt: skip
     bias = E * BIAS_BYTES if cfg.router == "sigmoid" else 0  # DeepSeek-V3's correction bias
+    scaled_in = cfg.router == "topk_sigmoid"  # Llama 4: sigmoids of the k picks only
     topk = KernelCost(
         kernels.MOE_TOPK,
         flops=route_flops(cfg, M),
         bytes=M * E * SCORE_BYTES + M * k * (SCORE_BYTES + 4) + bias,
-        transcendentals=M * E,
+        transcendentals=M * k if scaled_in else M * E,
         weight_bytes=bias,
     )
     gate_up_w = expert_matrix_bytes(cfg, touched * 2 * F * D)
+    # Llama 4: each pick's input x times its weight first (M*k*D, the weights narrowed: M*k)
+    scale_in = (M * k * D + (M * k if a != 4 else 0)) if scaled_in else 0
     gate_up = KernelCost(
         kernels.MOE_GATE_UP,
-        flops=2 * M * k * D * 2 * F + gather_flops(M * k),
-        bytes=gate_up_w + M * D * a + M * k * 2 * F * a,
+        flops=2 * M * k * D * 2 * F + gather_flops(M * k) + scale_in,
+        bytes=gate_up_w + M * D * a + M * k * 2 * F * a + (2 * M * k * D * a if scaled_in else 0),
         weight_bytes=gate_up_w,
     )
     act = KernelCost(
@@ -147,10 +150,15 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
             bytes=gate_w + 5 * M * D * a + 16 * M * a, transcendentals=M, weight_bytes=gate_w,
         )]  # fmt: skip
     shared = cfg.num_shared_experts > 0  # their output added here
+    # the k outputs weighted and summed; Llama 4's already weighted: summed (k - 1 adds)
+    weigh = (M * (k - 1) * D) if scaled_in else 2 * M * k * D + (M * k if a != 4 else 0)
     combine = KernelCost(
         kernels.MOE_COMBINE,
-        flops=2 * M * k * D + (M * k if a != 4 else 0) + (M * D if shared else 0),
-        bytes=M * k * D * a + M * k * a + M * D * a + (2 * M * D * a if shared else 0),
+        flops=weigh + (M * D if shared else 0),
+        # the k outputs (and weights) read, the sum written; one Llama 4 pick is a slice
+        bytes=(M * k * D * a if k > 1 else 0) + M * D * a + (2 * M * D * a if shared else 0)
+        if scaled_in
+        else M * k * D * a + M * k * a + M * D * a + (2 * M * D * a if shared else 0),
     )
     return [router, topk, gate_up, act, down, *gate, combine]
 
@@ -181,6 +189,8 @@ def route_flops(cfg: ModelConfig, M: int) -> int:
     E/G, the best g kept): `group_flops`.
     """
     E, k = cfg.num_experts, cfg.experts_per_token
+    if cfg.router == "topk_sigmoid":  # Llama 4: top_k of the logits (0), sigmoid of k (3k)
+        return M * 3 * k
     sigmoid = cfg.router == "sigmoid"
     per_token = (4 * E if sigmoid else 4 * E - 1) + 7 * k
     if cfg.norm_topk_prob:

@@ -165,6 +165,11 @@ def gqa_attention_kernels(
         if width < H:  # partial rotary: the rotated part and the rest joined again (a concat)
             cost = cost + KernelCost(kernels.ROPE, 0.0, 2 * M * (N + K) * H * a)
         k.append(cost)
+        if cfg.qk_l2_norm:  # Llama 4: after RoPE, unscaled
+            k.append(l2_norm_cost(M * (N + K), H, a))
+    elif cfg.temperature_floor:  # Llama 4's NoPE layers
+        k.append(temperature_cost(M, N * H, a))
+    chunked = cfg.chunked_attention and bool(window)
     cap = cfg.attn_softcap
     if decode:
         # Per layer two scatters (K and V) of B rows at (b, pos[b]); wrapping negative indices
@@ -200,7 +205,9 @@ def gqa_attention_kernels(
             softmax = softmax + sink_logits_cost(cfg, R, True, w)
         if cap:  # every score, the new token's own included
             softmax = softmax + softcap_cost(kernels.SOFTMAX, R * S)
-        if rolling:  # the slot about to be overwritten masked: != and & per slot, t mod W
+        if rolling and chunked:  # the chunk's slots: below t mod W (the compare in the base)
+            softmax = softmax + KernelCost(kernels.SOFTMAX, remainder, 0.0)
+        elif rolling:  # the slot about to be overwritten masked: != and & per slot, t mod W
             softmax = softmax + KernelCost(kernels.SOFTMAX, 2 * B * span + remainder, 0.0)
         # out = P . V_cache + p_self * v_new (an outer product) and their sum.
         av = KernelCost(
@@ -248,6 +255,8 @@ def gqa_attention_kernels(
             softmax = softmax + softcap_cost(kernels.SOFTMAX, E)
         if window and window < T:  # the band: i - j < W (or j < s: a compare a key, an or)
             band = 5 * T * S + (T + T * S if sinks else 0)
+            if chunked:  # j // W == i // W: a constant, and-ed with the causal mask
+                band = T * S
             softmax = softmax + KernelCost(kernels.SOFTMAX, band, 0.0)
         av = KernelCost(
             kernels.AV,
@@ -256,6 +265,22 @@ def gqa_attention_kernels(
         )
     o_proj = _matmul(kernels.O_PROJ, M, N * H, D, w, a, bias=cfg.o_bias)
     return [*k, kv_write, scores, softmax, av, o_proj]
+
+
+def l2_norm_cost(m: int, d: int, a: int) -> KernelCost:
+    """Llama 4's unscaled q/k norm of `m` rows of `d`, in f32: x*x (md), the sum (md - m), /d
+    and +eps (2m), x*inv (md) = 3md + m, one rsqrt a row; a 2-byte model converts x to f32 and
+    back (2md)."""
+    flops = 3 * m * d + m + (2 * m * d if a != 4 else 0)
+    return KernelCost(kernels.QK_NORM, flops=flops, bytes=2 * m * d * a, transcendentals=m)
+
+
+def temperature_cost(M: int, width: int, a: int) -> KernelCost:
+    """Llama 4's temperature tuning of M tokens' queries (`width` = N*H each): per token the
+    position to f32, + 1, / floor_scale, floor, * scale, + 1 (6, and log1p a transcendental);
+    q times it in f32 (width), widened and narrowed again in a 2-byte model (2 width)."""
+    flops = 6 * M + M * width + (2 * M * width if a != 4 else 0)
+    return KernelCost(kernels.TEMPERATURE, flops=flops, bytes=2 * M * width * a, transcendentals=M)
 
 
 def _extend_attention(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:

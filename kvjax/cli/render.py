@@ -87,9 +87,11 @@ def print_calc(report: dict[str, Any]) -> None:
         con.print(f"  scales      {m['kv_dtype']} cache quantized with {what}")
     held = report["kv_positions_held"]
     if held["sliding_layers"]:
+        # Llama 4's chunked layers: a rolling buffer of the chunk (the slots below t mod W read)
+        kind, span = ("chunked", "chunk") if m.get("chunked_attention") else ("sliding", "window")
         con.print(
-            f"  windows     {held['sliding_layers']} sliding layers hold "
-            f"{held['sliding_positions']:,} positions (window {m['sliding_window']:,}"
+            f"  windows     {held['sliding_layers']} {kind} layers hold "
+            f"{held['sliding_positions']:,} positions ({span} {m['sliding_window']:,}"
             + (f" + {m['sink_tokens']:,} sink tokens" if m.get("sink_tokens") else "")
             + "), "
             f"{held['global_layers']} global layers {held['global_positions']:,}: "

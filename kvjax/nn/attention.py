@@ -7,6 +7,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from kvjax import kernels
@@ -41,6 +42,7 @@ class Attention(nnx.Module):
             cfg, cfg.layer_rope(layer), cfg.layer_is_sliding(layer), cfg.rope_width
         )
         self.use_rope = cfg.layer_has_rope(layer)  # False: a NoPE layer (SmolLM3)
+        self.chunked = cfg.layer_is_chunked(layer)  # Llama 4's chunked local layers
         D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         # Weights stored 2-D, (out, in): q (N*H, D), k and v (K*H, D), o (D, N*H).
         self.q_proj = param(rngs, (N * H, D), D, cfg)
@@ -100,6 +102,12 @@ class Attention(nnx.Module):
                     k_BTKH = jnp.concatenate(
                         [apply_rope(k_BTKH[..., :R], cos, sin), k_BTKH[..., R:]], axis=-1
                     )  # fmt: skip
+        if cfg.qk_l2_norm and self.use_rope:  # Llama 4: after RoPE, no scale
+            with jax.named_scope(kernels.QK_NORM):
+                q_BTKGH, k_BTKH = l2_norm(q_BTKGH, cfg.norm_eps), l2_norm(k_BTKH, cfg.norm_eps)
+        if cfg.temperature_floor and not self.use_rope:  # Llama 4's NoPE layers
+            with jax.named_scope(kernels.TEMPERATURE):
+                q_BTKGH = temperature(q_BTKGH, positions_BT, cfg)
         return (
             constrain(q_BTKGH, DATA, None, KV, GRP, None),
             constrain(k_BTKH, DATA, None, KV, None),
@@ -118,6 +126,7 @@ class Attention(nnx.Module):
         return attend_causal(
             *proj, window=window, scale=cfg.attn_scale, softcap=cfg.attn_softcap, cached=cached,
             sinks=cfg.sink_tokens if window else 0, sink_logits_KG=self._sink_logits(),
+            chunked=self.chunked,
         )  # fmt: skip
 
     def _sink_logits(self):
@@ -139,7 +148,7 @@ class Attention(nnx.Module):
         o_BKGH = attend_cache(
             q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], k_cache_BKHS, v_cache_BKSH, pos_B, window,
             k_scale, v_scale, self.cfg.attn_scale, self.cfg.attn_softcap,
-            self.cfg.sink_tokens if window else 0, self._sink_logits(),
+            self.cfg.sink_tokens if window else 0, self._sink_logits(), self.chunked,
         )  # fmt: skip
         return o_BKGH[:, None]
 
@@ -159,11 +168,33 @@ class Attention(nnx.Module):
             return out_BTD + read(self.o_bias, cfg) if cfg.o_bias else out_BTD
 
 
-def causal_mask(T: int, window: int = 0, sinks: int = 0) -> jax.Array:
+def l2_norm(x: jax.Array, eps: float) -> jax.Array:
+    """Llama 4's L2Norm: x * rsqrt(mean(x^2) + eps) over the last axis, in f32, no scale."""
+    x32 = x.astype(jnp.float32)
+    inv = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * inv).astype(x.dtype)
+
+
+def temperature(q_BTKGH: jax.Array, positions_BT: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Llama 4's attention temperature tuning: q at position t times
+    log(floor((t + 1) / floor_scale) + 1) * scale + 1, multiplied in f32 as Hugging Face does."""
+    t_BT = positions_BT.astype(jnp.float32)
+    s_BT = jnp.log1p(jnp.floor((t_BT + 1.0) / cfg.temperature_floor)) * cfg.temperature_scale
+    s_BT11 = (s_BT + 1.0)[:, :, None, None, None]
+    return (q_BTKGH.astype(jnp.float32) * s_BT11).astype(q_BTKGH.dtype)
+
+
+def causal_mask(T: int, window: int = 0, sinks: int = 0, chunked: bool = False) -> jax.Array:
     """[T, T]: query i sees key j <= i, and with a sliding window only i - j < window (the
     window counts the query's own position, as Hugging Face's sliding_window) or, with `sinks`,
-    j < sinks (StreamingLLM: the first tokens stay visible)."""
+    j < sinks (StreamingLLM: the first tokens stay visible). `chunked` (Llama 4): the window is
+    a chunk instead, j // window == i // window (a constant: one and an entry)."""
     mask_TS = jnp.tril(jnp.ones((T, T), jnp.bool_))
+    if chunked:
+        if window and window < T:
+            chunk_T = np.arange(T) // window
+            mask_TS = mask_TS & jnp.asarray(chunk_T[:, None] == chunk_T[None, :])
+        return mask_TS
     if window and window < T:
         band_TS = ~jnp.tril(jnp.ones((T, T), jnp.bool_), -window)
         if sinks:
@@ -187,6 +218,7 @@ def attend_causal(
     cached=None,
     sinks: int = 0,
     sink_logits_KG=None,
+    chunked: bool = False,
 ) -> jax.Array:
     """Causal attention of T queries over the same T positions (forward and prefill), banded to
     the last `window` positions for a sliding layer (and its first `sinks`). Scores scaled by
@@ -213,7 +245,7 @@ def attend_causal(
             s_BKGTS = jnp.where(quantized_TS, scores(kq_BSKH), s_BKGTS)
     with jax.named_scope(kernels.SOFTMAX):
         s_BKGTS = soft_cap(s_BKGTS * scale, softcap)
-        s_BKGTS = jnp.where(causal_mask(T, window, sinks), s_BKGTS, NEG_INF)
+        s_BKGTS = jnp.where(causal_mask(T, window, sinks, chunked), s_BKGTS, NEG_INF)
         p_BKGTS = softmax_with_sinks(s_BKGTS, sink_logits_KG).astype(dtype)
     with jax.named_scope(kernels.AV):
         if cached is None:
@@ -277,15 +309,21 @@ def decode_scores(q_BKGH, k_new_BKH, k_cache_BKHS, k_scale_BKS=None):
 
 def decode_softmax(
     s_BKGS, s_self_BKG, pos_B, head_dim: int, dtype, window: int = 0, scale=None, softcap=0.0,
-    sinks: int = 0, sink_logits_KG=None,
+    sinks: int = 0, sink_logits_KG=None, chunked: bool = False,
 ):  # fmt: skip
     """Softmax over the valid cached positions [0, pos) and the new token, written out so the
     new score joins the cached ones without a concat. Scaled by `scale` (1/sqrt(head_dim) when
-    None) and soft-capped (Gemma 2) before the mask."""
+    None) and soft-capped (Gemma 2) before the mask. `chunked` on a rolling layer (Llama 4):
+    token t's chunk is slots [0, t mod window), the ring's slots holding the chunk so far."""
     B, S = s_BKGS.shape[0], s_BKGS.shape[-1]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    valid_BS = jnp.arange(S)[None, :] < pos_B[:, None]
-    if window:  # a rolling buffer: the slot about to be overwritten holds a token out of window
+    if chunked and window:
+        valid_BS = jnp.arange(S)[None, :] < jnp.remainder(pos_B, window)[:, None]
+    else:
+        valid_BS = jnp.arange(S)[None, :] < pos_B[:, None]
+    if (
+        window and not chunked
+    ):  # a rolling buffer: the slot about to be overwritten holds a token out of window
         slot_B = rolling_slot(pos_B, window, sinks)
         valid_BS = valid_BS & (jnp.arange(S)[None, :] != slot_B[:, None])
     # any head axes between B and S (K, G here; N for MLA)
@@ -326,6 +364,7 @@ def attend_cache(
     softcap: float = 0.0,
     sinks: int = 0,
     sink_logits_KG=None,
+    chunked: bool = False,
 ) -> jax.Array:
     """One new query per sequence over its cached positions [0, pos) and its own new k, v.
 
@@ -338,7 +377,7 @@ def attend_cache(
     with jax.named_scope(kernels.SOFTMAX):
         p_BKGS, p_self_BKG = decode_softmax(
             s_BKGS, s_self_BKG, pos_B, q_BKGH.shape[-1], q_BKGH.dtype, window, scale, softcap,
-            sinks, sink_logits_KG,
+            sinks, sink_logits_KG, chunked,
         )  # fmt: skip
     with jax.named_scope(kernels.AV):
         return decode_av(p_BKGS, p_self_BKG, v_new_BKH, v_cache_BKSH, v_scale_BKS)

@@ -70,6 +70,11 @@ def check_supported(cfg) -> None:
             f"{cfg.kv_dtype!r} (compute {cfg.compute_dtype}) is not supported by the model's "
             "kernel (allowed: kv_dtype equal to the compute dtype; the closed form has both)"
         )
+    if cfg.chunked_attention:
+        raise KvjaxError(
+            "attention_kernel='flash' with chunked_attention is not supported by the model's "
+            "fused kernels (they band to a sliding window); use attention_kernel='xla'"
+        )
     if cfg.sink_tokens:
         raise KvjaxError(
             f"attention_kernel='flash' with sink_tokens={cfg.sink_tokens} is not supported (the "

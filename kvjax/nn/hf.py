@@ -30,7 +30,7 @@ SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemm
              "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
              "smollm3", "phi3", "starcoder2", "stablelm", "olmo2", "qwen2_moe",
              "olmoe", "glm4", "ernie4_5", "exaone4", "cohere2", "internlm3",
-             "apertus", "gpt_oss")  # fmt: skip
+             "apertus", "gpt_oss", "llama4_text")  # fmt: skip
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -68,13 +68,15 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
                 f"checkpoint rope scaling type {kind!r} is not implemented in kvjax's model (its "
                 f"logits would differ); `kvjax calc`/`trace` of the config are unaffected"
             )
-    interleaved = model_type in ("deepseek_v2", "glm4", "ernie4_5", "cohere2") or (
+    interleaved = model_type in ("deepseek_v2", "glm4", "ernie4_5", "cohere2", "llama4_text") or (
         model_type == "deepseek_v3" and data.get("rope_interleave", True)
     )
     if cfg.expert_weight_dtype:  # gpt-oss's MXFP4 experts, dequantized on load (kvjax.nn.mxfp4)
         cfg = cfg.replace(expert_weight_dtype="")
     tensors = _read_safetensors(folder)
-    moe_prefix = "block_sparse_moe." if model_type == "mixtral" else "mlp."
+    moe_prefix = {"mixtral": "block_sparse_moe.", "llama4_text": "feed_forward."}.get(
+        model_type, "mlp."
+    )
     norms = ("attention_layernorm", "feedforward_layernorm") if model_type == "apertus" else None
     return from_hf_tensors(cfg, tensors, rope_interleaved=interleaved, moe_prefix=moe_prefix,
                            glm=model_type == "glm4", norm_names=norms)  # fmt: skip
@@ -157,6 +159,7 @@ def _load_attention(
 _EXPERT_NAMES = {  # (gate, up, down) of an expert: Mixtral's w1, w3, w2, everyone else's names
     "block_sparse_moe.": ("w1", "w3", "w2"),
     "mlp.": ("gate_proj", "up_proj", "down_proj"),
+    "feed_forward.": ("gate_proj", "up_proj", "down_proj"),  # Llama 4 (stacked: its own reader)
 }
 
 
@@ -185,9 +188,22 @@ def _load_mlp(mlp, get, put, p: str, F: int, D: int, fused: bool = False, plain=
         put(mlp.down_bias, get(p + "down_proj.bias", (D,)))
 
 
+def _load_llama4_moe(cfg: ModelConfig, moe, get, put, p: str) -> None:
+    """Llama 4's router, its experts stored stacked [in, out]: gate_up_proj [E, D, 2F] ([gate,
+    up] columns) and down_proj [E, F, D], transposed to kvjax's (out, in), and its shared
+    expert."""
+    D, E, F = cfg.d_model, cfg.num_experts, cfg.moe_d_ff
+    put(moe.router, get(p + "router.weight", (E, D)))
+    put(moe.expert_gate_up, get(p + "experts.gate_up_proj", (E, D, 2 * F)).transpose(0, 2, 1))
+    put(moe.expert_down, get(p + "experts.down_proj", (E, F, D)).transpose(0, 2, 1))
+    _load_mlp(moe.shared, get, put, p + "shared_expert.", moe.shared.width, D)
+
+
 def _load_moe(cfg: ModelConfig, moe, get, put, p: str, names: tuple[str, str, str]) -> None:
     """The router (and DeepSeek-V3's score-correction bias), the experts stacked to (E, 2F, D)
     and (E, D, F), and DeepSeek's shared experts."""
+    if p.endswith("feed_forward."):  # Llama 4's names and layout
+        return _load_llama4_moe(cfg, moe, get, put, p)
     D, E, F = cfg.d_model, cfg.num_experts, cfg.moe_d_ff
     gate_name, up_name, down_name = names
     put(moe.router, get(p + "gate.weight", (E, D)))
@@ -267,7 +283,8 @@ def from_hf_tensors(
         elif cfg.layer_is_moe(i):
             _load_moe(cfg, layer.mlp, get, put, p + moe_prefix, _EXPERT_NAMES[moe_prefix])
         else:
-            _load_mlp(layer.mlp, get, put, p + "mlp.", F, D, fused_mlp, plain)
+            dense = "feed_forward." if moe_prefix == "feed_forward." else "mlp."  # Llama 4's
+            _load_mlp(layer.mlp, get, put, p + dense, F, D, fused_mlp, plain)
             if cfg.mlp_activation == "xielu":
                 _check_xielu_constants(tensors, get, p + "mlp.act_fn.")
 

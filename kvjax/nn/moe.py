@@ -58,8 +58,14 @@ class MoE(nnx.Module):
         with jax.named_scope(kernels.MOE_TOPK):
             bias = None if self.router_bias is None else self.router_bias[...]
             weights_Mk, idx_Mk = route(cfg, logits, bias)
+        scaled_in = cfg.router == "topk_sigmoid"  # Llama 4: the weights scale the input
         with jax.named_scope(kernels.MOE_GATE_UP):
-            gu_MkE = experts_gate_up(x_MD, read_experts(self.expert_gate_up, idx_Mk, cfg))
+            w_MkED = read_experts(self.expert_gate_up, idx_Mk, cfg)
+            if scaled_in:
+                x_MkD = x_MD[:, None, :] * weights_Mk.astype(x_MD.dtype)[:, :, None]
+                gu_MkE = jnp.einsum("MkD,MkED->MkE", x_MkD, w_MkED)
+            else:
+                gu_MkE = experts_gate_up(x_MD, w_MkED)
             if cfg.expert_bias:
                 gu_MkE = gu_MkE + read_experts(self.expert_gate_up_bias, idx_Mk, cfg)
         with jax.named_scope(kernels.MOE_ACT):
@@ -74,9 +80,11 @@ class MoE(nnx.Module):
                 g_BT1 = jax.nn.sigmoid(linear(x_BTD, read(self.shared_gate, cfg)))
                 shared_BTD = shared_BTD * g_BT1
         with jax.named_scope(kernels.MOE_COMBINE):
-            out_BTD = jnp.einsum("MkD,Mk->MD", y_MkD, weights_Mk.astype(y_MkD.dtype)).reshape(
-                B, T, D
-            )
+            if scaled_in:  # already weighted: the k outputs summed
+                out_MD = jnp.sum(y_MkD, axis=1) if cfg.experts_per_token > 1 else y_MkD[:, 0]
+            else:
+                out_MD = jnp.einsum("MkD,Mk->MD", y_MkD, weights_Mk.astype(y_MkD.dtype))
+            out_BTD = out_MD.reshape(B, T, D)
             if shared_BTD is not None:
                 out_BTD = out_BTD + shared_BTD
         return out_BTD
@@ -119,11 +127,16 @@ def route(cfg: ModelConfig, logits: jax.Array, bias_E: jax.Array | None):
     `expert_groups` > 1, DeepSeek-V2's group-limited greedy: only experts of the `topk_groups`
     groups with the largest max p); weights p of the picks, renormalised to sum 1 if
     `norm_topk_prob`; times `routed_scaling_factor`.
+    topk_sigmoid (Llama 4): the top k logits, weights their sigmoids, which scale the token's
+    input to each expert (not its output) and are not renormalised.
     sigmoid (DeepSeek-V3): s = sigmoid(logits); the choice ranks s + bias, within the
     `topk_groups` groups whose two best s + bias sum highest; weights s of the picks, divided by
     their sum (+ 1e-20) if `norm_topk_prob`; times `routed_scaling_factor`.
     """
     E, k = cfg.num_experts, cfg.experts_per_token
+    if cfg.router == "topk_sigmoid":  # Llama 4: the top-k logits, then their sigmoids
+        top_Mk, idx_Mk = jax.lax.top_k(logits, k)
+        return jax.nn.sigmoid(top_Mk), idx_Mk
     if cfg.router == "sigmoid":
         scores = jax.nn.sigmoid(logits)
         choice = scores + bias_E

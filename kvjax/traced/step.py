@@ -201,7 +201,7 @@ def trace_step(
         dense = sum(not moe for moe, _, _ in kinds) if cfg.is_moe else 0
         traced_cfg = cfg.replace(
             num_layers=len(kinds), layer_pattern=pattern, first_dense_layers=dense,
-            rope_pattern=rope,
+            rope_pattern=rope, moe_layer_step=1,
         )  # fmt: skip
     fn, args = step_fn(traced_cfg, phase, batch, context, new_tokens=new_tokens)
     lowered = lower_for_cost(fn, args)
