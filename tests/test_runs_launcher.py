@@ -63,12 +63,14 @@ def test_interrupted_sweep_resumes_without_recomputing(tmp_path, monkeypatch):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert all(p["done"] for p in manifest["points"]) and len(manifest["points"]) == 10
     env = json.loads((run_dir / "environment.json").read_text())
-    assert {"jax", "flax", "backend", "device", "xla_flags"} <= env.keys()
+    assert {"jax", "flax", "backend", "device", "xla_flags", "cpu"} <= env.keys()
+    assert env["cpu"].endswith(" cores)")  # the host CPU a measured figure names
     assert (run_dir / "config.yaml").read_text().startswith("experiment: kv_vs_context")
     df = load_records(tmp_path / "runs")
     assert len(df) == 10 * 4 * 2  # points x variants (MHA, GQA, MQA, MLA) x contexts
     assert set(df.variant) == {"MHA", "GQA", "MQA", "MLA A=512 P=64"}
     assert set(df.num_kv_heads) >= {1, 32}
+    assert set(df.host_cpu) == {env["cpu"]}  # each record carries its run's CPU
     one = load_records([run_dir, tmp_path / "runs"])  # a run's own folder; each point counted once
     assert len(one) == len(df) and set(one.run_id) == {run_dir.name}
 

@@ -40,7 +40,10 @@ def roofline_compiled(records: pd.DataFrame, fig) -> bool | None:
     key_ax.axis("off")
     products = [k for k in kernels.REGISTRY if kernels.REGISTRY[k].kind == kernels.MATMUL
                 and k in set(df.kernel)]  # fmt: skip
-    palette = dict(zip(products, sns.color_palette("tab10", len(products)), strict=True))
+    # tab10 without its grey: grey is "the others" (every kernel that is not a product)
+    tab = [c for i, c in enumerate(sns.color_palette("tab10", 10)) if i != 7]
+    tab += sns.color_palette("tab20b", 20)
+    palette = dict(zip(products, tab[: len(products)], strict=True))
     device = df.device.dropna().iloc[0] if "device" in df and df.device.notna().any() else ""
     for row, model in enumerate(models):
         for col, phase in enumerate(phases):
@@ -64,8 +67,11 @@ def roofline_compiled(records: pd.DataFrame, fig) -> bool | None:
                 "a fused product\nmoves: the bytes between\nfused kernels are counted\n"
                 "on one of them", fontsize=4.5, va="bottom", transform=key_ax.transAxes,
                 color="0.3")  # fmt: skip
-    fig.suptitle(f"every kernel on the {device or df.chip.iloc[0]} roofline: its executable "
-                 "compiled on this host, no device", fontsize=7)  # fmt: skip
+    target = str(df.target.dropna().iloc[0]).upper()
+    accelerator = "TPU" if target.startswith(("V", "TPU")) else "GPU"
+    fig.suptitle(f"every kernel on the {device or df.chip.iloc[0]} roofline: closed form, XLA's "
+                 f"lowered module, and the executable compiled here for the {target}, "
+                 f"no {accelerator} used", fontsize=7)  # fmt: skip
 
 
 def _one(g: pd.DataFrame, column: str):
@@ -81,6 +87,8 @@ def _panel(ax, g: pd.DataFrame, palette: dict) -> None:
     xs = [min(1e-2, g.intensity.min() / 2), ridge, max(1e5, g.intensity.max() * 2)]
     ax.plot(xs, [min(peak, x * bw) for x in xs], color="0.2", lw=1)
     ax.axvline(ridge, color="0.5", ls=":", lw=0.8)
+    ax.text(ridge * 1.15, 0.03, f"ridge {ridge:.3g}", fontsize=5.5, color="0.3",
+            transform=ax.get_xaxis_transform())  # fmt: skip
     for source, r in g.groupby("source"):
         key = _source_key(source)
         if key is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,9 +16,17 @@ from matplotlib import ticker  # noqa: E402
 
 from kvjax.plotting import quality  # noqa: E402
 from kvjax.plotting.compiled import roofline_compiled  # noqa: E402
-from kvjax.plotting.measured import _label_measured, kernel_bound, mark_flags  # noqa: E402
+from kvjax.plotting.measured import kernel_bound, mark_flags  # noqa: E402
+from kvjax.plotting.roofline import roofline  # noqa: E402
 from kvjax.plotting.serving import serving_frontier  # noqa: E402
-from kvjax.plotting.style import MLA_COLOR, kv_palette, variant_color  # noqa: E402
+from kvjax.plotting.style import (  # noqa: E402
+    MLA_COLOR,
+    device_name,
+    host_cpu,
+    kv_palette,
+    log_ticks,
+    variant_color,
+)
 
 COLUMN_WIDTH_IN = 3.5  # one column of a two-column paper
 GIB = 2**30
@@ -36,6 +45,7 @@ def kv_vs_context(records: pd.DataFrame, fig) -> None:
     (records with `window`) the sliding-window presets as published against all-global."""
     df = records[records.experiment == "kv_vs_context"]
     windows = df[df["window"].notna()] if "window" in df else df.iloc[:0]
+    fig.set_size_inches(fig.get_figwidth(), 3.2)
     axes = fig.subplots(1, 2 if len(windows) else 1, squeeze=False)[0]
     _kv_variants(df.drop(windows.index), axes[0])
     if len(windows):
@@ -56,8 +66,9 @@ def _kv_windows(df: pd.DataFrame, ax) -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context S (tokens)")
-    ax.set_title(f"sliding windows, B={int(df.batch.iloc[0])}: the cache they hold", fontsize=8)
-    ax.legend(fontsize=6, frameon=True)
+    ax.set_ylabel("KV cache (GiB, binary)")
+    ax.set_title(f"sliding windows, B={int(df.batch.iloc[0])}: the KV cache they hold", fontsize=8)
+    ax.legend(fontsize=6, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 
 
 def _kv_variants(df: pd.DataFrame, ax) -> None:
@@ -77,99 +88,18 @@ def _kv_variants(df: pd.DataFrame, ax) -> None:
             label=variant if mla else f"{variant} (h_kv={k})",
         )
         ax.axhline(g.weight_bytes.iloc[0] / GIB, color=color, ls="--", lw=0.8)
+    # the variants' weights lie within a few percent: one band, named once above it
+    weights = df.groupby("variant", sort=False).weight_bytes.first() / GIB
+    ax.annotate(f"weights (dashed): {weights.min():.0f}-{weights.max():.0f} GiB",
+                (0.02, weights.max()), xycoords=("axes fraction", "data"), xytext=(0, 3),
+                textcoords="offset points", fontsize=5.5, color="0.25", va="bottom")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context S (tokens)")
     ax.set_ylabel("KV cache (GiB, binary)")
     batch = int(df.batch.iloc[0])
-    ax.set_title(f"{model}, B={batch}: KV cache vs weights (dashed)", fontsize=8)
-    ax.plot([], [], color="0.4", ls="--", lw=0.8, label="weights (same colour)")
-    ax.legend(fontsize=6, frameon=True)
-
-
-ATTENTION_COLORS = {"prefill": "#8c1c13", "decode": "#dd8452"}  # the attention both ways
-
-
-def _panel_roofline(ax, df, chip) -> None:
-    peak, bw = df.peak_flops_per_s.iloc[0], df.bandwidth_bytes_per_s.iloc[0]
-    ridge = peak / bw
-    xs = [min(1e-2, df.intensity.min() / 2), ridge, max(1e5, df.intensity.max() * 2)]
-    ax.plot(xs, [min(peak, x * bw) for x in xs], color="0.2", lw=1)
-    ax.axvline(ridge, color="0.5", ls=":", lw=0.8)
-    ax.text(ridge * 1.15, peak * 0.35, f"ridge {ridge:.3g}", fontsize=6, color="0.3")
-    markers = {"prefill": "s", "decode": "o"}
-    colors = {"prefill": "#c44e52", "decode": "#4c72b0"}
-    for (phase, source), g in df.groupby(["phase", "source"]):
-        y = (
-            g.achieved_flops_per_s
-            if source == "measured"
-            else [min(peak, i * bw) for i in g.intensity]
-        )
-        style = dict(marker=markers.get(phase, "o"), s=14, linewidths=0.8)
-        if source in ("closed form, fused", "closed form, unfused"):
-            fused = source.endswith(" fused")
-            form = "fused" if fused else "unfused (sum)"
-            # the intensities in the legend, not beside the points: nothing to overlap
-            values = ", ".join(f"{x:.3g}" for x in g.intensity)
-            ax.scatter(g.intensity, y, marker="*" if fused else "D", s=40 if fused else 16,
-                       color=ATTENTION_COLORS[phase], edgecolors="0.2", linewidths=0.4, zorder=3,
-                       label=f"{phase} attention, {form}: I={values}")  # fmt: skip
-        elif source == "closed form":
-            ax.scatter(
-                g.intensity,
-                y,
-                facecolors="none",
-                edgecolors=colors[phase],
-                **style,
-                label=f"{phase}, closed form",
-            )
-        elif source == "traced":
-            ax.scatter(
-                g.intensity,
-                y,
-                color=colors[phase],
-                marker="x",
-                s=10,
-                linewidths=0.6,
-                label=f"{phase}, traced (XLA)",
-            )
-        else:
-            ax.scatter(g.intensity, y, color=colors[phase], **style, label=f"{phase}, measured")
-    measured = df[df.source == "measured"]
-    caption = None
-    if len(measured):  # labelled once for both phases: one column of labels, no overlaps
-        caption = _label_measured(ax, measured, peak, bw)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("FLOP/s (attainable or achieved)")
-    if len(measured):
-        ax.set_title(f"{df.model.iloc[0]}: timed in situ on {_device(chip)}", fontsize=7)
-    else:
-        ax.set_title(f"{df.model.iloc[0]} on {chip}: closed form, traced", fontsize=7)
-    # below the axes, never on the data; the measured panel's unlabelled kernels as its title
-    ax.legend(fontsize=4.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2),
-              ncol=2, title=caption, title_fontsize=4.2, columnspacing=1.0)  # fmt: skip
-
-
-def roofline(records: pd.DataFrame, fig) -> bool | None:
-    """Every kernel on the roofline: hollow = closed form, x = traced, filled = measured."""
-    df = records[records.experiment == "roofline"]
-    if "target" in df:  # runs compiled for an accelerator: their own figure
-        df = df[df.target.isna()]
-    panels = list(dict.fromkeys(zip(df.model, df.chip, strict=True)))
-    if not panels:
-        return False
-    fig.set_size_inches(max(2, len(panels)) * COLUMN_WIDTH_IN, 3.6)  # a column per panel
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    for ax, (model, chip) in zip(axes, panels, strict=True):
-        _panel_roofline(ax, df[(df.model == model) & (df.chip == chip)], chip)
-
-
-def _device(name: str) -> str:
-    """A measured chip's name as a title says it: `measured cpu:cpu` is this CPU."""
-    name = str(name).removeprefix("measured ")
-    return "this CPU" if name.startswith("cpu") else name
+    ax.set_title(f"{model}, B={batch}: KV cache vs the weights, per attention", fontsize=8)
+    ax.legend(fontsize=6, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 
 
 def _decode_lines(g: pd.DataFrame):
@@ -199,45 +129,71 @@ def _decode_lines(g: pd.DataFrame):
 MOE_COLORS = ("#8c564b", "#e377c2")
 
 
+def _one_line(lines: list, column: str, within: float = 0.03) -> list:
+    """Lines of one colour and source whose values agree within `within` (h_kv=64's fused and
+    unfused attention) keyed once, with the largest gap: a line hidden under its twin is not
+    listed as two. Both are still drawn; the twin gets no key entry (label None)."""
+    out = []
+    for label, style, source, g in lines:
+        g = g.sort_values("batch")
+        for i, (label0, style0, source0, g0) in enumerate(out):
+            if (str(style0["color"]), source0, tuple(g0.batch)) != (
+                str(style["color"]),
+                source,
+                tuple(g.batch),
+            ) or label0 is None:
+                continue
+            gap = (g[column].to_numpy() / g0[column].to_numpy() - 1).__abs__().max()
+            if gap <= within:
+                base = label0.replace(", fused attn", "").replace(", unfused attn", "")
+                out[i] = (f"{base}, fused = unfused attn (within {gap:.1%})", style0, source0, g0)
+                label = None
+                break
+        out.append((label, style, source, g))
+    return out
+
+
 def decode_latency(records: pd.DataFrame, fig) -> None:
-    """Minimum ms/token against batch, one line per num_kv_heads (and per MoE model), per chip."""
+    """Minimum ms/token against batch, one line per num_kv_heads (and per MoE model), per chip;
+    each panel's key below it, off the lines."""
     df = records[records.experiment == "decode_latency"]
     panels = list(dict.fromkeys(df.chip))
+    fig.set_size_inches(fig.get_figwidth(), 3.5)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, chip in zip(axes, panels, strict=True):
         g = df[df.chip == chip]
         has_measured = (g.source == "measured").any()
-        for label, style, source, gk in _decode_lines(g):
-            gk = gk.sort_values("batch")
+        for label, style, source, gk in _one_line(list(_decode_lines(g)), "step_floor_s"):
             bound = source == "closed form" and has_measured
             suffix = (" bound" if source == "closed form" else " measured") if has_measured else ""
             ax.plot(gk.batch, gk.step_floor_s * 1e3, ms=3, ls="--" if bound else "-",
-                    mfc="none" if bound else style["color"], label=label + suffix,
+                    mfc="none" if bound else style["color"],
+                    label=None if label is None else label + suffix,
                     **style)  # fmt: skip
             if source == "measured" and "flagged" in gk:
                 mark_flags(ax, gk.batch, gk.step_floor_s * 1e3, gk["flagged"])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+        log_ticks(ax.yaxis)
         ax.set_xlabel("batch B")
         ax.set_ylabel("ms per decode step (= per token)")
         ctx = int(g.context.iloc[0])
-        where = (f"measured on {_device(chip)} (dashed: bound)" if has_measured
-                 else f"closed form, {chip}")  # fmt: skip
-        ax.set_title(f"{where}, S={ctx}\n{', '.join(dict.fromkeys(g.model))}", fontsize=7)
-        ax.legend(fontsize=5, frameon=True)
+        where = (f"measured on {device_name(chip, host_cpu(g))}, S={ctx} (dashed: bound)"
+                 if has_measured else f"closed form on {chip}, S={ctx}")  # fmt: skip
+        ax.set_title(f"{where}\n{', '.join(dict.fromkeys(g.model))}", fontsize=7)
+        ax.legend(fontsize=5.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+                  ncol=2, columnspacing=1.0)  # fmt: skip
 
 
 def decode_intensity(records: pd.DataFrame, fig) -> None:
     """Decode intensity against batch per num_kv_heads, the MoE models beside, with the seed's
     I = B: a dense model's weights are read once whatever B, an MoE model's grow with the experts
-    its batch touches."""
+    its batch touches. The key below the axes, off the lines."""
     df = records[(records.experiment == "decode_latency") & (records.source == "closed form")]
+    fig.set_size_inches(fig.get_figwidth(), 3.6)
     ax = fig.subplots()
     first = df[df.chip == df.chip.iloc[0]]
-    for label, style, _, g in _decode_lines(first):
-        g = g.sort_values("batch")
+    for label, style, _, g in _one_line(list(_decode_lines(first)), "decode_intensity"):
         ax.plot(g.batch, g.decode_intensity, ms=3, label=label, **style)
     b = sorted(first.batch.unique())
     ax.plot(b, b, color="0.3", ls="--", lw=0.8, label="I = B (seed)")
@@ -245,9 +201,11 @@ def decode_intensity(records: pd.DataFrame, fig) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("batch B")
     ax.set_ylabel("decode intensity (FLOP/byte)")
-    ax.set_title(f"decode intensity vs batch, S={int(first.context.iloc[0])}, closed form\n"
+    ctx = int(first.context.iloc[0])
+    ax.set_title(f"decode intensity vs batch, closed form (any chip), S={ctx}\n"
                  f"{', '.join(dict.fromkeys(first.model))}", fontsize=7)  # fmt: skip
-    ax.legend(fontsize=5, frameon=True)
+    ax.legend(fontsize=5.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.22),
+              ncol=2, columnspacing=1.0)  # fmt: skip
 
 
 def hkv_ablation(records: pd.DataFrame, fig) -> None:
@@ -258,6 +216,7 @@ def hkv_ablation(records: pd.DataFrame, fig) -> None:
     if "attention_kind" not in df:
         df["attention_kind"] = "GQA"
     df["family"] = df.attention_kind.fillna("GQA").map(lambda a: "MLA" if a == "MLA" else "GQA")
+    fig.set_size_inches(fig.get_figwidth(), 3.7)
     ax = fig.subplots()
     colors = {"GQA": "#4c72b0", "MLA": MLA_COLOR}
     for family, g in df.groupby("family", sort=True):
@@ -272,41 +231,49 @@ def hkv_ablation(records: pd.DataFrame, fig) -> None:
                     label=f"{family}: measured (median, interleaved)")  # fmt: skip
             if "flagged" in g:
                 mark_flags(ax, x, g.measured_s * 1e3, g["flagged"])
-        # MLA's tags above its upper line, GQA's below its lower one: the two never cross labels
-        mla = family == "MLA"
+        # the tags in a strip of their own above the time axis's empty foot, one row per family,
+        # each under its point: noisy measured lines that cross never carry a tag into a line
+        row = 0.03 if family == "MLA" else 0.1
         for xi, (_, r) in zip(x, g.iterrows(), strict=True):
-            measured = "measured_s" in g and pd.notna(r.get("measured_s"))
-            y = r.measured_s if mla and measured else r.predicted_s
-            tag = f"A={int(r.kv_lora_rank)}" if mla else f"h_kv={int(r.num_kv_heads)}"
-            ax.annotate(tag, (xi, y * 1e3), textcoords="offset points", ha="center",
-                        xytext=(0, 4) if mla else (0, -8), fontsize=5, color=c)  # fmt: skip
+            tag = f"A={int(r.kv_lora_rank)}" if family == "MLA" else f"h_kv={int(r.num_kv_heads)}"
+            ax.text(xi, row, tag, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                    fontsize=5, color=c)  # fmt: skip
     ax.set_xscale("log", base=2)
-    ax.set_ylim(bottom=0)  # a time axis from zero: the gap is read as a ratio
+    ax.margins(x=0.1)  # room for the outermost tags inside the frame
+    ax.set_ylim(0, ax.get_ylim()[1])  # a time axis from zero: the gap is read as a ratio
+    low = ax.get_ylim()[1] * 0.18
+    if min(df.predicted_s.min(), df.get("measured_s", df.predicted_s).min()) * 1e3 < low:
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # keep the strip clear of the data
     ax.set_xlabel("KV cache per token (KiB, binary)")
     ax.set_ylabel("decode step (ms)")
     r = df.iloc[0]
     models = " vs ".join(dict.fromkeys(df.model))
-    ax.set_title(f"{models}\nB={int(r.batch)}, S={int(r.context)}, measured on {_device(r.device)}",
-                 fontsize=7)  # fmt: skip
-    ax.legend(fontsize=5, frameon=True)
+    where = device_name(r.device, host_cpu(df))
+    ax.set_title(f"decode step vs KV cache per token\n{models}, B={int(r.batch)}, "
+                 f"S={int(r.context)}\nmeasured on {where}", fontsize=6.5)  # fmt: skip
+    ax.legend(fontsize=5.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.22),
+              ncol=1, title="tags above the axis: each point's h_kv (GQA) or latent A (MLA)",
+              title_fontsize=5.5)  # fmt: skip
 
 
 def tensor_parallel(records: pd.DataFrame, fig) -> None:
     """Per-device KV cache and decode floor against tp, one line per num_kv_heads (closed form);
-    hollow markers: the bytes the sharded model's own shardings put on a device."""
+    hollow markers: the bytes the sharded model's own shardings put on a device. Each h_kv has
+    its own marker shape and size, so lines that coincide (h_kv=1 and 8 from tp=8) both show."""
     df = records[records.experiment == "tensor_parallel"].sort_values("tp")
     r0 = df.iloc[0]
+    fig.set_size_inches(fig.get_figwidth(), 3.0)
     ax_kv, ax_t = fig.subplots(1, 2)
     palette = kv_palette(df.num_kv_heads)
+    marks = [("o", 14), ("s", 30), ("D", 20), ("^", 26)]
+    shapes = {k: marks[i % len(marks)] for i, k in enumerate(sorted(palette))}
     for k, g in df.groupby("num_kv_heads"):
-        color = palette[int(k)]
+        color, (marker, size) = palette[int(k)], shapes[int(k)]
         ax_kv.plot(g.tp, g.kv_cache_bytes_per_device / GIB, color=color, lw=1, label=f"h_kv={k}")
-        ax_kv.scatter(
-            g.tp, g.sharded_kv_cache_bytes_per_device / GIB, s=18, facecolors="none",
-            edgecolors=color, linewidths=0.8,
-        )  # fmt: skip
-        ax_t.plot(g.tp, g.step_floor_s * 1e3, color=color, lw=1, marker="o", ms=2.5,
-                  label=f"h_kv={k}")  # fmt: skip
+        ax_kv.scatter(g.tp, g.sharded_kv_cache_bytes_per_device / GIB, s=size, marker=marker,
+                      facecolors="none", edgecolors=color, linewidths=0.8, zorder=3)  # fmt: skip
+        ax_t.plot(g.tp, g.step_floor_s * 1e3, color=color, lw=1, marker=marker, ms=size**0.5,
+                  mfc="none", mew=0.8, label=f"h_kv={k}")  # fmt: skip
         # tp = h_kv: one KV head per device; beyond it devices hold copies, no saving
         if g.tp.min() < k <= g.tp.max():
             ax_kv.axvline(k, color=color, ls=":", lw=0.7)
@@ -316,15 +283,17 @@ def tensor_parallel(records: pd.DataFrame, fig) -> None:
         ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
         ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
         ax.set_xlabel("tensor-parallel devices tp")
+        low, high = ax.get_ylim()  # from a power of two below the lowest line: it has a label
+        ax.set_ylim(2.0 ** math.floor(math.log2(low)), high)
     ax_kv.set_ylabel("KV cache per device (GiB, binary)")
-    ax_kv.set_title(
-        f"{r0.model}, B={int(r0.batch)}, S={int(r0.context):,} (dotted: tp = h_kv; beyond, copies)",
-        fontsize=6.5,
-    )
+    ax_kv.set_title(f"KV cache per device, closed form: {r0.model},\nB={int(r0.batch)}, "
+                    f"S={int(r0.context):,} (any chip)", fontsize=6.5)  # fmt: skip
     ax_kv.scatter([], [], s=18, facecolors="none", edgecolors="0.3", label="sharded arrays")
+    ax_kv.plot([], [], color="0.4", ls=":", lw=0.7, label="tp = h_kv (beyond: copies)")
     ax_kv.legend(fontsize=5.5, frameon=True)
     ax_t.set_ylabel("decode floor per token (ms)")
-    title = f"{r0.chip}: HBM floor + link bytes / {r0.interconnect_bytes_per_s / 1e9:g} GB/s"
+    link = r0.interconnect_bytes_per_s / 1e9
+    title = f"decode floor on {r0.chip}: HBM + link bytes / {link:g} GB/s"
     if r0.get("link_latency_s", 0):
         title += f" + messages x {r0.link_latency_s * 1e6:g} us"
     if "traced_flops_per_device" in df and df.traced_flops_per_device.notna().any():
@@ -332,10 +301,10 @@ def tensor_parallel(records: pd.DataFrame, fig) -> None:
         flops = (t.traced_flops_per_device / t.traced_closed_flops_per_device - 1).abs().max()
         coll = (t.traced_collective_bytes / t.traced_closed_collective_bytes - 1).abs().max()
         title += (
-            f"\ncompiled tp<={int(t.tp.max())} ({t.traced_dtype.iloc[0]}): FLOPs within "
-            f"{flops:.1%}, collectives within {coll:.1%}"
+            f"\ncompiled tp<={int(t.tp.max())} ({t.traced_dtype.iloc[0]}) vs closed form:\n"
+            f"FLOPs {flops:.1%}, collectives {coll:.1%} apart"
         )
-    ax_t.set_title(title, fontsize=6.5)
+    ax_t.set_title(title, fontsize=6)
     ax_t.legend(fontsize=5.5, frameon=True)
 
 

@@ -4,13 +4,10 @@ context and chip (records of `experiments/serving_frontier.py`)."""
 
 from __future__ import annotations
 
-import textwrap
-
 import pandas as pd
 import seaborn as sns
-from matplotlib import ticker
 
-from kvjax.plotting.style import MLA_COLOR
+from kvjax.plotting.style import MLA_COLOR, log_ticks
 
 DTYPE_STYLE = {"bf16": "-", "f16": "-", "f32": "-", "fp8": "--", "int8": ":", "int4": "-."}
 
@@ -27,15 +24,20 @@ def _kind(variant: str) -> str:
 WIDTH = {"MHA": 1.6, "GQA": 1.3, "MQA": 0.8, "MLA": 0.8}  # a line under an equal one shows
 
 
-def _panel(ax, g: pd.DataFrame, colors) -> tuple[list[str], list[str]]:
-    """One (model, context, chip): its lines; returns what has no line (no fit, or not
-    modelled) and which lines coincide (on tp chips GQA-tp and MQA hold one KV head each)."""
-    absent, drawn = [], {}
+def _panel(ax, g: pd.DataFrame, colors) -> list[tuple[str, str]]:
+    """One (model, context, chip): its lines; returns its notes as (kind, what): lines with no
+    point (nothing fits, or not modelled), lines of one point (a dot only: one batch fits), and
+    lines that coincide (on tp chips GQA-tp and MQA hold one KV head each)."""
+    notes, drawn = [], {}
     for (variant, kv), line in g.groupby(["variant", "kv_dtype"], sort=False):
+        note = " ".join(str(n) for n in line.get("note", pd.Series(dtype=str)).dropna())
         line = line[line.batch > 0].sort_values("batch")
+        name = f"{_kind(variant)} {kv}"
         if line.empty:
-            absent.append(f"{_kind(variant)} {kv}")
+            notes.append((NOT_MODELLED if "not modelled" in note else NO_LINE, name))
             continue
+        if len(line) == 1:
+            notes.append((ONE_POINT, name))
         key = (kv, tuple(line.batch), tuple(line.ms_per_token.round(9)))
         drawn.setdefault(key, []).append(_kind(variant))
         style = {"color": colors.get(_kind(variant), "0.4"), "lw": WIDTH.get(_kind(variant), 0.9),
@@ -43,16 +45,24 @@ def _panel(ax, g: pd.DataFrame, colors) -> tuple[list[str], list[str]]:
         ax.plot(line.ms_per_token, line.tokens_per_s, label=f"{_kind(variant)}, {kv} KV", **style)
         end = line.iloc[-1]
         ax.plot([end.ms_per_token], [end.tokens_per_s], "o", ms=2.5, color=style["color"])
-    ax.axvline(g.weights_floor_ms_per_token.min(), color="0.6", lw=0.6, ls=":")
+    ax.axvline(g.weights_floor_ms_per_token.min(), color="0.6", lw=0.6, ls=":",
+               label=WEIGHTS_FLOOR)  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):  # plain numbers: the ranges span one or two decades
-        axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        axis.set_minor_formatter(ticker.NullFormatter())
-    ax.tick_params(labelsize=4.5)
-    same = sorted({" = ".join(kinds) for kinds in drawn.values() if len(kinds) > 1})
-    return absent, same
+    log_ticks(ax.xaxis)
+    log_ticks(ax.yaxis)
+    ax.tick_params(labelsize=5)
+    for (kv, *_), kinds in drawn.items():
+        if len(kinds) > 1:
+            notes.append((SAME, f"{' = '.join(kinds)} {kv}"))
+    return notes
+
+
+NO_LINE = "no line (nothing fits)"
+NOT_MODELLED = "no line (not modelled: the record says why)"
+ONE_POINT = "a dot only (one batch fits)"
+SAME = "one line for two (equal)"
+WEIGHTS_FLOOR = "weights floor (B -> inf)"
 
 
 def serving_frontier(records: pd.DataFrame, fig) -> bool | None:
@@ -63,20 +73,19 @@ def serving_frontier(records: pd.DataFrame, fig) -> bool | None:
         return False
     cols = min(4, len(panels))
     rows = -(-len(panels) // cols)
-    fig.set_size_inches(1.75 * cols, 1.75 * rows + 0.7)
-    grid = fig.add_gridspec(rows + 1, cols, height_ratios=[1.0] * rows + [0.22])
+    fig.set_size_inches(1.9 * cols, 1.75 * rows + 1.3)
+    grid = fig.add_gridspec(rows + 1, cols, height_ratios=[1.0] * rows + [0.66])
     colors = _variant_colors()
     handles: dict[str, object] = {}
+    where_notes: dict[tuple[str, str], list[str]] = {}
     for i, (model, tp, context, chip) in enumerate(panels):
         ax = fig.add_subplot(grid[i // cols, i % cols])
         g = df[(df.model == model) & (df.tp == tp) & (df.context == context) & (df.chip == chip)]
-        absent, same = _panel(ax, g, colors)
+        letter = f"({chr(ord('a') + i)})"
+        for note in _panel(ax, g, colors):  # the notes in the caption, by panel letter
+            where_notes.setdefault(note, []).append(letter)
         where = f"{chip}" if tp == 1 else f"{tp} x {chip}, per chip"
-        # notes go in the title, off the data: no fit / not modelled, and lines that coincide
-        notes = ([f"no line: {', '.join(absent)}"] if absent else []) + [
-            f"{s} (one line)" for s in same]  # fmt: skip
-        note = "\n" + textwrap.fill("; ".join(notes), 34) if notes else ""
-        ax.set_title(f"{model}, S={int(context) // 1024}k, {where}{note}", fontsize=5.2)
+        ax.set_title(f"{letter} {model}, S={int(context) // 1024}k, {where}", fontsize=5.5)
         if i % cols == 0:
             ax.set_ylabel("tokens/s per chip", fontsize=5.5)
         if i // cols == rows - 1:
@@ -91,6 +100,14 @@ def serving_frontier(records: pd.DataFrame, fig) -> bool | None:
     fused = {"flash": "attention fused (flash-decoding)", "xla": "attention unfused (XLA)"}
     legend = fig.add_subplot(grid[rows, :])
     legend.axis("off")
-    legend.legend([handles[k] for k in labels], labels, loc="center", ncol=4, fontsize=5,
-                  frameon=False, title=f"{fused.get(kernel, kernel)}; each line ends where "
-                  "memory ends (dot); dotted: the weights floor", title_fontsize=5)  # fmt: skip
+    legend.legend([handles[k] for k in labels], labels, loc="upper center", ncol=5, fontsize=5.5,
+                  frameon=False, title=f"{fused.get(kernel, kernel)}, closed form on each chip; "
+                  "each line ends where memory ends (dot)", title_fontsize=5.5)  # fmt: skip
+    lines = []
+    for kind in (NOT_MODELLED, NO_LINE, ONE_POINT, SAME):
+        items = [f"{what} {' '.join(letters)}" for (k, what), letters in where_notes.items()
+                 if k == kind]  # fmt: skip
+        if items:
+            lines.append(f"{kind}: " + "; ".join(items))
+    legend.text(0.5, 0.0, "\n".join(lines), ha="center", va="bottom", fontsize=5.5, color="0.25",
+                transform=legend.transAxes)  # fmt: skip

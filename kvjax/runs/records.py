@@ -43,7 +43,26 @@ def environment() -> dict[str, Any]:
         "device_count": jax.device_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "host": platform.node(),
+        "cpu": cpu_description(),
     }
+
+
+def cpu_description() -> str:
+    """The host CPU as a figure names it: `AMD EPYC 7B13 (2 cores)` (Linux's /proc/cpuinfo model
+    name, else platform.processor()), the cores being those this process may use."""
+    import platform
+
+    name = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    name = " ".join((name or platform.processor() or "CPU").split())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{name} ({cores} cores)"
 
 
 def point_file_name(key: str) -> str:
@@ -225,7 +244,7 @@ def load_records(runs, experiment: str | None = None):
     import yaml
 
     roots = [Path(r) for r in ([runs] if isinstance(runs, str | Path) else runs)]
-    rows = []
+    rows, cpus = [], {}
     files = (root.glob("points/*.json" if (root / "points").is_dir() else "*/*/points/*.json")
              for root in roots)  # fmt: skip
     for f in sorted({f for found in files for f in found}):
@@ -238,6 +257,9 @@ def load_records(runs, experiment: str | None = None):
         exp = config.get("experiment", run_dir.parent.name)
         if experiment and exp != experiment:
             continue
+        if run_dir not in cpus:  # the host CPU from the run's environment, for the figures
+            env = run_dir / "environment.json"
+            cpus[run_dir] = json.loads(env.read_text()).get("cpu") if env.exists() else None
         for r in data["records"]:
             rows.append(
                 {
@@ -245,6 +267,7 @@ def load_records(runs, experiment: str | None = None):
                     "run_name": run_dir.parent.name,
                     "run_id": run_dir.name,
                     "point": data["key"],
+                    **({"host_cpu": cpus[run_dir]} if cpus[run_dir] else {}),
                     **r,
                 }
             )
