@@ -145,9 +145,14 @@ def _granite_fields(f: _Fields) -> dict:
     return out
 
 
-# Issue 29's families not built yet: a file of one is refused by name, with what it needs, rather
-# than read as a Llama and given a silently wrong cache or FLOP count.
-_NOT_YET = {}
+# Families not built yet: a file of one is refused by name, with what it needs, rather than read
+# as a Llama and given a silently wrong cache or FLOP count.
+_HYBRID = "layers whose state does not grow (linear attention / state-space: issue 31)"
+_NOT_YET = {
+    "qwen3_next": "Gated DeltaNet " + _HYBRID,
+    "falcon_h1": "Mamba-2 heads beside attention, " + _HYBRID,
+    "lfm2": "short gated convolutions, " + _HYBRID,
+}
 # Llama4TextConfig's defaults (transformers 5: Llama-4-Scout-17B-16E's text model), for the keys a
 # file omits; the multimodal `llama4` config's text_config is read the same way
 _LLAMA4_DEFAULTS = {
