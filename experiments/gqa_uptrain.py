@@ -36,8 +36,10 @@ def run_point(point) -> list[dict]:
         tc, steps=max(1, int(fraction * tc.steps)), warmup_steps=0,
         eval_every=max(1, int(fraction * tc.steps) // 4), seed=tc.seed + 1,
     )  # fmt: skip
+    # the model and its shape (the figures' titles name it)
+    shape = {"model": cfg.name, "num_layers": cfg.num_layers, "d_model": cfg.d_model}
     records = [
-        {"model": cfg.name, "task": task, "num_kv_heads": mha_cfg.num_kv_heads, "method": "mha",
+        {**shape, "task": task, "num_kv_heads": mha_cfg.num_kv_heads, "method": "mha",
          "seed": tc.seed, "steps": tc.steps,
          "kv_bytes_per_token": analytic.kv_bytes_per_token(mha_cfg),
          "val_loss_before": mha_history[-1]["val_loss"], "val_loss": mha_history[-1]["val_loss"],
@@ -49,7 +51,7 @@ def run_point(point) -> list[dict]:
             before = evaluate(model, val, tc)
             history = [{"step": 0, **before}] + train(model, data, up_tc, val_data=val)
             records.append(
-                {"model": cfg.name, "task": task, "num_kv_heads": int(k), "method": method,
+                {**shape, "task": task, "num_kv_heads": int(k), "method": method,
                  "seed": tc.seed, "steps": tc.steps + up_tc.steps,
                  "kv_bytes_per_token": analytic.kv_bytes_per_token(model.cfg),
                  "uptrain_steps": up_tc.steps, "val_loss_before": before["val_loss"],
@@ -62,7 +64,7 @@ def run_point(point) -> list[dict]:
             scratch = Transformer(k_cfg, rngs=nnx.Rngs(tc.seed))
             history = train(scratch, data, scratch_tc, val_data=val)
             records.append(
-                {"model": cfg.name, "task": task, "num_kv_heads": int(k), "method": "scratch",
+                {**shape, "task": task, "num_kv_heads": int(k), "method": "scratch",
                  "seed": tc.seed, "steps": scratch_tc.steps,
                  "kv_bytes_per_token": analytic.kv_bytes_per_token(k_cfg),
                  "val_loss": history[-1]["val_loss"],

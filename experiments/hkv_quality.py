@@ -72,6 +72,8 @@ def run_point(point) -> list[dict]:
         "task": task,
         "num_kv_heads": cfg.num_kv_heads,
         "num_heads": cfg.num_heads,
+        "num_layers": cfg.num_layers,  # the figures' titles name the model's shape
+        "d_model": cfg.d_model,
         "seed": tc.seed,
         "num_pairs": getattr(data, "num_pairs", None),
         "params": analytic.num_params(cfg),

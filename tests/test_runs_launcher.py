@@ -285,7 +285,7 @@ options: {task: stdlib, steps: 10, batch_size: 2, seq_len: 16, eval_every: 5, ev
     assert {"hkv_quality.png", "kv_pareto.png", "gqa_uptrain.png"} <= written
     import matplotlib.pyplot as plt
 
-    from kvjax.plotting.quality import gqa_uptrain
+    from kvjax.plotting.uptrain import gqa_uptrain
 
     fig = plt.figure()
     gqa_uptrain(records, fig)

@@ -28,8 +28,16 @@ def add_parsers(sub) -> None:
     figures.add_argument(
         "--runs",
         nargs="+",
-        default=["runs"],
-        help="runs folder(s); several are merged (e.g. a GPU run's folder beside a CPU run's)",
+        help="runs folder(s); several are merged (e.g. a GPU run's folder beside a CPU run's); "
+        "default runs/ unless --results is given",
+    )
+    figures.add_argument(
+        "--results",
+        nargs="+",
+        default=[],
+        help="folder(s) of the quality runs' exports (experiments/results: hkv_quality.csv, "
+        "gqa_uptrain.csv and their _history.json): draws hkv_quality, kv_pareto and "
+        "gqa_uptrain without the run folders (alone: those three only, no explorer.html)",
     )
     figures.add_argument("--out", default="paper_figures")
     figures.set_defaults(func=run_figures)
@@ -60,18 +68,35 @@ def run_run(args: argparse.Namespace) -> int:
 def run_figures(args: argparse.Namespace) -> int:
     """Draw every figure whose records exist; say which runs were read, which figures were drawn
     and which were skipped for lack of records."""
+    import pandas as pd
+
     from kvjax.errors import KvjaxError
     from kvjax.plotting import FIGURES, make_figures, write_explorer
+    from kvjax.runs.exports import load_exports
     from kvjax.runs.records import load_records
 
-    for root in args.runs:
+    roots = args.runs if args.runs is not None else ([] if args.results else ["runs"])
+    for root in roots:
         if not Path(root).is_dir():
             raise KvjaxError(f"--runs {root!r} is not a folder (run `kvjax run` first)")
-    records = load_records(args.runs)
+    for folder in args.results:
+        if not Path(folder).is_dir():
+            raise KvjaxError(f"--results {folder!r} is not a folder")
+    frames = [load_records(roots)] if roots else []
+    for folder in args.results:
+        exported = load_exports(folder)
+        have = set(frames[0].experiment) if frames and len(frames[0]) else set()
+        if have & set(exported.experiment):  # a run's own records win over its export
+            print(f"{folder}: {', '.join(sorted(have & set(exported.experiment)))} read from "
+                  "--runs instead")  # fmt: skip
+            exported = exported[~exported.experiment.isin(have)]
+        frames.append(exported)
+    records = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     runs = sorted(set(zip(records.run_name, records.run_id, strict=True))) if len(records) else []
-    print(f"read {len(records)} records of {len(runs)} runs in {', '.join(args.runs)}")
+    print(f"read {len(records)} records of {len(runs)} runs in {', '.join(roots + args.results)}")
     written = make_figures(records, args.out)
-    written.append(write_explorer(Path(args.out) / "explorer.html"))
+    if roots:  # the explorer comes from the presets: drawn with the runs, not the exports
+        written.append(write_explorer(Path(args.out) / "explorer.html"))
     for path in written:
         print(path)
     have = set(records.experiment) if len(records) else set()

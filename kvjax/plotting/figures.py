@@ -27,6 +27,7 @@ from kvjax.plotting.style import (  # noqa: E402
     log_ticks,
     variant_color,
 )
+from kvjax.plotting.uptrain import gqa_uptrain  # noqa: E402
 
 COLUMN_WIDTH_IN = 3.5  # one column of a two-column paper
 GIB = 2**30
@@ -317,7 +318,7 @@ FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "hkv_ablation": ("hkv_ablation", hkv_ablation, (COLUMN_WIDTH_IN, 2.6)),
     "hkv_quality": ("hkv_quality", quality.hkv_quality, (2 * COLUMN_WIDTH_IN, 2.6)),
     "kv_pareto": ("hkv_quality", quality.kv_pareto, (COLUMN_WIDTH_IN, 2.8)),
-    "gqa_uptrain": ("gqa_uptrain", quality.gqa_uptrain, (3 * COLUMN_WIDTH_IN, 2.4)),
+    "gqa_uptrain": ("gqa_uptrain", gqa_uptrain, (3 * COLUMN_WIDTH_IN, 2.4)),
     "tensor_parallel": ("tensor_parallel", tensor_parallel, (2 * COLUMN_WIDTH_IN, 2.8)),
     "kernel_bound": ("profile", kernel_bound, (2 * COLUMN_WIDTH_IN, 2.8)),
     "serving_frontier": ("serving_frontier", serving_frontier, (2 * COLUMN_WIDTH_IN, 4.4)),
