@@ -175,7 +175,9 @@ def test_generate_padded_prompts():
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_parameter_count_equals_analytic_exactly(name):
     cfg = get_model_config(name)
-    assert param_count(abstract_model(cfg)) == analytic.num_params(cfg)
+    # gpt-oss's MXFP4 experts: the model holds them dequantized (the same elements)
+    model = abstract_model(cfg.replace(expert_weight_dtype=""))
+    assert param_count(model) == analytic.num_params(cfg)
 
 
 def test_abstract_model_allocates_nothing():
