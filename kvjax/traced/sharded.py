@@ -29,7 +29,7 @@ from kvjax.errors import KvjaxError
 from kvjax.nn import sharding as sh
 from kvjax.nn.transformer import abstract_model
 from kvjax.traced.collectives import Collective, collectives, summarize
-from kvjax.traced.step import cache_len, check_layers, step_fn
+from kvjax.traced.step import as_the_model_runs, cache_len, check_layers, step_fn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +206,7 @@ def trace_sharded_step(
     `num_layers` (the layers are identical; tests check it equals the full compile), which keeps
     a 70B model's trace to seconds.
     """
+    cfg, dequantized_notes = as_the_model_runs(cfg)
     wl = Workload(phase, batch, context)  # validates phase, batch and context
     check_layers(layers)
     wl_device = Workload(phase, batch_per_replica(batch, dp), context)
@@ -226,6 +227,7 @@ def trace_sharded_step(
     held = sharded_memory(cfg, tp, dp, batch, cache_len(phase, context))
     closed = analytic.step_cost(parallel.device_config(cfg, tp), wl_device)
     notes = [f"compiled on {backend}: per-device totals after SPMD partitioning"]
+    notes += dequantized_notes
     if count is not None:
         notes.append(
             f"compiled for {mesh.devices.flat[0].device_kind} on this host; FLOPs (without "

@@ -162,6 +162,19 @@ def _kind(cfg: ModelConfig, layer: int) -> tuple[bool, bool, bool]:
     return cfg.layer_is_moe(layer), cfg.layer_is_sliding(layer), not cfg.layer_has_rope(layer)
 
 
+def as_the_model_runs(cfg: ModelConfig) -> tuple[ModelConfig, list[str]]:
+    """The config kvjax's model runs, and a note when it differs: MXFP4 experts (gpt-oss) are
+    closed form only, the model holds them dequantized, so a trace and the closed form it is
+    compared with both take the weight dtype."""
+    if not cfg.expert_weight_dtype:
+        return cfg, []
+    note = (
+        f"experts traced in {cfg.weight_dtype}, as kvjax's model runs them "
+        f"({cfg.expert_weight_dtype} experts are sized by the closed form only: kvjax calc)"
+    )
+    return cfg.replace(expert_weight_dtype=""), [note]
+
+
 def trace_step(
     cfg: ModelConfig,
     phase: str,
@@ -178,11 +191,7 @@ def trace_step(
     `layers="one"` traces a one-layer model and multiplies each layer kernel by `num_layers`
     (the layers are identical; tests check this equals the full unrolled trace).
     """
-    # MXFP4 experts (gpt-oss) are closed form only: the model runs them dequantized, so the
-    # trace and the closed form it is compared with both take the weight dtype
-    dequantized = cfg.expert_weight_dtype
-    if dequantized:
-        cfg = cfg.replace(expert_weight_dtype="")
+    cfg, dequantized_notes = as_the_model_runs(cfg)
     # kvjax's model gathers every MoE token's k experts: compared at M*k expert reads
     wl = model_workload(cfg, Workload(phase, batch, context, new_tokens=new_tokens))
     if stage not in STAGES:
@@ -206,12 +215,7 @@ def trace_step(
     fn, args = step_fn(traced_cfg, phase, batch, context, new_tokens=new_tokens)
     lowered = lower_for_cost(fn, args)
     backend = jax.default_backend()
-    notes: list[str] = []
-    if dequantized:
-        notes.append(
-            f"experts traced in {cfg.weight_dtype}, as kvjax's model runs them "
-            f"({dequantized} experts are sized by the closed form only: kvjax calc)"
-        )
+    notes: list[str] = list(dequantized_notes)
     if stage == "compiled":
         compiled = lowered.compile()
         xla = dict(compiled.cost_analysis() or {})

@@ -76,9 +76,10 @@ def trace_target_step(
     cfg: ModelConfig, phase: str, batch: int, context: int, target: Target | str
 ) -> TargetTrace:
     from kvjax.nn.transformer import param_kernel
-    from kvjax.traced.step import lower_for_cost, step_fn
+    from kvjax.traced.step import as_the_model_runs, lower_for_cost, step_fn
     from kvjax.traced.targets import parse_target
 
+    cfg, dequantized_notes = as_the_model_runs(cfg)  # MXFP4 experts: run dequantized
     target = parse_target(target) if isinstance(target, str) else target
     if target.num_devices != 1:
         raise KvjaxError(
@@ -117,6 +118,7 @@ def trace_target_step(
         compile_seconds=compiled.compile_seconds,
         trace_seconds=time.perf_counter() - t0,
         text=compiled.text,
+        notes=dequantized_notes,
     )
 
 
