@@ -90,7 +90,6 @@ def check_hybrid(cfg: Fields) -> None:
             for reason, bad in (
                 ("MLA (kv_lora_rank > 0)", cfg.kv_lora_rank),
                 (f"layer_pattern={cfg.layer_pattern!r} (sliding layers)", "L" in cfg.layer_pattern),
-                ("attention_kernel='flash'", cfg.attention_kernel == "flash"),
                 (f"kv_dtype={cfg.kv_dtype!r} (a packed cache)", cfg.kv_packed),
             )
             if bad
@@ -98,7 +97,7 @@ def check_hybrid(cfg: Fields) -> None:
         if reasons:
             raise KvjaxError(
                 f"layer_kinds={kinds!r} (state layers) is modelled beside full MHA/GQA/MQA "
-                f"attention with attention_kernel='xla'; got " + ", ".join(reasons)
+                f"attention; got " + ", ".join(reasons)
             )
     if cfg.attn_output_gate and cfg.kv_lora_rank:
         raise KvjaxError("attn_output_gate=True is not supported with MLA (kv_lora_rank > 0)")

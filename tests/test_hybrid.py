@@ -208,3 +208,28 @@ def test_hybrid_presets_are_hybrid():
         assert cfg.is_hybrid and dataclasses.replace(cfg).is_hybrid
     assert get_model_config("falcon-h1-7b").num_attention_layers == 44
     assert get_model_config("lfm2-1.2b").num_attention_layers == 6
+
+
+def test_calc_reports_state_beside_kv():
+    from kvjax.analytic.variants import variant_rows
+    from kvjax.cli.calc import calc_report
+    from kvjax.hardware import get_chip
+
+    cfg = get_model_config("qwen3-next-80b-a3b")
+    r = calc_report(cfg, Workload("decode", 2, 4096), get_chip("h100-sxm"))
+    assert r["state_bytes"] == 2 * 77_266_944
+    assert r["cache_bytes"] == r["kv_cache_bytes"] + r["state_bytes"]
+    assert r["kv_cache_bytes"] == 2 * 4096 * KV_PER_TOKEN
+    assert r["state"]["layers"]["D"] == {"count": 36, "recurrent": 2_097_152, "conv": 49_152}
+    at = analytic.kv_exceeds_weights_at_context(cfg, 2)
+    assert r["cache_exceeds_weights_at_context"] == at
+    assert (
+        calc_report(get_model_config("llama-3-8b"), Workload("decode", 1, 8), get_chip("h100-sxm"))[
+            "state"
+        ]
+        is None
+    )
+    rows = {row["variant"]: row for row in variant_rows(cfg)}
+    every = rows["GQA every layer"]
+    assert every["kv_bytes_per_token"] == GQA_KV_PER_TOKEN
+    assert rows["GQA"]["cache"][0]["kv_cache_bytes"] == 8192 * KV_PER_TOKEN + 77_266_944
