@@ -233,3 +233,11 @@ def test_calc_reports_state_beside_kv():
     every = rows["GQA every layer"]
     assert every["kv_bytes_per_token"] == GQA_KV_PER_TOKEN
     assert rows["GQA"]["cache"][0]["kv_cache_bytes"] == 8192 * KV_PER_TOKEN + 77_266_944
+
+
+def test_explorer_leaves_hybrids_to_calc_for_now():
+    from kvjax.plotting.explorer import explorer_data, render_explorer
+
+    assert not set(CARDS) & set(explorer_data()["models"])
+    with pytest.raises(KvjaxError, match=r"not in the explorer yet \(issue 31\)"):
+        render_explorer("lfm2-1.2b")
