@@ -1,9 +1,11 @@
 """KV cache against context for each attention variant (MHA, GQA, MQA and MLA, `kvjax calc
 --variants`' rows), beside the weights (the crossover); and for the sliding-window presets
-(`windowed`), their cache as published (local layers hold the window) against every layer global."""
+(`windowed`), their cache as published (local layers hold the window) against every layer global;
+and for the hybrids (`hybrids`, issue 31), their whole cache (the attention layers' KV and the state
+layers' flat states) against the same attention in every layer."""
 
 from kvjax import analytic
-from kvjax.analytic.variants import variant_cache_bytes, variant_configs
+from kvjax.analytic.variants import all_attention, variant_cache_bytes, variant_configs
 from kvjax.config import PRESETS, get_model_config
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
@@ -11,8 +13,10 @@ from kvjax.runs.config import resolve
 OPTIONS = {
     "contexts": o.list_of(o.POSITIVE_INT),
     "windowed": o.list_of(o.one_of(*PRESETS)),
+    "hybrids": o.list_of(o.one_of(*PRESETS)),
 }
 WINDOWS, ALL_GLOBAL = "as published (windows)", "every layer global"
+STATES, ALL_ATTENTION = "as published (KV + states)", "attention in every layer"
 
 
 def run_point(point) -> list[dict]:
@@ -52,5 +56,17 @@ def run_point(point) -> list[dict]:
                     "kv_cache_bytes": analytic.kv_cache_bytes(c, int(s), wl.batch),
                     "weight_bytes": analytic.weight_bytes(c), "window": c.sliding_window,
                     "layer_pattern": c.layer_pattern, "source": "closed form",
+                })  # fmt: skip
+    for name in point.options.get("hybrids", []):
+        hybrid = get_model_config(name)
+        for label, c in ((STATES, hybrid), (ALL_ATTENTION, all_attention(hybrid))):
+            for s in contexts:
+                records.append({
+                    "model": name, "variant": label, "num_kv_heads": c.num_kv_heads,
+                    "batch": wl.batch, "context": int(s),
+                    "kv_cache_bytes": analytic.cache_bytes(c, int(s), wl.batch),
+                    "state_bytes": analytic.state_bytes(c, wl.batch),
+                    "weight_bytes": analytic.weight_bytes(c), "layer_kinds": c.layer_kinds,
+                    "source": "closed form",
                 })  # fmt: skip
     return records

@@ -21,43 +21,17 @@ from kvjax.config_checks import (  # the constants re-exported for the CLI and t
     check_scales,
     check_window,
 )
+from kvjax.config_hybrid import LAYER_KINDS, check_hybrid
+from kvjax.dtypes import (  # noqa: F401 (re-exported: kvjax.config's public names)
+    DTYPE_BYTES,
+    GROUP_SCALE_BYTES,
+    MXFP4_BLOCK,
+    MXFP4_BLOCK_BYTES,
+    PACKED_KV_BYTES,
+    SCALE_BYTES,
+    canonical_dtype,
+)
 from kvjax.errors import KvjaxError, unknown_name_error
-
-# Bytes per element. int8 and fp8 are both one byte (the seed's "bytes" factor); the KV cache of an
-# fp8 or int8 model is sized the same way.
-DTYPE_BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "fp8": 1, "int8": 1}
-_DTYPE_ALIASES = {
-    "float32": "f32", "fp32": "f32", "bfloat16": "bf16", "float16": "f16", "fp16": "f16",
-    "half": "f16", "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8",
-}  # fmt: skip
-# Packed sub-byte KV caches (KIVI-style, Liu et al. 2024): closed form only (no model array), in
-# bytes per element.
-PACKED_KV_BYTES: dict[str, float] = {"int4": 0.5, "int2": 0.25}
-# Expert weights stored apart from the rest (gpt-oss's MXFP4 checkpoints): 4-bit e2m1 elements
-# and one e8m0 exponent per block of 32, 17 bytes a block = 4.25 bits an element. Closed form
-# only: kvjax's model holds the experts dequantized (kvjax.nn.mxfp4).
-MXFP4_BLOCK, MXFP4_BLOCK_BYTES = 32, 17
-# Scales of a quantized KV cache: one f32 per tensor (per layer, K and V), per token per KV head,
-# or (packed 4/2-bit) per group of `kv_group_size` elements an f16 scale and an f16 zero point.
-SCALE_BYTES = 4  # scales are f32
-GROUP_SCALE_BYTES = 4  # a group's f16 scale and f16 zero point
-# Mixture of experts: how the router scores experts (softmax: Mixtral, Qwen3-MoE, DeepSeek-V2;
-# sigmoid with a score-correction bias: DeepSeek-V3).
-
-
-def canonical_dtype(dtype: str, field: str = "dtype", packed: bool = False) -> str:
-    """Normalise a dtype name ('bfloat16' -> 'bf16'), or raise naming the field and the allowed;
-    `packed`: the 4/2-bit KV dtypes are allowed too."""
-    allowed = [*DTYPE_BYTES, *(PACKED_KV_BYTES if packed else ())]
-    if not isinstance(dtype, str):
-        raise KvjaxError(f"{field}={dtype!r} is not a dtype name; allowed: {', '.join(allowed)}")
-    key = dtype.strip().lower()
-    key = _DTYPE_ALIASES.get(key, key)
-    if key not in allowed:
-        hint = " (int4/int2 are KV-cache dtypes only)" if key in PACKED_KV_BYTES else ""
-        raise KvjaxError(f"{field}={dtype!r} is not supported{hint}; allowed: {', '.join(allowed)}")
-    return key
-
 
 _INT_FIELDS = (
     "num_layers",
@@ -186,6 +160,20 @@ class ModelConfig:
     # "xla": scores, softmax and av as XLA runs the model's einsums (the scores through memory);
     # "flash": one fused kernel (FlashAttention-2 prefill, flash-decoding: kvjax.analytic.flash)
     attention_kernel: str = "xla"
+    # Layers whose state does not grow (issue 31; closed form only: `kvjax.analytic.hybrid`): one
+    # letter a layer, tiled over L (`config_hybrid.LAYER_KINDS`): A attention, D Gated DeltaNet
+    # (Qwen3-Next), H Mamba-2 heads beside the attention heads (Falcon-H1), C short conv (LFM2)
+    layer_kinds: str = "A"
+    state_heads: int = 0  # D: value heads; H: Mamba heads (each holds a key_dim x value_dim state)
+    state_groups: int = 0  # D: q/k heads, each serving heads/groups value heads; H: B/C groups
+    state_key_dim: int = 0  # D: d_k; H: the state size N (d_state)
+    state_value_dim: int = 0  # D: d_v; H: the Mamba head dim P
+    conv_kernel: int = 0  # the short causal convolution's width (D, H: 4; C: LFM2's L_cache 3)
+    conv_bias: bool = False  # H: the conv's bias; C: biases on the conv, in_proj and out_proj
+    state_norm: bool = False  # H: a gated RMSNorm before out_proj (Falcon-H1's mamba_rms_norm)
+    scan_chunk: int = 64  # chunk of the chunked prefill scan (D: HF's fixed 64; H: from config)
+    state_dtype: str = "f32"  # the recurrent state's (HF keeps it f32); conv caches: compute dtype
+    attn_output_gate: bool = False  # Qwen3-Next: q_proj adds N*H gates, output * sigmoid(gate)
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -230,6 +218,7 @@ class ModelConfig:
         check_moe(self)
         check_window(self)
         check_scales(self)
+        check_hybrid(self)
 
     # Derived sizes (levanter style: properties, never stored).
     @property
@@ -304,6 +293,23 @@ class ModelConfig:
         """Layer `layer` attends chunks (Llama 4's chunked layers: `chunked_attention`)."""
         return self.chunked_attention and self.layer_is_sliding(layer)
 
+    def layer_kind(self, layer: int) -> str:
+        """Layer `layer`'s letter in `layer_kinds` (A attention, D, H, C: `LAYER_KINDS`)."""
+        return self.layer_kinds[layer % len(self.layer_kinds)]
+
+    def layer_has_attention(self, layer: int) -> bool:
+        """Layer `layer` attends (and holds a KV cache): kinds A and H."""
+        return self.layer_kind(layer) in "AH"
+
+    @property
+    def num_attention_layers(self) -> int:
+        return sum(self.layer_has_attention(i) for i in range(self.num_layers))
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layer's state does not grow (a D, H or C layer: `LAYER_KINDS`)."""
+        return set(self.layer_kinds) != {"A"}
+
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
@@ -373,8 +379,8 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
-__all__ = ["DTYPE_BYTES", "KV_SCALES", "MLA_FORMS", "PACKED_KV_BYTES", "PRESETS", "ROUTERS",
-           "ModelConfig", "canonical_dtype", "get_model_config"]  # fmt: skip
+__all__ = ["DTYPE_BYTES", "KV_SCALES", "LAYER_KINDS", "MLA_FORMS", "PACKED_KV_BYTES", "PRESETS",
+           "ROUTERS", "ModelConfig", "canonical_dtype", "get_model_config"]  # fmt: skip
 
 # Presets: defined in `kvjax.presets` (each citing its published config), registered here on
 # import of the package.

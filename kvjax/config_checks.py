@@ -342,6 +342,8 @@ def check_extend(cfg: Fields) -> None:
         reasons.append(f"attention_kernel={cfg.attention_kernel!r}")
     if cfg.attn_softcap:
         reasons.append(f"attn_softcap={cfg.attn_softcap:g}")
+    if cfg.is_hybrid:
+        reasons.append(f"state layers (layer_kinds={cfg.layer_kinds!r}: issue 31)")
     if reasons:
         raise KvjaxError(
             "phase 'extend' (T new tokens on a cache) runs MHA/GQA/MQA global layers of an "

@@ -21,6 +21,7 @@ from kvjax.hf_fields import (
     llama4_data,
     llama4_fields,
 )
+from kvjax.hf_hybrid import HYBRID_TYPES, hybrid_data, hybrid_fields
 
 _HF_REQUIRED = {
     "num_hidden_layers": "num_layers",
@@ -43,7 +44,7 @@ _HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
                    "granite", "smollm3", "phi3", "starcoder2", "stablelm", "olmo2",
                    "qwen2_moe", "olmoe", "glm4", "ernie4_5", "exaone4",
                    "cohere2", "internlm3", "apertus", "gpt_oss", "llama4_text",
-                   "llama4")  # fmt: skip
+                   "llama4", *HYBRID_TYPES)  # fmt: skip
 # Families whose o_proj takes `attention_bias` too (Hugging Face's modeling files); Qwen2's and
 # Mistral's never have one, Seed-OSS's has its own `attention_out_bias`.
 _O_BIAS_IS_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -264,6 +265,9 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
         present = {k: v for k, v in data.items() if v is not None}
         data = {**_FAMILY_DEFAULTS[model_type], **present}
         f = _Fields(data, where)
+    if model_type in HYBRID_TYPES:  # kvjax.hf_hybrid: its class defaults and older keys
+        data = hybrid_data(data, model_type)
+        f = _Fields(data, where)
     missing = [
         key for key in _HF_REQUIRED if data.get(key) is None and _HF_REQUIRED[key] not in overrides
     ]
@@ -283,7 +287,7 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
         fields.update(_moe_fields(f, data, fields, model_type, where))
     if model_type == "llama4_text":
         fields.update(llama4_fields(f, data, fields, where))
-    else:
+    elif model_type not in HYBRID_TYPES:  # their layer_types name state layers
         fields.update(_window_fields(f, data, fields["num_layers"], model_type, where))
     act = f.text("hidden_activation", _HF_ACTIVATIONS) or f.text("hidden_act", _HF_ACTIVATIONS)
     fields["mlp_activation"] = _HF_ACTIVATIONS[act or "silu"]
@@ -364,6 +368,8 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
         rope["rotary_dim"] = int(fields["head_dim"] * partial)  # as the modeling files round it
     fields.update(rope)
     fields.update(_gemma_qwen_fields(f, model_type))
+    if model_type in HYBRID_TYPES:
+        fields.update(hybrid_fields(f, data, fields, model_type, where))
     folder = path if path.is_dir() else path.parent
     name = data.get("_name_or_path")
     fields["name"] = name if isinstance(name, str) and name else (folder.name or "hf-config")

@@ -203,6 +203,71 @@ MOE_COMBINE = _k(
     "reshaped output again",
 )  # fmt: skip
 
+# Layers whose state does not grow (issue 31; closed forms: `kvjax.analytic.hybrid`). Their
+# recurrent states and conv caches are counted as the kernels' kv_bytes (the cache traffic).
+ATTN_GATE = _k(
+    "attn/gate", ELEMENTWISE, True, "Qwen3-Next: the attention output times sigmoid(q_proj's gate)"
+)
+_STATE_NOTE = "the state layers are closed form only for now (issue 31): no trace yet"
+LINEAR_IN_PROJ = _k(
+    "linear_attn/in_proj", MATMUL, True,
+    "Gated DeltaNet: x @ [W_qkvz; W_ba]: q, k, v, the output gate z, beta's and decay's logits",
+)  # fmt: skip
+LINEAR_CONV = _k(
+    "linear_attn/conv", ELEMENTWISE, True,
+    "Gated DeltaNet: short causal depthwise conv of q, k, v and silu; its conv cache", _STATE_NOTE,
+)  # fmt: skip
+LINEAR_GATES = _k(
+    "linear_attn/gates", ELEMENTWISE, True,
+    "Gated DeltaNet: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias)", _STATE_NOTE,
+)  # fmt: skip
+LINEAR_QK_NORM = _k(
+    "linear_attn/qk_norm", ELEMENTWISE, True,
+    "Gated DeltaNet: L2 norm of every q and k head (repeated to the value heads)", _STATE_NOTE,
+)  # fmt: skip
+LINEAR_SCAN = _k(
+    "linear_attn/scan", ELEMENTWISE, True,
+    "Gated DeltaNet: the delta rule on the d_k x d_v state per value head (decode: one step, "
+    "the state read and written; prefill: HF's chunked algorithm, chunks of 64)", _STATE_NOTE,
+)  # fmt: skip
+LINEAR_NORM = _k(
+    "linear_attn/norm", ELEMENTWISE, True,
+    "Gated DeltaNet: RMSNorm of each head's output times silu(z)", _STATE_NOTE,
+)  # fmt: skip
+LINEAR_OUT_PROJ = _k("linear_attn/out_proj", MATMUL, True, "Gated DeltaNet: output @ W_out")
+SSM_IN_PROJ = _k(
+    "ssm/in_proj", MATMUL, True, "Mamba-2: x @ W_in: the gate z, x, B, C and dt of every head"
+)
+SSM_CONV = _k(
+    "ssm/conv", ELEMENTWISE, True,
+    "Mamba-2: short causal depthwise conv of x, B, C and silu; its conv cache", _STATE_NOTE,
+)  # fmt: skip
+SSM_DT = _k(
+    "ssm/dt", ELEMENTWISE, True, "Mamba-2: softplus(dt + dt_bias), clamped; A = -exp(A_log)",
+    _STATE_NOTE,
+)  # fmt: skip
+SSM_SCAN = _k(
+    "ssm/scan", ELEMENTWISE, True,
+    "Mamba-2 SSD on the N x P state per head, D skip (decode: one step, the state read and "
+    "written; prefill: HF's chunked scan, chunks of scan_chunk)", _STATE_NOTE,
+)  # fmt: skip
+SSM_NORM = _k(
+    "ssm/norm", ELEMENTWISE, True, "Mamba-2: y * silu(z), or a gated RMSNorm (state_norm)",
+    _STATE_NOTE,
+)  # fmt: skip
+SSM_OUT_PROJ = _k("ssm/out_proj", MATMUL, True, "Mamba-2: y @ W_out")
+SSM_COMBINE = _k("ssm/combine", ELEMENTWISE, True, "Falcon-H1: Mamba-2 output + attention output")
+CONV_IN_PROJ = _k("conv/in_proj", MATMUL, True, "LFM2 short conv: x @ W_in: B, C and x")
+CONV_GATE = _k(
+    "conv/gate", ELEMENTWISE, True, "LFM2 short conv: B * x before the conv, C * y after"
+)
+CONV_CONV = _k(
+    "conv/conv", ELEMENTWISE, True,
+    "LFM2 short conv: causal depthwise conv over conv_kernel positions; its conv cache",
+    _STATE_NOTE,
+)  # fmt: skip
+CONV_OUT_PROJ = _k("conv/out_proj", MATMUL, True, "LFM2 short conv: y @ W_out")
+
 ATTENTION = _k("attention", FUSED, True, "scores, softmax and av as one kernel",
                members=(SCORES, SOFTMAX, AV))  # fmt: skip
 ATTN_COMBINE = _k(

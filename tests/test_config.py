@@ -116,10 +116,10 @@ def test_unknown_preset_suggests_nearest():
 def test_every_preset_has_a_citation_comment():
     import kvjax.presets
     import kvjax.presets_families
+    import kvjax.presets_hybrid
 
-    source = "\n".join(
-        open(m.__file__).read() for m in (kvjax.presets, kvjax.presets_families)
-    )  # fmt: skip
+    modules = (kvjax.presets, kvjax.presets_families, kvjax.presets_hybrid)
+    source = "\n".join(open(m.__file__).read() for m in modules)
     for name in PRESETS:
         if not name.startswith("tiny"):
             block = source[: source.index(f'name="{name}"')]
@@ -203,7 +203,10 @@ def test_hf_missing_head_count_defaults_like_transformers(tmp_path):
         ("[1, 2]", "must hold a JSON object"),
         ({"model_type": "llama", "hidden_size": 64}, "is incomplete: missing 'num_hidden_layers'"),
         ({**LLAMA3_8B_HF, "model_type": "bert"}, "model_type='bert' is not supported"),
-        ({**LLAMA3_8B_HF, "model_type": "qwen3_next"}, "'qwen3_next' is not supported yet: .*D"),
+        (
+            {**LLAMA3_8B_HF, "model_type": "qwen3_next", "layer_types": ["conv"] * 32},
+            "layer_types must list 32 entries of linear_attention, full_attention",
+        ),
         (
             {**LLAMA3_8B_HF, "model_type": "llama4_text", "moe_layers": [0, 5]},
             r"moe_layers=\[0, 5\] is not every interleave_moe_layer_step=1-th layer",

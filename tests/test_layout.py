@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kvjax"
 ROOT_MODULES = {
     "config", "config_checks", "presets", "presets_families", "hf_config", "hf_fields", "hardware",
-    "errors", "units", "files", "devices", "kernels", "stats", "rope",
+    "errors", "units", "files", "devices", "kernels", "stats", "rope", "dtypes", "config_hybrid",
+    "hf_hybrid", "presets_hybrid",
 }  # fmt: skip
 # What each part of kvjax may import from kvjax (itself included): analytic <- traced <- measured,
 # nn beside the closed form, runs and cli on top, plotting from records only.

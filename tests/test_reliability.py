@@ -97,7 +97,7 @@ def test_a_documented_override_applies_before_validation(tmp_path, capsys):
          "options.contexts=[1024, -5] must be a non-empty list, each a positive integer"),
         ("experiment: kv_vs_context\noptions:\n  context: [1024]\n", None,
          "options.context: unknown option for experiment kv_vs_context "
-         "(allowed: contexts, windowed)"),
+         "(allowed: contexts, hybrids, windowed)"),
         ("experiment: roofline\noptions:\n  traced: maybe\n", None,
          "options.traced='maybe' must be true or false"),
     ],

@@ -4,6 +4,8 @@ cache) and `kvjax.analytic.moe` (experts touched, active parameters) both count 
 
 from __future__ import annotations
 
+from collections import Counter
+
 from kvjax import kernels
 from kvjax.config import MXFP4_BLOCK, MXFP4_BLOCK_BYTES, ModelConfig
 
@@ -32,23 +34,35 @@ def mla_attention_param_counts(cfg: ModelConfig) -> dict[str, int]:
     }
 
 
-def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
+def layer_param_counts(cfg: ModelConfig, moe: bool = False, kind: str = "A") -> dict[str, int]:
     """Parameters of one decoder layer, by component; `moe`: an MoE layer of the config (its
-    router, experts and shared experts: `kvjax.analytic.moe`) instead of the dense MLP."""
+    router, experts and shared experts: `kvjax.analytic.moe`) instead of the dense MLP; `kind`:
+    its `layer_kinds` letter (D, C: a state mixer instead of attention; H: one beside it)."""
     D, N, K, H, F = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff
     bias_q, bias_kv = (N * H, K * H) if cfg.qkv_bias else (0, 0)
-    if cfg.is_mla:
+    gate = 2 if cfg.attn_output_gate else 1  # Qwen3-Next's q_proj also emits the output gate
+    if kind != "A":
+        from kvjax.analytic.hybrid import mixer_param_counts
+
+        mixer = mixer_param_counts(cfg, kind)
+    if kind in "DC":
+        attn = mixer
+    elif cfg.is_mla:
         attn = mla_attention_param_counts(cfg)
     else:
         attn = {
-            kernels.Q_PROJ: D * N * H + bias_q,
+            kernels.Q_PROJ: gate * (D * N * H + bias_q),
             kernels.K_PROJ: D * K * H + bias_kv,
             kernels.V_PROJ: D * K * H + bias_kv,
             kernels.O_PROJ: N * H * D + (D if cfg.o_bias else 0),
         }
-    if cfg.sink_logits:  # gpt-oss: a learned sink logit per query head
+    if kind == "H":
+        attn.update(mixer)
+    if cfg.sink_logits and kind in "AH":  # gpt-oss: a learned sink logit per query head
         attn[kernels.SOFTMAX] = N
-    if cfg.qk_norm:  # per head: two H-wide scales; OLMo 2's full width: N*H and K*H
+    if (
+        cfg.qk_norm and kind in "AH"
+    ):  # per head: two H-wide scales; OLMo 2's full width: N*H and K*H
         attn[kernels.QK_NORM] = (N + K) * H if cfg.qk_norm_full else 2 * H
     n = 2 * D if cfg.norm_bias else D  # a norm's scale (and a LayerNorm's bias)
     sandwich = {kernels.NORM_POST_ATTN: n, kernels.NORM_POST_MLP: n} if cfg.sandwich_norms else {}
@@ -71,10 +85,10 @@ def layer_param_counts(cfg: ModelConfig, moe: bool = False) -> dict[str, int]:
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """Exact parameter count by component (summed over layers) and `total`."""
     counts = {kernels.EMBED: cfg.vocab_size * cfg.d_model}
-    moe = cfg.num_moe_layers
-    for layers, kind in ((cfg.num_layers - moe, False), (moe, True)):
-        for name, n in (layer_param_counts(cfg, kind) if layers else {}).items():
-            counts[name] = counts.get(name, 0) + n * layers
+    layers = Counter((cfg.layer_is_moe(i), cfg.layer_kind(i)) for i in range(cfg.num_layers))
+    for (moe, kind), count in layers.items():
+        for name, n in layer_param_counts(cfg, moe, kind).items():
+            counts[name] = counts.get(name, 0) + n * count
     counts[kernels.NORM_FINAL] = cfg.d_model * (2 if cfg.norm_bias else 1)
     counts[kernels.LM_HEAD] = 0 if cfg.tied_embeddings else cfg.vocab_size * cfg.d_model
     counts["total"] = sum(counts.values())

@@ -210,3 +210,19 @@ def rope_cost(
         bytes=2 * elems * a + M * H * a,
         transcendentals=M * H + (0 if table else H // 2),
     )
+
+
+def l2_norm_cost(m: int, d: int, a: int) -> KernelCost:
+    """Llama 4's unscaled q/k norm of `m` rows of `d`, in f32: x*x (md), the sum (md - m), /d
+    and +eps (2m), x*inv (md) = 3md + m, one rsqrt a row; a 2-byte model converts x to f32 and
+    back (2md)."""
+    flops = 3 * m * d + m + (2 * m * d if a != 4 else 0)
+    return KernelCost(kernels.QK_NORM, flops=flops, bytes=2 * m * d * a, transcendentals=m)
+
+
+def temperature_cost(M: int, width: int, a: int) -> KernelCost:
+    """Llama 4's temperature tuning of M tokens' queries (`width` = N*H each): per token the
+    position to f32, + 1, / floor_scale, floor, * scale, + 1 (6, and log1p a transcendental);
+    q times it in f32 (width), widened and narrowed again in a 2-byte model (2 width)."""
+    flops = 6 * M + M * width + (2 * M * width if a != 4 else 0)
+    return KernelCost(kernels.TEMPERATURE, flops=flops, bytes=2 * M * width * a, transcendentals=M)

@@ -1,8 +1,10 @@
 """Sizes in closed form: parameters, weight bytes, and the KV cache = 2 * L * K * H * S * B * bytes
-(the 2 is K and V; MLA caches L * (A + P) * S * B * bytes). Pure Python; letters: kvjax.kernels."""
+(the 2 is K and V; MLA caches L * (A + P) * S * B * bytes; L counts attention layers only), beside
+a hybrid's flat states (`kvjax.analytic.hybrid`). Pure Python; letters: kvjax.kernels."""
 
 from __future__ import annotations
 
+from kvjax.analytic.hybrid import state_bytes
 from kvjax.analytic.params import (  # noqa: F401 (re-exported: analytic's public names)
     layer_param_counts,
     mla_attention_param_counts,
@@ -32,9 +34,15 @@ def kv_bytes_per_token_per_layer(cfg: ModelConfig) -> int:
 
 
 def kv_bytes_per_token(cfg: ModelConfig) -> int:
-    """Per token while every layer holds it (S <= sliding_window); past the window only the global
-    layers' share grows: `kv_cache_bytes`."""
-    return cfg.num_layers * kv_bytes_per_token_per_layer(cfg)
+    """Per token while every attention layer holds it (S <= sliding_window); past the window only
+    the global layers' share grows: `kv_cache_bytes`. State layers (D, C) hold no KV."""
+    return cfg.num_attention_layers * kv_bytes_per_token_per_layer(cfg)
+
+
+def cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, page_size: int = 0) -> int:
+    """The whole cache of `batch` sequences: the KV cache at `context` and the state layers'
+    recurrent states and conv caches (`hybrid.state_bytes`, flat in S)."""
+    return kv_cache_bytes(cfg, context, batch, page_size) + state_bytes(cfg, batch)
 
 
 def paged(positions: int, page_size: int = 0) -> int:
@@ -53,12 +61,13 @@ def kv_positions_held(cfg: ModelConfig, context: int, page_size: int = 0) -> dic
     span = cfg.sliding_window + cfg.sink_tokens  # the window and the kept first tokens
     per_sliding = paged(min(context, span), page_size) if sliding else 0
     per_global = paged(context, page_size)
+    attending = cfg.num_attention_layers  # state layers (D, C) hold no positions
     return {
-        "global_layers": cfg.num_layers - sliding,
+        "global_layers": attending - sliding,
         "sliding_layers": sliding,
         "global_positions": per_global,
         "sliding_positions": per_sliding,
-        "total": (cfg.num_layers - sliding) * per_global + sliding * per_sliding,
+        "total": (attending - sliding) * per_global + sliding * per_sliding,
     }
 
 
@@ -72,11 +81,17 @@ def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, page_size: in
 
 
 def _context_for_bytes(cfg: ModelConfig, budget: float, batch: int, page_size: int = 0):
-    """Largest S whose cache for `batch` sequences is at most `budget` bytes (None: any S, when
-    every layer is sliding and the full windows fit); on pages, a whole number of pages."""
+    """Largest S whose cache (KV and the state layers' flat states) for `batch` sequences is at
+    most `budget` bytes (None: any S, when no layer's cache grows past its window and the full
+    windows fit; -1: the states alone exceed it); on pages, a whole number of pages."""
+    budget -= state_bytes(cfg, batch)
+    if budget < 0:
+        return -1
     per = kv_bytes_per_token_per_layer(cfg) * batch
     rows = budget // per  # layer-positions affordable
-    L, sliding = cfg.num_layers, cfg.num_sliding_layers
+    L, sliding = cfg.num_attention_layers, cfg.num_sliding_layers
+    if not L:  # no attention layer: the cache is the states alone
+        return None
     W = paged(cfg.sliding_window + cfg.sink_tokens, page_size) if sliding else 0
     if not sliding or rows < L * W:  # still inside the window: every layer holds every position
         fits = int(rows // L)
@@ -88,19 +103,34 @@ def _context_for_bytes(cfg: ModelConfig, budget: float, batch: int, page_size: i
 
 
 def kv_exceeds_weights_at_context(cfg: ModelConfig, batch: int = 1) -> int | None:
-    """Smallest context S at which the KV cache of `batch` sequences is larger than the weights
-    (None: never, a model whose every layer is sliding and whose windows stay smaller)."""
+    """Smallest context S at which the cache of `batch` sequences (KV, and a hybrid's states:
+    `cache_bytes`) is larger than the weights (None: never, a model whose every layer is sliding
+    or keeps a state and whose windows and states stay smaller; 0: the states alone are)."""
     fits = _context_for_bytes(cfg, weight_bytes(cfg), batch)
     return None if fits is None else fits + 1
+
+
+def cache_equals_at_context(cfg: ModelConfig, other: ModelConfig, batch: int = 1) -> float | None:
+    """The context S at which `cfg`'s whole cache (states + KV) equals `other`'s (both growing
+    linearly in S: no sliding layers), solved exactly: (state - state') / (kv' - kv) per token;
+    None when they never meet at S > 0."""
+    if cfg.num_sliding_layers or other.num_sliding_layers:
+        raise KvjaxError("cache_equals_at_context: sliding-window layers are not linear in S")
+    per, per_other = kv_bytes_per_token(cfg), kv_bytes_per_token(other)
+    flat = state_bytes(cfg) + tensor_scale_bytes(cfg)
+    flat_other = state_bytes(other) + tensor_scale_bytes(other)
+    if per == per_other or (flat - flat_other) / (per_other - per) <= 0:
+        return None
+    return (flat - flat_other) / (per_other - per)
 
 
 def max_batch_that_fits(
     cfg: ModelConfig, memory_bytes: float, context: int, page_size: int = 0
 ) -> int:
-    """Largest B whose KV cache at `context` (on pages of `page_size` if given) fits beside the
-    weights (activations not counted)."""
+    """Largest B whose cache at `context` (KV on pages of `page_size` if given, and a hybrid's
+    states) fits beside the weights (activations not counted)."""
     free = memory_bytes - weight_bytes(cfg)
-    return max(0, int(free // kv_cache_bytes(cfg, context, 1, page_size)))
+    return max(0, int(free // cache_bytes(cfg, context, 1, page_size)))
 
 
 def max_context_that_fits(
@@ -111,4 +141,5 @@ def max_context_that_fits(
     free = memory_bytes - weight_bytes(cfg)
     if free < 0:
         return 0
-    return _context_for_bytes(cfg, free, batch, page_size)
+    fits = _context_for_bytes(cfg, free, batch, page_size)
+    return None if fits is None else max(0, fits)

@@ -14,7 +14,7 @@ from collections import Counter
 
 from kvjax import kernels
 from kvjax.analytic.costs import EXTEND, INDEX_BYTES, SCORE_BYTES, KernelCost, StepCost, Workload
-from kvjax.analytic.primitives import (  # noqa: F401 (_act_bytes, rope_cost: re-exported)
+from kvjax.analytic.primitives import (  # noqa: F401 (_act_bytes, rope_cost, l2_norm_cost: re-exported)
     _act_bytes,
     _matmul,
     _residual,
@@ -22,11 +22,13 @@ from kvjax.analytic.primitives import (  # noqa: F401 (_act_bytes, rope_cost: re
     act_cost,
     decode_softmax,
     extend_softmax,
+    l2_norm_cost,
     norm_cost,
     prefill_softmax,
     rope_cost,
     sink_logits_cost,
     softcap_cost,
+    temperature_cost,
 )
 from kvjax.analytic.quant import dequantize_cost, quantize_flops, scale_bytes_per_row
 from kvjax.config import ModelConfig
@@ -35,19 +37,26 @@ from kvjax.config_checks import check_extend
 
 def layer_kernels(
     cfg: ModelConfig, wl: Workload, sliding: bool = False, moe: bool = False, chip=None,
-    rope: bool = True,
+    rope: bool = True, kind: str = "A",
 ) -> dict[str, KernelCost]:  # fmt: skip
     """Every kernel of one decoder layer, in execution order (MLA's attention:
     `kvjax.analytic.mla`); `sliding`: a sliding-window layer of the config; `moe`: an MoE layer
     (`kvjax.analytic.moe`: router, experts, and the shared experts as the mlp/ kernels). With
     `cfg.attention_kernel == "flash"` scores, softmax and av are one fused kernel
     (`kvjax.analytic.flash`), tiled for `chip` (a `ChipSpec`; None: 128 x 128 tiles); `rope`
-    False: a NoPE layer (no attn/rope kernel)."""
+    False: a NoPE layer (no attn/rope kernel); `kind`: its `layer_kinds` letter (D, C: a state
+    mixer instead of attention, H: the Mamba-2 heads beside it; `kvjax.analytic.hybrid`)."""
     if wl.phase == EXTEND:
         check_extend(cfg)  # the closed form covers what the model's extend step runs
     M, D, F = wl.tokens, cfg.d_model, cfg.d_ff
     w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
-    if cfg.is_mla:
+    if kind != "A":
+        from kvjax.analytic.hybrid import combine_cost, mixer_kernels
+
+        mixer = mixer_kernels(cfg, wl, kind)
+    if kind in "DC":
+        attention = mixer
+    elif cfg.is_mla:
         from kvjax.analytic.mla import mla_attention_kernels
 
         attention = mla_attention_kernels(cfg, wl)
@@ -57,6 +66,8 @@ def layer_kernels(
         )  # fmt: skip
     if cfg.attention_kernel == "flash":
         attention = _fused(cfg, wl, attention, sliding, chip)
+    if kind == "H":  # Falcon-H1: both mixers read the normed x; their outputs are summed
+        attention = [*mixer, *attention, combine_cost(cfg, M)]
     post_attn = [norm_cost(cfg, kernels.NORM_POST_ATTN, M, D, w, a)] if cfg.sandwich_norms else []
     pre = cfg.pre_norms  # OLMo 2 norms only the outputs
     k = [
@@ -146,8 +157,9 @@ def gqa_attention_kernels(
     scale_row = scale_bytes_per_row(cfg)  # a K or V row's scales (token_head, group)
     decode = wl.phase == "decode"
     C = S - 1 if decode else S  # key rows read by the product over the cache / prompt
+    gate = 2 if cfg.attn_output_gate else 1  # Qwen3-Next: q_proj also emits the output gate
     k = [
-        _matmul(kernels.Q_PROJ, M, D, N * H, w, a, bias=cfg.qkv_bias),
+        _matmul(kernels.Q_PROJ, M, D, gate * N * H, w, a, bias=cfg.qkv_bias),
         _matmul(kernels.K_PROJ, M, D, K * H, w, a, bias=cfg.qkv_bias),
         _matmul(kernels.V_PROJ, M, D, K * H, w, a, bias=cfg.qkv_bias),
     ]
@@ -264,23 +276,11 @@ def gqa_attention_kernels(
             bytes=E * a + B * S * K * H * a + M * N * H * a,
         )
     o_proj = _matmul(kernels.O_PROJ, M, N * H, D, w, a, bias=cfg.o_bias)
-    return [*k, kv_write, scores, softmax, av, o_proj]
+    if cfg.attn_output_gate:
+        from kvjax.analytic.hybrid import attn_gate_cost
 
-
-def l2_norm_cost(m: int, d: int, a: int) -> KernelCost:
-    """Llama 4's unscaled q/k norm of `m` rows of `d`, in f32: x*x (md), the sum (md - m), /d
-    and +eps (2m), x*inv (md) = 3md + m, one rsqrt a row; a 2-byte model converts x to f32 and
-    back (2md)."""
-    flops = 3 * m * d + m + (2 * m * d if a != 4 else 0)
-    return KernelCost(kernels.QK_NORM, flops=flops, bytes=2 * m * d * a, transcendentals=m)
-
-
-def temperature_cost(M: int, width: int, a: int) -> KernelCost:
-    """Llama 4's temperature tuning of M tokens' queries (`width` = N*H each): per token the
-    position to f32, + 1, / floor_scale, floor, * scale, + 1 (6, and log1p a transcendental);
-    q times it in f32 (width), widened and narrowed again in a 2-byte model (2 width)."""
-    flops = 6 * M + M * width + (2 * M * width if a != 4 else 0)
-    return KernelCost(kernels.TEMPERATURE, flops=flops, bytes=2 * M * width * a, transcendentals=M)
+        av = [av, attn_gate_cost(cfg, M)]
+    return [*k, kv_write, scores, softmax, *(av if cfg.attn_output_gate else [av]), o_proj]
 
 
 def _extend_attention(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
@@ -361,11 +361,11 @@ def step_kernels(cfg: ModelConfig, wl: Workload, chip=None) -> dict[str, KernelC
     `chip` tiles a fused attention (`layer_kernels`)."""
     out = {kernels.EMBED: embed_kernel(cfg, wl)}
     kinds = Counter(
-        (cfg.layer_is_sliding(i), cfg.layer_is_moe(i), cfg.layer_has_rope(i))
+        (cfg.layer_is_sliding(i), cfg.layer_is_moe(i), cfg.layer_has_rope(i), cfg.layer_kind(i))
         for i in range(cfg.num_layers)
-    )  # layers of each kind: (sliding, MoE, RoPE)
-    for (sliding, moe, rope), count in kinds.items():
-        for name, cost in layer_kernels(cfg, wl, sliding, moe, chip, rope).items():
+    )  # layers of each kind: (sliding, MoE, RoPE, layer_kinds letter)
+    for (sliding, moe, rope, kind), count in kinds.items():
+        for name, cost in layer_kernels(cfg, wl, sliding, moe, chip, rope, kind).items():
             out[name] = out[name] + cost.scaled(count) if name in out else cost.scaled(count)
     out.update(head_kernels(cfg, wl))
     return out

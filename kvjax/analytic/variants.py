@@ -1,5 +1,6 @@
-"""The seed's MHA/GQA/MQA table for any model, with an MLA row: KV cache per variant, weights and
-the B=1 floor, on one axis (cache bytes per token)."""
+"""The seed's MHA/GQA/MQA table for any model, with an MLA row (a hybrid: its attention in every
+layer instead): KV cache per variant (and a hybrid's flat states), weights and the B=1 floor, on
+one axis (cache bytes per token)."""
 
 from __future__ import annotations
 
@@ -67,19 +68,34 @@ def variant_configs(cfg: ModelConfig) -> list[tuple[str, int, ModelConfig | None
         else:
             variant = cfg.replace(num_kv_heads=k)
             out.append((label, k, variant, analytic.kv_bytes_per_token(variant)))
+    if cfg.is_hybrid:  # no MLA beside state layers; instead the model with attention everywhere
+        dense = all_attention(cfg)
+        label = f"{cfg.attention_variant} every layer"
+        out.append((label, cfg.num_kv_heads, dense, analytic.kv_bytes_per_token(dense)))
+        return out
     mla = mla_variant(cfg)
     label = f"MLA A={mla.kv_lora_rank} P={mla.qk_rope_head_dim}"
     out.append((label, mla.num_kv_heads, mla, analytic.kv_bytes_per_token(mla)))
     return out
 
 
+def all_attention(cfg: ModelConfig) -> ModelConfig:
+    """A hybrid with its attention in every layer instead of its state layers (issue 31's GQA
+    model "of the same attention"): the transformer its states replace."""
+    state = ("state_heads", "state_groups", "state_key_dim", "state_value_dim", "conv_kernel")
+    return cfg.replace(
+        layer_kinds="A", conv_bias=False, state_norm=False, **dict.fromkeys(state, 0)
+    )
+
+
 def variant_cache_bytes(
     variant: ModelConfig | None, per_token: int, context: int, batch: int
 ) -> int:
-    """A row's cache at (S, B): its config's (sliding windows included), else per token x S x B."""
+    """A row's cache at (S, B): its config's (sliding windows and a hybrid's states included),
+    else per token x S x B."""
     if variant is None:
         return per_token * context * batch
-    return analytic.kv_cache_bytes(variant, context, batch)
+    return analytic.cache_bytes(variant, context, batch)
 
 
 def variant_rows(

@@ -10,6 +10,7 @@ from typing import Any
 from kvjax import analytic, kernels
 from kvjax.analytic import Workload, flash, moe, parallel, roofline, serving
 from kvjax.analytic.costs import EXTEND
+from kvjax.analytic.hybrid import state_layer_bytes
 from kvjax.analytic.primitives import _act_bytes
 from kvjax.analytic.quant import scale_bytes_per_token_per_layer, tensor_scale_bytes
 from kvjax.analytic.variants import variant_configs, variants_table
@@ -151,6 +152,7 @@ def calc_report(
     weights = analytic.weight_bytes(cfg)
     kv_cache = analytic.kv_cache_bytes(cfg, wl.context, wl.batch, page_size)
     unpaged = analytic.kv_cache_bytes(cfg, wl.context, wl.batch)
+    states = analytic.state_bytes(cfg, wl.batch)  # a hybrid's state layers: flat in S
     placed = roofline.place(analytic.step_kernels(cfg, wl, chip).values(), peak, bw)
     on_roof = roofline.point(kernels.STEP_KERNEL, step.flops, step.bytes, peak, bw)
     step_floor = on_roof.bound_s
@@ -187,6 +189,9 @@ def calc_report(
         "kv_bytes_per_token_per_layer": analytic.kv_bytes_per_token_per_layer(cfg),
         "kv_bytes_per_token": analytic.kv_bytes_per_token(cfg),
         "kv_cache_bytes": kv_cache,
+        "state_bytes": states,  # recurrent states and conv caches of B sequences (issue 31)
+        "state": state_report(cfg),
+        "cache_bytes": kv_cache + states,
         "kv_positions_held": analytic.kv_positions_held(cfg, wl.context, page_size),
         "page_size": page_size,
         "kv_page_waste_bytes": kv_cache - unpaged,
@@ -207,7 +212,10 @@ def calc_report(
         "attainable_flops_per_s": on_roof.attainable_flops_per_s,
         "fraction_of_peak": on_roof.attainable_flops_per_s / peak,
         "weight_floor_s_per_token": roofline.memory_floor_s(floor_weights, bw),
-        "weights_kv_floor_s_per_token": roofline.memory_floor_s(floor_weights + kv_cache, bw),
+        # the states are read and written back every step
+        "weights_kv_floor_s_per_token": roofline.memory_floor_s(
+            floor_weights + kv_cache + 2 * states, bw
+        ),
         "step_floor_s": step_floor,
         "kernel_sum_bound_s": sum(k.bound_s for k in placed),
         # the serving frontier's point at this batch (`kvjax frontier`): the kernels one after
@@ -222,9 +230,11 @@ def calc_report(
         ),
         "tokens_per_s_per_sequence": (1.0 / step_floor) if wl.phase == "decode" else None,
         "tokens_per_s": (wl.batch / step_floor) if wl.phase == "decode" else None,
+        # the whole cache (KV + states) of B sequences passes the weights from this S (both keys)
         "kv_exceeds_weights_at_context": analytic.kv_exceeds_weights_at_context(cfg, wl.batch),
+        "cache_exceeds_weights_at_context": analytic.kv_exceeds_weights_at_context(cfg, wl.batch),
         "fits_in_memory": (
-            None if chip.memory_bytes is None else weights + kv_cache <= chip.memory_bytes
+            None if chip.memory_bytes is None else weights + kv_cache + states <= chip.memory_bytes
         ),
         "max_batch_at_context": (
             None
@@ -243,6 +253,22 @@ def calc_report(
     return report
 
 
+def state_report(cfg: ModelConfig) -> dict[str, Any] | None:
+    """A hybrid's state layers (`kvjax.analytic.hybrid`), one sequence: per kind of layer its
+    count and the recurrent state's and conv cache's bytes; None for a transformer."""
+    if not cfg.is_hybrid:
+        return None
+    kinds = [cfg.layer_kind(i) for i in range(cfg.num_layers)]
+    return {
+        "state_dtype": cfg.state_dtype,
+        "bytes_per_sequence": analytic.state_bytes(cfg),
+        "layers": {
+            kind: {"count": kinds.count(kind), **state_layer_bytes(cfg, kind)}
+            for kind in sorted(set(kinds) - {"A"})
+        },
+    }
+
+
 def attention_kernel_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any]:
     """The attention of the step both ways, summed over the layers: XLA's unfused scores,
     softmax and av, and the fused kernel (`kvjax.analytic.flash`) tiled for `chip`, with the
@@ -255,7 +281,7 @@ def attention_kernel_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> d
     fused_parts = [fused[n] for n in (kernels.ATTENTION, kernels.ATTN_COMBINE) if n in fused]
     tiles = flash.plan(fused_cfg, wl, chip.onchip_bytes_per_core, chip.num_cores)
     exact = computed = 0
-    for layer in range(cfg.num_layers):
+    for layer in filter(cfg.layer_has_attention, range(cfg.num_layers)):  # not state layers
         cost = flash.flash_attention_cost(fused_cfg, wl, tiles, cfg.layer_is_sliding(layer))
         exact += cost.exact_pairs
         computed += cost.computed_pairs
@@ -291,8 +317,10 @@ def _qkvo_bytes(cfg: ModelConfig, wl: Workload) -> float:
     T, a = wl.query_len, _act_bytes(cfg)
     q_o = wl.batch * T * shape.query_heads * (shape.key_width + shape.value_width) * a
     span = cfg.sliding_window + cfg.sink_tokens  # a sliding layer's window and sinks
-    held = sum(min(wl.context, span) if cfg.layer_is_sliding(i) and cfg.sliding_window
-               else wl.context for i in range(cfg.num_layers))  # fmt: skip
+    held = sum(
+        min(wl.context, span) if cfg.layer_is_sliding(i) and cfg.sliding_window else wl.context
+        for i in filter(cfg.layer_has_attention, range(cfg.num_layers))
+    )
     per_position = shape.kv_bytes_per_position if wl.phase == "decode" else (
         (shape.key_width + shape.value_width) * a)  # fmt: skip
-    return q_o * cfg.num_layers + wl.batch * shape.kv_heads * held * per_position
+    return q_o * cfg.num_attention_layers + wl.batch * shape.kv_heads * held * per_position

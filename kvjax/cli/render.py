@@ -5,7 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvjax.cli.render_common import _ratio, attention_label, console  # noqa: F401 (re-exported)
+from kvjax.cli.render_common import (  # noqa: F401 (re-exported)
+    _ratio,
+    attention_label,
+    console,
+    state_line,
+)
 from kvjax.units import fmt_bytes, fmt_count, fmt_rate, fmt_seconds, sig
 
 
@@ -65,11 +70,14 @@ def print_calc(report: dict[str, Any]) -> None:
         f"({fmt_bytes(report['kv_bytes_per_token_per_layer'], 'KiB')} per layer) "
         f"in {m['kv_dtype']}; {fmt_bytes(report['kv_cache_bytes'])} at S={S:,} x B={B:,}; "
         + (
-            f"for B={B:,} larger than the weights from S={exceeds:,}"
+            f"for B={B:,} {'KV + state' if report.get('state') else ''} larger than the weights "
+            f"from S={exceeds:,}"
             if exceeds is not None
             else f"for B={B:,} never larger than the weights (every layer's window is smaller)"
         )
     )
+    if line := state_line(report):
+        con.print(line)
     if report["kv_scales"] != "none":
         per = report["kv_scale_bytes_per_token_per_layer"]
         kind = report["kv_scales"]

@@ -23,3 +23,32 @@ def attention_label(m: dict[str, Any]) -> str:
 
 def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+# the state layers' names in `kvjax calc` (config_hybrid.LAYER_KINDS's letters)
+_KIND_NAMES = {"D": "Gated DeltaNet", "H": "Mamba-2 (beside attention)", "C": "short conv"}
+
+
+def state_line(report: dict[str, Any]) -> str | None:
+    """A hybrid's states in one line (None for a transformer): per kind of layer its count and
+    a sequence's recurrent state and conv cache, the total for B sequences, and the whole cache."""
+    from kvjax.units import fmt_bytes
+
+    state = report.get("state")
+    if not state:
+        return None
+    B, S = report["workload"]["batch"], report["workload"]["context"]
+    parts = [
+        f"{v['count']} {_KIND_NAMES[k]} layers: "
+        + (
+            f"{fmt_bytes(v['recurrent'], 'KiB')} state ({state['state_dtype']}) + "
+            if v["recurrent"]
+            else ""
+        )
+        + f"{fmt_bytes(v['conv'], 'KiB')} conv cache each"
+        for k, v in state["layers"].items()
+    ]
+    return (
+        f"  state       {'; '.join(parts)}: {fmt_bytes(report['state_bytes'])} for B={B:,}, flat "
+        f"in S; KV + state {fmt_bytes(report['cache_bytes'])} at S={S:,}"
+    )

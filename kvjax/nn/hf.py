@@ -21,6 +21,7 @@ from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.hf_config import from_hf_config, read_hf_json
 from kvjax.hf_fields import rope_scalings
+from kvjax.hf_hybrid import HYBRID_REASON, HYBRID_TYPES
 from kvjax.nn.layers import weight_dtype
 from kvjax.nn.mlp import XIELU_BETA, XIELU_EPS
 from kvjax.nn.mxfp4 import load_gpt_oss_experts
@@ -56,6 +57,8 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
     cfg = from_hf_config(folder, **overrides)
     data = read_hf_json(folder)
     model_type = data.get("model_type", "llama")
+    if model_type in HYBRID_TYPES:
+        raise KvjaxError(f"checkpoint model_type={model_type!r}: {HYBRID_REASON}")
     if model_type not in SUPPORTED:
         raise KvjaxError(
             f"checkpoint model_type={model_type!r} is not supported; "

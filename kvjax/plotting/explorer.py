@@ -28,9 +28,12 @@ def _model_entry(cfg: ModelConfig) -> dict[str, Any]:
 
 
 def explorer_data() -> dict[str, Any]:
-    """Everything the page needs, from the Python presets (nothing retyped)."""
+    """Everything the page needs, from the Python presets (nothing retyped); the hybrids' state
+    layers (issue 31) are not in the page's closed form yet: `kvjax calc` sizes them."""
     models = {
-        name: _model_entry(cfg) for name, cfg in PRESETS.items() if not name.startswith("tiny")
+        name: _model_entry(cfg)
+        for name, cfg in PRESETS.items()
+        if not name.startswith("tiny") and not cfg.is_hybrid
     }
     chips = {
         name: {
@@ -51,6 +54,12 @@ def render_explorer(model: str | ModelConfig = "seed-70b", chip: str = "h100-sxm
     """The page, opening on `model`: a preset's name, or any `ModelConfig` (a config.json's),
     which joins the presets in the page."""
     data = explorer_data()
+    hybrid = model if isinstance(model, ModelConfig) else PRESETS.get(model)
+    if hybrid is not None and hybrid.is_hybrid:
+        raise KvjaxError(
+            f"{hybrid.name}: layer_kinds={hybrid.layer_kinds!r} (state layers) is not in the "
+            "explorer yet (issue 31): `kvjax calc` sizes it"
+        )
     if isinstance(model, ModelConfig):
         cfg, model = model, model.name
         if PRESETS.get(model) != cfg:

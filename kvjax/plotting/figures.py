@@ -46,11 +46,35 @@ def kv_vs_context(records: pd.DataFrame, fig) -> None:
     (records with `window`) the sliding-window presets as published against all-global."""
     df = records[records.experiment == "kv_vs_context"]
     windows = df[df["window"].notna()] if "window" in df else df.iloc[:0]
-    fig.set_size_inches(fig.get_figwidth(), 3.2)
-    axes = fig.subplots(1, 2 if len(windows) else 1, squeeze=False)[0]
-    _kv_variants(df.drop(windows.index), axes[0])
+    hybrids = df[df["state_bytes"].notna()] if "state_bytes" in df else df.iloc[:0]
+    panels = 1 + bool(len(windows)) + bool(len(hybrids))
+    fig.set_size_inches(fig.get_figwidth() * (1.4 if panels == 3 else 1), 3.2)
+    axes = list(fig.subplots(1, panels, squeeze=False)[0])
+    _kv_variants(df.drop(windows.index).drop(hybrids.index), axes.pop(0))
     if len(windows):
-        _kv_windows(windows, axes[1])
+        _kv_windows(windows, axes.pop(0))
+    if len(hybrids):
+        _kv_hybrids(hybrids, axes.pop(0))
+
+
+def _kv_hybrids(df: pd.DataFrame, ax) -> None:
+    """Each hybrid's whole cache (KV + flat states: flat until the attention layers' KV takes
+    over) against the same attention in every layer (dotted), beside their weights."""
+    for i, (model, g) in enumerate(df.groupby("model", sort=False)):
+        color = f"C{i + 3}"
+        for _, h in g.groupby("variant", sort=False):
+            h = h.sort_values("context")
+            published = h.state_bytes.iloc[0] > 0
+            ax.plot(h.context, h.kv_cache_bytes / GIB, color=color, ls="-" if published else ":",
+                    marker="s" if published else None, ms=2.5,
+                    label=model if published else None)  # fmt: skip
+    ax.plot([], [], color="0.4", ls=":", label="same attention in every layer")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context S (tokens)")
+    ax.set_ylabel("KV + state cache (GiB, binary)")
+    ax.set_title(f"hybrids, B={int(df.batch.iloc[0])}: KV + flat states", fontsize=8)
+    ax.legend(fontsize=6, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
 
 
 def _kv_windows(df: pd.DataFrame, ax) -> None:

@@ -1,0 +1,268 @@
+"""Closed forms of the layers whose state does not grow (issue 31): Gated DeltaNet (Qwen3-Next's
+linear attention), Mamba-2 heads beside attention (Falcon-H1) and LFM2's short gated
+convolution: parameters, the state a sequence holds, and every kernel's FLOPs and bytes.
+
+Pure Python. Letters (`kvjax.kernels` and, for the state layers): J = state_heads (DeltaNet's
+value heads, Mamba's heads), Y = state_groups (DeltaNet's q/k heads, Mamba's B/C groups),
+dk = state_key_dim (Mamba's state size N), dv = state_value_dim (Mamba's head dim P),
+w_c = conv_kernel, X = the conv's channels, Z = scan_chunk, T' = T rounded up to whole chunks,
+n_c = T' / Z. Counts follow Hugging Face's reference code in transformers 5.24
+(`torch_recurrent_gated_delta_rule` / `torch_chunk_gated_delta_rule` with chunk_size=64,
+`mamba2_selective_state_update` / `mamba2_chunk_scan` with chunk_size = scan_chunk): products
+2mnk, elementwise steps one per element, exp / log / rsqrt as transcendentals; q and k (DeltaNet)
+and B and C (Mamba) are repeated to the J heads before the scan, as that code does. The state is
+held in `state_dtype` (f32 there); a conv cache keeps the last w_c - 1 inputs of each channel in
+the compute dtype (what the causal-conv1d update needs; HF's DynamicCache keeps w_c).
+Falcon-H1's muP multipliers (scalars and the in_proj's mup_vector) are not counted: elementwise.
+"""
+
+from __future__ import annotations
+
+from kvjax import kernels
+from kvjax.analytic.costs import KernelCost, Workload
+from kvjax.analytic.primitives import _act_bytes, _matmul, _rmsnorm
+from kvjax.config import DTYPE_BYTES, ModelConfig
+from kvjax.config_hybrid import STATE_KINDS
+
+SILU = 4  # negate, exp, add, divide (one exp: a transcendental)
+SIGMOID = 3
+
+
+def conv_channels(cfg: ModelConfig, kind: str) -> int:
+    """X: DeltaNet convolves q, k, v (2*Y*dk + J*dv); Mamba x, B, C (J*P + 2*Y*N); LFM2 D."""
+    if kind == "C":
+        return cfg.d_model
+    J, Y, dk, dv = cfg.state_heads, cfg.state_groups, cfg.state_key_dim, cfg.state_value_dim
+    return 2 * Y * dk + J * dv
+
+
+def state_layer_bytes(cfg: ModelConfig, kind: str) -> dict[str, int]:
+    """One sequence's state in one layer of `kind`: the recurrent state (J x dk x dv in
+    state_dtype; none in a C layer) and the conv cache ((w_c - 1) x X in the compute dtype)."""
+    if kind == "A":
+        return {"recurrent": 0, "conv": 0}
+    recurrent = 0
+    if kind in STATE_KINDS:
+        recurrent = cfg.state_heads * cfg.state_key_dim * cfg.state_value_dim
+        recurrent *= DTYPE_BYTES[cfg.state_dtype]
+    conv = (cfg.conv_kernel - 1) * conv_channels(cfg, kind) * _act_bytes(cfg)
+    return {"recurrent": recurrent, "conv": conv}
+
+
+def state_bytes(cfg: ModelConfig, batch: int = 1) -> int:
+    """The states of `batch` sequences over all layers: flat in S."""
+    per = {k: sum(state_layer_bytes(cfg, k).values()) for k in set(cfg.layer_kinds)}
+    return batch * sum(per[cfg.layer_kind(i)] for i in range(cfg.num_layers))
+
+
+def mixer_param_counts(cfg: ModelConfig, kind: str) -> dict[str, int]:
+    """A state layer's mixer parameters by kernel (H: the Mamba-2 half; its attention is the
+    usual attn/ kernels). As Hugging Face builds them: DeltaNet in_proj_qkvz (2*Y*dk + 2*J*dv)
+    and in_proj_ba (2J), conv (X * w_c, no bias), dt_bias and A_log (J each), the gated norm
+    (dv), out_proj; Mamba-2 in_proj (J*P for z, X, J for dt), conv (+ bias), dt_bias, A_log, D
+    (J each), the gated norm (J*P, state_norm), out_proj; LFM2 in_proj (3D), conv, out_proj (and
+    their biases with conv_bias)."""
+    D, J, dv, w = cfg.d_model, cfg.state_heads, cfg.state_value_dim, cfg.conv_kernel
+    X, b = conv_channels(cfg, kind), cfg.conv_bias
+    if kind == "D":
+        return {
+            kernels.LINEAR_IN_PROJ: D * (X + J * dv + 2 * J),
+            kernels.LINEAR_CONV: X * w,
+            kernels.LINEAR_GATES: 2 * J,
+            kernels.LINEAR_NORM: dv,
+            kernels.LINEAR_OUT_PROJ: J * dv * D,
+        }
+    if kind == "H":
+        out = {
+            kernels.SSM_IN_PROJ: D * (J * dv + X + J),
+            kernels.SSM_CONV: X * w + (X if b else 0),
+            kernels.SSM_DT: 2 * J,
+            kernels.SSM_SCAN: J,  # D, the skip
+            kernels.SSM_OUT_PROJ: J * dv * D,
+        }
+        if cfg.state_norm:
+            out[kernels.SSM_NORM] = J * dv
+        return out
+    return {
+        kernels.CONV_IN_PROJ: 3 * D * D + (3 * D if b else 0),
+        kernels.CONV_CONV: D * w + (D if b else 0),
+        kernels.CONV_OUT_PROJ: D * D + (D if b else 0),
+    }
+
+
+def _conv(cfg: ModelConfig, wl: Workload, name: str, X: int, act: bool) -> KernelCost:
+    """Causal depthwise conv of X channels over w_c positions (+ bias, + silu with `act`):
+    (2w_c - 1) FLOPs an output element (w_c products, w_c - 1 sums). Decode reads the conv
+    cache's w_c - 1 rows and the new one and writes the cache shifted (w_c - 1 rows); prefill
+    convolves the prompt (zero-padded) and writes its last w_c - 1 rows as the cache."""
+    B, M, w = wl.batch, wl.tokens, cfg.conv_kernel
+    a, wb = _act_bytes(cfg), cfg.weight_bytes_per_element
+    per = 2 * w - 1 + (1 if cfg.conv_bias else 0) + (SILU if act else 0)
+    weights = X * w * wb + (X * wb if cfg.conv_bias else 0)
+    cache = (w - 1) * X * a * B
+    traffic = 2 * cache if wl.phase == "decode" else cache  # read and written / written
+    return KernelCost(
+        name, flops=M * X * per, bytes=2 * M * X * a + weights + traffic,
+        transcendentals=M * X if act else 0, weight_bytes=weights, kv_bytes=traffic,
+    )  # fmt: skip
+
+
+def _gated_norm(cfg: ModelConfig, name: str, rows: int, d: int) -> KernelCost:
+    """RMSNorm of `rows` rows of d (in f32) times silu(z): the norm's cost and 5 FLOPs, one exp
+    and z's read an element."""
+    a, w = _act_bytes(cfg), cfg.weight_bytes_per_element
+    norm = _rmsnorm(name, rows, d, w, a)
+    n = rows * d
+    return norm + KernelCost(name, flops=(SILU + 1) * n, bytes=n * a, transcendentals=n)
+
+
+def deltanet_scan(cfg: ModelConfig, wl: Workload) -> KernelCost:
+    """The gated delta rule of B*J heads. Decode, per head (`torch_recurrent_gated_delta_rule`):
+    q / sqrt(dk) (dk), S * exp(g) (dk dv, one exp), k^T S as (S * k).sum (2dk dv - dv),
+    delta = (v - kv) * beta (2dv), S + k delta^T (2dk dv), q^T S (2dk dv - dv): 7dk dv + dk;
+    the state read and written. Prefill (`torch_chunk_gated_delta_rule`, Z = 64), per head:
+    products n_c (4Z^2 dk + 2Z^2 dv + 6Z dk dv) (k_beta k^T, q k^T; per chunk the state read
+    twice, the intra-chunk output and the state update), two unit-triangular solves
+    n_c Z(Z-1)(dk + dv), and the elementwise steps listed below; the final state written."""
+    B, T = wl.batch, wl.query_len
+    J, dk, dv = cfg.state_heads, cfg.state_key_dim, cfg.state_value_dim
+    a, s = _act_bytes(cfg), DTYPE_BYTES[cfg.state_dtype]
+    state = B * J * dk * dv * s
+    if wl.phase == "decode":
+        return KernelCost(
+            kernels.LINEAR_SCAN, flops=B * J * (7 * dk * dv + dk),
+            bytes=2 * state + B * J * (2 * dk * 4 + dv * a + 2 * 4 + dv * a),
+            transcendentals=B * J, kv_bytes=2 * state,
+        )  # fmt: skip
+    Z = 64  # HF's torch_chunk_gated_delta_rule default, which Qwen3NextGatedDeltaNet uses
+    Tp = -(-T // Z) * Z
+    nc = Tp // Z
+    products = nc * (4 * Z * Z * dk + 2 * Z * Z * dv + 6 * Z * dk * dv)
+    solves = nc * Z * (Z - 1) * (dk + dv)
+    elementwise = (
+        T * dk  # q * dk^-0.5
+        + Tp * (dv + dk)  # v * beta, k * beta
+        + Tp  # cumsum of the decays
+        + nc * Z * Z * 4  # pairwise decays: subtract, mask, and the two products' * decay
+        + Tp * dk  # k_beta * exp(cum)
+        + 2 * Tp * dk
+        + Tp  # q * exp(cum), k * exp(last - cum)
+        + nc * (2 * Z * dv + 2 * dk * dv)  # per chunk: two adds, the state's decay and add
+    )
+    per_head = products + solves + elementwise
+    chunks = B * J * (3 * 2 * nc * Z * Z * 4 + 2 * 2 * Tp * (dk + dv) * 4)  # Z x Z, u, w
+    io = B * J * T * (2 * dk * 4 + dv * a + 2 * 4 + dv * a)  # q, k (f32), v, beta, g; out
+    return KernelCost(
+        kernels.LINEAR_SCAN, flops=B * J * per_head, bytes=io + chunks + state,
+        transcendentals=B * J * (nc * Z * Z + 3 * Tp + nc), kv_bytes=state,
+    )  # fmt: skip
+
+
+def mamba_scan(cfg: ModelConfig, wl: Workload) -> KernelCost:
+    """Mamba-2 over B*J heads of P = dv, state N = dk. Decode, per head
+    (`mamba2_selective_state_update`): exp(dt A) (PN products, PN exps), dt B (PN), dB x (PN),
+    S dA + dBx (2PN), S C (2PN), + D x (2P): 7PN + 2P; the state read and written. Prefill
+    (`mamba2_chunk_scan`, Z = scan_chunk), per head: products n_c (2Z^2 N + 2Z^2 P + 4ZNP)
+    (C B^T, M x, the chunk states, C times them) and the inter-chunk recurrence 2(n_c+1)^2 PN
+    as that code computes it (a product over all chunk pairs), and the elementwise steps below;
+    the final state written."""
+    B, T = wl.batch, wl.query_len
+    J, Y, N, P = cfg.state_heads, cfg.state_groups, cfg.state_key_dim, cfg.state_value_dim
+    a, s = _act_bytes(cfg), DTYPE_BYTES[cfg.state_dtype]
+    state = B * J * P * N * s
+    if wl.phase == "decode":
+        return KernelCost(
+            kernels.SSM_SCAN, flops=B * J * (7 * P * N + 2 * P),
+            bytes=2 * state + B * (2 * J * P * a + 2 * Y * N * a + J * P * a) + J * 4,
+            transcendentals=B * J * P * N, kv_bytes=2 * state,
+        )  # fmt: skip
+    Z = cfg.scan_chunk
+    Tp = -(-T // Z) * Z
+    nc = Tp // Z
+    products = nc * (2 * Z * Z * N + 2 * Z * Z * P + 4 * Z * N * P) + 2 * (nc + 1) ** 2 * P * N
+    elementwise = (
+        T * P
+        + T  # x * dt, A * dt
+        + 2 * Tp * P  # D * x (the skip, padded), its add
+        + Tp  # cumsum of A dt
+        + 2 * nc * Z * Z  # the segment sums, the mask's product
+        + Tp
+        + Tp * N  # exp(last - cum), B * decay
+        + (nc + 1) ** 2  # the chunks' segment sum
+        + 2 * Tp * P  # C S * exp(cum), Y_diag + Y_off
+    )
+    chunks = B * J * (3 * 2 * nc * Z * Z * 4 + 3 * (nc + 1) * P * N * 4)  # L, G, M; states
+    io = B * J * T * (2 * N * 4 + P * a + 4 + P * a)  # B, C (f32, repeated), x, dt; y
+    return KernelCost(
+        kernels.SSM_SCAN, flops=B * J * (products + elementwise), bytes=io + chunks + state,
+        transcendentals=B * J * (nc * Z * Z + 2 * Tp + (nc + 1) ** 2), kv_bytes=state,
+    )  # fmt: skip
+
+
+def mixer_kernels(cfg: ModelConfig, wl: Workload, kind: str) -> list[KernelCost]:
+    """The mixer of a D, C or H layer (H: the Mamba-2 half, the attention beside it is the usual
+    attn/ kernels), in execution order."""
+    M, D, J, dv = wl.tokens, cfg.d_model, cfg.state_heads, cfg.state_value_dim
+    w, a = cfg.weight_bytes_per_element, _act_bytes(cfg)
+    X = conv_channels(cfg, kind)
+    if kind == "C":
+        return [
+            _matmul(kernels.CONV_IN_PROJ, M, D, 3 * D, w, a, bias=cfg.conv_bias),
+            KernelCost(kernels.CONV_GATE, flops=2 * M * D, bytes=6 * M * D * a),
+            _conv(cfg, wl, kernels.CONV_CONV, X, act=False),
+            _matmul(kernels.CONV_OUT_PROJ, M, D, D, w, a, bias=cfg.conv_bias),
+        ]
+    Y, dk = cfg.state_groups, cfg.state_key_dim
+    if kind == "D":
+        # beta: sigmoid (3, one exp); g: + dt_bias, softplus (1, exp and log1p), * -exp(A_log)
+        # (2; exp(A_log) once, J); q and k, repeated to J heads: L2 norms in f32 (3dk a row)
+        gates = KernelCost(
+            kernels.LINEAR_GATES, flops=6 * M * J + J, bytes=2 * M * J * (a + 4) + 2 * J * w,
+            transcendentals=3 * M * J + J, weight_bytes=2 * J * w,
+        )  # fmt: skip
+        rows = 2 * M * J
+        qk_norm = KernelCost(
+            kernels.LINEAR_QK_NORM, flops=rows * (3 * dk + 1),
+            bytes=2 * M * Y * dk * a + rows * dk * 4, transcendentals=rows,
+        )  # fmt: skip
+        return [
+            _matmul(kernels.LINEAR_IN_PROJ, M, D, X + J * dv + 2 * J, w, a),
+            _conv(cfg, wl, kernels.LINEAR_CONV, X, act=True),
+            gates,
+            qk_norm,
+            deltanet_scan(cfg, wl),
+            _gated_norm(cfg, kernels.LINEAR_NORM, M * J, dv),
+            _matmul(kernels.LINEAR_OUT_PROJ, M, J * dv, D, w, a),
+        ]
+    # Mamba-2: dt + dt_bias, softplus (2 exps/logs), clamp (2): decode on J*P (HF expands dt to
+    # the head dim first), prefill on J; A = -exp(A_log) (J)
+    width = J * dv if wl.phase == "decode" else J
+    dt = KernelCost(
+        kernels.SSM_DT, flops=M * width * 4 + J, bytes=2 * M * J * a + 2 * J * w,
+        transcendentals=2 * M * width + J, weight_bytes=2 * J * w,
+    )  # fmt: skip
+    if cfg.state_norm:  # Falcon-H1's gated RMSNorm over Y groups of J*P / Y
+        norm = _gated_norm(cfg, kernels.SSM_NORM, M * Y, J * dv // Y)
+    else:  # y * silu(z)
+        n = M * J * dv
+        norm = KernelCost(kernels.SSM_NORM, (SILU + 1) * n, 3 * n * a, transcendentals=n)
+    return [
+        _matmul(kernels.SSM_IN_PROJ, M, D, J * dv + X + J, w, a),
+        _conv(cfg, wl, kernels.SSM_CONV, X, act=True),
+        dt,
+        mamba_scan(cfg, wl),
+        norm,
+        _matmul(kernels.SSM_OUT_PROJ, M, J * dv, D, w, a),
+    ]
+
+
+def attn_gate_cost(cfg: ModelConfig, M: int) -> KernelCost:
+    """Qwen3-Next's output gate: attention output * sigmoid(gate), M*N*H elements (4 FLOPs and
+    one exp each); reads both, writes the product."""
+    n = M * cfg.num_heads * cfg.head_dim
+    return KernelCost(kernels.ATTN_GATE, 4 * n, 3 * n * _act_bytes(cfg), transcendentals=n)
+
+
+def combine_cost(cfg: ModelConfig, M: int) -> KernelCost:
+    """Falcon-H1 adds its Mamba-2 and attention outputs (M*D) before the residual."""
+    return KernelCost(kernels.SSM_COMBINE, M * cfg.d_model, 3 * M * cfg.d_model * _act_bytes(cfg))
