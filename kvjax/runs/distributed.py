@@ -162,17 +162,18 @@ def check_processes(n) -> int:
     return n
 
 
-def launch(argv: list[str], n: int, devices: int = DEVICES_PER_PROCESS, timeout_s=None) -> int:
-    """Run `python -m kvjax ARGV` as `n` local processes joined by a coordinator on 127.0.0.1;
-    their output passes through. If one fails the others are stopped (they would wait for it
-    at the next collective). Returns the first non-zero exit status, else 0."""
+def launch(
+    argv: list[str], n: int, devices: int = DEVICES_PER_PROCESS, timeout_s=None, program=None
+) -> int:
+    """Run `python -m kvjax ARGV` (or `python PROGRAM ARGV`) as `n` local processes joined by a
+    coordinator on 127.0.0.1; their output passes through. If one fails (or `timeout_s` passes)
+    the others are stopped (they would wait for it at the next collective). Returns the first
+    non-zero exit status (124: timed out), else 0."""
     check_processes(n)
     port = free_port()
+    head = [sys.executable, *(program or ["-m", "kvjax"])]
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "kvjax", *argv], env=process_env(n, i, port, devices)
-        )
-        for i in range(n)
+        subprocess.Popen([*head, *argv], env=process_env(n, i, port, devices)) for i in range(n)
     ]
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     status = 0
