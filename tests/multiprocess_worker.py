@@ -7,7 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from kvjax.runs import distributed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's kvjax
+
+from kvjax.runs import distributed  # noqa: E402
 
 distributed.initialize()
 
