@@ -62,11 +62,11 @@ def requested(env=None) -> dict | None:
 
 def initialize(env=None) -> bool:
     """Join the processes the environment names (once); False when it names none."""
-    import jax
-
     want = requested(env)
     if want is None:
-        return False
+        return False  # jax not even imported: a single process starts it as before
+    import jax
+
     if jax.distributed.is_initialized():
         return True
     # the CPU client's cross-process collectives (only the CPU client reads it): before the
