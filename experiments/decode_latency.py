@@ -11,6 +11,9 @@ from kvjax.analytic import Workload, roofline
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
 
+# timed: in a multi-process run, every point on process 0 (kvjax.runs.launcher)
+MEASURED = True
+
 OPTIONS = {
     "batches": o.list_of(o.POSITIVE_INT),
     "measured": o.BOOLEAN,

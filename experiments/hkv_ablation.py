@@ -13,6 +13,9 @@ from kvjax.analytic import roofline
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
 
+# timed: in a multi-process run, every point on process 0 (kvjax.runs.launcher)
+MEASURED = True
+
 OPTIONS = {"measured": o.BOOLEAN, "budget_s": o.POSITIVE, "rounds": o.POSITIVE_INT}
 
 NOISE = 0.05  # a time differing by less than this from another's is within timing noise

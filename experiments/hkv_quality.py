@@ -32,6 +32,13 @@ OPTIONS = {
 }
 
 
+def runs_together(point) -> bool:
+    """Multi-process: every point trains data parallel over all processes (kvjax.quality.train)."""
+    from kvjax.runs import distributed
+
+    return distributed.is_multiprocess()
+
+
 def make_task(name: str, cfg, options):
     from kvjax.quality.data import AssociativeRecall, StdlibBytes
 

@@ -5,6 +5,9 @@ round, placed on this machine's measured roofline. One record per kernel row and
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
 
+# timed: in a multi-process run, every point on process 0 (kvjax.runs.launcher)
+MEASURED = True
+
 OPTIONS = {
     "kv_heads": o.list_of(o.POSITIVE_INT),
     "steps": o.POSITIVE_INT,

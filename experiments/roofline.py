@@ -14,6 +14,9 @@ from kvjax.runs import options as o
 from kvjax.runs.config import resolve
 from kvjax.traced.targets import TARGETS
 
+# timed: in a multi-process run, every point on process 0 (kvjax.runs.launcher)
+MEASURED = True
+
 OPTIONS = {
     "phases": o.list_of(o.one_of("prefill", "decode")),
     "traced": o.BOOLEAN,

@@ -7,6 +7,12 @@ against the sharded program itself:
   (a subprocess): per-device FLOPs and collective bytes against the closed form. XLA:CPU runs
   bf16 products and all-reduces in f32, so this check traces the f32 variant of the model
   (options.trace_dtype) and compares it with that variant's closed form.
+
+Across processes (`kvjax run --processes N`, srun): a traced point compiles on the global mesh,
+every process the same program together (`runs_together`), so collectives whose device groups
+span processes are counted as crossing hosts (traced_cross_host_collective_bytes); the other
+points run one per process. In one process, options.devices_per_host splits the simulated devices
+into hosts (contiguous blocks, as processes order them) to count the same.
 """
 
 from kvjax.analytic import Workload
@@ -17,9 +23,25 @@ OPTIONS = {
     "link_latency_s": o.NONNEGATIVE,
     "trace_up_to_tp": o.NONNEGATIVE_INT,
     "trace_dtype": o.one_of("f32", "bf16", "f16"),
+    "devices_per_host": o.POSITIVE_INT,
 }
 
 TENSOR_PARALLEL = True
+
+
+def _traced(point) -> bool:
+    return 1 < int(point.workload.tp) <= int(point.options.get("trace_up_to_tp", 0))
+
+
+def runs_together(point) -> bool:
+    """Multi-process: a traced point whose mesh fits the global devices compiles on them."""
+    from kvjax.runs import distributed
+
+    if not (distributed.is_multiprocess() and _traced(point)):
+        return False
+    import jax
+
+    return int(point.workload.tp) * int(point.workload.dp) <= jax.device_count()
 
 
 def run_point(point) -> list[dict]:
@@ -49,10 +71,17 @@ def run_point(point) -> list[dict]:
         "sharded_kv_cache_bytes_per_device": held["kv_cache_bytes_per_device"],
         "source": "closed form",
     }
-    if 1 < tp <= int(opts.get("trace_up_to_tp", 0)):
+    if _traced(point):
         dtype = opts.get("trace_dtype")
         traced_cfg = cfg.replace(weight_dtype=dtype, kv_dtype=dtype) if dtype else cfg
-        t = trace_in_subprocess(traced_cfg, wl.phase, wl.batch, wl.context, tp, dp, layers="one")
+        args = (traced_cfg, wl.phase, wl.batch, wl.context, tp, dp)
+        per_host = opts.get("devices_per_host")
+        if runs_together(point):
+            from kvjax.traced.sharded import trace_sharded_step
+
+            t = trace_sharded_step(*args, layers="one", devices_per_host=per_host).to_dict()
+        else:
+            t = trace_in_subprocess(*args, layers="one", devices_per_host=per_host)
         record.update(
             traced_dtype=traced_cfg.compute_dtype,
             traced_flops_per_device=t["flops_per_device"],
@@ -63,5 +92,8 @@ def run_point(point) -> list[dict]:
             traced_closed_collective_bytes=t["closed_collective_bytes"],
             traced_collective_counts={k: v["count"] for k, v in t["collectives"].items()},
             traced_backend=t["backend"],
+            traced_hosts=t["hosts"],
+            traced_cross_host_collective_bytes=t["cross_host_collective_bytes"],
+            traced_inter_host_link_bytes=t["inter_host_link_bytes"],
         )
     return [record]

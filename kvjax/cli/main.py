@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # `kvjax run --processes N` starts N copies of it
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

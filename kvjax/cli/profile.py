@@ -76,6 +76,15 @@ def profile_report(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvjax.runs import distributed
+
+    if distributed.requested() is not None:
+        from kvjax.errors import KvjaxError
+
+        raise KvjaxError(
+            "kvjax profile times the step on one host (timings and ceilings are per machine): "
+            "run it as a single process, without JAX_NUM_PROCESSES or srun"
+        )
     for flag in ("steps", "rounds"):
         if getattr(args, flag) < 1:
             from kvjax.errors import KvjaxError

@@ -101,6 +101,15 @@ def print_sharded_trace(report: dict[str, Any]) -> None:
         )
     if kinds:
         con.print(k)
+    if report.get("hosts", 1) > 1:
+        total = report["collective_bytes"]
+        con.print(
+            f"  across {report['hosts']} hosts ({report['host_source']}): a device sends "
+            f"{fmt_rate(report['cross_host_collective_bytes'], 'B')} in collectives whose groups "
+            f"span hosts and {fmt_rate(total - report['cross_host_collective_bytes'], 'B')} "
+            f"within one; the step puts {fmt_rate(report['inter_host_link_bytes'], 'B')} on "
+            "links between hosts (each group's ring ordered host by host)"
+        )
     chip = report["chip"]
     link = report["traced_link_s"]
     traced = (

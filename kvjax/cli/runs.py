@@ -22,6 +22,13 @@ def add_parsers(sub) -> None:
     )
     run.add_argument("--runs", default="runs", help="the runs folder (default runs/)")
     run.add_argument("--run-id", help="default: a hash of the resolved config (reruns resume)")
+    run.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="start N local processes joined by jax.distributed (4 simulated CPU devices each); "
+        "under srun or with JAX_NUM_PROCESSES set, each process joins by itself",
+    )
     run.set_defaults(func=run_run)
 
     figures = sub.add_parser("figures", help="regenerate paper_figures/ from the records")
@@ -56,12 +63,34 @@ def add_parsers(sub) -> None:
     explore.set_defaults(func=run_explore)
 
 
+def without_processes(argv: list[str]) -> list[str]:
+    """The command line less its `--processes N` (what each local process runs)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--processes":
+            skip = True
+        elif not a.startswith("--processes="):
+            out.append(a)
+    return out
+
+
 def run_run(args: argparse.Namespace) -> int:
+    from kvjax.runs import distributed
+
+    if args.processes is not None:
+        distributed.check_processes(args.processes)
+        if args.processes > 1:
+            return distributed.launch(without_processes(args.argv), args.processes)
+    distributed.initialize()  # one of several processes (SLURM, JAX_*): join them
     from kvjax.runs.launcher import run_config
 
-    for run in run_config(args.config, args.overrides, args.runs, args.run_id, progress=True):
-        print(f"{run.path}: {len(run.records())} records")
-    print(f"figures: python3 -m kvjax figures --runs {args.runs}")
+    runs = run_config(args.config, args.overrides, args.runs, args.run_id, progress=True)
+    if distributed.process_index() == 0:  # the others ran their share; one summary
+        for run in runs:
+            print(f"{run.path}: {len(run.records())} records")
+        print(f"figures: python3 -m kvjax figures --runs {args.runs}")
     return 0
 
 

@@ -71,11 +71,37 @@ def add_parser(sub) -> None:
         action="store_true",
         help="with --target and --json: list every executed instruction with its kernels",
     )
+    trace.add_argument(
+        "--devices-per-host",
+        type=positive_int,
+        default=None,
+        help="with --tp/--dp: count collectives crossing hosts as if every N devices of the "
+        "mesh were one host (processes already are)",
+    )
+    trace.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="with --tp/--dp: trace on N local processes joined by jax.distributed (4 simulated "
+        "CPU devices each); process 0 prints",
+    )
     trace.add_argument("--json", action="store_true", help="print one JSON object")
     trace.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvjax.cli.runs import without_processes
+    from kvjax.runs import distributed
+
+    if args.processes is not None or distributed.requested() is not None:
+        if args.tp * args.dp == 1 or args.target is not None:
+            raise KvjaxError("several processes trace the sharded program on this host's CPU "
+                             "devices: add --tp/--dp and drop --target")  # fmt: skip
+        if args.processes is not None and distributed.check_processes(args.processes) > 1:
+            return distributed.launch(without_processes(args.argv), args.processes)
+        distributed.initialize()
+    if (args.devices_per_host is not None) and args.tp * args.dp == 1:
+        raise KvjaxError("--devices-per-host counts a sharded program's hosts: add --tp/--dp")
     if args.phase == "extend" and (args.target is not None or args.tp > 1 or args.dp > 1):
         raise KvjaxError(
             "--phase extend is traced on this host, one device (drop --target, --tp, --dp)"
@@ -98,8 +124,12 @@ def run(args: argparse.Namespace) -> int:
             raise KvjaxError("--roofline is for the single-device trace; drop it with --tp/--dp")
         from kvjax.devices import request_host_devices
 
-        request_host_devices(args.tp * args.dp)
-        return emit(args, sharded_trace_report(args), render_parallel.print_sharded_trace)
+        if not distributed.is_multiprocess():
+            request_host_devices(args.tp * args.dp)
+        report = sharded_trace_report(args)
+        if distributed.process_index():
+            return 0  # every process compiled the same program; process 0 prints it
+        return emit(args, report, render_parallel.print_sharded_trace)
     args.stage = args.stage or "lowered"
     return emit(args, trace_report(args), render.print_trace)
 
@@ -205,7 +235,7 @@ def sharded_trace_report(args: argparse.Namespace, devices=None, count=None) -> 
     ):
         t = trace_sharded_step(
             cfg, wl.phase, wl.batch, wl.context, args.tp, args.dp, layers=args.trace_layers,
-            devices=devices, count=count,
+            devices=devices, count=count, devices_per_host=getattr(args, "devices_per_host", None),
         )  # fmt: skip
     closed = parallel.tensor_parallel_point(cfg, args.tp, wl_device, chip).to_dict()
     peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s

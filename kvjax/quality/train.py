@@ -1,6 +1,12 @@
 """Training with optax: AdamW with warm-up + cosine decay and gradient clipping, nnx.Optimizer,
 jitted train and eval steps, deterministic data (a function of seed and step), periodic
 evaluation, orbax checkpoints that resume bit-identically, a progress bar with loss and tokens/s.
+
+Several processes (`kvjax.runs.distributed`): data parallel over every process's devices. The model
+and optimizer state are replicated on a one-axis "data" mesh over all devices, each global batch
+(the same on every process: a function of seed and step) is split over it, and XLA all-reduces
+the gradients; the loss curve is the single-process one to float tolerance. Checkpoints are
+orbax's multi-process ones (every process saves its shards into one shared folder).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -98,10 +105,62 @@ def evaluate(
     losses, accs = [], []
     for i in range(tc.eval_batches):
         b = data.batch(tc.seed + seed_offset, i, tc.batch_size, tc.seq_len)
-        loss, acc = eval_step(model, b.tokens, b.targets, b.mask, kv_dtype)
+        loss, acc = eval_step(model, *place_batch(model, b.tokens, b.targets, b.mask), kv_dtype)
         losses.append(float(loss))
         accs.append(float(acc))
     return {"val_loss": float(np.mean(losses)), "val_accuracy": float(np.mean(accs))}
+
+
+# ---- data parallel over processes ---------------------------------------------------------------
+def data_parallel_mesh():
+    """One "data" axis over every device of every process."""
+    from jax.sharding import AxisType
+
+    n = jax.device_count()
+    return jax.make_mesh((n,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices())
+
+
+def _global(x, sharding):
+    host = np.asarray(x)  # identical on every process (same seed, same step)
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def replicate(tree, mesh):
+    """Every leaf a global array replicated over `mesh` (from the same value on each process)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    rep = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: _global(x, rep), tree)
+
+
+def data_mesh(model):
+    """The data-parallel mesh the model is replicated on (`replicate`), else None."""
+    leaf = jax.tree.leaves(nnx.state(model, nnx.Param))[0]
+    sharding = getattr(leaf, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    return mesh if mesh is not None and tuple(mesh.axis_names) == ("data",) else None
+
+
+def place_batch(model, *arrays):
+    """A global batch split over the model's data mesh (unchanged without one)."""
+    mesh = data_mesh(model)
+    if mesh is None:
+        return arrays
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    n = mesh.shape["data"]
+    if arrays[0].shape[0] % n:
+        raise KvjaxError(
+            f"batch_size={arrays[0].shape[0]} must be a multiple of the {n} devices of the "
+            "data-parallel mesh (every process's devices)"
+        )
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    return tuple(_global(a, rows) for a in arrays)
+
+
+def _share_optimizer(model, optimizer, mesh) -> None:
+    nnx.update(model, replicate(nnx.state(model), mesh))
+    nnx.update(optimizer, replicate(nnx.state(optimizer), mesh))
 
 
 # ---- checkpoints -------------------------------------------------------------------------------
@@ -160,6 +219,8 @@ def train(
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     optimizer = make_optimizer(model, tc)
+    if jax.process_count() > 1:  # one of several processes (kvjax.runs.distributed)
+        _share_optimizer(model, optimizer, data_parallel_mesh())
     folder = Path(checkpoint_dir) if checkpoint_dir else None
     start = 0
     if folder and (latest := latest_checkpoint(folder)):
@@ -173,7 +234,8 @@ def train(
         task = bar.add_task("training", total=tc.steps, completed=start)
         for step in range(start, tc.steps):
             b = data.batch(tc.seed, step, tc.batch_size, tc.seq_len)
-            loss = float(train_step(model, optimizer, b.tokens, b.targets, b.mask))
+            batch = place_batch(model, b.tokens, b.targets, b.mask)
+            loss = float(train_step(model, optimizer, *batch))
             tokens_seen += b.tokens.size
             rate = tokens_seen / (time.perf_counter() - t0)
             bar.update(task, advance=1, description=f"loss {loss:.3f} | {rate:,.0f} tok/s")

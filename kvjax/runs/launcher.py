@@ -2,6 +2,18 @@
 
 The default run id is a hash of the resolved config, so running the same config again resumes
 it: finished points (their record files exist, written atomically) are skipped.
+
+Several processes (`kvjax.runs.distributed`: `srun`, or `kvjax run --processes N`) run one sweep
+together, writing into one run folder (a folder all hosts share). Process 0 holds the lock and
+writes the config, environment and manifest; the pending points are divided among the processes,
+each written by one. Two kinds of point:
+- on one process (most): a closed form, a compile, a single-device training run: point j of the
+  pending list runs on process j mod N;
+- on every process together (`module.runs_together(point)`): a program sharded over the global
+  mesh (SPMD: every process must run the same jitted program); process 0 writes its records.
+Measured experiments (`MEASURED = True`) time every point on process 0 alone, the others idle:
+timings interleave points to see one machine state, and ceilings are measured per machine, so
+points timed on different hosts would not compare.
 """
 
 from __future__ import annotations
@@ -13,10 +25,12 @@ import json
 import pkgutil
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from kvjax.errors import KvjaxError
+from kvjax.runs import distributed
 from kvjax.runs.config import expand, load_config, point_key, to_dict
 from kvjax.runs.options import check_options
 from kvjax.runs.records import RunDir
@@ -121,16 +135,73 @@ def run_experiment(
     run.check_config(config)
     if all(run.done(k) for k in keys):
         return run  # finished: nothing is written (a read-only folder resumes as a no-op)
-    with run.lock():
-        _run_points(run, module, cfg, config, keys, points, progress, on_point)
+    hosts = distributed.host_names()  # every process takes part (an allgather)
+    with shared_lock(run):
+        if distributed.process_index() == 0:
+            for k in keys:
+                run.set_aside_corrupt(k)
+            run.start(config, keys, hosts)
+        distributed.barrier("kvjax-run-start")  # every process sees the same finished points
+        todo = [(i, k, p) for i, (k, p) in enumerate(zip(keys, points, strict=True))
+                if not run.done(k)]  # fmt: skip
+        distributed.barrier("kvjax-run-planned")  # before any process writes a point
+        _run_points(run, module, cfg, keys, todo, progress, on_point, hosts)
     return run
 
 
-def _run_points(run, module, cfg, config, keys, points, progress, on_point) -> None:
-    for k in keys:
-        run.set_aside_corrupt(k)
-    run.start(config, keys)
-    todo = [(i, k, p) for i, (k, p) in enumerate(zip(keys, points, strict=True)) if not run.done(k)]
+def _fail_if_not(ok: int, run) -> None:
+    if not ok:
+        raise KvjaxError(f"{run.path}: process 0 could not lock the run (see its error)")
+
+
+@contextmanager
+def shared_lock(run):
+    """The run's lock, held by process 0 for all the processes until every one is done."""
+    if not distributed.is_multiprocess():
+        with run.lock():
+            yield
+        return
+    if distributed.process_index() != 0:
+        _fail_if_not(distributed.broadcast_flag(0), run)
+        yield  # an exception leaves at once: the launcher (or the scheduler) stops the rest
+        distributed.barrier("kvjax-run-end")
+        return
+    try:
+        lock = run.lock()
+        lock.__enter__()
+    except KvjaxError:
+        distributed.broadcast_flag(0)
+        raise
+    distributed.broadcast_flag(1)
+    try:
+        yield
+        distributed.barrier("kvjax-run-end")
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def assign(module, todo, rank: int, count: int):
+    """The pending points process `rank` of `count` runs: (index, key, point, writes)."""
+    if count == 1:
+        return [(i, k, p, True) for i, k, p in todo]
+    if getattr(module, "MEASURED", False) or hasattr(module, "run_points"):
+        return [(i, k, p, True) for i, k, p in todo] if rank == 0 else []
+    together = getattr(module, "runs_together", lambda point: False)
+    mine, alone = [], 0
+    for i, k, p in todo:
+        if together(p):
+            mine.append((i, k, p, rank == 0))
+        else:
+            if alone % count == rank:
+                mine.append((i, k, p, True))
+            alone += 1
+    return mine
+
+
+def _run_points(run, module, cfg, keys, todo, progress, on_point, hosts) -> None:
+    rank, count = distributed.process_index(), len(hosts)
+    writer = {"process": rank, "process_count": count, "host": hosts[rank]} if count > 1 else None
+    mine = assign(module, todo, rank, count)
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
@@ -145,27 +216,28 @@ def _run_points(run, module, cfg, config, keys, points, progress, on_point) -> N
         nonlocal started
         if progress and not show:
             now = time.perf_counter()
-            print(f"{cfg.experiment} {key or '(one point)'} {now - started:.1f} s",
+            who = f"[process {rank}/{count}] " if count > 1 else ""
+            print(f"{who}{cfg.experiment} {key or '(one point)'} {now - started:.1f} s",
                   file=sys.stderr, flush=True)  # fmt: skip
             started = now
 
     with Progress(*columns, disable=not show, transient=True) as bar:
         task = bar.add_task(f"{cfg.experiment}", total=len(keys), completed=len(keys) - len(todo))
-        if todo and hasattr(module, "run_points"):
+        if mine and hasattr(module, "run_points"):
             # an experiment that measures its points together, interleaved (they would see
             # different machine states one after another): all pending points at once
-            for i, key, _ in todo:
+            for i, key, _, _ in mine:
                 if on_point:
                     on_point(i, key)
-            for (_, key, _), records in zip(
-                todo, module.run_points([p for _, _, p in todo]), strict=True
+            for (_, key, _, _), records in zip(
+                mine, module.run_points([p for _, _, p, _ in mine]), strict=True
             ):
-                run.write_point(key, records)
+                run.write_point(key, records, writer)
                 bar.advance(task)
                 done_line(key)
             run.write_manifest(keys)
-            todo = []
-        for i, key, point in todo:
+            mine = []
+        for i, key, point, writes in mine:
             if on_point:
                 on_point(i, key)
             if "artifacts" in inspect.signature(module.run_point).parameters:
@@ -173,7 +245,12 @@ def _run_points(run, module, cfg, config, keys, points, progress, on_point) -> N
                 records = module.run_point(point, artifacts=run.artifacts_dir(key))
             else:
                 records = module.run_point(point)
-            run.write_point(key, records)
-            run.write_manifest(keys)
+            if writes:
+                run.write_point(key, records, writer)
+                run.write_manifest(keys)
             bar.advance(task)
             done_line(key)
+    if count > 1:
+        distributed.barrier("kvjax-run-points")
+        if rank == 0:
+            run.write_manifest(keys)  # every process's points written

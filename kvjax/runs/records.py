@@ -20,8 +20,9 @@ from kvjax.files import write_json_atomic, write_text_atomic
 # one points/<key>.json per finished point. A point is finished when its file exists; files are
 # written atomically, so a run killed at any moment resumes without recomputing or half-files.
 # ---------------------------------------------------------------------------------------------
-def environment() -> dict[str, Any]:
-    """What produced a record: versions, backend, device, XLA flags, host, date."""
+def environment(hosts: list[str] | None = None) -> dict[str, Any]:
+    """What produced a record: versions, backend, device, XLA flags, host, date, and the
+    processes that ran it (`hosts`: every process's host name, in process order)."""
     import datetime
     import platform
     import sys
@@ -44,6 +45,8 @@ def environment() -> dict[str, Any]:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "host": platform.node(),
         "cpu": cpu_description(),
+        "process_count": len(hosts) if hosts else 1,
+        "hosts": hosts or [platform.node()],
     }
 
 
@@ -130,7 +133,7 @@ class RunDir:
             )
         return config_text
 
-    def start(self, config: dict[str, Any], keys: list[str]) -> None:
+    def start(self, config: dict[str, Any], keys: list[str], hosts=None) -> None:
         """Before computing points: the config (checked), the environment (a resumed run keeps
         its first and records each resume) and the manifest. A finished run writes nothing, so it
         can be resumed as a no-op from a read-only folder."""
@@ -141,9 +144,9 @@ class RunDir:
         env = self.path / "environment.json"
         if env.exists():
             resumed = len(list(self.path.glob("environment-resumed-*")))
-            write_json_atomic(self.path / f"environment-resumed-{resumed}.json", environment())
+            write_json_atomic(self.path / f"environment-resumed-{resumed}.json", environment(hosts))
         else:
-            write_json_atomic(env, environment())
+            write_json_atomic(env, environment(hosts))
         self.write_manifest(keys)
 
     @contextmanager
@@ -204,8 +207,11 @@ class RunDir:
             path.rename(kept)
             _warn(f"{path} did not parse as a point: set aside as {kept.name}, recomputing")
 
-    def write_point(self, key: str, records: list[dict[str, Any]]) -> None:
-        write_json_atomic(self.points_dir / point_file_name(key), {"key": key, "records": records})
+    def write_point(self, key: str, records: list[dict[str, Any]], writer=None) -> None:
+        """`writer`: which process wrote it ({"process", "process_count", "host"}), beside the
+        records (which stay equal to a single process's)."""
+        data = {"key": key, "records": records, **({"writer": writer} if writer else {})}
+        write_json_atomic(self.points_dir / point_file_name(key), data)
 
     def records(self) -> list[dict[str, Any]]:
         out = []

@@ -8,6 +8,11 @@ per device (DESIGN.md), so every number here is from the "compiled" stage.
 Traced from abstract shapes like `kvjax.traced.step`: no weights are allocated, but the mesh needs
 tp * dp devices (on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N before jax starts;
 `kvjax trace --tp N` sets it).
+
+Across hosts: when the mesh's devices belong to several processes (`kvjax.runs.distributed`), or
+`devices_per_host` groups a single process's devices into simulated hosts (contiguous blocks of
+the mesh's device order, as `jax.devices()` orders processes), each collective whose device
+groups span hosts is counted as crossing hosts (`kvjax.traced.collectives.summarize`).
 """
 
 from __future__ import annotations
@@ -52,16 +57,31 @@ class ShardedTrace:
     layers_traced: tuple[int, ...]
     trace_seconds: float
     notes: list[str] = field(default_factory=list)
+    hosts: int = 1  # hosts (processes) the mesh's devices belong to
+    host_source: str = "one process"  # "processes" or "simulated: N devices a host"
 
     @property
     def collective_bytes(self) -> float:
         return sum(r["bytes_per_device"] for r in self.collectives.values())
+
+    @property
+    def cross_host_collective_bytes(self) -> float:
+        """Bytes one device sends in collectives whose groups span hosts."""
+        return sum(r.get("cross_host_bytes_per_device", 0.0) for r in self.collectives.values())
+
+    @property
+    def inter_host_link_bytes(self) -> float:
+        """Bytes a step puts on links between hosts, over the whole mesh (rings host by host)."""
+        return sum(r.get("inter_host_link_bytes", 0.0) for r in self.collectives.values())
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["cfg"] = self.cfg.to_dict()
         d["workload"] = asdict(self.workload)
         d["collective_bytes"] = self.collective_bytes
+        d["cross_host_collective_bytes"] = self.cross_host_collective_bytes
+        d["within_host_collective_bytes"] = self.collective_bytes - self.cross_host_collective_bytes
+        d["inter_host_link_bytes"] = self.inter_host_link_bytes
         d["stage"] = "compiled"
         return d
 
@@ -172,7 +192,7 @@ def extrapolate_layers(one, two, num_layers: int):
     return one + (num_layers - 1) * (two - one)
 
 
-def _compile(cfg, mesh, phase, batch, context, count=None):
+def _compile(cfg, mesh, phase, batch, context, count=None, host_of=None):
     """Per-device cost and collectives of one step, summed over the jits it is served as.
     `count(text)` replaces XLA's cost analysis (an accelerator's module: kvjax counts it)."""
     cost: dict[str, float] = {}
@@ -185,7 +205,28 @@ def _compile(cfg, mesh, phase, batch, context, count=None):
             if key in ("flops", "bytes accessed", "transcendentals"):
                 cost[key] = cost.get(key, 0.0) + float(value)
         colls += collectives(compiled.as_text())
-    return cost, summarize(colls)
+    return cost, summarize(colls, host_of)
+
+
+def host_map(mesh, devices_per_host: int | None = None) -> tuple[list[int], str]:
+    """Partition id (position in the mesh's device order) -> host, and where that came from."""
+    procs = [d.process_index for d in mesh.devices.flat]
+    if len(set(procs)) > 1 or devices_per_host is None:
+        return procs, "processes" if len(set(procs)) > 1 else "one process"
+    n = len(procs)
+    if (
+        isinstance(devices_per_host, bool)
+        or not isinstance(devices_per_host, int)
+        or (devices_per_host < 1 or n % devices_per_host)
+    ):
+        allowed = [k for k in range(1, n + 1) if n % k == 0]
+        raise KvjaxError(
+            f"devices_per_host={devices_per_host!r} must divide the mesh's {n} devices: one of "
+            f"{allowed}"
+        )
+    return [
+        i // devices_per_host for i in range(n)
+    ], f"simulated: {devices_per_host} devices a host"
 
 
 def trace_sharded_step(
@@ -199,6 +240,7 @@ def trace_sharded_step(
     layers: str = "all",
     devices=None,
     count=None,
+    devices_per_host: int | None = None,
 ) -> ShardedTrace:
     """One step of the tp x dp sharded model, compiled from abstract shapes.
 
@@ -215,13 +257,14 @@ def trace_sharded_step(
         devices = jax.devices("cpu")  # e.g. one GPU: trace on simulated CPU devices instead
     mesh = sh.make_mesh(cfg, tp, dp, devices)
     backend = mesh.devices.flat[0].platform
+    host_of, host_source = host_map(mesh, devices_per_host)
     L = cfg.num_layers
     if layers == "all" or L <= 2:
-        cost, colls = _compile(cfg, mesh, phase, batch, context, count)
+        cost, colls = _compile(cfg, mesh, phase, batch, context, count, host_of)
         traced_layers: tuple[int, ...] = (L,)
     else:
-        one = _compile(cfg.replace(num_layers=1), mesh, phase, batch, context, count)
-        two = _compile(cfg.replace(num_layers=2), mesh, phase, batch, context, count)
+        one = _compile(cfg.replace(num_layers=1), mesh, phase, batch, context, count, host_of)
+        two = _compile(cfg.replace(num_layers=2), mesh, phase, batch, context, count, host_of)
         cost, colls = extrapolate_layers(one, two, L)
         traced_layers = (1, 2)
     held = sharded_memory(cfg, tp, dp, batch, cache_len(phase, context))
@@ -257,11 +300,20 @@ def trace_sharded_step(
         layers_traced=traced_layers,
         trace_seconds=time.perf_counter() - t0,
         notes=notes,
+        hosts=len(set(host_of)),
+        host_source=host_source,
     )
 
 
 def trace_in_subprocess(
-    cfg: ModelConfig, phase: str, batch: int, context: int, tp: int, dp: int = 1, layers="one"
+    cfg: ModelConfig,
+    phase: str,
+    batch: int,
+    context: int,
+    tp: int,
+    dp: int = 1,
+    layers="one",
+    devices_per_host: int | None = None,
 ) -> dict:
     """`trace_sharded_step(...).to_dict()` run in a fresh Python with tp * dp simulated CPU
     devices, so a caller with one device (a launcher also timing kernels) need not change."""
@@ -270,13 +322,15 @@ def trace_in_subprocess(
     import subprocess
     import sys
 
-    from kvjax.devices import request_host_devices
+    from kvjax.devices import FLAG, request_host_devices
 
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
+    # one process of a multi-process run has its own device count: this trace asks for its own
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if FLAG not in f)
     request_host_devices(tp * dp, env)
     env["JAX_PLATFORMS"] = "cpu"
     request = dict(cfg=cfg.to_dict(), phase=phase, batch=batch, context=context, tp=tp, dp=dp,
-                   layers=layers)  # fmt: skip
+                   layers=layers, devices_per_host=devices_per_host)  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-m", "kvjax.traced.sharded"],
         input=json.dumps(request),
