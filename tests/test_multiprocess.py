@@ -100,10 +100,9 @@ def test_sweep_split_over_two_processes_writes_each_point_once(tmp_path):
     files = sorted((run / "points").glob("*.json"))
     writers = [json.loads(f.read_text())["writer"]["process"] for f in files]
     assert len(files) == 5 and sorted(writers) == [0, 0, 0, 1, 1]
-    for line in done.stderr.splitlines():  # each point computed by exactly one process
-        assert line.count("kv_vs_context model.") <= 1
-    computed = [ln for ln in done.stderr.splitlines() if "kv_vs_context model." in ln]
-    assert len(computed) == 5
+    # each point computed by exactly one process: one progress line a point (counted over the
+    # whole stream: the two processes share stderr, so their lines can interleave)
+    assert done.stderr.count("kv_vs_context model.") == 5
     env_json = json.loads((run / "environment.json").read_text())
     assert env_json["process_count"] == 2 and len(env_json["hosts"]) == 2
     assert not (run / ".lock").exists()
