@@ -235,9 +235,10 @@ def test_calc_reports_state_beside_kv():
     assert rows["GQA"]["cache"][0]["kv_cache_bytes"] == 8192 * KV_PER_TOKEN + 77_266_944
 
 
-def test_explorer_leaves_hybrids_to_calc_for_now():
+def test_explorer_shows_the_hybrids():
+    """The page's closed form covers the state layers (tests/test_plotting_explorer.py checks
+    its numbers against `kvjax calc` in a browser)."""
     from kvjax.plotting.explorer import explorer_data, render_explorer
 
-    assert not set(CARDS) & set(explorer_data()["models"])
-    with pytest.raises(KvjaxError, match=r"not in the explorer yet \(issue 31\)"):
-        render_explorer("lfm2-1.2b")
+    assert set(CARDS) <= set(explorer_data()["models"])
+    assert '"default_model": "lfm2-1.2b"' in render_explorer("lfm2-1.2b")

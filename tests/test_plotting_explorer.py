@@ -26,10 +26,8 @@ def test_page_embeds_the_python_presets_and_fetches_nothing(tmp_path):
     html = render_explorer()
     data = json.loads(re.search(r"const DATA = (\{.*?\});\n", html).group(1))
     assert data["default_model"] == "seed-70b" and data["default_chip"] == "h100-sxm"
-    # the hybrids' state layers (issue 31) are in `kvjax calc` only for now
-    assert set(data["models"]) == {
-        n for n, c in PRESETS.items() if not n.startswith("tiny") and not c.is_hybrid
-    }
+    # the hybrids' state layers (issue 31) included
+    assert set(data["models"]) == {n for n in PRESETS if not n.startswith("tiny")}
     assert set(data["chips"]) == set(CHIPS)
     assert data["models"]["gemma-7b"]["head_dim"] == 256
     assert data == json.loads(
@@ -78,6 +76,8 @@ def _calc_json(argv, capsys):
 
 OUTPUTS = {  # element id -> (calc --json key, scale to the displayed unit)
     "out-kv_cache": ("kv_cache_bytes", 2**-30),
+    "out-state": ("state_bytes", 2**-30),  # a hybrid's state layers (issue 31), 0 otherwise
+    "out-cache": ("cache_bytes", 2**-30),
     "out-weights": ("weight_bytes", 2**-30),
     "out-decode_intensity": ("decode_intensity", 1),
     "out-attention_intensity": ("attention_intensity", 1),
@@ -105,7 +105,7 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
     sync_api = _browser()
     page_path = write_explorer(tmp_path / "explorer.html")
     rng = random.Random(0)
-    models = [n for n, c in PRESETS.items() if not n.startswith("tiny") and not c.is_hybrid]
+    models = [n for n in PRESETS if not n.startswith("tiny")]
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
@@ -188,11 +188,13 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
             attention = ["gqa", "absorbed", "naive"][i % 3]  # a third each: GQA, MLA's two forms
             if PRESETS[model].is_mla and attention == "gqa":  # DeepSeek: MLA is its attention
                 attention = "absorbed"
+            if PRESETS[model].is_hybrid:  # state layers beside full attention only (no MLA)
+                attention = "gqa"
             # int8 caches need per-token scales, not modelled for MLA's latent (the page's
             # int8 option is disabled there)
             per_row = ["int8", "int4", "int2"]  # per-row scales: GQA only
-            if PRESETS[model].head_dim % PRESETS[model].kv_group_size:  # disabled on the page
-                per_row = ["int8"]
+            if PRESETS[model].head_dim % PRESETS[model].kv_group_size or PRESETS[model].is_hybrid:
+                per_row = ["int8"]  # no packed cache: disabled on the page
             kv_dtype = rng.choice(
                 ["bf16", "f16", "f32", "fp8"] + (per_row if attention == "gqa" else [])
             )
@@ -202,8 +204,11 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                         fused)  # fmt: skip
         # every preset whose features the random draws may miss, decode at B = 8, S = 8k, both
         # attention kernels: gpt-oss (sinks, biased router and experts, MXFP4, YaRN), Apertus
-        # (xIELU, llama3 RoPE), DeepSeek-V3 (YaRN on MLA), InternLM3
-        for model in ("gpt-oss-20b", "gpt-oss-120b", "apertus-8b", "deepseek-v3", "internlm3-8b"):
+        # (xIELU, llama3 RoPE), DeepSeek-V3 (YaRN on MLA), InternLM3, and the hybrids (issue 31:
+        # Gated DeltaNet, Mamba-2 heads, LFM2's convolutions; their states beside the KV cache)
+        hybrids = ("qwen3-next-80b-a3b", "falcon-h1-7b", "lfm2-1.2b")
+        for model in ("gpt-oss-20b", "gpt-oss-120b", "apertus-8b", "deepseek-v3", "internlm3-8b",
+                      *hybrids):  # fmt: skip
             attention = "absorbed" if PRESETS[model].is_mla else "gqa"
             for fused in ("xla", "flash"):
                 widest = lambda options: max(map(int, options))  # noqa: E731

@@ -28,12 +28,10 @@ def _model_entry(cfg: ModelConfig) -> dict[str, Any]:
 
 
 def explorer_data() -> dict[str, Any]:
-    """Everything the page needs, from the Python presets (nothing retyped); the hybrids' state
-    layers (issue 31) are not in the page's closed form yet: `kvjax calc` sizes them."""
+    """Everything the page needs, from the Python presets (nothing retyped), the hybrids' state
+    layers (issue 31) included."""
     models = {
-        name: _model_entry(cfg)
-        for name, cfg in PRESETS.items()
-        if not name.startswith("tiny") and not cfg.is_hybrid
+        name: _model_entry(cfg) for name, cfg in PRESETS.items() if not name.startswith("tiny")
     }
     chips = {
         name: {
@@ -54,12 +52,6 @@ def render_explorer(model: str | ModelConfig = "seed-70b", chip: str = "h100-sxm
     """The page, opening on `model`: a preset's name, or any `ModelConfig` (a config.json's),
     which joins the presets in the page."""
     data = explorer_data()
-    hybrid = model if isinstance(model, ModelConfig) else PRESETS.get(model)
-    if hybrid is not None and hybrid.is_hybrid:
-        raise KvjaxError(
-            f"{hybrid.name}: layer_kinds={hybrid.layer_kinds!r} (state layers) is not in the "
-            "explorer yet (issue 31): `kvjax calc` sizes it"
-        )
     if isinstance(model, ModelConfig):
         cfg, model = model, model.name
         if PRESETS.get(model) != cfg:
