@@ -110,3 +110,16 @@ def test_mxfp4_config_traces_dequantized_and_says_so():
         from flax import nnx
 
         Transformer(cfg, rngs=nnx.Rngs(0))
+
+
+def test_measured_views_time_mxfp4_experts_dequantized(capsys):
+    """`kvjax bench` / `profile` run kvjax's model, which holds MXFP4 experts dequantized: the
+    config they time says so (stderr), the closed form of `calc` keeps 4.25 bits."""
+    from kvjax.cli.args import dequantized_experts
+
+    cfg = get_model_config("gpt-oss-20b")
+    timed = dequantized_experts(cfg)
+    assert timed.expert_weight_dtype == "" and timed.replace(expert_weight_dtype="mxfp4") == cfg
+    assert "mxfp4 experts are timed in bf16" in capsys.readouterr().err
+    plain = get_model_config("tiny-moe")
+    assert dequantized_experts(plain) is plain and capsys.readouterr().err == ""

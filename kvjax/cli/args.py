@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -261,6 +262,19 @@ def model_from_name(name: str, **changes: Any) -> ModelConfig:
     if path.suffix == ".json" or path.is_dir() or path.exists() or "/" in name:
         return from_hf_config(path, **changes)
     return get_model_config(name, **changes)
+
+
+def dequantized_experts(cfg: ModelConfig) -> ModelConfig:
+    """The config kvjax's model runs: MXFP4 experts (gpt-oss) are closed form only, so the
+    measured views time them dequantized in the weight dtype, and say so on stderr."""
+    if not cfg.expert_weight_dtype:
+        return cfg
+    print(
+        f"note: {cfg.name}'s {cfg.expert_weight_dtype} experts are timed in {cfg.weight_dtype}, "
+        "as kvjax's model runs them (MXFP4 is sized by the closed form only: kvjax calc)",
+        file=sys.stderr,
+    )
+    return cfg.replace(expert_weight_dtype="")
 
 
 def resolve_model(args: argparse.Namespace) -> ModelConfig:

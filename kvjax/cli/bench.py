@@ -11,6 +11,7 @@ from kvjax.cli.args import (
     add_chip_args,
     add_model_args,
     add_workload_args,
+    dequantized_experts,
     dumps,
     emit,
     positive_float,
@@ -83,6 +84,7 @@ def bench_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.measured.timing import device_name
 
     base, wl = resolve_model(args), resolve_workload(args)
+    base = dequantized_experts(base)  # gpt-oss's MXFP4 experts: timed as the model runs them
     kv_heads = args.kv_heads or [base.num_kv_heads]
     cfgs = [base.replace(num_kv_heads=k) for k in kv_heads]  # validated before any timing
     chip = resolve_chip(args, base) if (args.chip or args.peak_flops or args.bandwidth) else None

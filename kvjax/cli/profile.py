@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from kvjax.cli import render
-from kvjax.cli.args import add_model_args, add_workload_args, emit, resolve_model, resolve_workload
+from kvjax.cli.args import (
+    add_model_args,
+    add_workload_args,
+    dequantized_experts,
+    emit,
+    resolve_model,
+    resolve_workload,
+)
 from kvjax.units import fmt_rate, fmt_seconds
 
 OPEN_TRACE = (
@@ -52,6 +59,7 @@ def profile_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.measured.profile import check_sweep_fits, profile_sweep
 
     base, wl = resolve_model(args), resolve_workload(args)
+    base = dequantized_experts(base)  # gpt-oss's MXFP4 experts: timed as the model runs them
     cfgs = [base.replace(num_kv_heads=k) for k in (args.kv_heads or [base.num_kv_heads])]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     root = Path(args.trace_dir or f"runs/profiles/{base.name}-{wl.phase}-{stamp}")
