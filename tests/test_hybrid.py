@@ -146,7 +146,7 @@ def test_tiny_state_kernels_by_hand():
     delta = ModelConfig(**TINY, **DELTA)
     J, dk, dv, X = 4, 5, 7, 2 * 2 * 5 + 4 * 7  # conv channels: q, k (2 groups of 5), v
     k = step_kernels(delta, Workload("decode", 3, 10))
-    assert k[kernels.LINEAR_SCAN].flops == 3 * 3 * J * (7 * dk * dv + dk)  # 3 layers, B = 3
+    assert k[kernels.LINEAR_SCAN].flops == 3 * 3 * J * (7 * dk * dv + 2 * dv)  # 3 layers, B = 3
     assert k[kernels.LINEAR_CONV].flops == 3 * 3 * X * (2 * 3 - 1 + 4)  # conv + silu a channel
     assert analytic.state_bytes(delta) == 3 * (J * dk * dv * 4 + 2 * X * 4)
     mamba = ModelConfig(**TINY, **MAMBA)

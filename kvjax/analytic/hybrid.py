@@ -9,8 +9,9 @@ w_c = conv_kernel, X = the conv's channels, Z = scan_chunk, T' = T rounded up to
 n_c = T' / Z. Counts follow Hugging Face's reference code in transformers 5.24
 (`torch_recurrent_gated_delta_rule` / `torch_chunk_gated_delta_rule` with chunk_size=64,
 `mamba2_selective_state_update` / `mamba2_chunk_scan` with chunk_size = scan_chunk): products
-2mnk, elementwise steps one per element, exp / log / rsqrt as transcendentals; q and k (DeltaNet)
-and B and C (Mamba) are repeated to the J heads before the scan, as that code does. The state is
+2mnk, elementwise steps one per element, exp / log / rsqrt as transcendentals; B and C (Mamba)
+are repeated to the J heads before the scan, as that code does. DeltaNet's counts are kvjax's own
+formulation (`deltanet_scan`: q and k kept on their Y heads, the solve by halves). The state is
 held in `state_dtype` (f32 there); a conv cache keeps the last w_c - 1 inputs of each channel in
 the compute dtype (what the causal-conv1d update needs; HF's DynamicCache keeps w_c).
 Falcon-H1's muP multipliers (scalars and the in_proj's mup_vector) are not counted: elementwise.
@@ -116,45 +117,68 @@ def _gated_norm(cfg: ModelConfig, name: str, rows: int, d: int) -> KernelCost:
     return norm + KernelCost(name, flops=(SILU + 1) * n, bytes=n * a, transcendentals=n)
 
 
+DELTANET_CHUNK = 64  # torch_chunk_gated_delta_rule's chunk_size (kvjax.nn.delta_rule.CHUNK)
+
+
+def _doubling_inverse_flops(Z: int) -> int:
+    """(I - N)^-1 of a unit-lower Z x Z block by doubling (`kvjax.nn.delta_rule.
+    unit_lower_inverse`): at block size s = 1, 2, .., Z/2, Z/(2s) pairs of s x s blocks each
+    take two s x s x s products (B C A): 2Z s^2 FLOPs a level."""
+    flops, s = 0, 1
+    while s < Z:
+        flops += 2 * Z * s * s
+        s *= 2
+    return flops
+
+
 def deltanet_scan(cfg: ModelConfig, wl: Workload) -> KernelCost:
-    """The gated delta rule of B*J heads. Decode, per head (`torch_recurrent_gated_delta_rule`):
-    q / sqrt(dk) (dk), S * exp(g) (dk dv, one exp), k^T S as (S * k).sum (2dk dv - dv),
-    delta = (v - kv) * beta (2dv), S + k delta^T (2dk dv), q^T S (2dk dv - dv): 7dk dv + dk;
-    the state read and written. Prefill (`torch_chunk_gated_delta_rule`, Z = 64), per head:
-    products n_c (4Z^2 dk + 2Z^2 dv + 6Z dk dv) (k_beta k^T, q k^T; per chunk the state read
-    twice, the intra-chunk output and the state update), two unit-triangular solves
-    n_c Z(Z-1)(dk + dv), and the elementwise steps listed below; the final state written."""
+    """The gated delta rule of B*J heads as kvjax computes it (`kvjax.nn.delta_rule`): q and k
+    stay on their Y heads (q arrives scaled: `linear_attn/qk_norm`), v, beta, g per value head.
+    Decode, per head (Hugging Face's `torch_recurrent_gated_delta_rule`): S * exp(g) (dk dv, one
+    exp), k^T S (a product, 2dk dv), delta = (v - kv) * beta (2dv), S + k delta^T (2dk dv), q^T S
+    (2dk dv): 7dk dv + 2dv; the state read and written. Prefill, in chunks of Z = 64 (its
+    `torch_chunk_gated_delta_rule`), per chunk and value head: the decays' cumsum (Z(Z-1), as XLA
+    costs a reduce-window), the pairwise decays (subtract, mask, exp: Z^2 exps), beta times them,
+    k k^T times that, q k^T times them (5Z^2); the right-hand sides v beta, beta exp(cum), k times
+    it (Z(dv + 1 + dk)); the unit-lower system's inverse by doubling (-beta: Z; then
+    `_doubling_inverse_flops`, as FLA's solve_tril) and [u, w] as its product with them
+    (2Z^2 (dk + dv)); q exp(cum), last - cum and its exp, k times it (Z(2dk + 1)); then the scan
+    over chunks: v_new = u - w S, out = q S + A v_new, S decayed plus k^T v_new (6Z dk dv +
+    2Z^2 dv + 2Z dv + 2dk dv). Per chunk and q/k head: k k^T and q k^T (4Z^2 dk). A 2-byte
+    model converts v to f32 and the output back (2dv a token and value head). Transcendentals
+    per value head: exp(cum) and exp(last - cum) (2T'), the pairwise n_c Z^2. Hugging Face
+    repeats q and k to the J heads (k k^T, q k^T and q's scale J/Y times over) and solves the
+    system (Z(Z-1)(dk + dv) a chunk) with torch.linalg.solve_triangular, where XLA's
+    triangular-solve is an uncounted LAPACK call on CPU and a forward substitution unrolls Z
+    dependent steps; the inverse costs 2.2x the solve's FLOPs at dk = dv = 128 (n_c J 2.3M
+    against 1.0M), as products."""
     B, T = wl.batch, wl.query_len
-    J, dk, dv = cfg.state_heads, cfg.state_key_dim, cfg.state_value_dim
+    J, Y, dk, dv = cfg.state_heads, cfg.state_groups, cfg.state_key_dim, cfg.state_value_dim
     a, s = _act_bytes(cfg), DTYPE_BYTES[cfg.state_dtype]
     state = B * J * dk * dv * s
+    converts = 0 if a == 4 else 2 * B * T * J * dv
+    io = B * T * (Y * 2 * dk * 4 + J * (dv * a + 2 * 4 + dv * a))  # q, k (f32), v, beta, g; out
     if wl.phase == "decode":
         return KernelCost(
-            kernels.LINEAR_SCAN, flops=B * J * (7 * dk * dv + dk),
-            bytes=2 * state + B * J * (2 * dk * 4 + dv * a + 2 * 4 + dv * a),
-            transcendentals=B * J, kv_bytes=2 * state,
+            kernels.LINEAR_SCAN, flops=B * J * (7 * dk * dv + 2 * dv) + converts,
+            bytes=2 * state + io, transcendentals=B * J, kv_bytes=2 * state,
         )  # fmt: skip
-    Z = 64  # HF's torch_chunk_gated_delta_rule default, which Qwen3NextGatedDeltaNet uses
+    Z = DELTANET_CHUNK
     Tp = -(-T // Z) * Z
     nc = Tp // Z
-    products = nc * (4 * Z * Z * dk + 2 * Z * Z * dv + 6 * Z * dk * dv)
-    solves = nc * Z * (Z - 1) * (dk + dv)
-    elementwise = (
-        T * dk  # q * dk^-0.5
-        + Tp * (dv + dk)  # v * beta, k * beta
-        + Tp  # cumsum of the decays
-        + nc * Z * Z * 4  # pairwise decays: subtract, mask, and the two products' * decay
-        + Tp * dk  # k_beta * exp(cum)
-        + 2 * Tp * dk
-        + Tp  # q * exp(cum), k * exp(last - cum)
-        + nc * (2 * Z * dv + 2 * dk * dv)  # per chunk: two adds, the state's decay and add
-    )
-    per_head = products + solves + elementwise
-    chunks = B * J * (3 * 2 * nc * Z * Z * 4 + 2 * 2 * Tp * (dk + dv) * 4)  # Z x Z, u, w
-    io = B * J * T * (2 * dk * 4 + dv * a + 2 * 4 + dv * a)  # q, k (f32), v, beta, g; out
+    per_chunk = (
+        Z * (Z - 1)  # cumsum of the decays
+        + 5 * Z * Z  # pairwise decays: subtract, mask; * beta, * k k^T; q k^T * decay
+        + Z * (dv + 1 + dk)  # v * beta, beta * exp(cum), k * that
+        + Z + _doubling_inverse_flops(Z) + 2 * Z * Z * (dk + dv)  # -beta, the inverse, [u, w]
+        + Z * (2 * dk + 1)  # q * exp(cum), last - cum, k * exp(last - cum)
+        + 6 * Z * dk * dv + 2 * Z * Z * dv + 2 * Z * dv + 2 * dk * dv  # the scan over chunks
+    )  # fmt: skip
+    flops = B * nc * (J * per_chunk + Y * 4 * Z * Z * dk) + converts
+    chunks = B * J * (4 * 2 * nc * Z * Z * 4 + 2 * 2 * Tp * (dk + dv) * 4)  # 4 Z x Z; u, w
     return KernelCost(
-        kernels.LINEAR_SCAN, flops=B * J * per_head, bytes=io + chunks + state,
-        transcendentals=B * J * (nc * Z * Z + 3 * Tp + nc), kv_bytes=state,
+        kernels.LINEAR_SCAN, flops=flops, bytes=io + chunks + state,
+        transcendentals=B * J * (nc * Z * Z + 2 * Tp), kv_bytes=state,
     )  # fmt: skip
 
 
@@ -214,24 +238,33 @@ def mixer_kernels(cfg: ModelConfig, wl: Workload, kind: str) -> list[KernelCost]
         ]
     Y, dk = cfg.state_groups, cfg.state_key_dim
     if kind == "D":
-        # beta: sigmoid (3, one exp); g: + dt_bias, softplus (1, exp and log1p), * -exp(A_log)
-        # (2; exp(A_log) once, J); q and k, repeated to J heads: L2 norms in f32 (3dk a row)
+        # beta: sigmoid (3, one exp); g: + dt_bias, softplus as torch's (threshold compare and
+        # select: 2; exp and log1p), * -exp(A_log) (1; exp(A_log) and its negation once, J); in
+        # f32: a 2-byte model converts b and a (2 a token and head) and dt_bias, A_log (2J)
+        cv = 0 if a == 4 else 1
         gates = KernelCost(
-            kernels.LINEAR_GATES, flops=6 * M * J + J, bytes=2 * M * J * (a + 4) + 2 * J * w,
-            transcendentals=3 * M * J + J, weight_bytes=2 * J * w,
+            kernels.LINEAR_GATES, flops=(7 + 2 * cv) * M * J + (1 + 2 * cv) * J,
+            bytes=2 * M * J * (a + 4) + 2 * J * w, transcendentals=3 * M * J + J,
+            weight_bytes=2 * J * w,
         )  # fmt: skip
-        rows = 2 * M * J
+        # q and k L2-normalised in f32 on their Y heads (3dk a row, one rsqrt), q's d_k^-0.5
+        # folded into its inverse norm (one product a row); a 2-byte model converts them first
+        rows = 2 * M * Y
         qk_norm = KernelCost(
-            kernels.LINEAR_QK_NORM, flops=rows * (3 * dk + 1),
-            bytes=2 * M * Y * dk * a + rows * dk * 4, transcendentals=rows,
+            kernels.LINEAR_QK_NORM, flops=rows * (3 + cv) * dk + M * Y,
+            bytes=rows * dk * (a + 4), transcendentals=rows,
         )  # fmt: skip
+        # Qwen3NextRMSNormGated in a 2-byte model also converts z, the product's promotion and
+        # the result: 3 more converts an element than the norm's own two
+        norm = _gated_norm(cfg, kernels.LINEAR_NORM, M * J, dv)
+        norm = norm + KernelCost(kernels.LINEAR_NORM, flops=3 * cv * M * J * dv, bytes=0)
         return [
             _matmul(kernels.LINEAR_IN_PROJ, M, D, X + J * dv + 2 * J, w, a),
             _conv(cfg, wl, kernels.LINEAR_CONV, X, act=True),
             gates,
             qk_norm,
             deltanet_scan(cfg, wl),
-            _gated_norm(cfg, kernels.LINEAR_NORM, M * J, dv),
+            norm,
             _matmul(kernels.LINEAR_OUT_PROJ, M, J * dv, D, w, a),
         ]
     # Mamba-2: dt + dt_bias, softplus (2 exps/logs), clamp (2): decode on J*P (HF expands dt to
