@@ -35,11 +35,6 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         if not isinstance(cfg, ModelConfig):
             raise KvjaxError(f"Transformer needs a ModelConfig, got {type(cfg).__name__}")
-        if cfg.is_hybrid:
-            raise KvjaxError(
-                f"layer_kinds={cfg.layer_kinds!r} ({cfg.name}: state layers) is modelled in the "
-                "closed form only (issue 31)"
-            )
         if cfg.kv_packed:
             raise KvjaxError(
                 f"kv_dtype={cfg.kv_dtype!r} (a packed 4/2-bit cache) is modelled in the closed "
