@@ -92,17 +92,36 @@ _TINY_HYBRID = dict(num_layers=2, d_model=40, num_heads=4, num_kv_heads=2, head_
 _TINY_STATE = dict(state_heads=4, state_groups=2, state_key_dim=6, state_value_dim=5)
 _preset(
     ModelConfig(
-        name="tiny-qwen3-next", layer_kinds="DA", conv_kernel=4, scan_chunk=64, rotary_dim=4,
-        qk_norm=True, norm_plus_one=True, attn_output_gate=True, **_TINY_STATE, **_TINY_HYBRID,
+        name="tiny-qwen3-next",
+        layer_kinds="DA",
+        conv_kernel=4,
+        scan_chunk=64,
+        rotary_dim=4,
+        qk_norm=True,
+        norm_plus_one=True,
+        attn_output_gate=True,
+        **_TINY_STATE,
+        **_TINY_HYBRID,
     )  # fmt: skip
 )
 _preset(
     ModelConfig(
-        name="tiny-falcon-h1", layer_kinds="H", conv_kernel=4, conv_bias=True, scan_chunk=8,
-        **_TINY_STATE, **_TINY_HYBRID,
+        name="tiny-falcon-h1",
+        layer_kinds="H",
+        conv_kernel=4,
+        conv_bias=True,
+        scan_chunk=8,
+        **_TINY_STATE,
+        **_TINY_HYBRID,
     )  # fmt: skip
 )
 _preset(
-    ModelConfig(name="tiny-lfm2", layer_kinds="CA", conv_kernel=3, qk_norm=True,
-                tied_embeddings=True, **_TINY_HYBRID)  # fmt: skip
+    ModelConfig(
+        name="tiny-lfm2",
+        layer_kinds="CA",
+        conv_kernel=3,
+        qk_norm=True,
+        tied_embeddings=True,
+        **_TINY_HYBRID,
+    )  # fmt: skip
 )
