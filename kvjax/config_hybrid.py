@@ -24,6 +24,15 @@ _STATE_INTS = ("state_heads", "state_groups", "state_key_dim", "state_value_dim"
 Fields = Any  # the ModelConfig under construction (read, never built here)
 
 
+def conv_channels(cfg: Fields, kind: str) -> int:
+    """X, the short conv's channels: DeltaNet convolves q, k, v (2*Y*dk + J*dv); Mamba x, B, C
+    (J*P + 2*Y*N); LFM2 D."""
+    if kind == "C":
+        return cfg.d_model
+    J, Y, dk, dv = cfg.state_heads, cfg.state_groups, cfg.state_key_dim, cfg.state_value_dim
+    return 2 * Y * dk + J * dv
+
+
 def _int(cfg: Fields, field: str, minimum: int) -> int:
     value = getattr(cfg, field)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

@@ -1,8 +1,7 @@
 """config.json import of the hybrid families (issue 31): Qwen3-Next (Gated DeltaNet layers and
 gated full attention, MoE), Falcon-H1 (Mamba-2 heads beside attention in every layer) and LFM2
 (short gated convolutions and a few GQA layers). Their config classes' defaults (transformers
-5.24) fill what a file omits. Closed form only for now: the model and the checkpoint loader
-refuse them (`HYBRID_REASON`)."""
+5.24) fill what a file omits. The checkpoint loader: `kvjax.nn.hf_hybrid_load`."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from kvjax.errors import KvjaxError
 from kvjax.hf_fields import _Fields, _period
 
 HYBRID_TYPES = ("qwen3_next", "falcon_h1", "lfm2")
-HYBRID_REASON = "closed form only for now (issue 31)"
 
 HYBRID_DEFAULTS = {
     "qwen3_next": {  # Qwen3NextConfig (Qwen3-Next-80B-A3B's shapes)

@@ -205,10 +205,14 @@ MOE_COMBINE = _k(
 
 # Layers whose state does not grow (issue 31; closed forms: `kvjax.analytic.hybrid`). Their
 # recurrent states and conv caches are counted as the kernels' kv_bytes (the cache traffic).
-ATTN_GATE = _k(
-    "attn/gate", ELEMENTWISE, True, "Qwen3-Next: the attention output times sigmoid(q_proj's gate)"
+_STATE_NOTE = (
+    "unfused elementwise ops: the lowered module counts every intermediate's bytes (the convs' "
+    "padded and shifted inputs, the scans' chunked intermediates and masks)"
 )
-_STATE_NOTE = "the state layers are closed form only for now (issue 31): no trace yet"
+ATTN_GATE = _k(
+    "attn/gate", ELEMENTWISE, True,
+    "Qwen3-Next: the attention output times sigmoid(q_proj's gate)", _STATE_NOTE,
+)  # fmt: skip
 LINEAR_IN_PROJ = _k(
     "linear_attn/in_proj", MATMUL, True,
     "Gated DeltaNet: x @ [W_qkvz; W_ba]: q, k, v, the output gate z, beta's and decay's logits",
@@ -256,11 +260,14 @@ SSM_NORM = _k(
     _STATE_NOTE,
 )  # fmt: skip
 SSM_OUT_PROJ = _k("ssm/out_proj", MATMUL, True, "Mamba-2: y @ W_out")
-SSM_COMBINE = _k("ssm/combine", ELEMENTWISE, True, "Falcon-H1: Mamba-2 output + attention output")
+SSM_COMBINE = _k(
+    "ssm/combine", ELEMENTWISE, True, "Falcon-H1: Mamba-2 output + attention output", _STATE_NOTE
+)
 CONV_IN_PROJ = _k("conv/in_proj", MATMUL, True, "LFM2 short conv: x @ W_in: B, C and x")
 CONV_GATE = _k(
-    "conv/gate", ELEMENTWISE, True, "LFM2 short conv: B * x before the conv, C * y after"
-)
+    "conv/gate", ELEMENTWISE, True, "LFM2 short conv: B * x before the conv, C * y after",
+    _STATE_NOTE,
+)  # fmt: skip
 CONV_CONV = _k(
     "conv/conv", ELEMENTWISE, True,
     "LFM2 short conv: causal depthwise conv over conv_kernel positions; its conv cache",

@@ -1,7 +1,7 @@
 """The hybrids whose layers keep a state that does not grow (issue 31, the closed form): exact
 parameter counts against transformers' models on the meta device, Qwen3-Next-80B-A3B's state and
 cache crossover derived by hand from its config, validation one line a field, the decode state
-kernels flat in S, and the model and loader refusing them by name."""
+kernels flat in S. The model: tests/test_nn_hf_hybrid.py and tests/test_nn_<mixer>.py."""
 
 import dataclasses
 
@@ -187,19 +187,18 @@ def test_bad_hybrid_fields_are_named(change, message):
     assert "\n" not in str(info.value)
 
 
-def test_model_and_loader_refuse_by_name(tmp_path):
+def test_model_needs_an_attention_layer_for_positions():
     from flax import nnx
 
-    from kvjax.nn.hf import load_hf_llama
     from kvjax.nn.transformer import Transformer
 
-    cfg = get_model_config("lfm2-1.2b")
-    with pytest.raises(KvjaxError, match=r"modelled in the closed form only \(issue 31\)"):
-        Transformer(cfg, rngs=nnx.Rngs(0))
-    config, _ = _build("qwen3_next", num_hidden_layers=4)
-    config.to_json_file(tmp_path / "config.json")
-    with pytest.raises(KvjaxError, match=r"'qwen3_next': closed form only for now \(issue 31\)"):
-        load_hf_llama(tmp_path)
+    cfg = get_model_config("lfm2-1.2b").replace(
+        num_layers=2, d_model=16, num_heads=2, num_kv_heads=1, head_dim=8, d_ff=24,
+        vocab_size=11, layer_kinds="C", weight_dtype="f32",
+    )  # fmt: skip
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    with pytest.raises(KvjaxError, match=r"layer_kinds='C' has no attention layer \(A or H\)"):
+        model.init_cache(1, 4)
 
 
 def test_hybrid_presets_are_hybrid():

@@ -172,9 +172,7 @@ def test_generate_padded_prompts():
     np.testing.assert_array_equal(out[1], generate(model, b[None], 4)[0])
 
 
-# the hybrids are closed form only for now (issue 31): tests/test_hybrid.py checks their counts
-# against transformers' meta-device models
-@pytest.mark.parametrize("name", sorted(n for n in PRESETS if not PRESETS[n].is_hybrid))
+@pytest.mark.parametrize("name", sorted(PRESETS))
 def test_parameter_count_equals_analytic_exactly(name):
     cfg = get_model_config(name)
     # gpt-oss's MXFP4 experts: the model holds them dequantized (the same elements)

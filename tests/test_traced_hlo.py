@@ -47,6 +47,22 @@ CASES = {
             jax.ShapeDtypeStruct((2,), jnp.int32),
         ),
     ),
+    "dynamic slice, distinct starts": (
+        lambda c, i, j: jax.lax.dynamic_slice(c, (i, j), (4, 8)) * 2,
+        (f32, jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)),
+    ),
+    "dynamic update slice, distinct starts": (
+        lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (i, 0)),
+        (f32, jax.ShapeDtypeStruct((8, 32), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)),
+    ),
+    "scan over xs (loops once)": (
+        lambda s, xs: jax.lax.scan(lambda c, x: (c * 2.0 + jnp.exp(x), c.sum()), s, xs),
+        (jax.ShapeDtypeStruct((32,), jnp.float32), f32),
+    ),
+    "fori_loop (loops once)": (
+        lambda x: jax.lax.fori_loop(0, 5, lambda i, c: c @ x[:32], x[:32]),
+        (f32,),
+    ),
     "tril + tuple": (lambda x: (jnp.tril(x), x.sum()), (f32,)),
     "slice": (lambda x: x[:, :16] * x[:, 16:], (f32,)),
 }
@@ -57,10 +73,37 @@ def test_rules_match_xla(name):
     fn, args = CASES[name]
     lowered = jax.jit(fn).lower(*args)
     xla = lowered.cost_analysis()
-    _, total = attribute(lowered.as_text(dialect="hlo", debug_info=True), ())
+    # XLA counts a loop once through (`trips=False`); kvjax's default counts its trips
+    _, total = attribute(lowered.as_text(dialect="hlo", debug_info=True), (), trips=False)
     assert total.flops == pytest.approx(xla.get("flops", 0.0), abs=1e-9)
     assert total.transcendentals == pytest.approx(xla.get("transcendentals", 0.0), abs=1e-9)
     assert total.bytes == pytest.approx(xla.get("bytes accessed", 0.0), abs=1e-9)
+
+
+@pytest.mark.parametrize("start,stop", [(0, 7), (3, 10), (2, 3)])
+def test_loops_cost_their_trip_count(start, stop):
+    """A fori_loop / scan of n trips: kvjax counts n x (condition + body), XLA once."""
+
+    def fn(x):
+        with jax.named_scope("loop"):
+            return jax.lax.fori_loop(start, stop, lambda i, c: jnp.exp(c) * 2.0, x)
+
+    lowered = jax.jit(fn).lower(f32)
+    text = lowered.as_text(dialect="hlo", debug_info=True)
+    per_kernel, total = attribute(text, ("loop",))
+    _, once = attribute(text, ("loop",), trips=False)
+    n = stop - start
+    body = 64 * 32  # the multiply, and an exp (a transcendental) per element each trip
+    assert total.transcendentals == n * body == n * once.transcendentals
+    assert total.flops == n * once.flops and once.flops == body + 2  # + the counter, compare
+    assert per_kernel[(None, "loop")].flops == total.flops
+
+
+def test_uncounted_loop_raises():
+    """A while whose trip count depends on data is not costed as if it ran once."""
+    lowered = jax.jit(lambda x: jax.lax.while_loop(lambda c: c.sum() < 9.0, jnp.exp, x)).lower(f32)
+    with pytest.raises(ValueError, match="not a counted loop"):
+        attribute(lowered.as_text(dialect="hlo", debug_info=True), ())
 
 
 def test_attribution_by_named_scope():

@@ -24,6 +24,12 @@ MATMULS = {
     kernels.V_UP,
     kernels.MOE_ROUTER,
     kernels.MOE_SHARED_GATE,  # its bytes counted as lowered: exact
+    kernels.LINEAR_IN_PROJ,  # the hybrids' state layers (issue 31)
+    kernels.LINEAR_OUT_PROJ,
+    kernels.SSM_IN_PROJ,
+    kernels.SSM_OUT_PROJ,
+    kernels.CONV_IN_PROJ,
+    kernels.CONV_OUT_PROJ,
 }
 STRICT_BYTES = MATMULS | {kernels.RESIDUAL_ATTN, kernels.RESIDUAL_MLP}
 

@@ -23,18 +23,10 @@ from kvjax import kernels
 from kvjax.analytic.costs import KernelCost, Workload
 from kvjax.analytic.primitives import _act_bytes, _matmul, _rmsnorm
 from kvjax.config import DTYPE_BYTES, ModelConfig
-from kvjax.config_hybrid import STATE_KINDS
+from kvjax.config_hybrid import STATE_KINDS, conv_channels
 
 SILU = 4  # negate, exp, add, divide (one exp: a transcendental)
 SIGMOID = 3
-
-
-def conv_channels(cfg: ModelConfig, kind: str) -> int:
-    """X: DeltaNet convolves q, k, v (2*Y*dk + J*dv); Mamba x, B, C (J*P + 2*Y*N); LFM2 D."""
-    if kind == "C":
-        return cfg.d_model
-    J, Y, dk, dv = cfg.state_heads, cfg.state_groups, cfg.state_key_dim, cfg.state_value_dim
-    return 2 * Y * dk + J * dv
 
 
 def state_layer_bytes(cfg: ModelConfig, kind: str) -> dict[str, int]:

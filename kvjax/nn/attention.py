@@ -45,7 +45,8 @@ class Attention(nnx.Module):
         self.chunked = cfg.layer_is_chunked(layer)  # Llama 4's chunked local layers
         D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         # Weights stored 2-D, (out, in): q (N*H, D), k and v (K*H, D), o (D, N*H).
-        self.q_proj = param(rngs, (N * H, D), D, cfg)
+        # Qwen3-Next (attn_output_gate): each head's H query rows then its H gate rows
+        self.q_proj = param(rngs, ((2 if cfg.attn_output_gate else 1) * N * H, D), D, cfg)
         self.k_proj = param(rngs, (K * H, D), D, cfg)
         self.v_proj = param(rngs, (K * H, D), D, cfg)
         self.o_proj = param(rngs, (D, N * H), N * H, cfg)
@@ -62,7 +63,8 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(cfg, K * H if cfg.qk_norm_full else H)
 
     def project(self, x_BTD: jax.Array, positions_BT: jax.Array):
-        """q [B, T, K, G, H] (RoPE applied), k [B, T, K, H] (RoPE applied), v [B, T, K, H]."""
+        """q [B, T, K, G, H] (RoPE applied), k [B, T, K, H] (RoPE applied), v [B, T, K, H]; with
+        `attn_output_gate` (Qwen3-Next) also the output gate [B, T, N*H]."""
         cfg = self.cfg
         B, T, _ = x_BTD.shape
         K, G, H = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
@@ -78,6 +80,11 @@ class Attention(nnx.Module):
             v_BTE = linear(x_BTD, read(self.v_proj, cfg))
             if cfg.qkv_bias:
                 v_BTE = v_BTE + read(self.v_bias, cfg)
+        gate_BTE = None
+        if cfg.attn_output_gate:  # per head [q; gate] (HF's view(..., N, 2H).chunk(2))
+            q_BTNI = q_BTE.reshape(B, T, cfg.num_heads, 2 * H)
+            q_BTE = q_BTNI[..., :H].reshape(B, T, cfg.q_dim)
+            gate_BTE = q_BTNI[..., H:].reshape(B, T, cfg.q_dim)
         if cfg.qk_norm_full:  # OLMo 2: the projections normed whole, before the heads split
             with jax.named_scope(kernels.QK_NORM):
                 q_BTE, k_BTE = self.q_norm(q_BTE), self.k_norm(k_BTE)
@@ -108,11 +115,12 @@ class Attention(nnx.Module):
         if cfg.temperature_floor and not self.use_rope:  # Llama 4's NoPE layers
             with jax.named_scope(kernels.TEMPERATURE):
                 q_BTKGH = temperature(q_BTKGH, positions_BT, cfg)
-        return (
+        proj = (
             constrain(q_BTKGH, DATA, None, KV, GRP, None),
             constrain(k_BTKH, DATA, None, KV, None),
             constrain(v_BTE.reshape(B, T, K, H), DATA, None, KV, None),
         )
+        return proj if gate_BTE is None else (*proj, gate_BTE)
 
     # -- the protocol `kvjax.nn.transformer.Block` drives (shared with `LatentAttention`) --------
     def cache_rows(self, proj) -> tuple[jax.Array, jax.Array]:
@@ -122,9 +130,9 @@ class Attention(nnx.Module):
     def causal(self, proj, window: int = 0, cached=None) -> jax.Array:
         cfg = self.cfg
         if cfg.attention_kernel == "flash" and cached is None:
-            return flash.flash_causal(*proj, window=window, scale=cfg.attn_scale)
+            return flash.flash_causal(*proj[:3], window=window, scale=cfg.attn_scale)
         return attend_causal(
-            *proj, window=window, scale=cfg.attn_scale, softcap=cfg.attn_softcap, cached=cached,
+            *proj[:3], window=window, scale=cfg.attn_scale, softcap=cfg.attn_softcap, cached=cached,
             sinks=cfg.sink_tokens if window else 0, sink_logits_KG=self._sink_logits(),
             chunked=self.chunked,
         )  # fmt: skip
@@ -137,7 +145,7 @@ class Attention(nnx.Module):
         return self.sink_logits[...].reshape(self.cfg.num_kv_heads, -1)
 
     def over_cache(self, proj, cache_arrays, pos_B: jax.Array, window: int = 0) -> jax.Array:
-        q_BTKGH, k_BTKH, v_BTKH = proj
+        q_BTKGH, k_BTKH, v_BTKH = proj[:3]
         k_cache_BKHS, v_cache_BKSH, k_scale, v_scale = cache_arrays
         if self.cfg.attention_kernel == "flash":
             o_BKGH = flash.flash_decode(

@@ -21,8 +21,17 @@ from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.hf_config import from_hf_config, read_hf_json
 from kvjax.hf_fields import rope_scalings
-from kvjax.hf_hybrid import HYBRID_REASON, HYBRID_TYPES
-from kvjax.nn.layers import weight_dtype
+from kvjax.hf_hybrid import HYBRID_TYPES
+from kvjax.nn.hf_hybrid_load import from_hf_hybrid
+from kvjax.nn.hf_parts import (
+    EXPERT_NAMES,
+    check_all_used,
+    deinterleave,
+    load_attention,
+    load_mlp,
+    load_moe,
+    tensor_io,
+)
 from kvjax.nn.mlp import XIELU_BETA, XIELU_EPS
 from kvjax.nn.mxfp4 import load_gpt_oss_experts
 from kvjax.nn.transformer import Transformer
@@ -57,12 +66,10 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
     cfg = from_hf_config(folder, **overrides)
     data = read_hf_json(folder)
     model_type = data.get("model_type", "llama")
-    if model_type in HYBRID_TYPES:
-        raise KvjaxError(f"checkpoint model_type={model_type!r}: {HYBRID_REASON}")
-    if model_type not in SUPPORTED:
+    if model_type not in SUPPORTED + HYBRID_TYPES:
         raise KvjaxError(
             f"checkpoint model_type={model_type!r} is not supported; "
-            f"allowed: {', '.join(SUPPORTED)}"
+            f"allowed: {', '.join(SUPPORTED + HYBRID_TYPES)}"
         )
     for scaling in rope_scalings(data):
         kind = scaling.get("rope_type", scaling.get("type", "default"))
@@ -77,6 +84,8 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
     if cfg.expert_weight_dtype:  # gpt-oss's MXFP4 experts, dequantized on load (kvjax.nn.mxfp4)
         cfg = cfg.replace(expert_weight_dtype="")
     tensors = _read_safetensors(folder)
+    if model_type in HYBRID_TYPES:  # their state mixers' tensors (kvjax.nn.hf_hybrid_load)
+        return from_hf_hybrid(cfg, tensors, model_type, data)
     moe_prefix = {"mixtral": "block_sparse_moe.", "llama4_text": "feed_forward."}.get(
         model_type, "mlp."
     )
@@ -85,23 +94,12 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
                            glm=model_type == "glm4", norm_names=norms)  # fmt: skip
 
 
-def _deinterleave(w_OI: np.ndarray, heads: int, head_dim: int, rope: int, first: bool = False):
-    """Rows of each head's last `rope` outputs (`first`: its first, GLM's partial rotary)
-    reordered [0, 2, 4, ...; 1, 3, 5, ...]: interleaved RoPE pairs become rotate-half's. A bias
-    (1-D) is reordered alike."""
-    w = w_OI.reshape(heads, head_dim, -1).copy()
-    lo = 0 if first else head_dim - rope
-    part = w[:, lo : lo + rope]
-    w[:, lo : lo + rope] = np.concatenate([part[:, 0::2], part[:, 1::2]], axis=1)
-    return w.reshape(w_OI.shape)
-
-
 def _load_mla(cfg: ModelConfig, a, get, put, p: str, interleaved: bool) -> None:
     D, N, H, A, P = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     U, W, Q = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.q_lora_rank
 
     def rope_rows(w, heads, head_dim):
-        return _deinterleave(w, heads, head_dim, P) if interleaved else w
+        return deinterleave(w, heads, head_dim, P) if interleaved else w
 
     if Q:
         put(a.q_a_proj, get(p + "self_attn.q_a_proj.weight", (Q, D)))
@@ -116,116 +114,6 @@ def _load_mla(cfg: ModelConfig, a, get, put, p: str, interleaved: bool) -> None:
     put(a.k_up, kv_b[:, :U])
     put(a.v_up, kv_b[:, U:])
     put(a.o_proj, get(p + "self_attn.o_proj.weight", (D, N * W)))
-
-
-def _load_attention(
-    cfg: ModelConfig, a, get, put, p: str, fused: bool = False, interleaved: bool = False
-) -> None:
-    """q/k/v/o (Phi-3: one fused qkv_proj); `interleaved`: GLM's (partial) and ERNIE's rotary
-    pair adjacent dims, so the rotated rows of q and k (and their biases) are reordered to
-    rotate-half's."""
-    D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    if interleaved:
-        R = cfg.rope_width
-        raw = get
-
-        def get(name, shape):  # noqa: F811 (the reordering reader)
-            x = raw(name, shape)
-            heads = N if ".q_proj." in name else K if ".k_proj." in name else 0
-            return _deinterleave(x, heads, H, R, first=True) if heads else x
-
-    if fused:  # Phi-3: one qkv_proj of [q; k; v] rows
-        qkv = get(p + "self_attn.qkv_proj.weight", (N * H + 2 * K * H, D))
-        q, k, v = np.split(qkv, [N * H, N * H + K * H])
-        put(a.q_proj, q)
-        put(a.k_proj, k)
-        put(a.v_proj, v)
-    else:
-        put(a.q_proj, get(p + "self_attn.q_proj.weight", (N * H, D)))
-        put(a.k_proj, get(p + "self_attn.k_proj.weight", (K * H, D)))
-        put(a.v_proj, get(p + "self_attn.v_proj.weight", (K * H, D)))
-    put(a.o_proj, get(p + "self_attn.o_proj.weight", (D, N * H)))
-    if cfg.o_bias:
-        put(a.o_bias, get(p + "self_attn.o_proj.bias", (D,)))
-    if cfg.sink_logits:  # gpt-oss
-        put(a.sink_logits, get(p + "self_attn.sinks", (N,)))
-    if cfg.qkv_bias:
-        put(a.q_bias, get(p + "self_attn.q_proj.bias", (N * H,)))
-        put(a.k_bias, get(p + "self_attn.k_proj.bias", (K * H,)))
-        put(a.v_bias, get(p + "self_attn.v_proj.bias", (K * H,)))
-    if cfg.qk_norm:  # per head (H), or OLMo 2's over all heads (N*H, K*H)
-        wq, wk = (N * H, K * H) if cfg.qk_norm_full else (H, H)
-        put(a.q_norm.scale, get(p + "self_attn.q_norm.weight", (wq,)))
-        put(a.k_norm.scale, get(p + "self_attn.k_norm.weight", (wk,)))
-
-
-_EXPERT_NAMES = {  # (gate, up, down) of an expert: Mixtral's w1, w3, w2, everyone else's names
-    "block_sparse_moe.": ("w1", "w3", "w2"),
-    "mlp.": ("gate_proj", "up_proj", "down_proj"),
-    "feed_forward.": ("gate_proj", "up_proj", "down_proj"),  # Llama 4 (stacked: its own reader)
-}
-
-
-def _load_mlp(mlp, get, put, p: str, F: int, D: int, fused: bool = False, plain=()) -> None:
-    if not mlp.cfg.gated_mlp:  # up and down: StarCoder2's c_fc and c_proj, Apertus's up/down_proj
-        up, down = plain or ("c_fc", "c_proj")
-        put(mlp.up, get(f"{p}{up}.weight", (F, D)))
-        put(mlp.down, get(f"{p}{down}.weight", (D, F)))
-        if mlp.cfg.mlp_bias:
-            put(mlp.up_bias, get(f"{p}{up}.bias", (F,)))
-            put(mlp.down_bias, get(f"{p}{down}.bias", (D,)))
-        if mlp.cfg.mlp_activation == "xielu":  # Apertus's act_fn: the learned alphas
-            put(mlp.alpha_p, get(p + "act_fn.alpha_p", (1,)))
-            put(mlp.alpha_n, get(p + "act_fn.alpha_n", (1,)))
-        return
-    if fused:  # Phi-3: one gate_up_proj of [gate; up] rows, kvjax's own layout
-        put(mlp.gate_up, get(p + "gate_up_proj.weight", (2 * F, D)))
-    else:
-        gate = get(p + "gate_proj.weight", (F, D))
-        up = get(p + "up_proj.weight", (F, D))
-        put(mlp.gate_up, np.concatenate([gate, up], axis=0))
-    put(mlp.down, get(p + "down_proj.weight", (D, F)))
-    if mlp.cfg.mlp_bias:
-        bias = [get(p + "gate_proj.bias", (F,)), get(p + "up_proj.bias", (F,))]
-        put(mlp.up_bias, np.concatenate(bias))
-        put(mlp.down_bias, get(p + "down_proj.bias", (D,)))
-
-
-def _load_llama4_moe(cfg: ModelConfig, moe, get, put, p: str) -> None:
-    """Llama 4's router, its experts stored stacked [in, out]: gate_up_proj [E, D, 2F] ([gate,
-    up] columns) and down_proj [E, F, D], transposed to kvjax's (out, in), and its shared
-    expert."""
-    D, E, F = cfg.d_model, cfg.num_experts, cfg.moe_d_ff
-    put(moe.router, get(p + "router.weight", (E, D)))
-    put(moe.expert_gate_up, get(p + "experts.gate_up_proj", (E, D, 2 * F)).transpose(0, 2, 1))
-    put(moe.expert_down, get(p + "experts.down_proj", (E, F, D)).transpose(0, 2, 1))
-    _load_mlp(moe.shared, get, put, p + "shared_expert.", moe.shared.width, D)
-
-
-def _load_moe(cfg: ModelConfig, moe, get, put, p: str, names: tuple[str, str, str]) -> None:
-    """The router (and DeepSeek-V3's score-correction bias), the experts stacked to (E, 2F, D)
-    and (E, D, F), and DeepSeek's shared experts."""
-    if p.endswith("feed_forward."):  # Llama 4's names and layout
-        return _load_llama4_moe(cfg, moe, get, put, p)
-    D, E, F = cfg.d_model, cfg.num_experts, cfg.moe_d_ff
-    gate_name, up_name, down_name = names
-    put(moe.router, get(p + "gate.weight", (E, D)))
-    if moe.router_bias is not None:
-        moe.router_bias[...] = jnp.asarray(get(p + "gate.e_score_correction_bias", (E,)))
-    ex = p + "experts."
-    gate_up = [
-        np.concatenate(
-            [get(f"{ex}{e}.{gate_name}.weight", (F, D)), get(f"{ex}{e}.{up_name}.weight", (F, D))]
-        )  # fmt: skip
-        for e in range(E)
-    ]
-    put(moe.expert_gate_up, np.stack(gate_up))
-    put(moe.expert_down, np.stack([get(f"{ex}{e}.{down_name}.weight", (D, F)) for e in range(E)]))
-    if moe.shared is not None:  # DeepSeek's shared_experts; Qwen2-MoE's gated shared_expert
-        name = "shared_expert." if moe.shared_gate is not None else "shared_experts."
-        _load_mlp(moe.shared, get, put, p + name, moe.shared.width, D)
-    if moe.shared_gate is not None:
-        put(moe.shared_gate, get(p + "shared_expert_gate.weight", (1, D)))
 
 
 def _check_xielu_constants(tensors, get, p: str) -> None:
@@ -253,20 +141,7 @@ def from_hf_tensors(
     """`norm_names`: the two pre-norms' tensor names (Apertus's attention_layernorm and
     feedforward_layernorm; Llama's input_layernorm and post_attention_layernorm otherwise)."""
     D, F = cfg.d_model, cfg.d_ff
-    dtype = weight_dtype(cfg)
-    used: set[str] = set()
-
-    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        if name not in tensors:
-            raise KvjaxError(f"checkpoint is missing tensor {name!r}")
-        x = tensors[name]
-        if x.shape != shape:
-            raise KvjaxError(f"tensor {name!r} has shape {x.shape}; the config implies {shape}")
-        used.add(name)
-        return x
-
-    def put(variable: nnx.Param, value: np.ndarray) -> None:
-        variable[...] = jnp.asarray(value, dtype)
+    get, put, used = tensor_io(cfg, tensors)
 
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     put(model.embed, get("model.embed_tokens.weight", (cfg.vocab_size, D)))
@@ -280,14 +155,14 @@ def from_hf_tensors(
         if cfg.is_mla:
             _load_mla(cfg, a, get, put, p, rope_interleaved)
         else:
-            _load_attention(cfg, a, get, put, p, fused, rope_interleaved)
+            load_attention(cfg, a, get, put, p, fused, rope_interleaved)
         if cfg.layer_is_moe(i) and cfg.expert_bias:  # gpt-oss's stacked experts
             load_gpt_oss_experts(cfg, layer.mlp, tensors, get, put, p + "mlp.")
         elif cfg.layer_is_moe(i):
-            _load_moe(cfg, layer.mlp, get, put, p + moe_prefix, _EXPERT_NAMES[moe_prefix])
+            load_moe(cfg, layer.mlp, get, put, p + moe_prefix, EXPERT_NAMES[moe_prefix])
         else:
             dense = "feed_forward." if moe_prefix == "feed_forward." else "mlp."  # Llama 4's
-            _load_mlp(layer.mlp, get, put, p + dense, F, D, fused_mlp, plain)
+            load_mlp(layer.mlp, get, put, p + dense, F, D, fused_mlp, plain)
             if cfg.mlp_activation == "xielu":
                 _check_xielu_constants(tensors, get, p + "mlp.act_fn.")
 
@@ -314,7 +189,5 @@ def from_hf_tensors(
         put(model.final_norm.bias, get("model.norm.bias", (D,)))
     if not cfg.tied_embeddings:
         put(model.lm_head, get("lm_head.weight", (cfg.vocab_size, D)))
-    unused = sorted(k for k in tensors if k not in used and "rotary_emb" not in k)
-    if unused:
-        raise KvjaxError(f"checkpoint has tensors the model does not use: {', '.join(unused[:5])}")
+    check_all_used(tensors, used)
     return model

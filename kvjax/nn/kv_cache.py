@@ -101,11 +101,15 @@ class KVCache:
     v_scale: tuple[jax.Array, ...] = ()
     scales: str = dataclasses.field(default="none", metadata=dict(static=True))
     sinks: int = dataclasses.field(default=0, metadata=dict(static=True))
+    # the model layer of each entry (a hybrid's attention layers: `state_cache.HybridCache`);
+    # () the identity. Only the named scopes of the writes use it.
+    layer_ids: tuple[int, ...] = dataclasses.field(default=(), metadata=dict(static=True))
 
     @classmethod
     def zeros(
         cls, num_layers: int, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int,
         dtype, windows: tuple[int, ...] = (), scales: str = "none", sinks: int = 0,
+        layer_ids: tuple[int, ...] = (),
     ) -> KVCache:  # fmt: skip
         """`windows[i]`: layer i's sliding window (0: global); none given, every layer global.
         `scales`: a 1-byte cache's ("tensor": 1.0, as vLLM without calibration; "token_head").
@@ -127,6 +131,7 @@ class KVCache:
             v_scale=_scales(scales, batch_size, num_kv_heads, lens),
             scales=scales,
             sinks=sinks if any(w and max_len >= w + sinks for w in windows) else 0,
+            layer_ids=tuple(layer_ids),
         )
 
     @property
@@ -173,10 +178,11 @@ class KVCache:
         layer given more tokens than its window keeps each sequence's last `window` real tokens,
         token t at slot t mod window (`lengths_B`: the real lengths of right-padded prompts)."""
         T, n = k_BTKH.shape[1], self.k[layer].shape[3]
-        with jax.named_scope(kernels.layer_scope(layer)):  # a layout change, outside the kernel
+        scope = kernels.layer_scope(self.layer_ids[layer] if self.layer_ids else layer)
+        with jax.named_scope(scope):  # a layout change, outside the kernel
             k_BKHT = jnp.transpose(k_BTKH, (0, 2, 3, 1))
             v_BKTH = jnp.swapaxes(v_BTKH, 1, 2)
-        with jax.named_scope(f"{kernels.layer_scope(layer)}/{kernels.KV_WRITE}"):
+        with jax.named_scope(f"{scope}/{kernels.KV_WRITE}"):
             ks, vs = (self.k_scale[layer], self.v_scale[layer]) if self.k_scale else (None, None)
             k_BKHT, ks_BKT = quantize(k_BKHT, self.k[layer].dtype, self.scales, ks, axis=2)
             v_BKTH, vs_BKT = quantize(v_BKTH, self.v[layer].dtype, self.scales, vs, axis=3)
@@ -245,7 +251,8 @@ class KVCache:
         b = jnp.arange(self.batch_size)
         ks, vs, kss, vss = [], [], list(self.k_scale), list(self.v_scale)
         for layer, (kc, vc, kn, vn) in enumerate(zip(self.k, self.v, k_new, v_new, strict=True)):
-            with jax.named_scope(f"{kernels.layer_scope(layer)}/{kernels.KV_WRITE}"):
+            scope = kernels.layer_scope(self.layer_ids[layer] if self.layer_ids else layer)
+            with jax.named_scope(f"{scope}/{kernels.KV_WRITE}"):
                 w = self.layer_window(layer)
                 slot = rolling_slot(self.pos, w, self.layer_sinks(layer)) if w else self.pos
                 k_sc, v_sc = (kss[layer], vss[layer]) if kss else (None, None)

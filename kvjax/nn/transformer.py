@@ -18,66 +18,14 @@ from kvjax import kernels
 from kvjax.config import ModelConfig
 from kvjax.config_checks import check_extend
 from kvjax.errors import KvjaxError
-from kvjax.nn.attention import Attention, soft_cap
+from kvjax.nn.attention import soft_cap
+from kvjax.nn.block import Block
 from kvjax.nn.fake_quant import cache_view
 from kvjax.nn.kv_cache import KVCache
 from kvjax.nn.layers import act_dtype, block_norm, kv_dtype, linear, param, read
-from kvjax.nn.mla import LatentAttention, LatentCache
-from kvjax.nn.mlp import MLP
-from kvjax.nn.moe import MoE
+from kvjax.nn.mla import LatentCache
 from kvjax.nn.sharding import DATA, MODEL, constrain
-
-
-class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        self.attn_norm = block_norm(cfg) if cfg.pre_norms else None  # OLMo 2: outputs only
-        if cfg.is_mla:
-            self.attn = LatentAttention(cfg, rngs=rngs)
-        else:
-            self.attn = Attention(cfg, layer, rngs=rngs)
-        self.mlp_norm = block_norm(cfg) if cfg.pre_norms and not cfg.parallel_block else None
-        self.mlp = MoE(cfg, rngs=rngs) if cfg.layer_is_moe(layer) else MLP(cfg, rngs=rngs)
-        # Gemma 2/3: the attention and MLP outputs are normed too, before their residual adds
-        self.post_attn_norm = block_norm(cfg) if cfg.sandwich_norms else None
-        self.post_mlp_norm = block_norm(cfg) if cfg.sandwich_norms else None
-
-    def __call__(self, x_BTD, positions_BT, attend):
-        """`attend(attn, projection) -> o` is the only difference between the uncached forward,
-        prefill and decode; `attn` (GQA `Attention` or MLA `LatentAttention`) offers
-        `cache_rows`, `causal` and `over_cache` for it."""
-        h_BTD = x_BTD
-        if self.attn_norm is not None:
-            with jax.named_scope(kernels.NORM_ATTN):
-                h_BTD = self.attn_norm(x_BTD)
-        proj = self.attn.project(h_BTD, positions_BT)
-        a_BTD = self.attn.output(attend(self.attn, proj))
-        if self.cfg.parallel_block:  # Cohere: the MLP reads the same normed x
-            m_BTD = self.mlp(h_BTD)
-            with jax.named_scope(kernels.RESIDUAL_ATTN):
-                x_BTD = constrain(x_BTD + self._branch(a_BTD), DATA, None, None)
-            with jax.named_scope(kernels.RESIDUAL_MLP):
-                return constrain(x_BTD + self._branch(m_BTD), DATA, None, None)
-        if self.post_attn_norm is not None:
-            with jax.named_scope(kernels.NORM_POST_ATTN):
-                a_BTD = self.post_attn_norm(a_BTD)
-        with jax.named_scope(kernels.RESIDUAL_ATTN):
-            x_BTD = constrain(x_BTD + self._branch(a_BTD), DATA, None, None)
-        h_BTD = x_BTD
-        if self.mlp_norm is not None:
-            with jax.named_scope(kernels.NORM_MLP):
-                h_BTD = self.mlp_norm(x_BTD)
-        m_BTD = self.mlp(h_BTD)
-        if self.post_mlp_norm is not None:
-            with jax.named_scope(kernels.NORM_POST_MLP):
-                m_BTD = self.post_mlp_norm(m_BTD)
-        with jax.named_scope(kernels.RESIDUAL_MLP):
-            return constrain(x_BTD + self._branch(m_BTD), DATA, None, None)
-
-    def _branch(self, y_BTD):
-        """A residual branch as it joins the stream (Granite: times residual_multiplier)."""
-        r = self.cfg.residual_multiplier
-        return y_BTD if r == 1.0 else y_BTD * jnp.asarray(r, y_BTD.dtype)
+from kvjax.nn.state_cache import HybridCache
 
 
 class Transformer(nnx.Module):
@@ -87,11 +35,6 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         if not isinstance(cfg, ModelConfig):
             raise KvjaxError(f"Transformer needs a ModelConfig, got {type(cfg).__name__}")
-        if cfg.is_hybrid:
-            raise KvjaxError(
-                f"layer_kinds={cfg.layer_kinds!r} ({cfg.name}: state layers) is modelled in the "
-                "closed form only (issue 31)"
-            )
         if cfg.kv_packed:
             raise KvjaxError(
                 f"kv_dtype={cfg.kv_dtype!r} (a packed 4/2-bit cache) is modelled in the closed "
@@ -165,29 +108,37 @@ class Transformer(nnx.Module):
         quality of a quantized cache, measured on a trained model.
         """
         self._check_tokens(tokens_BT, 2, "tokens_BT")
-        logits_BTV, _ = self._forward(tokens_BT, kv_dtype)
+        logits_BTV, _, _ = self._forward(tokens_BT, kv_dtype)
         return logits_BTV
 
-    def _forward(self, tokens_BT, kv_dtype: str | None = None):
+    def _forward(self, tokens_BT, kv_dtype: str | None = None, valid_BT=None):
+        """Logits, each attention layer's (layer, cache rows) and each state layer's (layer,
+        conv cache, state) after the prompt (`valid_BT`: the real tokens of right-padded
+        prompts, which the state layers' states stop at)."""
         B, T = tokens_BT.shape
         positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         x_BTD = self._embed(tokens_BT)
-        kvs = []
+        kvs, states = [], []
 
         cfg = self.cfg
         view = None if kv_dtype is None else cache_view(kv_dtype, cfg)
         for i, layer in enumerate(self.layers):
 
             def attend(attn, proj, i=i):
-                kvs.append(attn.cache_rows(proj))
+                kvs.append((i, attn.cache_rows(proj)))
                 window = cfg.sliding_window if cfg.layer_is_sliding(i) else 0
                 if view is not None:
                     return attn.causal(proj, window, cached=view(proj[1], proj[2]))
                 return attn.causal(proj, window)
 
+            def mix(mixer, h_BTD, i=i):
+                y_BTD, conv_BWX, state = mixer(h_BTD, valid_BT)
+                states.append((i, conv_BWX, state))
+                return y_BTD
+
             with jax.named_scope(kernels.layer_scope(i)):
-                x_BTD = layer(x_BTD, positions_BT, attend)
-        return self._head(x_BTD), kvs
+                x_BTD = layer(x_BTD, positions_BT, attend, mix)
+        return self._head(x_BTD), kvs, states
 
     def init_cache(self, batch_size: int, max_len: int) -> KVCache | LatentCache:
         """An empty cache: per layer K [B, K, H, max_len] and V [B, K, max_len, H] (MLA: latents
@@ -195,6 +146,8 @@ class Transformer(nnx.Module):
         cfg = self.cfg
         if cfg.is_mla:
             return LatentCache.zeros(cfg, batch_size, max_len, kv_dtype(cfg))
+        if cfg.is_hybrid:  # the attention layers' KV and the state layers' flat states
+            return HybridCache.zeros(cfg, batch_size, max_len)
         windows = tuple(
             cfg.sliding_window if cfg.layer_is_sliding(i) else 0 for i in range(cfg.num_layers)
         )
@@ -220,6 +173,7 @@ class Transformer(nnx.Module):
                 f"a prompt of T={T} tokens does not fit the cache's max_len={cache.max_len}; "
                 f"make the cache with max_len >= {T}"
             )
+        valid_BT = None
         if lengths_B is None:
             lengths_B = jnp.full((B,), T, jnp.int32)
         else:
@@ -229,16 +183,21 @@ class Transformer(nnx.Module):
             lens = _concrete(lengths_B)
             if lens is not None and (lens.min() < 1 or lens.max() > T):
                 raise KvjaxError(f"lengths_B must lie in 1 .. T={T}, got {lens.tolist()}")
-        logits_BTV, kvs = self._forward(tokens_BT)
-        for i, rows in enumerate(kvs):
+            if self.cfg.is_hybrid:  # the state layers stop at each prompt's last real token
+                valid_BT = jnp.arange(T, dtype=jnp.int32)[None, :] < lengths_B[:, None]
+        logits_BTV, kvs, states = self._forward(tokens_BT, valid_BT=valid_BT)
+        for i, rows in kvs:
             cache = cache.write_prefix(i, *rows, lengths_B=lengths_B)
+        for i, conv_BWX, state in states:
+            cache = cache.write_state(i, conv_BWX, state)
         return logits_BTV, cache.with_positions(lengths_B)
 
     def decode_logits(self, tokens_B: jax.Array, cache: KVCache):
         """Attend one new token per sequence over the cache, which is only read.
 
         Returns (logits [B, V], new k rows, new v rows) with rows [B, K, H] per layer (MLA: new
-        latents [B, A] and RoPE keys [B, P]), to be written by `cache.append`. Jitting this and
+        latents [B, A] and RoPE keys [B, P]; a hybrid's state layers: their new conv caches and
+        states, `kvjax.nn.state_cache`), to be written by `cache.append`. Jitting this and
         the append separately (the cache donated to the append) keeps XLA:CPU from copying the
         cache; `decode` does both.
         """
@@ -257,17 +216,23 @@ class Transformer(nnx.Module):
             )
         positions_BT = cache.pos[:, None]
         x_BTD = self._embed(tokens_B[:, None])
-        new_k, new_v = [], []
+        new_k, new_v = [None] * len(self.layers), [None] * len(self.layers)
         for i, layer in enumerate(self.layers):
 
             def attend(attn, proj, i=i):
                 row_a, row_b = attn.cache_rows(proj)
-                new_k.append(row_a[:, 0])
-                new_v.append(row_b[:, 0])
+                if new_k[i] is None:
+                    new_k[i], new_v[i] = row_a[:, 0], row_b[:, 0]
+                else:  # H: the Mamba-2 half wrote first (the closed form's order)
+                    new_k[i], new_v[i] = (row_a[:, 0], new_k[i]), (row_b[:, 0], new_v[i])
                 return attn.over_cache(proj, cache.layer(i), cache.pos, cache.layer_window(i))
 
+            def mix(mixer, h_BTD, i=i):
+                y_BTD, new_k[i], new_v[i] = mixer.step(h_BTD, *cache.state_layer(i))
+                return y_BTD
+
             with jax.named_scope(kernels.layer_scope(i)):
-                x_BTD = layer(x_BTD, positions_BT, attend)
+                x_BTD = layer(x_BTD, positions_BT, attend, mix)
         return self._head(x_BTD)[:, 0], tuple(new_k), tuple(new_v)
 
     def extend(self, tokens_BT: jax.Array, cache: KVCache):
@@ -344,6 +309,17 @@ PARAM_KERNELS = {
     "k_up": kernels.Q_ABSORB, "v_up": kernels.V_UP,
     "router": kernels.MOE_ROUTER, "router_bias": kernels.MOE_TOPK,
     "expert_gate_up": kernels.MOE_GATE_UP, "expert_down": kernels.MOE_DOWN,
+    # the state layers (issue 31; `kvjax.nn.deltanet`, `mamba2`, `shortconv`)
+    "in_proj_qkvz": kernels.LINEAR_IN_PROJ, "in_proj_ba": kernels.LINEAR_IN_PROJ,
+    "linear_conv": kernels.LINEAR_CONV, "dt_bias": kernels.LINEAR_GATES,
+    "A_log": kernels.LINEAR_GATES, "linear_norm": kernels.LINEAR_NORM,
+    "linear_out_proj": kernels.LINEAR_OUT_PROJ,
+    "ssm_in_proj": kernels.SSM_IN_PROJ, "ssm_conv": kernels.SSM_CONV,
+    "ssm_conv_bias": kernels.SSM_CONV, "ssm_dt_bias": kernels.SSM_DT, "ssm_A_log": kernels.SSM_DT,
+    "ssm_D": kernels.SSM_SCAN, "ssm_norm": kernels.SSM_NORM, "ssm_out_proj": kernels.SSM_OUT_PROJ,
+    "conv_in_proj": kernels.CONV_IN_PROJ, "conv_in_bias": kernels.CONV_IN_PROJ,
+    "short_conv": kernels.CONV_CONV, "short_conv_bias": kernels.CONV_CONV,
+    "conv_out_proj": kernels.CONV_OUT_PROJ, "conv_out_bias": kernels.CONV_OUT_PROJ,
 }  # fmt: skip
 _PATH_PART = re.compile(r"\['(\w+)'\]|\[(\d+)\]|\.(\w+)")
 

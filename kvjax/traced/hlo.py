@@ -9,12 +9,19 @@ own whole-module figure (`kvjax.traced.step`), so a rule that drifted from XLA's
 The rules (xla/service/hlo_cost_analysis.cc), for the opcodes a jax decoder lowers to:
 - bytes accessed: operands + output, except: parameter, constant, get-tuple-element, bitcast,
   transpose: 0; tuple: 8 bytes (a pointer) per element; slice: 2 x output; dynamic-slice:
-  2 x output + indices; dynamic-update-slice: 2 x update + indices (distinct index operands);
+  2 x output + the first start index; dynamic-update-slice: 2 x update + the first start index;
   gather: 2 x output + indices; scatter: 3 x updates + indices;
-  call: the callee's own total.
+  call: the callee's own total; while: (condition + body) x the trip count (below).
 - flops: elementwise ops one per output element (transcendental opcodes count as
   transcendentals instead); dot 2 x output elements x contracted elements; reduce: the
   reducer's cost x (input elements - output elements); scatter: the combiner's x updates.
+
+Loops: XLA's HloCostAnalysis counts a `while` as its condition and body once, whatever the trip
+count. A `jax.lax.scan` (or `fori_loop`) lowers to a while whose tuple starts with a counter from
+a constant, tested `counter < constant` by the condition: kvjax reads that trip count n and costs
+the loop n x (condition + body), which is what runs; `CostModel(module, trips=False)` (and
+`attribute(..., trips=False)`) counts as XLA does, to check the module against XLA's own figure.
+A while of any other shape raises: a loop kvjax cannot count is not costed as if it ran once.
 """
 
 from __future__ import annotations
@@ -116,6 +123,14 @@ def _shape_bytes_elems(shape: str) -> tuple[float, int]:
     return total_bytes, total_elems
 
 
+def _constant(ins: Instr | None) -> int | None:
+    """The value of an integer scalar `constant(N)` instruction, else None."""
+    if ins is None or ins.opcode != "constant" or "[]" not in ins.shape:
+        return None
+    m = re.fullmatch(r"-?\d+", ins.operands[0]) if len(ins.operands) == 1 else None
+    return int(m.group(0)) if m else None
+
+
 def _dims(shape: str) -> list[int]:
     m = _ARRAY.search(shape)
     if not m or not m.group(2):
@@ -202,10 +217,12 @@ def parse_hlo(text: str) -> HloModule:
 class CostModel:
     """Costs instructions of one parsed module (with memoised sub-computations)."""
 
-    def __init__(self, module: HloModule):
-        self.module = module
+    def __init__(self, module: HloModule, trips: bool = True):
+        self.module, self.trips = module, trips
         self.shapes = {ins.name: ins.shape for comp in module.computations.values() for ins in comp}
         self._comp_cost: dict[str, Cost] = {}
+        self._by_name = {ins.name: ins for comp in module.computations.values() for ins in comp}
+        self._roots = {name: comp[-1] for name, comp in module.computations.items() if comp}
 
     def computation_cost(self, name: str) -> Cost:
         if name not in self._comp_cost:
@@ -234,6 +251,8 @@ class CostModel:
             c.bytes = POINTER_BYTES * len(ins.operands)
         elif op == "call":
             return Cost(**vars(self.computation_cost(self._callee(ins))))
+        elif op == "while":
+            return self._while_cost(ins)
         elif op in ELEMENTWISE:
             if op in TRANSCENDENTAL:
                 c.transcendentals = out_elems
@@ -254,11 +273,10 @@ class CostModel:
             c.flops, c.transcendentals = sub.flops * count, sub.transcendentals * count
         elif op == "slice":
             c.bytes = 2 * out_bytes
-        elif op == "dynamic-slice":  # start indices counted once per distinct operand
-            c.bytes = 2 * out_bytes + sum(self._bytes(o) for o in dict.fromkeys(ins.operands[1:]))
+        elif op == "dynamic-slice":  # XLA counts the first start index only
+            c.bytes = 2 * out_bytes + self._bytes(ins.operands[1])
         elif op == "dynamic-update-slice":
-            update = self._bytes(ins.operands[1])
-            c.bytes = 2 * update + sum(self._bytes(o) for o in dict.fromkeys(ins.operands[2:]))
+            c.bytes = 2 * self._bytes(ins.operands[1]) + self._bytes(ins.operands[2])
         elif op == "gather":
             c.bytes = 2 * out_bytes + self._bytes(ins.operands[1])
         elif op == "scatter":
@@ -269,6 +287,36 @@ class CostModel:
             elems = _shape_bytes_elems(self.shapes[ins.operands[n + 1]])[1]
             c.flops, c.transcendentals = sub.flops * elems, sub.transcendentals * elems
         return c
+
+    def _while_cost(self, ins: Instr) -> Cost:
+        """n x (condition + body) for a scan-shaped while (see the module docstring)."""
+        cond = re.search(r"condition=([\w.\-]+)", ins.attrs)
+        body = re.search(r"body=([\w.\-]+)", ins.attrs)
+        if not cond or not body:
+            raise ValueError(f"while {ins.name} names no condition/body")
+        once = Cost()
+        once += self.computation_cost(cond.group(1))
+        once += self.computation_cost(body.group(1))
+        n = self.trip_count(ins, cond.group(1)) if self.trips else 1
+        return Cost(*(x * n for x in (once.flops, once.transcendentals, once.bytes)))
+
+    def trip_count(self, ins: Instr, cond: str) -> int:
+        """A scan's trip count: the condition's root is `compare(gte(param, i), constant(N)),
+        direction=LT` and element i of the while's initial tuple is a constant c: N - c."""
+        root = self._roots[cond]
+        why = f"while {ins.name}: not a counted loop (kvjax costs scan-shaped whiles only)"
+        if root.opcode != "compare" or "direction=LT" not in root.attrs:
+            raise ValueError(why)
+        counter, limit = (self._by_name.get(o) for o in root.operands[:2])
+        if counter is None or counter.opcode != "get-tuple-element" or limit is None:
+            raise ValueError(why)
+        index = int(re.search(r"index=(\d+)", counter.attrs).group(1))
+        init = self._by_name.get(ins.operands[0])
+        start = self._by_name.get(init.operands[index]) if init and init.opcode == "tuple" else None
+        values = [_constant(x) for x in (limit, start)]
+        if None in values:
+            raise ValueError(why)
+        return max(0, values[0] - values[1])
 
     @staticmethod
     def _callee(ins: Instr) -> str:
@@ -284,14 +332,15 @@ class CostModel:
 
 
 def attribute(
-    text: str, kernel_names: tuple[str, ...]
+    text: str, kernel_names: tuple[str, ...], trips: bool = True
 ) -> tuple[dict[tuple[int | None, str], Cost], Cost]:
-    """Cost per (layer, kernel) from HLO text, and the module total.
+    """Cost per (layer, kernel) from HLO text, and the module total (`trips=False`: loops once
+    through, as XLA's own figure counts them).
 
     An instruction belongs to the longest kernel name found in its op_name path after an
     optional `layer{i}/`; instructions outside every kernel go to `kernels.OTHER`.
     """
-    model = CostModel(parse_hlo(text))
+    model = CostModel(parse_hlo(text), trips)
     per_kernel: dict[tuple[int | None, str], Cost] = {}
     total = Cost()
     for ins, cost in model.entry_instructions():
