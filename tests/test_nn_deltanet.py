@@ -12,12 +12,13 @@ from support import require_module
 
 from kvjax import ModelConfig
 from kvjax.analytic import Workload
-from kvjax.analytic.hybrid import conv_channels, mixer_kernels
+from kvjax.analytic.hybrid import mixer_kernels
+from kvjax.config_hybrid import conv_channels
 from kvjax.nn import delta_rule
 from kvjax.nn.deltanet import GatedDeltaNet
 from kvjax.traced.hlo import attribute
 
-# every dimension distinct: D 44, J 6 value heads, Y 2 q/k heads (G 3), d_k 8, d_v 5, w 4
+# every dimension distinct: D 44, J 6 value heads, K 2 q/k heads (G 3), d_k 8, d_v 5, w 4
 CFG = ModelConfig(
     num_layers=4, d_model=44, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=56, vocab_size=97,
     weight_dtype="f32", kv_dtype="f32", norm_eps=1e-6, layer_kinds="DDDA", state_heads=6,
@@ -73,8 +74,8 @@ class Jitted:
     def __call__(self, x_BTD, valid_BT=None):
         return self._call(self.params, x_BTD, valid_BT)
 
-    def step(self, x_B1D, conv_BWX, state):
-        return self._step(self.params, x_B1D, conv_BWX, state)
+    def step(self, x_B1D, conv_BCX, state_BJHW):
+        return self._step(self.params, x_B1D, conv_BCX, state_BJHW)
 
 
 def _hf(pair, x, steps=()):
@@ -99,9 +100,9 @@ def test_prefill_matches_transformers(pair, T):
     (want,), conv_want, state_want = _hf(pair, x)
     y, conv, state = pair[2](jnp.asarray(x))
     assert np.abs(want).max() > 0.5  # not a degenerate layer
-    np.testing.assert_allclose(np.asarray(y), want, atol=5e-5)
+    np.testing.assert_allclose(np.asarray(y), want, atol=1e-4)
     np.testing.assert_allclose(np.asarray(conv), conv_want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(state), state_want, atol=5e-5)
+    np.testing.assert_allclose(np.asarray(state), state_want, atol=1e-5)
     assert conv.shape == (2, 3, X) and state.dtype == jnp.float32
 
 
@@ -112,9 +113,9 @@ def test_right_padded_batch_keeps_each_sequences_state(pair):
     y, conv, state = pair[2](jnp.asarray(x), jnp.asarray(valid))
     for b, n in enumerate(lengths):
         (want,), conv_want, state_want = _hf(pair, x[b : b + 1, :n])
-        np.testing.assert_allclose(np.asarray(y[b, :n]), want[0], atol=5e-5)
+        np.testing.assert_allclose(np.asarray(y[b, :n]), want[0], atol=1e-4)
         np.testing.assert_allclose(np.asarray(conv[b]), conv_want[0], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(state[b]), state_want[0], atol=5e-5)
+        np.testing.assert_allclose(np.asarray(state[b]), state_want[0], atol=1e-5)
     assert not np.asarray(conv[1, 0]).any()  # before a 2-token sequence's start: zeros
 
 
@@ -126,9 +127,9 @@ def test_decode_steps_match_transformers(pair):
     _, conv, state = model(jnp.asarray(x))
     for s, want in zip(steps, outs[1:], strict=True):
         y, conv, state = model.step(jnp.asarray(s), conv, state)
-        np.testing.assert_allclose(np.asarray(y), want, atol=5e-5)
+        np.testing.assert_allclose(np.asarray(y), want, atol=1e-4)
     np.testing.assert_allclose(np.asarray(conv), conv_want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(state), state_want, atol=5e-5)
+    np.testing.assert_allclose(np.asarray(state), state_want, atol=1e-5)
 
 
 def test_cached_decode_equals_the_uncached_forward(pair):

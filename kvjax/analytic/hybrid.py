@@ -251,7 +251,9 @@ def mixer_kernels(cfg: ModelConfig, wl: Workload, kind: str) -> list[KernelCost]
         norm = _gated_norm(cfg, kernels.LINEAR_NORM, M * J, dv)
         norm = norm + KernelCost(kernels.LINEAR_NORM, flops=3 * cv * M * J * dv, bytes=0)
         return [
-            _matmul(kernels.LINEAR_IN_PROJ, M, D, X + J * dv + 2 * J, w, a),
+            # in_proj_qkvz and in_proj_ba: two products, each reading x (as HF runs them)
+            _matmul(kernels.LINEAR_IN_PROJ, M, D, X + J * dv, w, a)
+            + _matmul(kernels.LINEAR_IN_PROJ, M, D, 2 * J, w, a),
             _conv(cfg, wl, kernels.LINEAR_CONV, X, act=True),
             gates,
             qk_norm,
