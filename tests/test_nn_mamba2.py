@@ -76,7 +76,7 @@ def hf_pair(variant: str, seed: int = 0):
         ref.out_proj.weight.copy_(torch.randn(D, J * P) / (J * P) ** 0.5)
         if state_norm:
             ref.norm.weight.copy_(1 + 0.1 * torch.randn(J * P))
-    mixer = Mamba2(config(state_norm), rngs=nnx.Rngs(0), norm_before_gate=before)
+    mixer = Mamba2(config(state_norm, state_norm_before_gate=before), rngs=nnx.Rngs(0))
 
     def put(p, t):
         p[...] = jnp.asarray(t.detach().numpy())
@@ -176,7 +176,7 @@ def test_cached_decode_equals_uncached_forward(variant):
     """A right-padded prefill (lengths 9, 3, 14) then 5 steps from each sequence's own length
     give the uncached forward's outputs over the whole sequences, to f32 rounding."""
     state_norm, before = VARIANTS[variant]
-    mixer = Mamba2(config(state_norm), rngs=nnx.Rngs(6), norm_before_gate=before)
+    mixer = Mamba2(config(state_norm, state_norm_before_gate=before), rngs=nnx.Rngs(6))
     lengths, steps = np.array([9, 3, 14]), 5
     x = np.random.default_rng(7).standard_normal((3, T, D)).astype(np.float32)
     everything = jnp.asarray(mask((T,) * 3))

@@ -14,9 +14,9 @@ Where the JAX differs from that code's arithmetic (same values; the closed form,
 - dt and exp(dt * A) are per head (HF's decode expands dt and A to [J, P, N] first).
 - Within a chunk the decays are exp(cs_l - cs_s) of the cumulative sums cs (HF sums masked
   copies, `segment_sum`); likewise across chunks. dt is computed in f32.
-- The gated norm's order is the constructor's `norm_before_gate`: False (RMSNorm(y * silu(z)), what
-  Falcon-H1's config.json files set and what HF's fused training path always runs) unless told;
-  FalconH1Config's default True (RMSNorm(y) * silu(z)) is what a config omitting the key gets.
+- The gated norm's order is `cfg.state_norm_before_gate`: False (RMSNorm(y * silu(z)), what
+  Falcon-H1's config.json files set and what HF's fused training path always runs), True
+  (RMSNorm(y) * silu(z): FalconH1Config's default, what a config omitting the key gets).
 - Right padding: dt is clamped to 0 at padded tokens (exp(0) = 1 decay, no input), so they leave
   the state as it was; the conv cache is gathered at each sequence's length.
 
@@ -47,9 +47,9 @@ class Mamba2(nnx.Module):
     """The Mamba-2 half of a Falcon-H1 layer; parameters named as `kvjax.nn` maps them to kernels,
     rows in Hugging Face's order (in_proj: z, x, B, C, dt)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, norm_before_gate: bool = False):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.norm_before_gate = norm_before_gate  # HF's mamba_norm_before_gate (state_norm only)
+        self.norm_before_gate = cfg.state_norm_before_gate  # HF's mamba_norm_before_gate
         D, J, K = cfg.d_model, cfg.state_heads, cfg.state_groups
         N, P, w = cfg.state_key_dim, cfg.state_value_dim, cfg.conv_kernel
         E = J * P
@@ -94,7 +94,7 @@ class Mamba2(nnx.Module):
 
     def _gate(self, y_BTE, z_BTE):
         """y * silu(z); with state_norm an RMSNorm over K groups after it, or before it
-        (norm_before_gate); in f32, as FalconH1RMSNormGated."""
+        (state_norm_before_gate); in f32, as FalconH1RMSNormGated."""
         cfg = self.cfg
         with jax.named_scope(kernels.SSM_NORM):
             gate = jax.nn.silu(z_BTE.astype(F32))
