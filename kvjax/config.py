@@ -160,9 +160,8 @@ class ModelConfig:
     # "xla": scores, softmax and av as XLA runs the model's einsums (the scores through memory);
     # "flash": one fused kernel (FlashAttention-2 prefill, flash-decoding: kvjax.analytic.flash)
     attention_kernel: str = "xla"
-    # Layers whose state does not grow (issue 31; closed form only: `kvjax.analytic.hybrid`): one
-    # letter a layer, tiled over L (`config_hybrid.LAYER_KINDS`): A attention, D Gated DeltaNet
-    # (Qwen3-Next), H Mamba-2 heads beside the attention heads (Falcon-H1), C short conv (LFM2)
+    # Layers whose state does not grow (issue 31), one letter a layer tiled over L: A attention,
+    # D Gated DeltaNet (Qwen3-Next), H Mamba-2 beside attention (Falcon-H1), C short conv (LFM2)
     layer_kinds: str = "A"
     state_heads: int = 0  # D: value heads; H: Mamba heads (each holds a key_dim x value_dim state)
     state_groups: int = 0  # D: q/k heads, each serving heads/groups value heads; H: B/C groups
@@ -171,6 +170,7 @@ class ModelConfig:
     conv_kernel: int = 0  # the short causal convolution's width (D, H: 4; C: LFM2's L_cache 3)
     conv_bias: bool = False  # H: the conv's bias; C: biases on the conv, in_proj and out_proj
     state_norm: bool = False  # H: a gated RMSNorm before out_proj (Falcon-H1's mamba_rms_norm)
+    state_norm_before_gate: bool = False  # its order: norm(y) * silu(z); else norm(y * silu(z))
     scan_chunk: int = 64  # chunk of the chunked prefill scan (D: HF's fixed 64; H: from config)
     state_dtype: str = "f32"  # the recurrent state's (HF keeps it f32); conv caches: compute dtype
     attn_output_gate: bool = False  # Qwen3-Next: q_proj adds N*H gates, output * sigmoid(gate)

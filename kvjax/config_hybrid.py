@@ -52,7 +52,7 @@ def check_hybrid(cfg: Fields) -> None:
         _int(cfg, field, 0)
     _int(cfg, "conv_kernel", 0)
     _int(cfg, "scan_chunk", 1)
-    for field in ("conv_bias", "state_norm", "attn_output_gate"):
+    for field in ("conv_bias", "state_norm", "state_norm_before_gate", "attn_output_gate"):
         if not isinstance(getattr(cfg, field), bool):
             raise KvjaxError(f"{field}={getattr(cfg, field)!r} must be true or false")
     object.__setattr__(cfg, "state_dtype", canonical_dtype(cfg.state_dtype, "state_dtype"))
@@ -88,6 +88,10 @@ def check_hybrid(cfg: Fields) -> None:
                     f"{field}={getattr(cfg, field)!r} is a state-layer field, but layer_kinds="
                     f"{kinds!r} has no D, H or C layer; set {field}=0"
                 )
+    if cfg.state_norm_before_gate and not cfg.state_norm:
+        raise KvjaxError(
+            "state_norm_before_gate=True orders the Mamba-2 gated norm; it needs state_norm=True"
+        )
     if cfg.state_norm and "H" not in kinds:
         raise KvjaxError(
             "state_norm=True is the Mamba-2 layers' gated norm (layer_kinds with H); D layers "

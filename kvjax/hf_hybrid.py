@@ -28,6 +28,7 @@ HYBRID_DEFAULTS = {
         "rms_norm_eps": 1e-5, "mamba_d_ssm": 1024, "mamba_n_heads": 128, "mamba_n_groups": 1,
         "mamba_d_state": 256, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 256,
         "mamba_conv_bias": True, "mamba_proj_bias": False, "mamba_rms_norm": False,
+        "mamba_norm_before_gate": True, "time_step_limit": [0.0, float("inf")],
         "projectors_bias": False,
     },
     "lfm2": {  # Lfm2Config (its rope default_theta 1e6)
@@ -109,6 +110,14 @@ def _falcon_h1(f: _Fields, data: dict, fields: dict, where: str) -> dict:
     for key in ("mamba_proj_bias", "projectors_bias"):
         if f.boolean(key, False):
             raise KvjaxError(f"{where}: {key}=true (Falcon-H1) is not modelled by kvjax")
+    limit = data.get("time_step_limit")
+    # transformers writes inf as {"__float__": "Infinity"}
+    bounds = [float(x["__float__"]) if isinstance(x, dict) else x for x in limit or []]
+    if bounds != [0.0, float("inf")]:
+        raise KvjaxError(
+            f"{where}: time_step_limit={limit!r}: only (0.0, inf) (FalconH1Config's default: dt "
+            "unclamped above) is modelled by kvjax"
+        )
     heads = f.integer("mamba_n_heads")
     inner = f.integer("mamba_d_ssm") or f.integer("mamba_expand") * fields["d_model"]
     head = data.get("mamba_d_head", "auto")
@@ -126,6 +135,8 @@ def _falcon_h1(f: _Fields, data: dict, fields: dict, where: str) -> dict:
         "conv_kernel": f.integer("mamba_d_conv"),
         "conv_bias": f.boolean("mamba_conv_bias", True),
         "state_norm": f.boolean("mamba_rms_norm", False),
+        "state_norm_before_gate": f.boolean("mamba_rms_norm", False)
+        and f.boolean("mamba_norm_before_gate", True),
         "scan_chunk": f.integer("mamba_chunk_size"),
         "o_bias": fields["qkv_bias"],
         "mlp_bias": f.boolean("mlp_bias", False),

@@ -152,14 +152,16 @@ def test_tiny_state_kernels_by_hand():
     mamba = ModelConfig(**TINY, **MAMBA)
     N, P, X = 5, 7, 4 * 7 + 2 * 2 * 5  # conv channels: x, B, C
     k = step_kernels(mamba, Workload("decode", 1, 10))
-    assert k[kernels.SSM_SCAN].flops == 4 * 4 * (7 * P * N + 2 * P)
+    assert k[kernels.SSM_SCAN].flops == 4 * 4 * (5 * P * N + 3 * P + 1)
     assert analytic.state_bytes(mamba) == 4 * (4 * N * P * 4 + 2 * X * 4)
-    # prefill: T = 10 in chunks of 4 -> 3 chunks, 12 padded positions; the products per head
+    # prefill: T = 10 in chunks of 4 -> 3 chunks, 12 padded positions; the products per head,
+    # C B^T per group (2 groups); the cumsums as reduce-windows (Z - 1, n_c adds an output)
     nc, Z, T, Tp = 3, 4, 10, 12
-    products = nc * (2 * Z * Z * N + 2 * Z * Z * P + 4 * Z * N * P) + 2 * (nc + 1) ** 2 * P * N
-    rest = T * P + T + 2 * Tp * P + Tp + 2 * nc * Z * Z + Tp + Tp * N + (nc + 1) ** 2 + 2 * Tp * P
+    products = nc * (2 * Z * Z * P + 4 * Z * N * P) + 2 * (nc + 1) ** 2 * P * N
+    rest = T * P + T + Tp * (Z - 1) + 3 * nc * Z * Z + Tp + Tp * N + nc * (nc + 1)
+    rest += 2 * (nc + 1) ** 2 + 2 * Tp * P + 2 * T * P
     k = step_kernels(mamba, Workload("prefill", 1, T))
-    assert k[kernels.SSM_SCAN].flops == 4 * 4 * (products + rest)
+    assert k[kernels.SSM_SCAN].flops == 4 * (4 * (products + rest) + 2 * nc * 2 * Z * Z * N)
     # the decode step's only S-dependent cost is the attention beside the state layers
     assert analytic.kv_bytes_per_token(delta) == 1 * 2 * 3 * 8 * 4
 

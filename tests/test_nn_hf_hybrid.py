@@ -72,13 +72,16 @@ def test_qwen3_next_over_several_chunks(tmp_path):
     check_hf_parity(model, ref, toks, prefixes=(66,))
 
 
-@pytest.mark.parametrize("rms_norm", [False, True])
-def test_falcon_h1_matches_transformers(tmp_path, rms_norm):
-    ref = save(tmp_path, "falcon_h1", mamba_rms_norm=rms_norm)
+@pytest.mark.parametrize("rms_norm,before", [(False, True), (True, True), (True, False)])
+def test_falcon_h1_matches_transformers(tmp_path, rms_norm, before):
+    """Without the gated norm, and with it in either order (FalconH1Config's default norms before
+    the gate; Falcon-H1's config.json files set mamba_norm_before_gate false)."""
+    ref = save(tmp_path, "falcon_h1", mamba_rms_norm=rms_norm, mamba_norm_before_gate=before)
     model = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32")
     cfg = model.cfg
     assert (cfg.layer_kinds, cfg.state_heads, cfg.state_value_dim, cfg.state_norm) == (
         "H", 4, 6, rms_norm)  # fmt: skip
+    assert cfg.state_norm_before_gate == (rms_norm and before)
     check_hf_parity(model, ref, TOKS, prefixes=(1, 10))
 
 

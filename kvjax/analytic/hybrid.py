@@ -9,11 +9,12 @@ w_c = conv_kernel, X = the conv's channels, Z = scan_chunk, T' = T rounded up to
 n_c = T' / Z. Counts follow Hugging Face's reference code in transformers 5.24
 (`torch_recurrent_gated_delta_rule` / `torch_chunk_gated_delta_rule` with chunk_size=64,
 `mamba2_selective_state_update` / `mamba2_chunk_scan` with chunk_size = scan_chunk): products
-2mnk, elementwise steps one per element, exp / log / rsqrt as transcendentals; B and C (Mamba)
-are repeated to the J heads before the scan, as that code does. DeltaNet's counts are kvjax's own
-formulation (`deltanet_scan`: q and k kept on their Y heads, the solve by halves). The state is
-held in `state_dtype` (f32 there); a conv cache keeps the last w_c - 1 inputs of each channel in
-the compute dtype (what the causal-conv1d update needs; HF's DynamicCache keeps w_c).
+2mnk, elementwise steps one per element, exp / log / rsqrt as transcendentals. Where kvjax's
+formulation differs (q and k of DeltaNet, B and C of Mamba kept on their Y groups instead of
+repeated to the J heads; DeltaNet's chunk system inverted as FLA does), `deltanet_scan` and
+`mamba_scan` say so and count kvjax's. The state is held in `state_dtype` (f32 there); a conv
+cache keeps the last w_c - 1 inputs of each channel in the compute dtype (what the causal-conv1d
+update needs; HF's DynamicCache keeps w_c).
 Falcon-H1's muP multipliers (scalars and the in_proj's mup_vector) are not counted: elementwise.
 """
 
@@ -175,42 +176,51 @@ def deltanet_scan(cfg: ModelConfig, wl: Workload) -> KernelCost:
 
 
 def mamba_scan(cfg: ModelConfig, wl: Workload) -> KernelCost:
-    """Mamba-2 over B*J heads of P = dv, state N = dk. Decode, per head
-    (`mamba2_selective_state_update`): exp(dt A) (PN products, PN exps), dt B (PN), dB x (PN),
-    S dA + dBx (2PN), S C (2PN), + D x (2P): 7PN + 2P; the state read and written. Prefill
-    (`mamba2_chunk_scan`, Z = scan_chunk), per head: products n_c (2Z^2 N + 2Z^2 P + 4ZNP)
-    (C B^T, M x, the chunk states, C times them) and the inter-chunk recurrence 2(n_c+1)^2 PN
-    as that code computes it (a product over all chunk pairs), and the elementwise steps below;
-    the final state written."""
+    """Mamba-2 over B*J heads of P = dv, state N = dk, in Y groups, as `kvjax.nn.mamba2` runs it
+    (HF's `mamba2_selective_state_update` / `mamba2_chunk_scan`, two changes: B and C keep their
+    group axis, not repeated to the J heads; dt and exp(dt A) per head, not expanded to P x N).
+    Decode, per head: exp(dt A) (1 product, 1 exp), dt x (P), its outer product with B (PN),
+    S exp(dt A) + dtBx (2PN), S C (2PN), + D x (2P): 5PN + 3P + 1; the state read and written.
+    Prefill (Z = scan_chunk), per head: products n_c (2Z^2 P + 4ZNP) (M x, the chunk states, C
+    times them) and the inter-chunk recurrence 2(n_c+1)^2 PN as that code computes it (a product
+    over all chunk pairs), per group n_c 2Z^2 N (C B^T); the elementwise steps below, the
+    cumulative sums of A dt (in each chunk, and of the chunks' totals) as XLA lowers jnp.cumsum
+    (a reduce-window: length - 1 adds an output); the decays exp(cs_l - cs_s) with their causal
+    mask a select; the final state written. The scan runs in f32: a 2-byte model converts x, B, C
+    (B T X) and D (J) first."""
     B, T = wl.batch, wl.query_len
     J, Y, N, P = cfg.state_heads, cfg.state_groups, cfg.state_key_dim, cfg.state_value_dim
-    a, s = _act_bytes(cfg), DTYPE_BYTES[cfg.state_dtype]
+    a, s, w = _act_bytes(cfg), DTYPE_BYTES[cfg.state_dtype], cfg.weight_bytes_per_element
     state = B * J * P * N * s
+    widen = B * T * (J * P + 2 * Y * N) + J if a != 4 else 0
     if wl.phase == "decode":
         return KernelCost(
-            kernels.SSM_SCAN, flops=B * J * (7 * P * N + 2 * P),
-            bytes=2 * state + B * (2 * J * P * a + 2 * Y * N * a + J * P * a) + J * 4,
-            transcendentals=B * J * P * N, kv_bytes=2 * state,
+            kernels.SSM_SCAN, flops=B * J * (5 * P * N + 3 * P + 1) + widen,
+            bytes=2 * state + B * (2 * J * P * a + 2 * Y * N * a + J * 4) + J * w,
+            transcendentals=B * J, kv_bytes=2 * state,
         )  # fmt: skip
     Z = cfg.scan_chunk
     Tp = -(-T // Z) * Z
     nc = Tp // Z
-    products = nc * (2 * Z * Z * N + 2 * Z * Z * P + 4 * Z * N * P) + 2 * (nc + 1) ** 2 * P * N
+    products = nc * (2 * Z * Z * P + 4 * Z * N * P) + 2 * (nc + 1) ** 2 * P * N
     elementwise = (
         T * P
         + T  # x * dt, A * dt
-        + 2 * Tp * P  # D * x (the skip, padded), its add
-        + Tp  # cumsum of A dt
-        + 2 * nc * Z * Z  # the segment sums, the mask's product
+        + Tp * (Z - 1)  # cumsum of A dt in each chunk
+        + 3 * nc * Z * Z  # cs_l - cs_s, the causal mask, C B^T times the decays
         + Tp
-        + Tp * N  # exp(last - cum), B * decay
-        + (nc + 1) ** 2  # the chunks' segment sum
-        + 2 * Tp * P  # C S * exp(cum), Y_diag + Y_off
+        + Tp * N  # last - cs, B * decay
+        + nc * (nc + 1)  # cumsum of the chunks' totals (a zero first)
+        + 2 * (nc + 1) ** 2  # their differences, the mask
+        + 2 * Tp * P  # C S * exp(cs), Y_diag + Y_off
+        + 2 * T * P  # D * x, its add
     )
-    chunks = B * J * (3 * 2 * nc * Z * Z * 4 + 3 * (nc + 1) * P * N * 4)  # L, G, M; states
-    io = B * J * T * (2 * N * 4 + P * a + 4 + P * a)  # B, C (f32, repeated), x, dt; y
+    per_group = nc * 2 * Z * Z * N
+    chunks = B * (2 * J + Y) * 2 * nc * Z * Z * 4 + B * J * 3 * (nc + 1) * P * N * 4  # L, G, M
+    io = B * T * (2 * Y * N * 4 + J * P * a + J * 4 + J * P * 4)  # B, C, x (f32), dt; y
     return KernelCost(
-        kernels.SSM_SCAN, flops=B * J * (products + elementwise), bytes=io + chunks + state,
+        kernels.SSM_SCAN, flops=B * J * (products + elementwise) + B * Y * per_group + widen,
+        bytes=io + chunks + state,
         transcendentals=B * J * (nc * Z * Z + 2 * Tp + (nc + 1) ** 2), kv_bytes=state,
     )  # fmt: skip
 
@@ -261,18 +271,24 @@ def mixer_kernels(cfg: ModelConfig, wl: Workload, kind: str) -> list[KernelCost]
             norm,
             _matmul(kernels.LINEAR_OUT_PROJ, M, J * dv, D, w, a),
         ]
-    # Mamba-2: dt + dt_bias, softplus (2 exps/logs), clamp (2): decode on J*P (HF expands dt to
-    # the head dim first), prefill on J; A = -exp(A_log) (J)
-    width = J * dv if wl.phase == "decode" else J
+    # Mamba-2, per head (HF's decode expands dt to the head dim first; kvjax.nn.mamba2 does not):
+    # dt + dt_bias, softplus (torch's threshold: a compare and a select; exp and log1p), clamp
+    # to time_step_limit (1); A = -exp(A_log) (J); in f32 (a 2-byte model converts dt, dt_bias
+    # and A_log)
+    widen = M * J + 2 * J if a != 4 else 0
     dt = KernelCost(
-        kernels.SSM_DT, flops=M * width * 4 + J, bytes=2 * M * J * a + 2 * J * w,
-        transcendentals=2 * M * width + J, weight_bytes=2 * J * w,
+        kernels.SSM_DT, flops=M * J * 4 + J + widen, bytes=2 * M * J * a + 2 * J * w,
+        transcendentals=2 * M * J + J, weight_bytes=2 * J * w,
     )  # fmt: skip
+    # in f32 (y is f32 from the scan): a 2-byte model converts z and the result (2n), the norm's
+    # weight (J*P; _gated_norm's 2n are z's and the result's here)
+    n = M * J * dv
     if cfg.state_norm:  # Falcon-H1's gated RMSNorm over Y groups of J*P / Y
         norm = _gated_norm(cfg, kernels.SSM_NORM, M * Y, J * dv // Y)
+        norm += KernelCost(kernels.SSM_NORM, J * dv if a != 4 else 0, 0)
     else:  # y * silu(z)
-        n = M * J * dv
-        norm = KernelCost(kernels.SSM_NORM, (SILU + 1) * n, 3 * n * a, transcendentals=n)
+        flops = (SILU + 1) * n + (2 * n if a != 4 else 0)
+        norm = KernelCost(kernels.SSM_NORM, flops, 3 * n * a, transcendentals=n)
     return [
         _matmul(kernels.SSM_IN_PROJ, M, D, J * dv + X + J, w, a),
         _conv(cfg, wl, kernels.SSM_CONV, X, act=True),

@@ -43,8 +43,9 @@ def scale_bytes_per_token_per_layer(cfg: ModelConfig) -> float:
 
 
 def tensor_scale_bytes(cfg: ModelConfig) -> int:
-    """Per-tensor scales held whatever S and B: a K and a V scale per layer."""
-    return 2 * cfg.num_layers * SCALE_BYTES if cfg.kv_scale_kind == "tensor" else 0
+    """Per-tensor scales held whatever S and B: a K and a V scale per attention layer (a
+    hybrid's state layers hold no KV, so no scales; `kvjax.nn.state_cache`)."""
+    return 2 * cfg.num_attention_layers * SCALE_BYTES if cfg.kv_scale_kind == "tensor" else 0
 
 
 def quantize_flops(cfg: ModelConfig, elements: int, rows: int, a: int) -> int:

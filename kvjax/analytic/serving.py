@@ -30,7 +30,7 @@ from typing import Any
 from kvjax.analytic import parallel, roofline
 from kvjax.analytic.costs import EXTEND, SCORE_BYTES, Workload
 from kvjax.analytic.primitives import _act_bytes
-from kvjax.analytic.sizes import kv_cache_bytes, weight_bytes
+from kvjax.analytic.sizes import cache_bytes, weight_bytes
 from kvjax.analytic.step import step_kernels
 from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
@@ -109,10 +109,11 @@ def activation_bytes(cfg: ModelConfig, wl: Workload) -> int:
 
 
 def step_memory_bytes(cfg: ModelConfig, wl: Workload, page_size: int = 0) -> int:
-    """Weights + the paged KV cache of B sequences at S + the step's activations."""
+    """Weights + the paged KV cache of B sequences at S (and a hybrid's flat states) + the
+    step's activations."""
     return (
         weight_bytes(cfg)
-        + kv_cache_bytes(cfg, wl.context, wl.batch, page_size)
+        + cache_bytes(cfg, wl.context, wl.batch, page_size)
         + activation_bytes(cfg, wl)
     )
 

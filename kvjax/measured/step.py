@@ -35,6 +35,14 @@ class ServedStep:
     jits: dict[str, tuple[Any, tuple]]
 
 
+def _with_pos(cache, pos_B):
+    """The cache with positions `pos_B` (None: no positions, to flatten the arrays alone); a
+    hybrid's (`kvjax.nn.state_cache.HybridCache`) are its attention layers' KV cache's."""
+    if hasattr(cache, "kv"):
+        return dataclasses.replace(cache, kv=dataclasses.replace(cache.kv, pos=pos_B))
+    return dataclasses.replace(cache, pos=pos_B)
+
+
 def served_step(cfg: ModelConfig, wl: Workload, seed: int = 0) -> ServedStep:
     """The step of `wl.phase` as `kvjax.nn.generate` runs it. Refused before anything is
     allocated if the weights and cache do not fit this device's free memory."""
@@ -43,19 +51,19 @@ def served_step(cfg: ModelConfig, wl: Workload, seed: int = 0) -> ServedStep:
     from kvjax.nn import CompiledSteps, Transformer
 
     rows = cache_len(wl.phase, wl.context)
-    needed = analytic.weight_bytes(cfg) + analytic.kv_cache_bytes(cfg, rows, wl.batch)
-    check_fits(f"the {cfg.name} {wl.phase} step (weights + KV cache)", needed)
+    needed = analytic.weight_bytes(cfg) + analytic.cache_bytes(cfg, rows, wl.batch)
+    check_fits(f"the {cfg.name} {wl.phase} step (weights + cache)", needed)
     model = Transformer(cfg, rngs=nnx.Rngs(seed))
     steps = CompiledSteps(model)
     empty = model.init_cache(wl.batch, rows)
     # every cache array random (K and V, or MLA's latents and RoPE keys), positions 0
-    arrays, treedef = jax.tree_util.tree_flatten(dataclasses.replace(empty, pos=None))
+    arrays, treedef = jax.tree_util.tree_flatten(_with_pos(empty, None))
     keys = jax.random.split(jax.random.key(seed + 1), len(arrays))
-    cache = dataclasses.replace(
+    cache = _with_pos(
         jax.tree_util.tree_unflatten(
             treedef, [random_array(k, x.shape, x.dtype) for k, x in zip(keys, arrays, strict=True)]
         ),
-        pos=jnp.zeros((wl.batch,), jnp.int32),
+        jnp.zeros((wl.batch,), jnp.int32),
     )
     ids = jax.random.randint(jax.random.key(seed + 2), (wl.batch, wl.query_len), 0,
                              cfg.vocab_size, jnp.int32)  # fmt: skip
@@ -73,7 +81,7 @@ def served_step(cfg: ModelConfig, wl: Workload, seed: int = 0) -> ServedStep:
             if pos_B is None:
                 rewinds = iter([jnp.zeros((wl.batch,), jnp.int32) for _ in range(REWINDS)])
                 pos_B = next(rewinds)
-            return dataclasses.replace(steps.append(cache, new_k, new_v), pos=pos_B)
+            return _with_pos(steps.append(cache, new_k, new_v), pos_B)
 
         _, new_k, new_v = jax.eval_shape(steps.attend, steps.state, tokens_B, cache)
         jits = {
@@ -92,9 +100,9 @@ def served_step(cfg: ModelConfig, wl: Workload, seed: int = 0) -> ServedStep:
             if pos_B is None:
                 rewinds = iter([jnp.full((wl.batch,), held) for _ in range(REWINDS)])
                 pos_B = next(rewinds)
-            return steps.extend(steps.state, ids, dataclasses.replace(cache, pos=pos_B))[1]
+            return steps.extend(steps.state, ids, _with_pos(cache, pos_B))[1]
 
-        cache = dataclasses.replace(cache, pos=jnp.full((wl.batch,), held))
+        cache = _with_pos(cache, jnp.full((wl.batch,), held))
         jits = {"extend": (steps.extend, (steps.state, ids, cache))}
     else:
         lengths_B = jnp.full((wl.batch,), wl.context, jnp.int32)
