@@ -227,12 +227,14 @@ LINEAR_GATES = _k(
 )  # fmt: skip
 LINEAR_QK_NORM = _k(
     "linear_attn/qk_norm", ELEMENTWISE, True,
-    "Gated DeltaNet: L2 norm of every q and k head (repeated to the value heads)", _STATE_NOTE,
+    "Gated DeltaNet: L2 norm of every q and k head (on the q/k heads; q's d_k^-0.5 folded in)",
+    _STATE_NOTE,
 )  # fmt: skip
 LINEAR_SCAN = _k(
     "linear_attn/scan", ELEMENTWISE, True,
     "Gated DeltaNet: the delta rule on the d_k x d_v state per value head (decode: one step, "
-    "the state read and written; prefill: HF's chunked algorithm, chunks of 64)", _STATE_NOTE,
+    "the state read and written; prefill: the chunked algorithm, chunks of 64, the state carried "
+    "chunk to chunk by one scan)", _STATE_NOTE,
 )  # fmt: skip
 LINEAR_NORM = _k(
     "linear_attn/norm", ELEMENTWISE, True,
