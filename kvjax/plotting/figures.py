@@ -60,40 +60,46 @@ def kv_vs_context(records: pd.DataFrame, fig) -> None:
 def _kv_hybrids(df: pd.DataFrame, ax) -> None:
     """Each hybrid's whole cache (KV + flat states: flat until the attention layers' KV takes
     over) against the same attention in every layer (dotted), beside their weights."""
-    for i, (model, g) in enumerate(df.groupby("model", sort=False)):
-        color = f"C{i + 3}"
-        for _, h in g.groupby("variant", sort=False):
-            h = h.sort_values("context")
-            published = h.state_bytes.iloc[0] > 0
-            ax.plot(h.context, h.kv_cache_bytes / GIB, color=color, ls="-" if published else ":",
-                    marker="s" if published else None, ms=2.5,
-                    label=model if published else None)  # fmt: skip
-    ax.plot([], [], color="0.4", ls=":", label="same attention in every layer")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("context S (tokens)")
-    ax.set_ylabel("KV + state cache (GiB, binary)")
-    ax.set_title(f"hybrids, B={int(df.batch.iloc[0])}: KV + flat states", fontsize=8)
-    ax.legend(fontsize=6, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
+    _published_against_all(
+        df, ax, lambda h: h.state_bytes.iloc[0] > 0, lambda model, h: model, first_color=3,
+        marker="s", dotted="same attention in every layer",
+        ylabel="KV + state cache (GiB, binary)",
+        title=f"hybrids, B={int(df.batch.iloc[0])}: KV + flat states", ncol=1,
+    )  # fmt: skip
 
 
 def _kv_windows(df: pd.DataFrame, ax) -> None:
+    def label(model, h):
+        return f"{model} ({h.layer_pattern.iloc[0]}, W={int(h.window.iloc[0])})"
+
+    _published_against_all(
+        df, ax, lambda h: h.window.iloc[0] > 0, label, first_color=0, marker="o",
+        dotted="same, every layer global", ylabel="KV cache (GiB, binary)",
+        title=f"sliding windows, B={int(df.batch.iloc[0])}: the KV cache they hold", ncol=2,
+    )  # fmt: skip
+
+
+def _published_against_all(
+    df: pd.DataFrame, ax, published, label, *, first_color: int, marker: str, dotted: str,
+    ylabel: str, title: str, ncol: int,
+) -> None:  # fmt: skip
+    """Each model's cache over S as published (solid, marked, labelled) and its variant with
+    every layer attending everything (dotted, one legend entry for all)."""
     for i, (model, g) in enumerate(df.groupby("model", sort=False)):
-        color = f"C{i}"
+        color = f"C{i + first_color}"
         for _, h in g.groupby("variant", sort=False):
             h = h.sort_values("context")
-            published = h.window.iloc[0] > 0
-            label = f"{model} ({h.layer_pattern.iloc[0]}, W={int(h.window.iloc[0])})"
-            ax.plot(h.context, h.kv_cache_bytes / GIB, color=color, ls="-" if published else ":",
-                    marker="o" if published else None, ms=2.5,
-                    label=label if published else None)  # fmt: skip
-    ax.plot([], [], color="0.4", ls=":", label="same, every layer global")
+            shown = published(h)
+            ax.plot(h.context, h.kv_cache_bytes / GIB, color=color, ls="-" if shown else ":",
+                    marker=marker if shown else None, ms=2.5,
+                    label=label(model, h) if shown else None)  # fmt: skip
+    ax.plot([], [], color="0.4", ls=":", label=dotted)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context S (tokens)")
-    ax.set_ylabel("KV cache (GiB, binary)")
-    ax.set_title(f"sliding windows, B={int(df.batch.iloc[0])}: the KV cache they hold", fontsize=8)
-    ax.legend(fontsize=6, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=6, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol)
 
 
 def _kv_variants(df: pd.DataFrame, ax) -> None:
