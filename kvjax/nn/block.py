@@ -17,28 +17,20 @@ from flax import nnx
 from kvjax import kernels
 from kvjax.config import ModelConfig
 from kvjax.nn.attention import Attention
+from kvjax.nn.deltanet import GatedDeltaNet
 from kvjax.nn.layers import block_norm
+from kvjax.nn.mamba2 import Mamba2
 from kvjax.nn.mla import LatentAttention
 from kvjax.nn.mlp import MLP
 from kvjax.nn.moe import MoE
 from kvjax.nn.sharding import DATA, constrain
+from kvjax.nn.shortconv import ShortConv
 
 
 def make_mixer(cfg: ModelConfig, kind: str, rngs: nnx.Rngs):
     """The state mixer of a D, H or C layer (None for A)."""
-    if kind == "D":
-        from kvjax.nn.deltanet import GatedDeltaNet
-
-        return GatedDeltaNet(cfg, rngs=rngs)
-    if kind == "H":
-        from kvjax.nn.mamba2 import Mamba2
-
-        return Mamba2(cfg, rngs=rngs)
-    if kind == "C":
-        from kvjax.nn.shortconv import ShortConv
-
-        return ShortConv(cfg, rngs=rngs)
-    return None
+    mixer = {"D": GatedDeltaNet, "H": Mamba2, "C": ShortConv}.get(kind)
+    return None if mixer is None else mixer(cfg, rngs=rngs)
 
 
 def output_gate(o_BTKGH: jax.Array, gate_BTE: jax.Array) -> jax.Array:
