@@ -107,7 +107,7 @@ def _attention_both_ways(cfg, w, layer, chip, peak, bw, chip_name) -> list[dict]
     if w.phase == "decode":  # the seed's decode attention intensity: the cache read once
         fused = analytic.fused_attention_cost(cfg, w)
     else:
-        tiles = flash.plan(cfg, w, chip.onchip_bytes_per_core, chip.num_cores)
+        tiles = flash.plan_for_chip(cfg, w, chip)
         fused = flash.flash_attention_cost(cfg, w, tiles).attention
     out.append(_point(kernels.ATTENTION, w.phase, "closed form, fused", fused.flops, fused.bytes,
                       peak, bw, chip_name, cfg))  # fmt: skip

@@ -36,6 +36,9 @@ class ChipSpec:
     # VMEM per TensorCore), and the cores: `kvjax.analytic.flash` sizes its blocks and splits.
     onchip_bytes_per_core: float | None = None
     num_cores: int | None = None
+    # The last-level cache between the cores and HBM (a GPU's L2), in bytes: what fused
+    # attention's K/V re-reads are served from (`kvjax.analytic.flash.hbm_kv_positions`).
+    l2_bytes: float | None = None
 
     def __post_init__(self) -> None:
         if not self.peak_flops_per_s:
@@ -48,6 +51,8 @@ class ChipSpec:
         _check_positive(f"chip {self.name!r}: bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
         if self.memory_bytes is not None:
             _check_positive(f"chip {self.name!r}: memory_bytes", self.memory_bytes)
+        if self.l2_bytes is not None:
+            _check_positive(f"chip {self.name!r}: l2_bytes", self.l2_bytes)
         if self.interconnect_bytes_per_s is not None:
             _check_positive(
                 f"chip {self.name!r}: interconnect_bytes_per_s", self.interconnect_bytes_per_s
@@ -149,9 +154,11 @@ _chip(
         interconnect_bytes_per_s=450 * GIGA,  # per direction; NVLink 4: 900 GB/s bidirectional
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM5); seed text",
         date="2023",
-        # on chip: XLA GPU target spec h100_sxm (shared_memory_per_core 233472 = 228 KiB, 132 SMs)
+        # on chip: XLA GPU target spec h100_sxm (shared_memory_per_core 233472 = 228 KiB, 132 SMs,
+        # l2_cache_size 52428800 = the whitepaper's 50 MB)
         onchip_bytes_per_core=233472,
         num_cores=132,
+        l2_bytes=52428800,
     )
 )
 _chip(
@@ -169,9 +176,11 @@ _chip(
         interconnect_bytes_per_s=450 * GIGA,  # per direction; NVLink 4: 900 GB/s bidirectional
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM)",
         date="2024",
-        # on chip: as the H100 (the same GH100 die: 228 KiB shared memory per SM, 132 SMs)
+        # on chip: as the H100 (the same GH100 die: 228 KiB shared memory per SM, 132 SMs);
+        # XLA GPU target spec h200: l2_cache_size 52428800
         onchip_bytes_per_core=233472,
         num_cores=132,
+        l2_bytes=52428800,
     )
 )
 _chip(
@@ -189,9 +198,11 @@ _chip(
         interconnect_bytes_per_s=900 * GIGA,  # per direction; NVLink 5: 1.8 TB/s bidirectional
         source="NVIDIA HGX B200 datasheet (per GPU: the 8-GPU board's figures / 8)",
         date="2025",
-        # on chip: XLA GPU target spec b200 (shared_memory_per_core 233472, 148 SMs)
+        # on chip: XLA GPU target spec b200 (shared_memory_per_core 233472, 148 SMs,
+        # l2_cache_size 132644864)
         onchip_bytes_per_core=233472,
         num_cores=148,
+        l2_bytes=132644864,
     )
 )
 _chip(
@@ -208,9 +219,73 @@ _chip(
         interconnect_bytes_per_s=300 * GIGA,  # per direction; NVLink 3: 600 GB/s bidirectional
         source="NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)",
         date="2021",
-        # on chip: XLA GPU target spec a100_sxm_80 (shared memory 164 KiB per SM, 108 SMs)
+        # on chip: XLA GPU target spec a100_sxm_80 (shared memory 164 KiB per SM, 108 SMs,
+        # l2_cache_size 41943040 = 40 MiB)
         onchip_bytes_per_core=167936,
         num_cores=108,
+        l2_bytes=41943040,
+    )
+)
+_chip(
+    ChipSpec(
+        name="a100-40gb",
+        peak_flops_per_s={
+            "bf16": 312 * TERA,
+            "f16": 312 * TERA,
+            "int8": 624 * TERA,
+            "f32": 19.5 * TERA,
+        },
+        bandwidth_bytes_per_s=1.5552 * TERA,  # XLA GPU target spec a100_sxm_40: 1555200000000
+        memory_bytes=40 * GIGA,
+        interconnect_bytes_per_s=300 * GIGA,  # per direction; NVLink 3: 600 GB/s bidirectional
+        source="NVIDIA A100 Tensor Core GPU datasheet (40GB SXM); XLA GPU target spec a100_sxm_40",
+        date="2020",
+        # on chip: XLA a100_sxm_40 (shared memory 164 KiB per SM, 108 SMs, L2 41943040)
+        onchip_bytes_per_core=167936,
+        num_cores=108,
+        l2_bytes=41943040,
+    )
+)
+_chip(
+    ChipSpec(
+        name="h800",
+        peak_flops_per_s={
+            "bf16": 989 * TERA,
+            "f16": 989 * TERA,
+            "fp8": 1979 * TERA,
+            "int8": 1979 * TERA,
+        },
+        bandwidth_bytes_per_s=3.352 * TERA,
+        memory_bytes=80 * GIGA,
+        interconnect_bytes_per_s=200 * GIGA,  # per direction: NVLink 400 GB/s bidirectional
+        source=(
+            "LMSYS/Ant Group, 'Best Practices for Serving DeepSeek-R1 on H20-96G' (2025-09-26), "
+            "H20 vs H800 table (dense BF16 989, FP8 1979 TFLOPS, 3352 GB/s, 80 GB, NVLink 400 "
+            "GB/s); DeepSeek-V3 technical report (arXiv 2412.19437) sec. 3.5.1: 132 SMs"
+        ),
+        date="2023",
+        # on chip: the H100 SXM's GH100 die (228 KiB shared memory per SM, 50 MiB L2): the
+        # H800 differs in NVLink; no NVIDIA datasheet for it was found
+        onchip_bytes_per_core=233472,
+        num_cores=132,
+        l2_bytes=52428800,
+    )
+)
+_chip(
+    ChipSpec(
+        name="h20",
+        peak_flops_per_s={"bf16": 148 * TERA, "f16": 148 * TERA, "fp8": 296 * TERA},
+        bandwidth_bytes_per_s=4.0 * TERA,
+        memory_bytes=96 * GIGA,
+        interconnect_bytes_per_s=450 * GIGA,  # per direction: NVLink 900 GB/s bidirectional
+        source=(
+            "LMSYS/Ant Group, 'Best Practices for Serving DeepSeek-R1 on H20-96G' (2025-09-26), "
+            "H20 vs H800 table (dense BF16 148, FP8 296 TFLOPS, 4000 GB/s, 96 GB, NVLink 900 GB/s)"
+        ),
+        date="2024",
+        # on chip: 78 SMs (torch's multi_processor_count in published scripts); the shared
+        # memory per SM and the L2 have no first-party source: left unknown
+        num_cores=78,
     )
 )
 _chip(

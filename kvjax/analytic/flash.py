@@ -63,6 +63,12 @@ class FlashPlan:
     block_k: int
     splits: int = 1  # decode: chunks of the cache combined afterwards
     kv_on_chip: bool = False  # one key block holds every position: K/V read once per head
+    # The L2 (a GPU's last-level cache, `ChipSpec.l2_bytes`): the programs resident at once
+    # (`cores`, one per SM) share the K/V blocks they stream, and a KV head's K/V that stays in
+    # the L2 between waves is read from HBM once. None: no L2 known, every program's K/V re-read
+    # reaches HBM (Dao 2022's count).
+    l2_bytes: float | None = None
+    cores: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,7 @@ def attention_shape(cfg: ModelConfig, phase: str) -> AttentionShape:
 
 def plan(
     cfg: ModelConfig, wl: Workload, onchip_bytes: float | None = None, cores: int | None = None,
-    block_q: int = 0, block_k: int = 0, splits: int = 0,
+    block_q: int = 0, block_k: int = 0, splits: int = 0, l2_bytes: float | None = None,
 ) -> FlashPlan:  # fmt: skip
     """The kernel's tiles: given, or from the chip's on-chip memory per core (Dao 2022's rule),
     or 128 x 128 when neither is known; decode splits: given, or enough chunks of at least B_c
@@ -124,75 +130,200 @@ def plan(
     # one head's K and V for every position in half the on-chip memory (the rest: Q, O, scores)
     kv_head_bytes = positions * (shape.key_width + shape.value_width) * _act_bytes(cfg)
     fits = bool(onchip_bytes) and kv_head_bytes <= onchip_bytes / 2
-    return FlashPlan(bq, bk, splits or 1, kv_on_chip=fits)
+    return FlashPlan(bq, bk, splits or 1, kv_on_chip=fits, l2_bytes=l2_bytes, cores=cores or 0)
+
+
+def plan_for_chip(cfg: ModelConfig, wl: Workload, chip=None, **tiles) -> FlashPlan:
+    """`plan` with the chip's on-chip memory, cores and L2 (none known without a chip)."""
+    return plan(
+        cfg, wl, getattr(chip, "onchip_bytes_per_core", None), getattr(chip, "num_cores", None),
+        l2_bytes=getattr(chip, "l2_bytes", None), **tiles,
+    )  # fmt: skip
+
+
+def hbm_kv_positions(
+    T: int, S: int, flash: FlashPlan, group: int, kv_heads: int, kv_per_position: float,
+    window: int = 0, sinks: int = 0, chunk: int = 0, causal: bool = True,
+) -> tuple[float, str]:  # fmt: skip
+    """Key positions of one KV head (of one sequence) that prefill reads from HBM, and which
+    rule set it.
+
+    - K/V on chip (a TPU's VMEM holds a head's): each key once.
+    - No L2 known: every query head's query block re-reads its band (Dao 2022, Theorem 2:
+      group x the block loop's loads).
+    - With an L2 of capacity C (the GPU kernels FA2/FA3 run): the `cores` programs resident at
+      once stream the same K/V blocks, so one wave reads each block of its band from HBM once
+      for all its programs and the G query heads that share the KV head (they run side by side
+      in the grid). A wave holds p = cores // G query blocks of a KV head: HBM loads the band
+      of a query tile p x B_r rows tall. When the K/V of the KV heads resident at once also fit
+      in half the L2 (the rest streams Q and O), the next wave finds them there: each key once.
+    FlashAttention-3 on an H100 (50 MB L2) at S = 8192, H = 128: 4 MB per head, 2 or 3 heads
+    live: each key once, so HBM sees Q, K, V and O once and the kernel is compute-bound."""
+    bq, bk = flash.block_q, flash.block_k
+    if chunk:  # the keys of the chunks the queries fall in, from the first one's start
+        once = S - (S - T) // chunk * chunk
+    else:  # one query tile of all T rows: the keys any query sees, in whole key blocks
+        once = block_pairs(T, S, T, bk, window, sinks, 0, causal)[1]
+    if flash.kv_on_chip:
+        return once, "on chip"
+    if not flash.l2_bytes or not flash.cores:
+        return group * block_pairs(T, S, bq, bk, window, sinks, chunk, causal)[1], "per program"
+    q_blocks = _ceil_div(T, bq)
+    live_heads = min(kv_heads, _ceil_div(flash.cores, group * q_blocks) + 1)
+    if live_heads * once * kv_per_position <= flash.l2_bytes / 2:
+        return once, "L2 holds the heads' K/V"
+    tile = max(1, flash.cores // group) * bq
+    if chunk and chunk % tile:
+        tile = max(bq, tile // chunk * chunk) if tile >= chunk else math.gcd(tile, chunk)
+    return block_pairs(T, S, min(tile, T), bk, window, sinks, chunk, causal)[1], "per wave"
 
 
 def attended_positions(cfg: ModelConfig, wl: Workload, sliding: bool = False) -> int:
-    """Key positions the last query attends: S, or the window W of a sliding layer (and its
-    sink tokens)."""
+    """Key positions the last query attends: S, the window W of a sliding layer (and its sink
+    tokens), or the keys of its own chunk in a chunked layer."""
     window = cfg.sliding_window if sliding else 0
+    if window and cfg.chunked_attention:  # Llama 4: the keys of the query's own chunk
+        return (wl.context - 1) % window + 1
     return min(wl.context, window + cfg.sink_tokens) if window else wl.context
 
 
-def exact_pairs(T: int, S: int, window: int = 0, sinks: int = 0) -> int:
-    """Causal (query, key) pairs for T queries at the end of S positions: query t (0-based among
-    S - T + t) sees S - T + t + 1 keys, at most `window`, plus the `sinks` first keys below its
-    window. T(T+1)/2 when T = S, no window."""
+def floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """sum_{i=0}^{n-1} floor((a*i + b) / m) in O(log) steps (the Euclid-like reduction of
+    floor sums), for integers n >= 0, m > 0; a and b of any sign."""
+    if n <= 0:
+        return 0
+    total = 0
+    if a < 0 or a >= m:
+        total += (n - 1) * n // 2 * (a // m)
+        a %= m
+    if b < 0 or b >= m:
+        total += n * (b // m)
+        b %= m
+    while True:
+        if a >= m:
+            total += (n - 1) * n // 2 * (a // m)
+            a %= m
+        if b >= m:
+            total += n * (b // m)
+            b %= m
+        y_max = a * n + b
+        if y_max < m:
+            return total
+        n, b, m, a = y_max // m, y_max % m, a, m
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _sum_range(lo: int, hi: int) -> int:
+    """lo + (lo+1) + ... + hi (0 when hi < lo)."""
+    return (lo + hi) * (hi - lo + 1) // 2 if hi >= lo else 0
+
+
+def _sum_min(lo: int, hi: int, cap: int) -> int:
+    """sum of min(x, cap) for x in lo .. hi."""
+    if hi < lo:
+        return 0
+    below = min(hi, cap)
+    return _sum_range(lo, below) + cap * max(0, hi - max(lo - 1, below))
+
+
+def exact_pairs(T: int, S: int, window: int = 0, sinks: int = 0, chunk: int = 0) -> int:
+    """Causal (query, key) pairs for T queries at the end of S positions, in closed form: query
+    at position p = S - T + t sees p + 1 keys, at most `window`, plus the `sinks` first keys
+    below its window; under Llama 4's chunked attention (`chunk` C) the keys of its own chunk,
+    p mod C + 1. T(T+1)/2 when T = S, no window."""
     first = S - T + 1  # keys seen by the first query
+    if chunk:  # sum over p of (p mod C) + 1 = sum p - C * sum floor(p / C) + T
+        return _sum_range(S - T, S - 1) - chunk * floor_sum(T, chunk, 1, S - T) + T
     if not window or window >= S:
         return T * first + T * (T - 1) // 2
-    return sum(min(first + t, window) + max(0, min(sinks, first + t - window))
-               for t in range(T))  # fmt: skip
+    seen = _sum_min(first, S, window)  # x = first + t keys up to the query, capped at W
+    # sinks below the window: min(sinks, x - W) for x > W
+    hi, lo = S, max(first, window + 1)
+    sink = _sum_min(lo - window, hi - window, sinks) if hi >= lo else 0
+    return seen + (sink if sinks else 0)
 
 
 def block_pairs(
-    T: int, S: int, bq: int, bk: int, window: int = 0, sinks: int = 0
-) -> tuple[int, int]:
+    T: int, S: int, bq: int, bk: int, window: int = 0, sinks: int = 0, chunk: int = 0,
+    causal: bool = True,
+) -> tuple[int, int]:  # fmt: skip
     """(pairs computed, key positions loaded summed over query blocks) of a block loop: a
     (query block, key block) tile is computed whole when any of its pairs is unmasked; the
-    sinks' blocks join every query block's band."""
-    pairs = loaded = 0
-    offset = S - T
-    sink_blocks = set(range((sinks - 1) // bk + 1)) if sinks and window else set()
-    for q0 in range(0, T, bq):
-        rows = min(bq, T - q0)
-        hi = offset + q0 + rows - 1  # last key the block's last query sees
-        lo = max(0, offset + q0 - window + 1) if window else 0  # first key its first query sees
-        blocks = set(range(lo // bk, hi // bk + 1)) | {b for b in sink_blocks if b * bk <= hi}
-        keys = sum(min(bk, S - b * bk) for b in blocks)
-        pairs += rows * keys
-        loaded += keys
-    return pairs, loaded
+    sinks' blocks join every query block's band; a chunked layer's query block reaches back to
+    its chunk's start. Closed form in O(log S): the band edges of query block j are floors of
+    linear functions of j, summed by `floor_sum` (the reference loop is in the tests)."""
+    if not causal:  # every query block loads every key
+        n_q = _ceil_div(T, bq)
+        return T * S, n_q * S
+    if chunk and (chunk % bq or chunk % bk or (S - T) % bq):
+        raise KvjaxError(
+            f"chunked attention with chunk={chunk} needs the chunk and the query offset "
+            f"{S - T} to be multiples of the tiles block_q={bq}, block_k={bk}"
+        )
+    offset, last = S - T, (S - 1) // bk
+    excess = (last + 1) * bk - S  # the last key block is cut at S
+
+    def loaded(n: int, rows: int, j0: int) -> int:
+        """Keys loaded by query blocks j0 .. j0+n-1 of `rows` rows each."""
+        if n <= 0:
+            return 0
+        base = offset + j0 * bq
+        hi_blocks = floor_sum(n, bk, bq, base + rows - 1) + n  # sum of (hi // bk + 1)
+        # blocks whose band reaches the last key block: cut at S
+        j_last = max(0, _ceil_div(last * bk - base - rows + 1, bq))
+        total = hi_blocks * bk - max(0, n - j_last) * excess
+        if chunk:  # the band starts at the chunk's first key: floor(p / C) * C / bk blocks
+            total -= floor_sum(n, chunk, bq, base) * chunk
+        elif window and window < S:
+            # lo = max(0, p - W + 1): zero until p >= W
+            j1 = min(n, max(0, _ceil_div(window - base, bq)))
+            lo_blocks = floor_sum(n - j1, bk, bq, base + j1 * bq - window + 1)
+            total -= lo_blocks * bk
+            if sinks:  # sink blocks below the band: min(sink blocks, lo // bk) of them
+                sb = (sinks - 1) // bk + 1
+                j2 = min(n, max(j1, _ceil_div(sb * bk - base + window - 1, bq)))
+                total += bk * (floor_sum(j2 - j1, bk, bq, base + j1 * bq - window + 1)
+                               + sb * (n - j2))  # fmt: skip
+        return total
+
+    full, rest = divmod(T, bq)
+    keys_full, keys_rest = loaded(full, bq, 0), loaded(1 if rest else 0, rest, full)
+    return bq * keys_full + rest * keys_rest, keys_full + keys_rest
 
 
 def flash_attention_cost(
-    cfg: ModelConfig, wl: Workload, flash: FlashPlan, sliding: bool = False
+    cfg: ModelConfig, wl: Workload, flash: FlashPlan, sliding: bool = False, causal: bool = True
 ) -> FlashCost:
-    """The fused attention of one layer (prefill or decode) under the plan `flash`."""
+    """The fused attention of one layer (prefill or decode) under the plan `flash`; `causal`
+    False: every query attends every key (an encoder's, or a benchmark's non-causal case).
+    Decode with T > 1 queries a sequence (an extend step, MTP's or a draft's tokens) reads the
+    cache once for all of them."""
     shape = attention_shape(cfg, wl.phase)
     window = cfg.sliding_window if sliding else 0
+    chunk = window if window and cfg.chunked_attention else 0
+    window = 0 if chunk else window
     B, N, Kh = wl.batch, shape.query_heads, shape.kv_heads
     Hk, Hv, a = shape.key_width, shape.value_width, _act_bytes(cfg)
     S, T = wl.context, wl.query_len
     per_pair = 2 * Hk + 2 * Hv
     sinks = cfg.sink_tokens if window else 0
-    exact = B * exact_pairs(T, S, window, sinks)
+    exact = B * (exact_pairs(T, S, window, sinks, chunk) if causal else T * S)
     q_bytes, o_bytes = B * T * N * Hk * a, B * T * N * Hv * a
-    if wl.phase == "prefill" and window and cfg.chunked_attention:
-        raise KvjaxError(
-            "attention_kernel='flash' prefill over chunked layers (chunked_attention) is not "
-            "modelled (its tiles follow a sliding band); use attention_kernel='xla'"
-        )
     if wl.phase == "prefill":
-        computed, loaded = block_pairs(T, S, flash.block_q, flash.block_k, window, sinks)
+        bq, bk = flash.block_q, flash.block_k
+        computed, _ = block_pairs(T, S, bq, bk, window, sinks, chunk, causal)
         computed *= B
-        # Prefill K/V in the compute dtype (the projections' output); the loop walks every
-        # query head (FA2), re-reading each KV head's blocks once per query block and head.
+        # Prefill K/V in the compute dtype (the projections' output), read from HBM as
+        # `hbm_kv_positions` says: once, once per wave of resident programs, or once per
+        # query block and query head.
         kv_per_position = (Hk + Hv) * a
-        if flash.kv_on_chip:
-            kv_read = B * Kh * S * kv_per_position
-        else:
-            kv_read = B * N * loaded * kv_per_position
+        positions, _ = hbm_kv_positions(
+            T, S, flash, N // Kh, B * Kh, kv_per_position, window, sinks, chunk, causal
+        )  # fmt: skip
+        kv_read = B * Kh * positions * kv_per_position
         attention = KernelCost(
             kernels.ATTENTION, flops=N * computed * per_pair,
             bytes=q_bytes + kv_read + o_bytes, transcendentals=N * computed,
@@ -200,19 +331,22 @@ def flash_attention_cost(
         return FlashCost(attention + _sinks(cfg, B * T * N), None, flash, exact, computed)
     positions = attended_positions(cfg, wl, sliding)
     cache = B * Kh * positions * shape.kv_bytes_per_position  # read once for all G heads
-    partials = B * N * flash.splits * (Hv + 2) * SCORE_BYTES if flash.splits > 1 else 0
-    computed = B * positions
+    partials = B * T * N * flash.splits * (Hv + 2) * SCORE_BYTES if flash.splits > 1 else 0
+    # Flash-decoding's partials go to the combine kernel through the L2 when they fit in half
+    # of it: HBM sees neither their write nor their read.
+    spilled = partials if partials and partials > (flash.l2_bytes or 0) / 2 else 0
+    computed = B * T * positions
     attention = KernelCost(
         kernels.ATTENTION, flops=N * computed * per_pair,
-        bytes=q_bytes + cache + (partials if partials else o_bytes),
+        bytes=q_bytes + cache + (spilled if partials else o_bytes),
         transcendentals=N * computed, kv_bytes=cache,
     )  # fmt: skip
-    attention = attention + _sinks(cfg, B * N)
+    attention = attention + _sinks(cfg, B * T * N)
     combine = None
     if partials:  # rescale each split's output by exp(m_i - m), sum, divide by the summed l
         combine = KernelCost(
-            kernels.ATTN_COMBINE, flops=B * N * flash.splits * (2 * Hv + 4),
-            bytes=partials + o_bytes, transcendentals=B * N * flash.splits,
+            kernels.ATTN_COMBINE, flops=B * T * N * flash.splits * (2 * Hv + 4),
+            bytes=spilled + o_bytes, transcendentals=B * T * N * flash.splits,
         )  # fmt: skip
     return FlashCost(attention, combine, flash, exact, computed)
 

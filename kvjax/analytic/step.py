@@ -98,9 +98,7 @@ def _fused(cfg, wl, attention: list[KernelCost], sliding: bool, chip) -> list[Ke
     by the fused kernel (and flash-decoding's combine)."""
     from kvjax.analytic import flash
 
-    tiles = flash.plan(
-        cfg, wl, getattr(chip, "onchip_bytes_per_core", None), getattr(chip, "num_cores", None)
-    )
+    tiles = flash.plan_for_chip(cfg, wl, chip)
     fused = flash.flash_attention_cost(cfg, wl, tiles, sliding).kernels()
     out = []
     for cost in attention:

@@ -279,7 +279,7 @@ def attention_kernel_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> d
     fused = analytic.step_kernels(fused_cfg, wl, chip)
     parts = [unfused[n] for n in kernels.ATTENTION_PARTS]
     fused_parts = [fused[n] for n in (kernels.ATTENTION, kernels.ATTN_COMBINE) if n in fused]
-    tiles = flash.plan(fused_cfg, wl, chip.onchip_bytes_per_core, chip.num_cores)
+    tiles = flash.plan_for_chip(fused_cfg, wl, chip)
     exact = computed = 0
     for layer in filter(cfg.layer_has_attention, range(cfg.num_layers)):  # not state layers
         cost = flash.flash_attention_cost(fused_cfg, wl, tiles, cfg.layer_is_sliding(layer))
