@@ -103,6 +103,12 @@ def attention_shape(cfg: ModelConfig, phase: str) -> AttentionShape:
     return AttentionShape(N, N, cfg.head_dim, cfg.v_head_dim, (cfg.head_dim + cfg.v_head_dim) * a)
 
 
+def _form(wl: Workload) -> str:
+    """The kernel a step runs: prefill's block loop, or flash-decoding over the cache for decode
+    and for an extend step's few queries."""
+    return "prefill" if wl.phase == "prefill" else "decode"
+
+
 def plan(
     cfg: ModelConfig, wl: Workload, onchip_bytes: float | None = None, cores: int | None = None,
     block_q: int = 0, block_k: int = 0, splits: int = 0, l2_bytes: float | None = None,
@@ -114,7 +120,7 @@ def plan(
     for field, value in (("block_q", block_q), ("block_k", block_k), ("splits", splits)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise KvjaxError(f"{field}={value!r} must be an integer >= 0 (0: derived)")
-    shape = attention_shape(cfg, wl.phase)
+    shape = attention_shape(cfg, _form(wl))
     if onchip_bytes:
         elements = onchip_bytes / _act_bytes(cfg)
         derived_k = min(MAX_BLOCK, _pow2_floor(elements / (4 * shape.key_width)))
@@ -123,7 +129,7 @@ def plan(
         derived_q = derived_k = DEFAULT_BLOCK
     bq, bk = block_q or derived_q, block_k or derived_k
     positions = attended_positions(cfg, wl)
-    if wl.phase == "decode" and not splits:
+    if _form(wl) == "decode" and not splits:
         programs = wl.batch * shape.kv_heads
         want = math.ceil(cores / programs) if cores else 1
         splits = _pow2_floor(max(1, min(want, math.ceil(positions / bk))))  # as kernels tile
@@ -301,7 +307,7 @@ def flash_attention_cost(
     False: every query attends every key (an encoder's, or a benchmark's non-causal case).
     Decode with T > 1 queries a sequence (an extend step, MTP's or a draft's tokens) reads the
     cache once for all of them."""
-    shape = attention_shape(cfg, wl.phase)
+    shape = attention_shape(cfg, _form(wl))
     window = cfg.sliding_window if sliding else 0
     chunk = window if window and cfg.chunked_attention else 0
     window = 0 if chunk else window

@@ -13,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from kvjax.cli import bench, calc, frontier, profile, runs, trace
+from kvjax.cli import bench, calc, frontier, profile, runs, trace, validate
 from kvjax.errors import KvjaxError
 
 
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parsers(sub)
     profile.add_parser(sub)
     runs.add_parsers(sub)
+    validate.add_parser(sub)
     return parser
 
 

@@ -39,6 +39,7 @@ def explorer_data() -> dict[str, Any]:
             "bandwidth_bytes_per_s": chip.bandwidth_bytes_per_s,
             "memory_bytes": chip.memory_bytes,
             "onchip_bytes_per_core": chip.onchip_bytes_per_core,
+            "l2_bytes": chip.l2_bytes,
             "num_cores": chip.num_cores,
             "source": chip.source,
         }

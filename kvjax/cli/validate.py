@@ -1,0 +1,88 @@
+"""`kvjax validate`: published accelerator measurements against kvjax's bounds (issue 38)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvjax.cli.args import emit
+from kvjax.cli.render_common import console
+
+DESCRIPTION = """\
+Each CSV row is one published measurement (columns: source, chip, dtype, kernel,
+implementation, batch, seq_q, seq_kv, num_heads, num_kv_heads, head_dim, causal, latent_dim,
+rope_dim, m, n, k, model, context, measured_s, convention, confidence; optional num_chips,
+kv_dtype, flag_reason). For each row: kvjax's closed form for that exact shape, the bound on
+the chip's spec, fraction_of_bound = bound / measured (above 1: the measurement beats the
+bound, which is then wrong), and the time an efficiency model fitted on the corpus predicts
+with its 80% interval; per kernel class the distribution of the fraction and the model's
+leave-one-source-out error. Without a CSV: the committed corpus (experiments/published/)."""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "validate",
+        help="published GPU/TPU measurements against kvjax's bounds and predictions",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("csv", nargs="*", help="corpus CSV files (default: the committed corpus)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvjax.predict.corpus import read_corpus
+    from kvjax.predict.validate import validate
+
+    report = validate(read_corpus(args.csv or None))
+    return emit(args, report, print_validate)
+
+
+def _us(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1e6:,.1f} us" if x < 1e-2 else f"{x * 1e3:,.2f} ms"
+
+
+def print_validate(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    con = console()
+    s = report["summary"]
+    con.print(
+        f"{s['rows']} measurements from {s['sources']} sources; {s['above_bound']} faster than "
+        "their bound (fraction_of_bound = bound / measured > 1)"
+    )
+    t = Table(title="per kernel class: bound / measured, and the model's leave-one-source-out error")
+    for col in ("class", "rows", "above", "min", "median", "max", "fitted", "sources",
+                "median |pred/meas - 1|", "80% coverage"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "class" else "right")
+    for cls, e in report["classes"].items():
+        f = e["fraction_of_bound"]
+        t.add_row(
+            cls, str(e["rows"]), str(e["above_bound"]), f"{f['min']:.3f}", f"{f['median']:.3f}",
+            f"{f['max']:.3f}", str(e.get("fitted_rows", "-")), str(e.get("sources", "-")),
+            f"{e['loso_median_abs_error']:.1%}" if "fit" in e else "-",
+            f"{e['loso_coverage_80']:.0%}" if "fit" in e else "-",
+        )  # fmt: skip
+    con.print(t)
+    flagged = [r for r in report["rows"] if r["above_bound"]]
+    rows = flagged or sorted(report["rows"], key=lambda r: -r["fraction_of_bound"])[:10]
+    t = Table(title="faster than the bound" if flagged else "closest to their bound (none above)")
+    for col in ("where", "kernel", "chip", "implementation", "measured", "bound", "fraction",
+                "predicted [80%]"):  # fmt: skip
+        t.add_column(col)
+    for r in rows:
+        p = r["predicted_s"]
+        pred = "-" if p is None else (
+            f"{_us(p)} [{_us(r['predicted_lo_s'])}, {_us(r['predicted_hi_s'])}]"
+        )  # fmt: skip
+        t.add_row(
+            f"{r['file'].rsplit('/', 1)[-1]}:{r['line']}", r["kernel"], r["chip"],
+            str(r["implementation"] or "-"), _us(r["measured_s"]), _us(r["bound_s"]),
+            f"{r['fraction_of_bound']:.3f}", pred,
+        )  # fmt: skip
+        if r.get("flag_reason"):
+            t.add_row("", f"[dim]{r['flag_reason']}[/dim]", "", "", "", "", "", "")
+    con.print(t)

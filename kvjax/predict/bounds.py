@@ -1,0 +1,141 @@
+"""kvjax's closed form for a corpus row's exact shape, and its bound on the row's chip.
+
+- `attention_prefill`: the fused kernel (`kvjax.analytic.flash`), tiled and cached as the chip
+  sizes it; causal or not. In fp8 (FlashAttention-3's and cuDNN's fp8 forward) Q, K and V are
+  read in one byte and O written in bf16.
+- `attention_decode`: flash-decoding over a GQA cache, or MLA's absorbed latent (one KV head of
+  latent + rope key features, the latent also the values: FlashMLA); seq_q queries a sequence.
+- `matmul`: one GEMM C[m, n] = A[m, k] B[k, n], 2mnk FLOPs, A and B read once and C written
+  once (fp8 and int8 GEMMs write bf16); `batch` groups (MoE's grouped GEMMs) each with its own B.
+- `decode_step` / `prefill_step`: the whole step of a preset (fused attention, as compiled
+  engines run it), weights in the row's dtype (int8/int4: weight-only, computed in bf16), the
+  cache in `kv_dtype` (bf16 when the column is absent or empty).
+A row over `num_chips` chips is bounded by their aggregate roof (the step's FLOPs and bytes
+spread evenly, collectives free): lower than any real split, so still a bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvjax.analytic import flash
+from kvjax.analytic.costs import Workload
+from kvjax.analytic.primitives import _matmul
+from kvjax.analytic.step import step_cost
+from kvjax.config import DTYPE_BYTES, ModelConfig, get_model_config
+from kvjax.errors import KvjaxError
+from kvjax.hardware import ChipSpec, get_chip
+from kvjax.predict.corpus import Row
+
+TILE = 128  # the output tile GEMM and attention kernels hand one core (the wave term's unit)
+MMA_ROWS = 64  # the rows of one tensor-core tile a decode kernel packs its query rows into
+
+
+@dataclass(frozen=True)
+class Closed:
+    """A row's closed form on its chip: FLOPs, HBM bytes, the roofs, the work units (tiles)."""
+
+    flops: float
+    bytes: float
+    peak_flops_per_s: float
+    bandwidth_bytes_per_s: float
+    tiles: float  # programs the kernel launches (0: not a single kernel)
+    cores: int
+    tile_flops: float = 0.0  # FLOPs the tiles compute, padded rows included (0: = flops)
+
+    @property
+    def bound_s(self) -> float:
+        return max(self.flops / self.peak_flops_per_s, self.bytes / self.bandwidth_bytes_per_s)
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+
+def _peak(chip: ChipSpec, dtype: str, row: Row) -> float:
+    try:
+        return chip.peak(dtype)
+    except KvjaxError as exc:
+        raise KvjaxError(f"{row.where}: column 'dtype': {exc}") from None
+
+
+def _attention_config(row: Row, dtype: str) -> ModelConfig:
+    N = row.num_heads
+    if row.latent_dim:  # MLA: DeepSeek-V3's layer with the row's heads and latent widths
+        return get_model_config(
+            "deepseek-v3", num_layers=1, num_heads=N, num_kv_heads=N, kv_lora_rank=row.latent_dim,
+            qk_rope_head_dim=row.rope_dim or 64, attention_kernel="flash", kv_dtype=dtype,
+            first_dense_layers=0, mla_decode="absorbed",
+        )  # fmt: skip
+    K = row.num_kv_heads or N
+    if N % K:
+        raise KvjaxError(f"{row.where}: column 'num_kv_heads': num_heads={N} is not "
+                         f"divisible by num_kv_heads={K}")  # fmt: skip
+    if not row.head_dim:
+        raise KvjaxError(f"{row.where}: column 'head_dim': is empty; a GQA/MHA row needs it")
+    w = dtype if DTYPE_BYTES.get(dtype, 1) >= 2 else "bf16"
+    return ModelConfig(
+        name="corpus-row", num_layers=1, d_model=N * row.head_dim, num_heads=N,
+        num_kv_heads=K, head_dim=row.head_dim, d_ff=4 * N * row.head_dim, vocab_size=256,
+        weight_dtype=w, kv_dtype=dtype, attention_kernel="flash",
+    )  # fmt: skip
+
+
+def closed_form(row: Row) -> Closed:
+    chip = get_chip(row.chip)
+    kind, dtype = row.kernel, row.dtype
+    chips = row.num_chips or 1
+    bw = chip.bandwidth_bytes_per_s * chips
+    if kind in ("attention_prefill", "attention_decode"):
+        cfg = _attention_config(row, dtype)
+        peak = _peak(chip, "fp8" if dtype == "fp8" else cfg.compute_dtype, row) * chips
+        if kind == "attention_prefill":
+            T = row.seq_q
+            wl = Workload("prefill", row.batch, row.seq_kv or T)
+            if wl.context != T:
+                wl = Workload("extend", row.batch, wl.context, new_tokens=T)
+        else:
+            T = row.seq_q or 1
+            wl = (Workload("decode", row.batch, row.seq_kv) if T == 1
+                  else Workload("extend", row.batch, row.seq_kv, new_tokens=T))  # fmt: skip
+        tiles = flash.plan_for_chip(cfg, wl, chip)
+        causal = True if row.causal is None else row.causal
+        cost = flash.flash_attention_cost(cfg, wl, tiles, causal=causal)
+        flops = sum(k.flops for k in cost.kernels())
+        nbytes = sum(k.bytes for k in cost.kernels())
+        if kind == "attention_prefill" and DTYPE_BYTES[dtype] < 2:
+            # Q, K, V in fp8, O in bf16: the count above read them in bf16
+            a = DTYPE_BYTES[cfg.compute_dtype]
+            o = row.batch * T * cfg.num_heads * cfg.head_dim * a
+            nbytes = (nbytes - o) * DTYPE_BYTES[dtype] / a + o
+        shape = flash.attention_shape(cfg, "prefill" if kind == "attention_prefill" else "decode")
+        if kind == "attention_prefill":
+            programs = row.batch * shape.query_heads * math.ceil(T / tiles.block_q)
+            padded = flops
+        else:
+            programs = row.batch * shape.kv_heads * tiles.splits
+            # a KV head's G x T query rows are one MMA tile of M = 64 rows (Hopper's wgmma,
+            # FlashMLA's block): 16 heads x 1..4 queries cost what 64 rows cost
+            rows = shape.query_heads // shape.kv_heads * T
+            padded = flops * math.ceil(rows / MMA_ROWS) * MMA_ROWS / rows
+        return Closed(flops, nbytes, peak, bw, programs, chip.num_cores or 1, padded)
+    if kind == "matmul":
+        groups = row.batch or 1
+        a = DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else 0.5
+        out = 2 if a < 2 else a
+        one = _matmul("matmul", row.m, row.k, row.n, a, a, out=out)
+        peak = _peak(chip, "bf16" if dtype == "int4" else dtype, row) * chips
+        tiles = groups * math.ceil(row.m / TILE) * math.ceil(row.n / TILE)
+        return Closed(groups * one.flops, groups * one.bytes, peak, bw, tiles,
+                      chip.num_cores or 1)  # fmt: skip
+    # whole steps of a preset
+    weight = {"int4": "int8"}.get(dtype, dtype)
+    cfg = get_model_config(
+        row.model, weight_dtype=weight, kv_dtype=row.kv_dtype or "bf16", attention_kernel="flash"
+    )  # fmt: skip
+    phase = "decode" if kind == "decode_step" else "prefill"
+    cost = step_cost(cfg, Workload(phase, row.batch, row.context), chip)
+    nbytes = cost.bytes - (cost.weight_bytes / 2 if dtype == "int4" else 0)  # half of int8's
+    peak = _peak(chip, cfg.compute_dtype, row) * chips
+    return Closed(cost.flops, nbytes, peak, bw, 0, chip.num_cores or 1)

@@ -1,0 +1,151 @@
+"""The published-measurements corpus: CSV files, one measurement a row (`COLUMNS`).
+
+Every column is optional where the row's kind does not use it (`REQUIRED`); a column may be
+absent from a file altogether. A malformed row raises one `KvjaxError` naming the file, its line
+and the column. Rows whose `source` agree up to the first ';' are one source (a publication or a
+repository) for leave-one-source-out; what follows the ';' locates the number in it.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvjax.config import DTYPE_BYTES
+from kvjax.errors import KvjaxError
+from kvjax.hardware import CHIPS
+
+CORPUS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "published"
+
+COLUMNS = (
+    "source", "chip", "dtype", "kernel", "implementation", "batch", "seq_q", "seq_kv",
+    "num_heads", "num_kv_heads", "head_dim", "causal", "latent_dim", "rope_dim", "m", "n", "k",
+    "model", "context", "measured_s", "convention", "confidence",
+)  # fmt: skip
+OPTIONAL = ("num_chips", "kv_dtype", "flag_reason")  # extra columns kvjax reads where present
+KERNELS = ("attention_prefill", "attention_decode", "matmul", "decode_step", "prefill_step")
+CONFIDENCE = ("exact", "plot")
+INTS = ("batch", "seq_q", "seq_kv", "num_heads", "num_kv_heads", "head_dim", "latent_dim",
+        "rope_dim", "m", "n", "k", "context", "num_chips")  # fmt: skip
+DTYPES = (*DTYPE_BYTES, "int4")
+REQUIRED = {
+    "attention_prefill": ("batch", "seq_q", "num_heads", "head_dim"),
+    "attention_decode": ("batch", "seq_kv", "num_heads"),
+    "matmul": ("m", "n", "k"),
+    "decode_step": ("model", "batch", "context"),
+    "prefill_step": ("model", "batch", "context"),
+}
+ALWAYS = ("source", "chip", "dtype", "kernel", "measured_s")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measurement: the CSV's cells as typed values (None where empty), where it came from."""
+
+    values: dict[str, Any]
+    path: str
+    line: int
+    extra: dict[str, str] = field(default_factory=dict)  # columns kvjax does not read
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def source_key(self) -> str:
+        """The publication or repository: the source up to its first ';'."""
+        return self.values["source"].split(";")[0].strip()
+
+
+def _bad(path: str, line: int, column: str, message: str) -> KvjaxError:
+    return KvjaxError(f"{path}:{line}: column {column!r}: {message}")
+
+
+def _cell(path: str, line: int, column: str, text: str) -> Any:
+    text = text.strip()
+    if not text:
+        return None
+    if column in INTS:
+        try:
+            value = int(text)
+        except ValueError:
+            raise _bad(path, line, column, f"{text!r} is not an integer") from None
+        if value <= 0:
+            raise _bad(path, line, column, f"{value} must be a positive integer")
+        return value
+    if column == "measured_s":
+        try:
+            value = float(text)
+        except ValueError:
+            raise _bad(path, line, column, f"{text!r} is not a number of seconds") from None
+        if not math.isfinite(value) or value <= 0:
+            raise _bad(path, line, column, f"{text!r} must be a positive number of seconds")
+        return value
+    if column == "causal":
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise _bad(path, line, column, f"{text!r} is not true or false")
+        return text.lower() in ("true", "1")
+    if column == "kernel" and text not in KERNELS:
+        raise _bad(path, line, column, f"{text!r}; allowed: {', '.join(KERNELS)}")
+    if column == "chip" and text not in CHIPS:
+        raise _bad(path, line, column, f"unknown chip {text!r}; known: {', '.join(CHIPS)}")
+    if column in ("dtype", "kv_dtype") and text not in DTYPES:
+        raise _bad(path, line, column, f"{text!r}; allowed: {', '.join(DTYPES)}")
+    if column == "confidence" and text not in CONFIDENCE:
+        raise _bad(path, line, column, f"{text!r}; allowed: {', '.join(CONFIDENCE)}")
+    return text
+
+
+def read_csv(path: str | Path) -> list[Row]:
+    """The rows of one corpus file, checked: the columns a row's kind needs are filled."""
+    path = Path(path)
+    name = str(path)
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        missing = [c for c in ALWAYS if c not in header]
+        if missing:
+            raise KvjaxError(
+                f"{name}:1: the header lacks {', '.join(missing)} (columns: {', '.join(COLUMNS)})"
+            )
+        known = set(COLUMNS) | set(OPTIONAL)
+        rows = []
+        for i, raw in enumerate(reader, start=2):
+            if None in raw:  # more cells than the header has names
+                raise _bad(name, i, "(extra)", f"{len(raw[None])} more cells than the header")
+            values = {c: None for c in (*COLUMNS, *OPTIONAL)}
+            for column in header:
+                if column in known:
+                    values[column] = _cell(name, i, column, raw[column] or "")
+            for column in ALWAYS:
+                if values[column] is None:
+                    raise _bad(name, i, column, "is empty; every row needs it")
+            for column in REQUIRED[values["kernel"]]:
+                if values[column] is None:
+                    raise _bad(name, i, column, f"is empty; a {values['kernel']} row needs it")
+            extra = {c: raw[c] for c in header if c not in known}
+            rows.append(Row(values, name, i, extra))
+    return rows
+
+
+def corpus_files(paths: list[str] | None = None) -> list[Path]:
+    """The files named, or every CSV of the committed corpus."""
+    if paths:
+        return [Path(p) for p in paths]
+    return sorted(CORPUS_DIR.glob("*.csv"))
+
+
+def read_corpus(paths: list[str] | None = None) -> list[Row]:
+    files = corpus_files(paths)
+    if not files:
+        raise KvjaxError(f"no corpus CSV files in {CORPUS_DIR}")
+    return [row for path in files for row in read_csv(path)]

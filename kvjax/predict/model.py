@@ -1,0 +1,186 @@
+"""An efficiency model per kernel class, fitted on measurements, with prediction intervals.
+
+For a kernel of F FLOPs and Q HBM bytes on a chip of peak P and bandwidth BW, launched as n
+tiles over c cores, the time predicted is
+
+    t = t0 + max(F / (e_c * w * P), Q / (e_b * BW)),   w = n / (ceil(n / c) * c)
+
+three physical parameters per class: a fixed launch and latency term t0, the fraction of peak
+compute e_c that the class's best kernels reach (times w, the share of the last wave of tiles
+that is busy: 133 tiles on 132 SMs take two waves), and the fraction of HBM bandwidth e_b. Both
+fractions are at most 1, so a prediction never lies below its bound (up to t0 >= 0).
+
+Fitted by least squares on log time over a grid (refined twice), with a weak prior pulling each
+efficiency towards 1 (a class whose rows are all memory-bound says nothing of e_c), on the rows that are the
+fastest published measurement of their shape (what the best implementation of the class
+reaches: FlashAttention-3 or cuDNN, FlashMLA or FlashInfer, cuBLAS or DeepGEMM, a compiled
+engine); slower baselines stay in the corpus for the bound check only. Intervals are
+split-conformal on leave-one-source-out residuals: the 10th and 90th percentiles of
+log(measured / predicted) of the other sources' held-out rows (80% intervals). Pure numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvjax.errors import KvjaxError
+
+CLASSES = ("attention_prefill", "attention_decode", "matmul", "step")
+LEVEL = 0.8  # the intervals' nominal coverage
+_T0 = np.concatenate([[0.0], np.logspace(-7, -2.5, 28)])
+_E = np.linspace(0.04, 1.0, 25)
+
+
+def kernel_class(kernel: str) -> str:
+    """The corpus's `kernel` column as a model class: the two whole steps share one."""
+    return "step" if kernel in ("decode_step", "prefill_step") else kernel
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the model sees of one call: the closed form and the chip."""
+
+    flops: float  # what the kernel's tiles compute (padded rows included)
+    bytes: float
+    peak_flops_per_s: float
+    bandwidth_bytes_per_s: float
+    tiles: float = 0.0  # 0: no wave term (a whole step)
+    cores: int = 1
+
+
+def _arrays(xs: Sequence[Features]):
+    F = np.array([x.flops for x in xs], float)
+    Q = np.array([x.bytes for x in xs], float)
+    P = np.array([x.peak_flops_per_s for x in xs], float)
+    BW = np.array([x.bandwidth_bytes_per_s for x in xs], float)
+    n = np.array([x.tiles for x in xs], float)
+    c = np.array([x.cores for x in xs], float)
+    wave = np.where(n > 0, n / (np.ceil(np.maximum(n, 1) / c) * c), 1.0)
+    return F / (P * wave), Q / BW  # compute and memory times at full efficiency
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One class's parameters and its interval's log-residual quantiles."""
+
+    t0_s: float
+    compute_efficiency: float
+    bandwidth_efficiency: float
+    lo: float = 0.0  # log(measured / predicted) quantiles: the interval's ends
+    hi: float = 0.0
+    rows: int = 0
+    sources: int = 0
+
+    def predict(self, xs: Sequence[Features]) -> np.ndarray:
+        tc, tm = _arrays(xs)
+        return self.t0_s + np.maximum(tc / self.compute_efficiency, tm / self.bandwidth_efficiency)
+
+    def interval(self, xs: Sequence[Features]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        p = self.predict(xs)
+        return p, p * math.exp(self.lo), p * math.exp(self.hi)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+PRIOR = 0.01  # per row, on log(e)^2: an efficiency the rows cannot see stays near 1
+
+
+def _sse(tc, tm, y, t0, ec, eb):
+    pred = t0[:, None, None, None] + np.maximum(
+        tc[None, None, None, :] / ec[None, :, None, None],
+        tm[None, None, None, :] / eb[None, None, :, None],
+    )
+    prior = PRIOR * len(y) * (np.log(ec)[None, :, None] ** 2 + np.log(eb)[None, None, :] ** 2)
+    return ((np.log(pred) - y) ** 2).sum(-1) + prior
+
+
+def fit(xs: Sequence[Features], measured_s: Sequence[float]) -> Fit:
+    """Least squares on log time over (t0, e_c, e_b), a grid refined twice around its best."""
+    if len(xs) < 2:
+        raise KvjaxError(f"fitting needs at least 2 measurements, got {len(xs)}")
+    tc, tm = _arrays(xs)
+    y = np.log(np.asarray(measured_s, float))
+    t0, ec, eb = _T0, _E, _E
+    best = None
+    for _ in range(3):
+        err = _sse(tc, tm, y, t0, ec, eb)
+        i, j, k = np.unravel_index(np.argmin(err), err.shape)
+        best = (float(t0[i]), float(ec[j]), float(eb[k]))
+        t0 = _around(t0, i, log=True)
+        ec, eb = _around(ec, j, hi=1.0), _around(eb, k, hi=1.0)
+    return Fit(*best, rows=len(xs))
+
+
+def _around(grid: np.ndarray, i: int, log: bool = False, hi: float | None = None) -> np.ndarray:
+    lo_v = grid[max(i - 1, 0)]
+    hi_v = grid[min(i + 1, len(grid) - 1)]
+    if log and lo_v == 0:
+        lo_v = hi_v / 100 if hi_v > 0 else 0.0
+    if log and lo_v > 0:
+        out = np.concatenate([[0.0], np.geomspace(lo_v, max(hi_v, lo_v * 1.0001), 15)])
+    else:
+        out = np.linspace(lo_v, hi_v, 15)
+    return np.clip(out, 1e-3, hi) if hi else out
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Leave-one-source-out: each row predicted by a fit that never saw its source."""
+
+    fit: Fit  # on every source, with the conformal quantiles
+    held_out: np.ndarray  # the held-out prediction of each row (nan: a source alone)
+    covered: np.ndarray  # inside the interval built from the other sources' residuals
+    sources: list[str]
+
+    @property
+    def median_abs_error(self) -> float:
+        return float(np.nanmedian(np.abs(self.ratio - 1)))
+
+    @property
+    def coverage(self) -> float:
+        return float(np.mean(self.covered[~np.isnan(self.held_out)]))
+
+    ratio: np.ndarray = None  # predicted / measured, held out
+
+
+def _conformal(resid: np.ndarray, a: float) -> tuple[float, float]:
+    """Split-conformal ends: the order statistics ceil((n + 1)(1 - a)) from each side of n
+    calibration residuals (the finite-sample rank that keeps coverage >= 1 - 2a)."""
+    r = np.sort(resid)
+    n = len(r)
+    k = min(n, math.ceil((n + 1) * (1 - a)))
+    return float(r[n - k]), float(r[k - 1])
+
+
+def leave_one_source_out(
+    xs: Sequence[Features], measured_s: Sequence[float], sources: Sequence[str]
+) -> Validation:
+    """Fit once per source on the others; the held-out residuals set the 80% interval."""
+    y = np.asarray(measured_s, float)
+    src = np.asarray(sources)
+    names = sorted(set(sources))
+    if len(names) < 2:
+        raise KvjaxError(f"leave-one-source-out needs 2 sources or more, got {names}")
+    held = np.full(len(y), np.nan)
+    for name in names:
+        out = src == name
+        train = [x for x, o in zip(xs, out, strict=True) if not o]
+        model = fit(train, y[~out])
+        held[out] = model.predict([x for x, o in zip(xs, out, strict=True) if o])
+    resid = np.log(y / held)
+    a = (1 - LEVEL) / 2
+    covered = np.zeros(len(y), bool)
+    for name in names:  # each source's interval from the other sources' residuals
+        out = src == name
+        lo, hi = _conformal(resid[~out], a)
+        covered[out] = (resid[out] >= lo) & (resid[out] <= hi)
+    lo, hi = _conformal(resid, a)
+    full = fit(xs, y)
+    full = Fit(full.t0_s, full.compute_efficiency, full.bandwidth_efficiency, float(lo),
+               float(hi), len(y), len(names))  # fmt: skip
+    return Validation(full, held, covered, names, ratio=held / y)
