@@ -55,6 +55,11 @@ def add_parser(sub) -> None:
         help="per-message link latency added to the --tp link term (ring: 2(tp-1) messages per "
         "all-reduce); default 0 = bandwidth only",
     )
+    calc.add_argument(
+        "--predict", action="store_true",
+        help="add predicted times [80%% interval] beside the bounds, per kernel and for the step, "
+        "from the efficiency model fitted on the published measurements (kvjax validate)",
+    )  # fmt: skip
     calc.add_argument("--json", action="store_true", help="print one JSON object")
     calc.set_defaults(func=run)
 
@@ -80,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
         report.update(tensor_parallel_report(cfg, wl, chip, args.tp, args.link_latency))
     if args.ep:
         report["expert_parallel"] = [moe.expert_parallel(cfg, ep, wl) for ep in args.ep]
+    if args.predict:
+        from kvjax.predict.apply import predict_step
+
+        report["predicted"] = predict_step(report["kernels"], cfg, wl, chip)
     return emit(args, report, render.print_calc)
 
 

@@ -44,6 +44,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--chunk", type=positive_int, default=0, metavar="C",
                    help="time to first token with chunked prefill of C-token chunks")  # fmt: skip
+    p.add_argument(
+        "--predict", action="store_true",
+        help="add each point's predicted step time [80%% interval] beside its bound, from the "
+        "efficiency model fitted on the published measurements (kvjax validate)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -94,7 +99,27 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_model(args)
     chip = resolve_chip(args, cfg)
     report = frontier_report(cfg, chip, args.context, args.page_size, args.chunk, args.variants)
+    if args.predict:
+        add_predictions(report, cfg, chip, args.variants)
     return emit(args, report, print_frontier)
+
+
+def add_predictions(report: dict[str, Any], cfg: ModelConfig, chip: ChipSpec, all_variants: bool):
+    """Each point's whole decode step predicted by the corpus's `step` class (its FLOPs and
+    bytes from the closed form, attention fused as engines run it), with the 80% interval, and
+    ms/token and tokens/s at it."""
+    from kvjax.analytic.costs import Workload
+    from kvjax.predict.apply import engine_step_cost, predict_step_s
+
+    variants = dict(variants_of(cfg, all_variants))
+    for curve in report["variants"]:
+        variant = variants[curve["variant"]]
+        for p in curve["points"]:
+            cost = engine_step_cost(variant, Workload("decode", p["batch"], report["context"]), chip)
+            pred = predict_step_s(cost.flops, cost.bytes, chip, variant.compute_dtype)
+            p.update(pred)
+            p["predicted_ms_per_token"] = 1e3 * pred["predicted_s"]
+            p["predicted_tokens_per_s"] = p["batch"] / pred["predicted_s"]
 
 
 def print_frontier(report: dict[str, Any]) -> None:
@@ -110,12 +135,23 @@ def print_frontier(report: dict[str, Any]) -> None:
         "decode bound = sum of the step's kernels' roofline bounds"
     )
     t = Table(title="throughput-latency frontier (each curve ends where memory ends)")
-    for col in ("variant", "B", "ms/token", "tokens/s", "memory"):
+    predicted = any("predicted_s" in p for p in report["points"])
+    cols = ["variant", "B", "ms/token", "tokens/s", "memory"]
+    if predicted:
+        cols += ["predicted ms/token [80%]", "predicted tokens/s"]
+    for col in cols:
         t.add_column(col, justify="left" if col == "variant" else "right")
     for curve in report["variants"]:
         for p in curve["points"]:
-            t.add_row(curve["variant"], f"{p['batch']:,}", sig(p["ms_per_token"]),
-                      f"{p['tokens_per_s']:,.0f}", fmt_bytes(p["memory_bytes"]))  # fmt: skip
+            cells = [curve["variant"], f"{p['batch']:,}", sig(p["ms_per_token"]),
+                     f"{p['tokens_per_s']:,.0f}", fmt_bytes(p["memory_bytes"])]  # fmt: skip
+            if predicted:
+                cells += [
+                    f"{sig(1e3 * p['predicted_s'])} [{sig(1e3 * p['predicted_lo_s'])}, "
+                    f"{sig(1e3 * p['predicted_hi_s'])}]",
+                    f"{p['predicted_tokens_per_s']:,.0f}",
+                ]
+            t.add_row(*cells)
     con.print(t)
     for curve in report["variants"]:
         chunked = curve["time_to_first_token_chunked_s"]

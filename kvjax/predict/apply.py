@@ -1,0 +1,81 @@
+"""Predictions beside bounds for any model, step and chip (`calc --predict`,
+`frontier --predict`): the corpus's fit of each kernel's class applied to kvjax's closed form.
+
+A matmul kernel takes the `matmul` class, the fused attention the `attention_prefill` or
+`attention_decode` class, the whole step the `step` class; the step's other kernels (norms,
+RoPE, elementwise ops, unfused attention) have no published class and get no prediction (None).
+Kernels inside a step carry no wave term (their tiles are not counted here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvjax import kernels
+from kvjax.analytic.costs import StepCost, Workload
+from kvjax.analytic.step import step_cost
+from kvjax.config import ModelConfig
+from kvjax.errors import KvjaxError
+from kvjax.hardware import ChipSpec
+from kvjax.predict.model import Features, Fit
+from kvjax.predict.validate import corpus_fits
+
+
+def kernel_class(name: str, phase: str) -> str | None:
+    if name == kernels.ATTENTION:
+        return "attention_prefill" if phase == "prefill" else "attention_decode"
+    if name in kernels.REGISTRY and kernels.REGISTRY[name].kind == kernels.MATMUL and name not in (
+        kernels.SCORES, kernels.AV,
+    ):  # fmt: skip
+        return "matmul"
+    return None
+
+
+def _interval(
+    fit: Fit, flops: float, nbytes: float, peak: float, bw: float, calls: int = 1
+) -> dict[str, float]:
+    """`calls` launches of one kernel (its layers), each of 1/calls of the FLOPs and bytes."""
+    p, lo, hi = fit.interval([Features(flops / calls, nbytes / calls, peak, bw)])
+    return {"predicted_s": calls * float(p[0]), "predicted_lo_s": calls * float(lo[0]),
+            "predicted_hi_s": calls * float(hi[0])}  # fmt: skip
+
+
+def predict_step(
+    placed: list[dict[str, Any]], cfg: ModelConfig, wl: Workload, chip: ChipSpec,
+) -> dict[str, Any]:  # fmt: skip
+    """Per kernel (the placed kernels of `kvjax calc`, summed over `layers`: a per-layer kernel
+    is predicted as `layers` launches) and for the whole step as an engine runs it
+    (`engine_step_cost`): predicted time and its 80% interval, with the class that predicted
+    it."""
+    fits = corpus_fits()
+    phase, layers = wl.phase, cfg.num_layers
+    peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
+    out = []
+    for k in placed:
+        cls = kernel_class(k["name"], phase)
+        row = {"name": k["name"], "class": cls, "bound_s": k["bound_s"]}
+        if cls in fits and k["flops"] + k["bytes"] > 0:
+            calls = layers if kernels.REGISTRY[k["name"]].per_layer else 1
+            row.update(_interval(fits[cls], k["flops"], k["bytes"], peak, bw, calls))
+        else:
+            row.update(predicted_s=None, predicted_lo_s=None, predicted_hi_s=None)
+        out.append(row)
+    engine = engine_step_cost(cfg, wl, chip)
+    step = {"class": "step", **_interval(fits["step"], engine.flops, engine.bytes, peak, bw)}
+    return {"kernels": out, "step": step,
+            "fits": {c: f.to_dict() for c, f in fits.items()}}  # fmt: skip
+
+
+def predict_step_s(flops: float, nbytes: float, chip: ChipSpec, dtype: str) -> dict[str, float]:
+    """The whole step's prediction: what a compiled engine's step is predicted to take."""
+    return _interval(corpus_fits()["step"], flops, nbytes, chip.peak(dtype),
+                     chip.bandwidth_bytes_per_s)  # fmt: skip
+
+
+def engine_step_cost(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> StepCost:
+    """The step as the corpus's engines run it (fused attention, what the `step` class was
+    fitted on); the step as configured where the fused form is not modelled."""
+    try:
+        return step_cost(cfg.replace(attention_kernel="flash"), wl, chip)
+    except KvjaxError:
+        return step_cost(cfg, wl, chip)
