@@ -295,7 +295,10 @@ def test_ten_million_tokens_in_closed_form():
     """T = S = 10M with 128 x 128 tiles: query block j computes (j + 1) key blocks, so the
     pairs are 128^2 n (n + 1) / 2 over n = 78,125 blocks; exact, T(T+1)/2."""
     n, T = 78125, 10_000_000
-    assert flash.block_pairs(T, T, 128, 128) == (128 * 128 * n * (n + 1) // 2, 128 * n * (n + 1) // 2)
+    assert flash.block_pairs(T, T, 128, 128) == (
+        128 * 128 * n * (n + 1) // 2,
+        128 * n * (n + 1) // 2,
+    )
     assert flash.exact_pairs(T, T) == T * (T + 1) // 2
     cfg = get_model_config("llama-4-scout", attention_kernel="flash")
     cost = step.step_cost(cfg, Workload("prefill", 1, T), hardware.get_chip("h100-sxm"))

@@ -115,7 +115,9 @@ def add_predictions(report: dict[str, Any], cfg: ModelConfig, chip: ChipSpec, al
     for curve in report["variants"]:
         variant = variants[curve["variant"]]
         for p in curve["points"]:
-            cost = engine_step_cost(variant, Workload("decode", p["batch"], report["context"]), chip)
+            cost = engine_step_cost(
+                variant, Workload("decode", p["batch"], report["context"]), chip
+            )
             pred = predict_step_s(cost.flops, cost.bytes, chip, variant.compute_dtype)
             p.update(pred)
             p["predicted_ms_per_token"] = 1e3 * pred["predicted_s"]

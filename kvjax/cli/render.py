@@ -253,6 +253,7 @@ class progress:
         if self.status:
             self.status.__exit__(*exc)
 
+
 def print_trace(report: dict[str, Any]) -> None:
     from rich.table import Table
 

@@ -54,7 +54,9 @@ def print_validate(report: dict[str, Any]) -> None:
         f"{s['rows']} measurements from {s['sources']} sources; {s['above_bound']} faster than "
         "their bound (fraction_of_bound = bound / measured > 1)"
     )
-    t = Table(title="per kernel class: bound / measured, and the model's leave-one-source-out error")
+    t = Table(
+        title="per kernel class: bound / measured, and the model's leave-one-source-out error"
+    )
     for col in ("class", "rows", "above", "min", "median", "max", "fitted", "sources",
                 "median |pred/meas - 1|", "80% coverage"):  # fmt: skip
         t.add_column(col, justify="left" if col == "class" else "right")

@@ -48,8 +48,11 @@ def fit_classes(rows: list[Row], closed: list[bounds.Closed]) -> dict[str, model
             groups[model.kernel_class(r.kernel)].append(i)
     out = {}
     for cls, idx in groups.items():
-        if len({rows[i].source_key for i in idx}) < 2:
-            continue  # one source: nothing to hold out
+        by_source = defaultdict(int)
+        for i in idx:
+            by_source[rows[i].source_key] += 1
+        if len(by_source) < 2 or len(idx) - max(by_source.values()) < 2:
+            continue  # too few rows to hold a source out (the committed corpus's fit applies)
         out[cls] = model.leave_one_source_out(
             [features(closed[i]) for i in idx], [rows[i].measured_s for i in idx],
             [rows[i].source_key for i in idx],
@@ -76,8 +79,14 @@ def validate(rows: list[Row]) -> dict[str, Any]:
         for j, i in enumerate(idx):
             held[i] = (float(v.held_out[j]), bool(v.covered[j]))
     out_rows = []
+    fallback = None
     for i, (r, c) in enumerate(zip(rows, closed, strict=True)):
         fitted = fits.get(model.kernel_class(r.kernel))
+        if fitted is not None:
+            fitted = fitted.fit
+        else:  # a class these rows cannot fit alone: the committed corpus's model predicts it
+            fallback = fallback if fallback is not None else corpus_fits()
+            fitted = fallback.get(model.kernel_class(r.kernel))
         record = {k: r.values.get(k) for k in (*COLUMNS, *OPTIONAL)}
         record.update(file=r.path, line=r.line)
         fraction = c.bound_s / r.measured_s
@@ -89,7 +98,7 @@ def validate(rows: list[Row]) -> dict[str, Any]:
             fraction_of_bound=fraction, above_bound=bool(fraction > 1.0), best_of_shape=best[i],
         )  # fmt: skip
         if fitted is not None:
-            p, lo, hi = (float(x[0]) for x in fitted.fit.interval([features(c)]))
+            p, lo, hi = (float(x[0]) for x in fitted.interval([features(c)]))
             record.update(predicted_s=p, predicted_lo_s=lo, predicted_hi_s=hi)
         else:
             record.update(predicted_s=None, predicted_lo_s=None, predicted_hi_s=None)

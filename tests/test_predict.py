@@ -1,0 +1,186 @@
+"""Issue 38: the published corpus against kvjax's bounds, and the efficiency model."""
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+
+from kvjax.cli.main import main
+from kvjax.errors import KvjaxError
+from kvjax.predict import model
+from kvjax.predict.bounds import closed_form
+from kvjax.predict.corpus import COLUMNS, read_corpus, read_csv
+from kvjax.predict.validate import validate
+
+
+def _run(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def report():
+    return validate(read_corpus())
+
+
+def test_corpus_is_under_its_bounds(report):
+    s = report["summary"]
+    assert s["rows"] >= 80 and s["sources"] >= 12
+    assert {r["kernel"] for r in report["rows"]} == {
+        "attention_prefill",
+        "attention_decode",
+        "matmul",
+        "decode_step",
+        "prefill_step",
+    }
+    assert {r["chip"] for r in report["rows"]} >= {"h100-sxm", "h800", "a100-80gb", "tpu-v5e"}
+    flagged = [r for r in report["rows"] if r["above_bound"] and not r["flag_reason"]]
+    assert not flagged, [(r["file"], r["line"]) for r in flagged]
+
+
+def test_flashattention3_row_is_bounded_at_its_time(report):
+    """FA3's forward chart, causal, H = 128, 16 heads, batch 2 at 8k: 602 TFLOP/s by its count
+    4 B S^2 N H / 2, i.e. 0.913 ms; the bound (compute: kvjax's block-causal FLOPs at 989
+    TFLOP/s) lies below it."""
+    (row,) = [r for r in report["rows"] if r["implementation"] == "FlashAttention-3"
+              and r["causal"] and r["head_dim"] == 128 and r["seq_q"] == 8192
+              and r["batch"] == 2 and r["chip"] == "h100-sxm"
+              and r["source"].startswith("FlashAttention-3")]  # fmt: skip
+    assert row["measured_s"] == pytest.approx(4 * 2 * 8192**2 * 16 * 128 / 2 / 602e12, rel=1e-4)
+    assert row["bound_s"] <= row["measured_s"] <= 0.91e-3 * 1.01
+    assert row["closed_bytes"] == 4 * 2 * 8192 * 16 * 128 * 2  # Q, K, V, O once through the L2
+
+
+def test_gemm_row_closed_form_by_hand(report):
+    """DeepGEMM's README, M=64 N=2112 K=7168 fp8 on an H800: 2mnk FLOPs; A and B in one byte,
+    C in bf16 (the README's own byte count, 1688 GB/s at 206 TFLOPS)."""
+    rows = [r for r in report["rows"] if (r["m"], r["n"], r["k"]) == (64, 2112, 7168)
+            and r["chip"] == "h800" and r["dtype"] == "fp8" and not r["batch"]]  # fmt: skip
+    assert rows
+    m, n, k = 64, 2112, 7168
+    flops, nbytes = 2 * m * n * k, m * k + k * n + 2 * m * n
+    for r in rows:
+        assert (r["closed_flops"], r["closed_bytes"]) == (flops, nbytes)
+        assert r["bound_s"] == pytest.approx(max(flops / 1979e12, nbytes / 3.352e12))
+    readme = [r for r in rows if "206" in r["convention"]]
+    assert nbytes / readme[0]["measured_s"] == pytest.approx(1688e9, rel=0.01)
+
+
+def test_leave_one_source_out_error_and_coverage(report):
+    held = [r for r in report["rows"] if r["held_out_predicted_s"] is not None]
+    err = np.median([abs(r["held_out_predicted_s"] / r["measured_s"] - 1) for r in held])
+    coverage = np.mean([r["held_out_covered"] for r in held])
+    assert len(held) >= 150 and err <= 0.20 and coverage >= 0.75
+    for cls in ("attention_prefill", "attention_decode", "matmul", "step"):
+        assert report["classes"][cls]["sources"] >= 3
+
+
+def test_fit_recovers_parameters_and_never_predicts_below_the_bound():
+    rng = np.random.default_rng(0)
+    xs = [model.Features(f, q, 1e15, 3e12) for f, q in
+          zip(10 ** rng.uniform(8, 13, 60), 10 ** rng.uniform(6, 10, 60), strict=True)]  # fmt: skip
+    truth = model.Fit(5e-6, 0.7, 0.8)
+    y = truth.predict(xs) * np.exp(rng.normal(0, 0.01, len(xs)))
+    got = model.fit(xs, y)
+    assert got.t0_s == pytest.approx(5e-6, rel=0.15)
+    assert got.compute_efficiency == pytest.approx(0.7, rel=0.03)
+    assert got.bandwidth_efficiency == pytest.approx(0.8, rel=0.03)
+    bound = np.array([max(x.flops / 1e15, x.bytes / 3e12) for x in xs])
+    assert np.all(got.predict(xs) >= bound)
+
+
+def test_conformal_interval_covers_as_promised():
+    rng = np.random.default_rng(1)
+    xs = [model.Features(10 ** rng.uniform(9, 12), 10 ** rng.uniform(6, 9), 1e15, 3e12)
+          for _ in range(200)]  # fmt: skip
+    y = model.Fit(0.0, 0.6, 0.7).predict(xs) * np.exp(rng.normal(0, 0.2, len(xs)))
+    sources = [f"s{i % 8}" for i in range(len(xs))]
+    v = model.leave_one_source_out(xs, y, sources)
+    assert 0.75 <= v.coverage <= 0.9
+    assert v.fit.lo < 0 < v.fit.hi
+    assert v.median_abs_error < 0.2
+
+
+def test_malformed_rows_name_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("source,chip,dtype,kernel,m,n,k,measured_s\n"
+                   "a; t1,h100-sxm,bf16,matmul,64,64,64,1e-6\n"
+                   "a; t1,h100-sxm,bf16,gemm,64,64,64,1e-6\n")  # fmt: skip
+    code, _, err = _run(["validate", str(bad)])
+    assert code == 2
+    assert f"{bad}:3: column 'kernel': 'gemm'; allowed: attention_prefill" in err
+    bad.write_text("source,chip,dtype,kernel,m,n,k,measured_s\na,h100-sxm,bf16,matmul,64,,64,1\n")
+    assert (
+        "bad.csv:2: column 'n': is empty; a matmul row needs it" in _run(["validate", str(bad)])[2]
+    )
+    bad.write_text("source,chip,dtype,kernel,m,n,k,measured_s\na,h999,bf16,matmul,64,1,64,1\n")
+    assert "column 'chip': unknown chip 'h999'" in _run(["validate", str(bad)])[2]
+    with pytest.raises(KvjaxError, match="column 'measured_s': '-1' must be a positive"):
+        bad.write_text("source,chip,dtype,kernel,m,n,k,measured_s\na,h800,fp8,matmul,1,1,1,-1\n")
+        read_csv(bad)
+
+
+def test_a_new_csv_with_optional_columns_missing(tmp_path):
+    """A CSV kvjax has never seen: its own column order, most optional columns absent."""
+    new = tmp_path / "new.csv"
+    new.write_text(
+        "measured_s,kernel,chip,dtype,source,batch,seq_kv,num_heads,num_kv_heads,head_dim,m,n,k\n"
+        "5e-5,attention_decode,h100-sxm,bf16,lab A; table 1,8,8192,32,8,128,,,\n"
+        "1e-3,matmul,a100-80gb,bf16,lab B; table 2,,,,,,4096,4096,4096\n"
+        "2e-5,matmul,h200,bf16,lab C; table 3,,,,,,16,4096,4096\n"
+    )  # fmt: skip
+    code, out, _ = _run(["validate", str(new), "--json"])
+    assert code == 0
+    rows = json.loads(out)["rows"]
+    assert [r["line"] for r in rows] == [2, 3, 4]
+    for r in rows:
+        for key in ("closed_flops", "closed_bytes", "bound_s", "fraction_of_bound", "above_bound",
+                    "predicted_s", "predicted_lo_s", "predicted_hi_s", *COLUMNS):  # fmt: skip
+            assert key in r
+    gemm = rows[1]
+    assert gemm["closed_flops"] == 2 * 4096**3
+    assert gemm["bound_s"] == pytest.approx(2 * 4096**3 / 312e12)
+    decode = rows[0]  # the cache read once for all 4 query heads of each KV head
+    assert decode["closed_bytes"] >= 2 * 8 * 8192 * 8 * 128 * 2
+
+
+def test_calc_and_frontier_predict(capsys):
+    code, out, _ = _run(["calc", "--model", "llama-3-8b", "--context", "8192", "--batch", "8",
+                         "--attention-kernel", "flash", "--predict", "--json"])  # fmt: skip
+    assert code == 0
+    pred = json.loads(out)["predicted"]
+    rows = {r["name"]: r for r in pred["kernels"]}
+    for name in ("attn/q_proj", "mlp/down", "attention"):
+        r = rows[name]
+        assert r["class"] in ("matmul", "attention_decode")
+        assert (
+            r["bound_s"] <= r["predicted_s"]
+            and r["predicted_lo_s"] < r["predicted_s"] < r["predicted_hi_s"]
+        )
+    assert rows["norm/attn"]["predicted_s"] is None
+    assert pred["step"]["predicted_lo_s"] < pred["step"]["predicted_s"]
+    code, out, _ = _run(["frontier", "--model", "llama-3-8b", "--predict", "--json"])
+    points = json.loads(out)["points"]
+    assert all(p["predicted_s"] * 1e3 >= 0.5 * p["ms_per_token"] for p in points)
+    assert [p["predicted_s"] for p in points] == sorted(p["predicted_s"] for p in points)
+
+
+def test_published_roofline_figure(tmp_path):
+    import pandas as pd
+
+    from experiments.published_roofline import run_point
+    from kvjax.plotting import make_figures
+
+    records = pd.DataFrame(run_point(None)).assign(experiment="published_roofline")
+    assert (records.measured_flops_per_s <= records.bound_flops_per_s * (1 + 1e-9)).all()
+    assert "published_roofline.png" in {p.name for p in make_figures(records, tmp_path)}
+
+
+def test_every_corpus_row_has_a_closed_form():
+    for row in read_corpus():
+        c = closed_form(row)
+        assert c.flops > 0 and c.bytes > 0 and c.bound_s > 0
