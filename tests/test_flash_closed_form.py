@@ -328,7 +328,8 @@ def test_flashattention3_shape_is_bounded_by_its_measurement():
 
     argv = ["calc", "--layers", "1", "--d-model", "2048", "--heads", "16", "--kv-heads", "16",
             "--head-dim", "128", "--d-ff", "8192", "--vocab", "32000", "--phase", "prefill",
-            "--context", "8192", "--batch", "2", "--attention-kernel", "flash", "--json"]  # fmt: skip
+            "--context", "8192", "--batch", "2", "--attention-kernel", "flash",
+            "--json"]  # fmt: skip
     import contextlib
     import io
 

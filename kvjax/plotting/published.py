@@ -41,7 +41,8 @@ def published_roofline(records: pd.DataFrame, fig) -> bool | None:
         above = d[d.above_bound]
         if not above.empty:
             ax.scatter(above.closed_intensity, above.measured_flops_per_s, s=30,
-                       facecolors="none", edgecolors="red", lw=0.8, label="above its bound")  # fmt: skip
+                       facecolors="none", edgecolors="red", lw=0.8,
+                       label="above its bound")  # fmt: skip
         ax.set(xscale="log", yscale="log", xlabel="FLOP/byte (kvjax closed form)",
                title=f"{title} ({len(d)} rows)")  # fmt: skip
         ax.title.set_fontsize(6)

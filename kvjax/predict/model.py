@@ -10,13 +10,14 @@ compute e_c that the class's best kernels reach (times w, the share of the last 
 that is busy: 133 tiles on 132 SMs take two waves), and the fraction of HBM bandwidth e_b. Both
 fractions are at most 1, so a prediction never lies below its bound (up to t0 >= 0).
 
-Fitted by least squares on log time over a grid (refined twice), with a weak prior pulling each
-efficiency towards 1 (a class whose rows are all memory-bound says nothing of e_c), on the rows that are the
-fastest published measurement of their shape (what the best implementation of the class
-reaches: FlashAttention-3 or cuDNN, FlashMLA or FlashInfer, cuBLAS or DeepGEMM, a compiled
-engine); slower baselines stay in the corpus for the bound check only. Intervals are
-split-conformal on leave-one-source-out residuals: the 10th and 90th percentiles of
-log(measured / predicted) of the other sources' held-out rows (80% intervals). Pure numpy.
+Fitted by least squares on log time over a grid (refined twice), with a weak prior pulling
+each efficiency towards 1 (a class whose rows are all memory-bound says nothing of e_c), on the
+rows that are the fastest published measurement of their shape (what the best implementation
+of the class reaches: FlashAttention-3 or cuDNN, FlashMLA or FlashInfer, cuBLAS or DeepGEMM, a
+compiled engine); slower baselines stay in the corpus for the bound check only. Intervals are
+split-conformal on leave-one-source-out residuals: the finite-sample 10th and 90th percentile
+order statistics of log(measured / predicted) of the other sources' held-out rows (80%
+intervals). Pure numpy.
 """
 
 from __future__ import annotations
