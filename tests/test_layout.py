@@ -30,8 +30,19 @@ ALLOWED = {
     "measured": {"analytic", "nn", "traced", "measured"},
     "quality": {"analytic", "nn", "quality"},
     "runs": {"analytic", "runs"},
+    "predict": {"analytic", "predict"},  # fits and predictions over the closed form (numpy)
     "plotting": {"plotting"},
-    "cli": {"analytic", "nn", "traced", "measured", "runs", "plotting", "quality", "cli"},
+    "cli": {
+        "analytic",
+        "nn",
+        "traced",
+        "measured",
+        "runs",
+        "plotting",
+        "quality",
+        "predict",
+        "cli",
+    },  # fmt: skip
 }
 COMPUTE = ("jax", "jaxlib", "flax", "optax", "chex", "orbax")
 
@@ -146,7 +157,7 @@ def test_the_cycle_test_finds_a_cycle(tmp_path, monkeypatch):
         test_imports_are_acyclic()
 
 
-@pytest.mark.parametrize("part", ["root", "analytic", "plotting"])
+@pytest.mark.parametrize("part", ["root", "analytic", "predict", "plotting"])
 def test_closed_form_and_plotting_import_no_compute_package(part):
     for path in _modules():
         if _part(path) != part:

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from kvjax import kernels
 from kvjax.cli.main import main
 from kvjax.errors import KvjaxError
 from kvjax.predict import model
@@ -154,14 +155,14 @@ def test_calc_and_frontier_predict(capsys):
     assert code == 0
     pred = json.loads(out)["predicted"]
     rows = {r["name"]: r for r in pred["kernels"]}
-    for name in ("attn/q_proj", "mlp/down", "attention"):
+    for name in (kernels.Q_PROJ, kernels.DOWN, kernels.ATTENTION):
         r = rows[name]
         assert r["class"] in ("matmul", "attention_decode")
         assert (
             r["bound_s"] <= r["predicted_s"]
             and r["predicted_lo_s"] < r["predicted_s"] < r["predicted_hi_s"]
         )
-    assert rows["norm/attn"]["predicted_s"] is None
+    assert rows[kernels.NORM_ATTN]["predicted_s"] is None
     assert pred["step"]["predicted_lo_s"] < pred["step"]["predicted_s"]
     code, out, _ = _run(["frontier", "--model", "llama-3-8b", "--predict", "--json"])
     points = json.loads(out)["points"]

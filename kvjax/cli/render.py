@@ -232,6 +232,8 @@ def print_calc(report: dict[str, Any]) -> None:
 
         print_tensor_parallel(report, report["tensor_parallel"])
     if report.get("predicted"):
+        from kvjax.cli.validate import print_predicted
+
         print_predicted(report["predicted"], con)
 
 
@@ -395,25 +397,3 @@ def _print_attention_kernel(con, att: dict[str, Any], phase: str) -> None:
         f"{fmt_rate(f['bytes'], 'B')} (Q+K+V+O {fmt_rate(att['qkvo_bytes'], 'B')}), intensity "
         f"{sig(f['intensity'])}, {f['bound']}-bound {fmt_seconds(f['bound_s'])}"
     )
-
-
-def print_predicted(pred: dict[str, Any], con) -> None:
-    """`calc --predict`: the bound beside what the best published kernels are predicted to take."""
-    from rich.table import Table
-
-    from kvjax.units import fmt_seconds
-
-    def span(r):
-        if r.get("predicted_s") is None:
-            return "-"
-        return (f"{fmt_seconds(r['predicted_s'])} [{fmt_seconds(r['predicted_lo_s'])}, "
-                f"{fmt_seconds(r['predicted_hi_s'])}]")  # fmt: skip
-
-    t = Table(title="predicted (efficiency model fitted on the published measurements; "
-                    "80% interval): kvjax validate")  # fmt: skip
-    for col in ("kernel", "class", "bound", "predicted [80%]"):
-        t.add_column(col, justify="left" if col in ("kernel", "class") else "right")
-    for r in pred["kernels"]:
-        t.add_row(r["name"], r["class"] or "-", fmt_seconds(r["bound_s"]), span(r))
-    t.add_row("whole step", "step", "", span(pred["step"]))
-    con.print(t)

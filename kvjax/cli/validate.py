@@ -88,3 +88,25 @@ def print_validate(report: dict[str, Any]) -> None:
         if r.get("flag_reason"):
             t.add_row("", f"[dim]{r['flag_reason']}[/dim]", "", "", "", "", "", "")
     con.print(t)
+
+
+def print_predicted(pred: dict[str, Any], con) -> None:
+    """`calc --predict`: the bound beside what the best published kernels are predicted to take."""
+    from rich.table import Table
+
+    from kvjax.units import fmt_seconds
+
+    def span(r):
+        if r.get("predicted_s") is None:
+            return "-"
+        return (f"{fmt_seconds(r['predicted_s'])} [{fmt_seconds(r['predicted_lo_s'])}, "
+                f"{fmt_seconds(r['predicted_hi_s'])}]")  # fmt: skip
+
+    t = Table(title="predicted (efficiency model fitted on the published measurements; "
+                    "80% interval): kvjax validate")  # fmt: skip
+    for col in ("kernel", "class", "bound", "predicted [80%]"):
+        t.add_column(col, justify="left" if col in ("kernel", "class") else "right")
+    for r in pred["kernels"]:
+        t.add_row(r["name"], r["class"] or "-", fmt_seconds(r["bound_s"]), span(r))
+    t.add_row("whole step", "step", "", span(pred["step"]))
+    con.print(t)
