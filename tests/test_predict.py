@@ -3,6 +3,7 @@
 import contextlib
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,3 +186,22 @@ def test_every_corpus_row_has_a_closed_form():
     for row in read_corpus():
         c = closed_form(row)
         assert c.flops > 0 and c.bytes > 0 and c.bound_s > 0
+
+
+def test_cpu_check_summary_is_its_points_refitted():
+    """experiments/results/cpu_predict.json: the model fitted on this CPU's own timed kernels,
+    one shape group held out at a time; the committed summary is what its points give."""
+    from experiments.benchmarks.cpu_predict import analyse
+
+    result = json.loads(
+        (Path(__file__).parents[1] / "experiments/results/cpu_predict.json").read_text()
+    )
+    c = result["ceilings"]
+    again = analyse(result["points"], c["peak_flops_per_s"]["f32"], c["bandwidth_bytes_per_s"])
+    assert set(again) == {"matmul", "attention_decode"}
+    for cls, s in again.items():
+        want = result["summary"][cls]
+        assert s["loso_median_abs_error"] == pytest.approx(want["loso_median_abs_error"])
+        assert s["loso_coverage_80"] == pytest.approx(want["loso_coverage_80"])
+        assert s["groups"] == 3 and s["points"] >= 18
+    assert result["device"] and result["jax"]
