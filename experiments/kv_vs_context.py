@@ -6,7 +6,7 @@ layers' flat states) against the same attention in every layer."""
 
 from kvjax import analytic
 from kvjax.analytic.variants import all_attention, variant_cache_bytes, variant_configs
-from kvjax.config import PRESETS, get_model_config
+from kvjax.model.config import PRESETS, get_model_config
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
 

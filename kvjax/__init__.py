@@ -10,10 +10,10 @@ from kvjax.devices import default_platforms
 
 default_platforms()  # before jax starts: a host with no accelerator runs jax on its CPU
 
-from kvjax import presets  # noqa: E402, F401 (registers the presets in kvjax.config.PRESETS)
-from kvjax.config import ModelConfig, get_model_config  # noqa: E402
 from kvjax.errors import KvjaxError  # noqa: E402
 from kvjax.hardware import ChipSpec, get_chip  # noqa: E402
+from kvjax.model import presets  # noqa: E402, F401 (registers the presets in kvjax.model.config.PRESETS)
+from kvjax.model.config import ModelConfig, get_model_config  # noqa: E402
 
 __all__ = ["ChipSpec", "KvjaxError", "ModelConfig", "get_chip", "get_model_config"]
 __version__ = "0.1.0"

@@ -1,5 +1,5 @@
 """Dtypes: bytes per element of weights, caches and states, the names kvjax accepts, and the
-packed / block formats sized in closed form only. Re-exported by `kvjax.config`."""
+packed / block formats sized in closed form only. Re-exported by `kvjax.model.config`."""
 
 from __future__ import annotations
 

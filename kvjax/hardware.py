@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvjax.config import canonical_dtype
+from kvjax.dtypes import canonical_dtype
 from kvjax.errors import KvjaxError, unknown_name_error
 
 TERA = 1e12

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from kvjax import KvjaxError, analytic, get_model_config, kernels
 from kvjax.analytic import Workload
-from kvjax.config import DTYPE_BYTES, ModelConfig
+from kvjax.model.config import DTYPE_BYTES, ModelConfig
 
 small = st.integers(min_value=1, max_value=64)
 

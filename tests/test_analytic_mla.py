@@ -5,8 +5,8 @@ import pytest
 
 from kvjax import analytic, kernels
 from kvjax.analytic import Workload
-from kvjax.config import ModelConfig
 from kvjax.hardware import get_chip
+from kvjax.model.config import ModelConfig
 
 # DeepSeek-V3's attention (deepseek-ai/DeepSeek-V3 config.json): 61 layers, D 7168, 128 heads,
 # q rank 1536, latent 512, RoPE 64, nope 128 (head_dim 192), values 128. The MLP here is its dense

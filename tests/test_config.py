@@ -4,9 +4,9 @@ import json
 import pytest
 
 from kvjax import ChipSpec, KvjaxError, analytic, get_chip, get_model_config, kernels
-from kvjax.config import PRESETS
 from kvjax.hardware import CHIPS, chip_from_numbers
-from kvjax.hf_config import from_hf_config
+from kvjax.model.config import PRESETS
+from kvjax.model.hf import from_hf_config
 
 # Published parameter totals (Hugging Face model cards / safetensors index metadata).
 PUBLISHED_PARAMS = {
@@ -114,11 +114,11 @@ def test_unknown_preset_suggests_nearest():
 
 
 def test_every_preset_has_a_citation_comment():
-    import kvjax.presets
-    import kvjax.presets_families
-    import kvjax.presets_hybrid
+    import kvjax.model.presets
+    import kvjax.model.presets_families
+    import kvjax.model.presets_hybrid
 
-    modules = (kvjax.presets, kvjax.presets_families, kvjax.presets_hybrid)
+    modules = (kvjax.model.presets, kvjax.model.presets_families, kvjax.model.presets_hybrid)
     source = "\n".join(open(m.__file__).read() for m in modules)
     for name in PRESETS:
         if not name.startswith("tiny"):

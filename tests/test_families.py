@@ -12,7 +12,7 @@ import pytest
 from support import check_hf_parity, require_module
 
 from kvjax import analytic, get_model_config
-from kvjax.hf_config import from_hf_config
+from kvjax.model.hf import from_hf_config
 
 torch = require_module("torch")
 transformers = require_module("transformers")
@@ -74,7 +74,7 @@ def test_default_config_sizes_as_transformers(tmp_path, family):
     assert analytic.num_params(cfg) == hf_param_count(model), family
 
 
-# Each new family's preset: the card's fields (as in kvjax/presets_families.py)
+# Each new family's preset: the card's fields (as in kvjax/model/presets_families.py)
 CARDS = {
     "seed-oss-36b": ("seed_oss", dict(hidden_size=5120, num_hidden_layers=64,
                                       num_attention_heads=80, num_key_value_heads=8,
@@ -247,7 +247,7 @@ def test_tiny_checkpoint_logits_parity(tmp_path, family):
 
 
 def test_families_are_listed_once():
-    from kvjax.hf_config import _HF_MODEL_TYPES
+    from kvjax.model.hf import _HF_MODEL_TYPES
 
     assert set(FAMILIES) - {"gemma3"} <= set(_HF_MODEL_TYPES)
     assert json.dumps(sorted(FAMILIES))  # a table, not a computation

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from kvjax import hardware, kernels
 from kvjax.analytic import flash, step
 from kvjax.analytic.costs import Workload
-from kvjax.config import get_model_config
 from kvjax.errors import KvjaxError
+from kvjax.model.config import get_model_config
 
 
 def _brute(T, S, bq, bk, window=0, sinks=0):

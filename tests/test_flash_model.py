@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 from kvjax import kernels
-from kvjax.config import get_model_config
 from kvjax.errors import KvjaxError
+from kvjax.model.config import get_model_config
 from kvjax.nn import flash
 from kvjax.nn.transformer import Transformer
 

@@ -10,7 +10,7 @@ from test_traced_step import check_against_closed_form
 
 from kvjax import KvjaxError, analytic, get_model_config, kernels
 from kvjax.analytic import Workload
-from kvjax.hf_config import from_hf_config
+from kvjax.model.hf import from_hf_config
 from kvjax.traced.step import trace_step
 
 # The published config.json values (google/gemma-2-9b; google/gemma-3-27b-it's text_config,

@@ -10,7 +10,7 @@ import pytest
 from support import check_hf_parity, require_module
 
 from kvjax import KvjaxError, analytic, get_model_config
-from kvjax.hf_config import from_hf_config
+from kvjax.model.hf import from_hf_config
 from kvjax.nn.mxfp4 import dequantize_mxfp4
 
 torch = require_module("torch")

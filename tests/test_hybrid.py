@@ -12,7 +12,7 @@ from kvjax import analytic, get_model_config, kernels
 from kvjax.analytic import Workload
 from kvjax.analytic.step import step_kernels
 from kvjax.errors import KvjaxError
-from kvjax.hf_config import from_hf_config
+from kvjax.model.hf import from_hf_config
 
 torch = require_module("torch")
 transformers = require_module("transformers")
@@ -22,7 +22,7 @@ FAMILIES = {
     "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM"),
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM"),
 }
-# Each preset's card (as in kvjax/presets_hybrid.py), over its config class's defaults
+# Each preset's card (as in kvjax/model/presets_hybrid.py), over its config class's defaults
 CARDS = {
     "qwen3-next-80b-a3b": ("qwen3_next", dict(rope_parameters={
         "rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25})),

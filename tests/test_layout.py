@@ -15,24 +15,26 @@ from kvjax.analytic import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kvjax"
-ROOT_MODULES = {
-    "config", "config_checks", "presets", "presets_families", "hf_config", "hf_fields", "hardware",
-    "errors", "units", "files", "devices", "kernels", "stats", "rope", "dtypes", "config_hybrid",
-    "hf_hybrid", "presets_hybrid",
-}  # fmt: skip
-# What each part of kvjax may import from kvjax (itself included): analytic <- traced <- measured,
-# nn beside the closed form, runs and cli on top, plotting from records only.
+# The top of kvjax: what a chip is, the kernel registry and the helpers (issue 39: at most 10
+# modules, __init__ and __main__ included); what a model is lives in kvjax.model.
+ROOT_MODULES = {"hardware", "errors", "units", "files", "devices", "kernels", "stats", "dtypes"}
+# What each part of kvjax may import from kvjax (itself included): the model under everything,
+# analytic <- traced <- measured, nn beside the closed form, runs and cli on top, plotting from
+# records (and the presets, for the explorer).
 ALLOWED = {
     "root": set(),
-    "analytic": {"analytic"},
-    "nn": {"nn"},
-    "traced": {"analytic", "nn", "traced"},
-    "measured": {"analytic", "nn", "traced", "measured"},
-    "quality": {"analytic", "nn", "quality"},
-    "runs": {"analytic", "runs"},
-    "predict": {"analytic", "predict"},  # fits and predictions over the closed form (numpy)
-    "plotting": {"plotting"},
+    "api": {"model"},
+    "model": {"model"},
+    "analytic": {"model", "analytic"},
+    "nn": {"model", "nn"},
+    "traced": {"model", "analytic", "nn", "traced"},
+    "measured": {"model", "analytic", "nn", "traced", "measured"},
+    "quality": {"model", "analytic", "nn", "quality"},
+    "runs": {"model", "analytic", "runs"},
+    "predict": {"model", "analytic", "predict"},  # fits and predictions over the closed form
+    "plotting": {"model", "plotting"},
     "cli": {
+        "model",
         "analytic",
         "nn",
         "traced",
@@ -44,6 +46,15 @@ ALLOWED = {
         "cli",
     },  # fmt: skip
 }
+
+
+def test_the_top_of_kvjax_is_short():
+    """kvjax/ reads from its top: a model (kvjax.model), a chip, the kernel registry, the views."""
+    top = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 10, top
+    assert set(top) == ROOT_MODULES | {"__init__", "__main__"}
+
+
 COMPUTE = ("jax", "jaxlib", "flax", "optax", "chex", "orbax")
 
 
@@ -55,6 +66,8 @@ def _part(path: Path) -> str:
     rel = path.relative_to(PACKAGE).parts
     if rel == ("__main__.py",):
         return "cli"  # `python3 -m kvjax`: the command line's entry point
+    if rel == ("__init__.py",):
+        return "api"  # `from kvjax import ModelConfig`: the package's face
     return "root" if len(rel) == 1 else rel[0]
 
 

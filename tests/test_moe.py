@@ -18,7 +18,7 @@ from kvjax.analytic.moe import (
     experts_touched_bounds,
     moe_layer_param_counts,
 )
-from kvjax.hf_config import from_hf_config
+from kvjax.model.hf import from_hf_config
 from kvjax.traced.step import trace_step
 
 # Published config.json values (mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B,

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from kvjax import KvjaxError, analytic, get_model_config
-from kvjax.config import PRESETS
+from kvjax.model.config import PRESETS
 from kvjax.nn import CompiledSteps, Transformer, abstract_model, generate, param_count
 
 VARIANTS = ["tiny-mha", "tiny-gqa", "tiny-mqa"]

@@ -13,7 +13,7 @@ from support import require_module
 from kvjax import ModelConfig
 from kvjax.analytic import Workload
 from kvjax.analytic.hybrid import mixer_kernels
-from kvjax.config_hybrid import conv_channels
+from kvjax.model.hybrid import conv_channels
 from kvjax.nn import delta_rule
 from kvjax.nn.deltanet import GatedDeltaNet
 from kvjax.traced.hlo import attribute

@@ -13,7 +13,7 @@ torch = require_module("torch")
 transformers = require_module("transformers")
 
 from kvjax import KvjaxError  # noqa: E402
-from kvjax.hf_config import from_hf_config  # noqa: E402
+from kvjax.model.hf import from_hf_config  # noqa: E402
 from kvjax.nn import load_hf_llama  # noqa: E402
 
 # Every width distinct: D 40, N 6 heads, U (nope) 10, P (rope) 6, W (value) 7, A (latent) 20,

@@ -13,7 +13,7 @@ from support import require_module
 from kvjax import kernels
 from kvjax.analytic.costs import Workload
 from kvjax.analytic.hybrid import conv_channels, mixer_kernels
-from kvjax.config import ModelConfig
+from kvjax.model.config import ModelConfig
 from kvjax.nn.layers import act_dtype
 from kvjax.nn.mamba2 import Mamba2
 from kvjax.traced.hlo import attribute

@@ -15,8 +15,8 @@ from kvjax.analytic.variants import mla_variant
 from kvjax.cli import main
 from kvjax.cli.args import finite_json
 from kvjax.cli.calc import calc_report
-from kvjax.config import PRESETS
 from kvjax.hardware import CHIPS
+from kvjax.model.config import PRESETS
 from kvjax.plotting.explorer import explorer_data, render_explorer, write_explorer
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

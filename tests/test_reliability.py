@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kvjax import KvjaxError
 from kvjax.cli import main
-from kvjax.hf_config import from_hf_config
+from kvjax.model.hf import from_hf_config
 from kvjax.runs.launcher import run_experiment
 from kvjax.runs.records import RunDir, point_file_name
 

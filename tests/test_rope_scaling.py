@@ -1,4 +1,4 @@
-"""Long-context RoPE (kvjax.rope): Llama 3.1's `llama3` and YaRN frequencies against transformers'
+"""Long-context RoPE: Llama 3.1's `llama3` and YaRN frequencies against transformers'
 own ROPE_INIT_FUNCTIONS, tiny-checkpoint logits parity (Llama with each, DeepSeek-V3 with YaRN's
 softmax mscale), and the RoPE kernel's trace equal to its closed form with constant tables."""
 
@@ -9,8 +9,8 @@ import pytest
 from support import check_hf_parity, require_module
 
 from kvjax import KvjaxError, get_model_config
-from kvjax.hf_config import from_hf_config
-from kvjax.rope import inverse_frequencies
+from kvjax.model.hf import from_hf_config
+from kvjax.model.rope import inverse_frequencies
 
 torch = require_module("torch")
 transformers = require_module("transformers")

@@ -10,9 +10,9 @@ from flax import nnx
 from kvjax import kernels
 from kvjax.analytic import Workload, max_batch_that_fits, serving, step_kernels
 from kvjax.analytic.sizes import kv_cache_bytes, kv_positions_held, paged, weight_bytes
-from kvjax.config import get_model_config
 from kvjax.errors import KvjaxError
 from kvjax.hardware import get_chip
+from kvjax.model.config import get_model_config
 from kvjax.nn.transformer import Transformer
 
 H100 = get_chip("h100-sxm")

@@ -12,7 +12,7 @@ from flax import nnx
 
 from kvjax import KvjaxError, analytic, get_model_config, kernels
 from kvjax.analytic import Workload
-from kvjax.hf_config import from_hf_config
+from kvjax.model.hf import from_hf_config
 from kvjax.nn import Transformer, generate
 from kvjax.traced.step import trace_step
 

@@ -25,11 +25,11 @@ import jax
 
 from kvjax import analytic, kernels
 from kvjax.analytic import Workload
-from kvjax.config import ModelConfig
 from kvjax.measured.bench import place
 from kvjax.measured.ceilings import ReadCeiling, in_run_ceilings, load_or_measure_ceilings
 from kvjax.measured.kernels import input_sets, kernel_benches
 from kvjax.measured.timing import device_name, summarize, time_fn
+from kvjax.model.config import ModelConfig
 from kvjax.runs.records import write_json_atomic
 
 

@@ -23,11 +23,11 @@ import jax
 
 from kvjax import kernels
 from kvjax.analytic import Workload
-from kvjax.config import ModelConfig
 from kvjax.measured.bench import place
 from kvjax.measured.ceilings import load_or_measure_ceilings
 from kvjax.measured.kernels import input_sets, kernel_benches
 from kvjax.measured.timing import device_name, time_fn
+from kvjax.model.config import ModelConfig
 from kvjax.predict import model
 from kvjax.runs.records import write_json_atomic
 

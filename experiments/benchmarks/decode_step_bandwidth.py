@@ -26,11 +26,11 @@ import jax
 
 from kvjax import analytic
 from kvjax.analytic import Workload, roofline
-from kvjax.config import ModelConfig, get_model_config
 from kvjax.files import write_json_atomic
 from kvjax.measured.ceilings import load_or_measure_ceilings
 from kvjax.measured.interleave import time_interleaved
 from kvjax.measured.timing import device_name
+from kvjax.model.config import ModelConfig, get_model_config
 
 MODELS = {
     # the default run's small model (configs/*_cpu.yaml: llama-2-7b cut to 2 layers of 1024)

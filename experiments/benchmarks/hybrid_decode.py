@@ -32,11 +32,11 @@ from flax import nnx
 from kvjax import analytic
 from kvjax.analytic import Workload, roofline
 from kvjax.analytic.hybrid import state_bytes
-from kvjax.config import get_model_config
 from kvjax.errors import KvjaxError
 from kvjax.measured.ceilings import ReadCeiling, in_run_ceilings, load_or_measure_ceilings
 from kvjax.measured.kernels import check_fits
 from kvjax.measured.timing import device_name
+from kvjax.model.config import get_model_config
 from kvjax.runs.records import write_json_atomic
 from kvjax.traced.step import cache_len
 

@@ -25,7 +25,7 @@ from rich.progress import track  # noqa: E402
 
 from kvjax import KvjaxError, get_model_config  # noqa: E402
 from kvjax.analytic.parallel import kv_cache_bytes_per_device, weight_bytes_per_device  # noqa: E402
-from kvjax.config import PRESETS  # noqa: E402
+from kvjax.model.config import PRESETS  # noqa: E402
 from kvjax.runs.records import write_text_atomic  # noqa: E402
 from kvjax.traced.sharded import trace_sharded_step  # noqa: E402
 from kvjax.traced.step import cache_len  # noqa: E402

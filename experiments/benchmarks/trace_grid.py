@@ -21,7 +21,7 @@ from rich.progress import track
 
 from kvjax import analytic, get_model_config, kernels
 from kvjax.analytic.variants import mla_variant
-from kvjax.config import PRESETS
+from kvjax.model.config import PRESETS
 from kvjax.traced.step import compare, trace_step
 
 MATMULS = {name for name, k in kernels.REGISTRY.items() if k.kind == kernels.MATMUL}

@@ -22,10 +22,10 @@ import jax
 
 from kvjax import analytic
 from kvjax.analytic import Workload, roofline
-from kvjax.config import get_model_config
 from kvjax.measured.ceilings import in_run_ceilings, load_or_measure_ceilings
 from kvjax.measured.interleave import time_interleaved
 from kvjax.measured.timing import device_name
+from kvjax.model.config import get_model_config
 from kvjax.runs.records import write_json_atomic
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from kvjax import kernels
 from kvjax.analytic.costs import KernelCost, Workload
 from kvjax.analytic.step import _act_bytes, attention_cost
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
+from kvjax.model.config import ModelConfig
 
 
 def fused_attention_cost(cfg: ModelConfig, wl: Workload) -> KernelCost:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from kvjax.config import DTYPE_BYTES
 from kvjax.errors import KvjaxError
+from kvjax.model.config import DTYPE_BYTES
 
 PHASES = ("prefill", "decode")  # what every command runs
 EXTEND = "extend"  # calc, trace: T new tokens on S - T cached

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from kvjax import kernels
 from kvjax.analytic.costs import SCORE_BYTES, KernelCost, Workload
 from kvjax.analytic.primitives import _act_bytes
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
+from kvjax.model.config import ModelConfig
 
 DEFAULT_BLOCK = 128  # FA2/FA3's tile at H = 128 when no chip is named
 MAX_BLOCK = 512  # the largest tile kernels use (splash attention's default on TPU)

@@ -23,8 +23,8 @@ from __future__ import annotations
 from kvjax import kernels
 from kvjax.analytic.costs import KernelCost, Workload
 from kvjax.analytic.primitives import _act_bytes, _matmul, _rmsnorm
-from kvjax.config import DTYPE_BYTES, ModelConfig
-from kvjax.config_hybrid import STATE_KINDS, conv_channels
+from kvjax.model.config import DTYPE_BYTES, ModelConfig
+from kvjax.model.hybrid import STATE_KINDS, conv_channels
 
 SILU = 4  # negate, exp, add, divide (one exp: a transcendental)
 SIGMOID = 3

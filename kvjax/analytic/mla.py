@@ -32,7 +32,7 @@ from kvjax.analytic.primitives import (
     prefill_softmax,
     rope_cost,
 )
-from kvjax.config import ModelConfig
+from kvjax.model.config import ModelConfig
 
 F32 = SCORE_BYTES
 

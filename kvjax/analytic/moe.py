@@ -31,8 +31,8 @@ from kvjax.analytic.params import (  # noqa: F401 (re-exported for callers of an
     weight_bytes,
 )
 from kvjax.analytic.primitives import act_flops
-from kvjax.config import DTYPE_BYTES, ModelConfig
 from kvjax.errors import KvjaxError
+from kvjax.model.config import DTYPE_BYTES, ModelConfig
 
 
 def expected_experts_touched(num_experts: int, per_token: int, tokens: int) -> float:

@@ -18,9 +18,9 @@ from kvjax.analytic import roofline
 from kvjax.analytic.costs import SCORE_BYTES, Workload
 from kvjax.analytic.sizes import kv_cache_bytes, weight_bytes
 from kvjax.analytic.step import step_cost
-from kvjax.config import DTYPE_BYTES, ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
+from kvjax.model.config import DTYPE_BYTES, ModelConfig
 
 
 def kv_heads_per_device(cfg: ModelConfig, tp: int) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from kvjax import kernels
-from kvjax.config import MXFP4_BLOCK, MXFP4_BLOCK_BYTES, ModelConfig
+from kvjax.model.config import MXFP4_BLOCK, MXFP4_BLOCK_BYTES, ModelConfig
 
 BIAS_BYTES = 4  # DeepSeek-V3's e_score_correction_bias is kept in f32 (as Hugging Face does)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from kvjax import kernels
 from kvjax.analytic.costs import SCORE_BYTES, KernelCost
-from kvjax.config import DTYPE_BYTES, ModelConfig
+from kvjax.model.config import DTYPE_BYTES, ModelConfig
 
 
 def _act_bytes(cfg: ModelConfig) -> int:
@@ -195,7 +195,7 @@ def rope_cost(
     1/theta^(2i/H) (3*H/2 incl. one power each), positions to f32 (M); cos and sin: M*H
     transcendentals. A 2-byte model converts the tables for q and for k (2*M*H). `scaled`:
     linear scaling divides inv_freq by the factor (H/2). `table`: a long-context scaling's
-    frequencies are constants (`kvjax.rope`), so inv_freq costs nothing; `attention_factor`:
+    frequencies are constants (`kvjax.model.rope`), so inv_freq costs nothing; `attention_factor`:
     YaRN's cos and sin times it (M*H)."""
     elems = M * heads * H
     freq_flops = 0 if table else 3 * (H // 2) + (H // 2 if scaled else 0)

@@ -18,7 +18,7 @@ trace checks them per kernel). Pure Python. Scales are f32 (`SCALE_BYTES`):
 
 from __future__ import annotations
 
-from kvjax.config import GROUP_SCALE_BYTES, SCALE_BYTES, ModelConfig
+from kvjax.model.config import GROUP_SCALE_BYTES, SCALE_BYTES, ModelConfig
 
 
 def scale_bytes_per_row(cfg: ModelConfig) -> float:

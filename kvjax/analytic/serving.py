@@ -32,9 +32,9 @@ from kvjax.analytic.costs import EXTEND, SCORE_BYTES, Workload
 from kvjax.analytic.primitives import _act_bytes
 from kvjax.analytic.sizes import cache_bytes, weight_bytes
 from kvjax.analytic.step import step_kernels
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
+from kvjax.model.config import ModelConfig
 
 
 def step_bound_s(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> float:

@@ -13,8 +13,8 @@ from kvjax.analytic.params import (  # noqa: F401 (re-exported: analytic's publi
     weight_bytes,
 )
 from kvjax.analytic.quant import exact, scale_bytes_per_token_per_layer, tensor_scale_bytes
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
+from kvjax.model.config import ModelConfig
 
 
 def kv_elements_per_token_per_layer(cfg: ModelConfig) -> int:

@@ -31,8 +31,8 @@ from kvjax.analytic.primitives import (  # noqa: F401 (_act_bytes, rope_cost, l2
     temperature_cost,
 )
 from kvjax.analytic.quant import dequantize_cost, quantize_flops, scale_bytes_per_row
-from kvjax.config import ModelConfig
-from kvjax.config_checks import check_extend
+from kvjax.model.checks import check_extend
+from kvjax.model.config import ModelConfig
 
 
 def layer_kernels(

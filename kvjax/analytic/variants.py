@@ -8,8 +8,8 @@ from typing import Any
 
 from kvjax import analytic
 from kvjax.analytic import roofline
-from kvjax.config import ModelConfig
 from kvjax.hardware import ChipSpec
+from kvjax.model.config import ModelConfig
 
 # The seed's table: per token, 8k context x 1 sequence, 128k context x 32 sequences.
 SEED_TABLE_POINTS = ((8192, 1), (131072, 32))

@@ -12,7 +12,9 @@ from typing import Any
 
 from kvjax.analytic import PHASES, Workload
 from kvjax.analytic.costs import EXTEND
-from kvjax.config import (
+from kvjax.errors import KvjaxError
+from kvjax.hardware import ChipSpec, chip_from_numbers, get_chip
+from kvjax.model.config import (
     DTYPE_BYTES,
     KV_SCALES,
     MLA_FORMS,
@@ -21,9 +23,7 @@ from kvjax.config import (
     canonical_dtype,
     get_model_config,
 )
-from kvjax.errors import KvjaxError
-from kvjax.hardware import ChipSpec, chip_from_numbers, get_chip
-from kvjax.hf_config import from_hf_config
+from kvjax.model.hf import from_hf_config
 
 DEFAULT_MODEL = "seed-70b"
 DEFAULT_CHIP = "h100-sxm"

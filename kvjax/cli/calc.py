@@ -27,9 +27,9 @@ from kvjax.cli.args import (
     resolve_model,
     resolve_workload,
 )
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
+from kvjax.model.config import ModelConfig
 
 
 def add_parser(sub) -> None:

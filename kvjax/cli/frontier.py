@@ -18,9 +18,9 @@ from kvjax.cli.args import (
     resolve_chip,
     resolve_model,
 )
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
+from kvjax.model.config import ModelConfig
 from kvjax.units import fmt_bytes, fmt_seconds, sig
 
 

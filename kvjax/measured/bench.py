@@ -9,12 +9,12 @@ from typing import Any
 from kvjax import analytic, kernels
 from kvjax.analytic import KernelCost, Workload, roofline
 from kvjax.analytic.moe import model_workload
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
 from kvjax.measured.kernels import check_fits, flash_execution, kernel_benches, time_kernel
 from kvjax.measured.step import time_decode_step
 from kvjax.measured.timing import TimingStats
+from kvjax.model.config import ModelConfig
 
 
 def place(

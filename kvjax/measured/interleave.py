@@ -18,10 +18,10 @@ import numpy as np
 
 from kvjax import analytic
 from kvjax.analytic import Workload
-from kvjax.config import ModelConfig
 from kvjax.measured.ceilings import ReadCeiling
 from kvjax.measured.kernels import check_fits
 from kvjax.measured.step import served_step
+from kvjax.model.config import ModelConfig
 from kvjax.traced.step import cache_len
 
 

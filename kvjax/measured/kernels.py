@@ -21,9 +21,9 @@ import jax.numpy as jnp
 from kvjax import analytic, kernels
 from kvjax.analytic import KernelCost, Workload
 from kvjax.analytic.moe import model_workload
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.measured.timing import TimingStats, available_memory_bytes, time_fn
+from kvjax.model.config import ModelConfig
 from kvjax.nn import flash, mla, moe
 from kvjax.nn.attention import (
     attend_cache,

@@ -32,10 +32,10 @@ import jax
 from kvjax import kernels
 from kvjax.analytic import Workload
 from kvjax.analytic.moe import model_workload
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.measured.step import served_step
 from kvjax.measured.timing import device_name
+from kvjax.model.config import ModelConfig
 from kvjax.nn.transformer import param_kernel
 from kvjax.traced.compiled import UNNAMED, CompiledOp, compiled_ops
 from kvjax.traced.hlo import Cost

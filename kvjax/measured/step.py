@@ -15,10 +15,10 @@ import jax.numpy as jnp
 
 from kvjax import analytic
 from kvjax.analytic import Workload
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.measured.kernels import check_fits, random_array
 from kvjax.measured.timing import TimingStats, time_loop
+from kvjax.model.config import ModelConfig
 from kvjax.traced.step import cache_len
 
 REWINDS = 256  # fresh position arrays made at a time for the decode step's rewind

@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from kvjax import kernels
-from kvjax.config import ModelConfig
+from kvjax.model.config import ModelConfig
 from kvjax.nn import flash
 from kvjax.nn.fake_quant import read_quantized
 from kvjax.nn.kv_cache import dequantize, rolling_slot

@@ -1,6 +1,6 @@
 """One decoder layer: norm, the token mixer, residual, norm, MLP (or MoE), residual.
 
-The mixer is set by the layer's `layer_kinds` letter (`kvjax.config_hybrid.LAYER_KINDS`): A
+The mixer is set by the layer's `layer_kinds` letter (`kvjax.model.hybrid.LAYER_KINDS`): A
 attention (GQA `Attention` or MLA `LatentAttention`), D Gated DeltaNet (`kvjax.nn.deltanet`), C
 LFM2's short convolution (`kvjax.nn.shortconv`), H Mamba-2 beside the attention, both reading the
 same normed x and summed (Falcon-H1; `kvjax.nn.mamba2`). The caller passes how each runs:
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kvjax import kernels
-from kvjax.config import ModelConfig
+from kvjax.model.config import ModelConfig
 from kvjax.nn.attention import Attention
 from kvjax.nn.deltanet import GatedDeltaNet
 from kvjax.nn.layers import block_norm

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kvjax import kernels
-from kvjax.config import ModelConfig
+from kvjax.model.config import ModelConfig
 from kvjax.nn import delta_rule
 from kvjax.nn.layers import linear, param, read, weight_dtype
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
+from kvjax.model.config import ModelConfig
 from kvjax.nn.kv_cache import dequantize, quantize
 from kvjax.nn.layers import kv_dtype
 

@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
-from kvjax.hf_config import from_hf_config, read_hf_json
-from kvjax.hf_fields import rope_scalings
-from kvjax.hf_hybrid import HYBRID_TYPES
+from kvjax.model.config import ModelConfig
+from kvjax.model.hf import from_hf_config, read_hf_json
+from kvjax.model.hf_fields import rope_scalings
+from kvjax.model.hf_hybrid import HYBRID_TYPES
 from kvjax.nn.hf_hybrid_load import from_hf_hybrid
 from kvjax.nn.hf_parts import (
     EXPERT_NAMES,

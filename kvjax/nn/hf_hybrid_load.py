@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 from flax import nnx
 
-from kvjax.config import ModelConfig
-from kvjax.config_hybrid import conv_channels
+from kvjax.model.config import ModelConfig
+from kvjax.model.hybrid import conv_channels
 from kvjax.nn.hf_parts import (
     check_all_used,
     load_attention,

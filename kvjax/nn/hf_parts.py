@@ -8,8 +8,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
+from kvjax.model.config import ModelConfig
 from kvjax.nn.layers import weight_dtype
 
 

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kvjax.config import ModelConfig
-from kvjax.rope import inverse_frequencies
+from kvjax.model.config import ModelConfig
+from kvjax.model.rope import inverse_frequencies
 
 JNP_DTYPES = {
     "f32": jnp.float32,
@@ -134,7 +134,7 @@ def rope_tables(
 ) -> tuple[jax.Array, jax.Array]:
     """cos and sin of shape [B, T, H/2] for integer positions; `factor` > 1 is Hugging Face's
     "linear" scaling (inverse frequencies divided by it). `inv_freq` (H/2 numbers: a long-context
-    scaling's, `kvjax.rope`) replaces the computed frequencies as a constant; YaRN's
+    scaling's, `kvjax.model.rope`) replaces the computed frequencies as a constant; YaRN's
     `attention_factor` multiplies cos and sin."""
     if inv_freq is None:
         inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))

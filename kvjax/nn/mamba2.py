@@ -36,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 from kvjax import kernels
-from kvjax.config import ModelConfig
+from kvjax.model.config import ModelConfig
 from kvjax.nn.layers import act_dtype, linear, param, read, weight_dtype
 
 SOFTPLUS_THRESHOLD = 20.0  # torch's F.softplus: x itself above it

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kvjax import kernels
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
+from kvjax.model.config import ModelConfig
 from kvjax.nn import flash
 from kvjax.nn.attention import NEG_INF, decode_softmax
 from kvjax.nn.kv_cache import check_cache_size

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kvjax import kernels
-from kvjax.config import ModelConfig
+from kvjax.model.config import ModelConfig
 from kvjax.nn.layers import act_dtype, linear, param, read, weight_dtype
 from kvjax.nn.mlp import MLP, gated_product
 

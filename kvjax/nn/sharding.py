@@ -31,9 +31,9 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from kvjax.config import ModelConfig
 from kvjax.devices import batch_per_replica
 from kvjax.errors import KvjaxError
+from kvjax.model.config import ModelConfig
 
 DATA, KV, GRP = "data", "kv", "grp"
 MODEL = (KV, GRP)  # the tensor-parallel axes together: tp contiguous blocks, "kv" major

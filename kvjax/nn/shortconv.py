@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kvjax import kernels
-from kvjax.config import ModelConfig
+from kvjax.model.config import ModelConfig
 from kvjax.nn.layers import act_dtype, linear, param, read, weight_dtype
 
 

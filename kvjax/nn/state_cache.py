@@ -19,9 +19,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from kvjax.config import ModelConfig
-from kvjax.config_hybrid import ATTENTION_KINDS, STATE_KINDS, conv_channels
 from kvjax.errors import KvjaxError
+from kvjax.model.config import ModelConfig
+from kvjax.model.hybrid import ATTENTION_KINDS, STATE_KINDS, conv_channels
 from kvjax.nn.kv_cache import KVCache, check_cache_size
 from kvjax.nn.layers import act_dtype, kv_dtype
 

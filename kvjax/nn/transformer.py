@@ -15,9 +15,9 @@ import numpy as np
 from flax import nnx
 
 from kvjax import kernels
-from kvjax.config import ModelConfig
-from kvjax.config_checks import check_extend
 from kvjax.errors import KvjaxError
+from kvjax.model.checks import check_extend
+from kvjax.model.config import ModelConfig
 from kvjax.nn.attention import soft_cap
 from kvjax.nn.block import Block
 from kvjax.nn.fake_quant import cache_view

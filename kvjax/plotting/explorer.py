@@ -1,7 +1,7 @@
 """The interactive explorer: the seed's batch / context / num_kv_heads widget as one self-contained
 HTML file that opens from disk with no server and no network.
 
-The presets are exported from `kvjax.config` and `kvjax.hardware` as JSON into the page; the
+The presets are exported from `kvjax.model.config` and `kvjax.hardware` as JSON into the page; the
 formulas run in the page's JavaScript (a second implementation of `kvjax.analytic`'s decode step,
 kernel by kernel), and tests/test_plotting_explorer.py checks, in a real headless browser, that
 the page shows what `kvjax calc --json` says.
@@ -14,10 +14,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kvjax.config import DTYPE_BYTES, PACKED_KV_BYTES, PRESETS, ModelConfig
 from kvjax.errors import KvjaxError, unknown_name_error
 from kvjax.files import write_text_atomic
 from kvjax.hardware import CHIPS
+from kvjax.model.config import DTYPE_BYTES, PACKED_KV_BYTES, PRESETS, ModelConfig
 
 
 def _model_entry(cfg: ModelConfig) -> dict[str, Any]:

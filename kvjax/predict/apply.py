@@ -14,9 +14,9 @@ from typing import Any
 from kvjax import kernels
 from kvjax.analytic.costs import StepCost, Workload
 from kvjax.analytic.step import step_cost
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
+from kvjax.model.config import ModelConfig
 from kvjax.predict.model import Features, Fit
 from kvjax.predict.validate import corpus_fits
 

@@ -23,9 +23,9 @@ from kvjax.analytic import flash
 from kvjax.analytic.costs import Workload
 from kvjax.analytic.primitives import _matmul
 from kvjax.analytic.step import step_cost
-from kvjax.config import DTYPE_BYTES, ModelConfig, get_model_config
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, get_chip
+from kvjax.model.config import DTYPE_BYTES, ModelConfig, get_model_config
 from kvjax.predict.corpus import Row
 
 TILE = 128  # the output tile GEMM and attention kernels hand one core (the wave term's unit)

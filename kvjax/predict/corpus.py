@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvjax.config import DTYPE_BYTES
 from kvjax.errors import KvjaxError
 from kvjax.hardware import CHIPS
+from kvjax.model.config import DTYPE_BYTES
 
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "published"
 

@@ -19,10 +19,10 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from kvjax.analytic import Workload, parallel
-from kvjax.config import ModelConfig, get_model_config
 from kvjax.devices import batch_per_replica
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, get_chip
+from kvjax.model.config import ModelConfig, get_model_config
 
 
 def _model_section():

@@ -28,9 +28,9 @@ from jax.sharding import PartitionSpec as P
 
 from kvjax import analytic
 from kvjax.analytic import Workload, parallel
-from kvjax.config import ModelConfig
 from kvjax.devices import batch_per_replica
 from kvjax.errors import KvjaxError
+from kvjax.model.config import ModelConfig
 from kvjax.nn import sharding as sh
 from kvjax.nn.transformer import abstract_model
 from kvjax.traced.collectives import Collective, collectives, summarize

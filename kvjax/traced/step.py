@@ -28,8 +28,8 @@ from flax import nnx
 from kvjax import analytic, kernels
 from kvjax.analytic import Workload
 from kvjax.analytic.moe import model_workload
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
+from kvjax.model.config import ModelConfig
 from kvjax.traced.hlo import Cost, attribute
 
 STAGES = ("lowered", "compiled")

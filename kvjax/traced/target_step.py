@@ -15,7 +15,6 @@ RESOURCE_EXHAUSTED, refused here with the compiler's numbers.
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +22,8 @@ from typing import Any
 from kvjax import analytic, hardware, kernels
 from kvjax.analytic import Workload
 from kvjax.analytic.moe import model_workload
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
+from kvjax.model.config import ModelConfig
 from kvjax.traced.target_costs import TargetModuleCosts, dumps_thunk, module_kernel_costs
 from kvjax.traced.targets import Target, compile_for_target
 

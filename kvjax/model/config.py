@@ -1,6 +1,6 @@
 """Model configuration: `ModelConfig` (frozen, validated) and the published presets.
 
-Hugging Face `config.json` import is `kvjax.hf_config`. Letters: `kvjax.kernels`.
+Hugging Face `config.json` import is `kvjax.model.hf`. Letters: `kvjax.kernels`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,17 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from kvjax.config_checks import (  # the constants re-exported for the CLI and the docs
+from kvjax.dtypes import (  # noqa: F401 (re-exported: kvjax.model.config's public names)
+    DTYPE_BYTES,
+    GROUP_SCALE_BYTES,
+    MXFP4_BLOCK,
+    MXFP4_BLOCK_BYTES,
+    PACKED_KV_BYTES,
+    SCALE_BYTES,
+    canonical_dtype,
+)
+from kvjax.errors import KvjaxError, unknown_name_error
+from kvjax.model.checks import (  # the constants re-exported for the CLI and the docs
     ACTIVATIONS,  # noqa: F401 (re-exported)
     KV_SCALES,
     MLA_FORMS,
@@ -21,17 +31,7 @@ from kvjax.config_checks import (  # the constants re-exported for the CLI and t
     check_scales,
     check_window,
 )
-from kvjax.config_hybrid import LAYER_KINDS, check_hybrid
-from kvjax.dtypes import (  # noqa: F401 (re-exported: kvjax.config's public names)
-    DTYPE_BYTES,
-    GROUP_SCALE_BYTES,
-    MXFP4_BLOCK,
-    MXFP4_BLOCK_BYTES,
-    PACKED_KV_BYTES,
-    SCALE_BYTES,
-    canonical_dtype,
-)
-from kvjax.errors import KvjaxError, unknown_name_error
+from kvjax.model.hybrid import LAYER_KINDS, check_hybrid
 
 _INT_FIELDS = (
     "num_layers",
@@ -124,7 +124,7 @@ class ModelConfig:
     logits_scaling: float = 1.0
     rope_local_theta: float = 0.0  # sliding layers' RoPE base (Gemma 3: 10000; 0: rope_theta)
     rope_linear_factor: float = 1.0  # positions / factor in layers on rope_theta (HF "linear")
-    # long-context RoPE (kvjax.rope) in the layers on rope_theta: Llama 3.1's "llama3" or "yarn"
+    # long-context RoPE in the layers on rope_theta: Llama 3.1's "llama3" or "yarn"
     rope_scaling: str = "none"
     rope_factor: float = 1.0  # the context extension factor
     rope_original_context: int = 0  # original_max_position_embeddings
@@ -254,7 +254,7 @@ class ModelConfig:
         return self.rope_theta, self.rope_linear_factor
 
     def rope_table(self, sliding: bool) -> bool:
-        """The layer's RoPE frequencies are `rope_scaling`'s (constants, `kvjax.rope`): every
+        """The layer's RoPE frequencies are `rope_scaling`'s (constants, `kvjax.model.rope`): every
         layer on rope_theta, i.e. all but the sliding ones of a model with rope_local_theta."""
         return self.rope_scaling != "none" and not (sliding and self.rope_local_theta)
 
@@ -382,7 +382,7 @@ class ModelConfig:
 __all__ = ["DTYPE_BYTES", "KV_SCALES", "LAYER_KINDS", "MLA_FORMS", "PACKED_KV_BYTES", "PRESETS",
            "ROUTERS", "ModelConfig", "canonical_dtype", "get_model_config"]  # fmt: skip
 
-# Presets: defined in `kvjax.presets` (each citing its published config), registered here on
+# Presets: defined in `kvjax.model.presets` (each citing its published config), registered here on
 # import of the package.
 PRESETS: dict[str, ModelConfig] = {}
 

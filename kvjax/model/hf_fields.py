@@ -1,6 +1,6 @@
 """What each Hugging Face family's config.json says, read field by field: typed reads (`_Fields`),
 the per-layer pattern helper, and the later families' own fields and class defaults (issue 29).
-`kvjax.hf_config` assembles a `ModelConfig` from them."""
+`kvjax.model.hf` assembles a `ModelConfig` from them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from kvjax.errors import KvjaxError
-from kvjax.rope import yarn_mscale
+from kvjax.model.rope import yarn_mscale
 
 # The later families' config-class defaults that differ from kvjax's (transformers 5), for the
 # keys a Hub config.json may omit because it equals them.
@@ -147,7 +147,7 @@ def _granite_fields(f: _Fields) -> dict:
 
 # Families not built yet: a file of one is refused by name, with what it needs, rather than read
 # as a Llama and given a silently wrong cache or FLOP count. (The hybrids of issue 31 are read:
-# `kvjax.hf_hybrid`.)
+# `kvjax.model.hf_hybrid`.)
 _NOT_YET: dict[str, str] = {}
 # Llama4TextConfig's defaults (transformers 5: Llama-4-Scout-17B-16E's text model), for the keys a
 # file omits; the multimodal `llama4` config's text_config is read the same way
@@ -233,7 +233,7 @@ def llama4_fields(f: _Fields, data: dict, fields: dict, where: str) -> dict:
 
 
 def long_rope_fields(scaling: dict, kind: str, data: dict, model_type: str, where: str) -> dict:
-    """Llama 3.1's `llama3` and YaRN's scaling (`kvjax.rope`) from a rope_scaling /
+    """Llama 3.1's `llama3` and YaRN's scaling (`kvjax.model.rope`) from a rope_scaling /
     rope_parameters dict, with Hugging Face's defaults (YaRN: factor = max positions / original
     when absent, beta_fast 32, beta_slow 1, truncate true; attention_factor from mscale and
     mscale_all_dim, else 0.1 ln(factor) + 1). DeepSeek's attention also multiplies its softmax
@@ -290,7 +290,7 @@ def rope_scalings(data: dict) -> list[dict]:
 def _rope_fields(f: _Fields, data: dict, model_type: str, where: str) -> dict:
     """RoPE bases and linear scaling: `rope_theta` / `rope_scaling` (transformers 4), or
     `rope_parameters` (transformers 5: flat, or per layer type for Gemma 3); Gemma 3's local
-    base `rope_local_base_freq`; Llama 3.1's and YaRN's long-context scalings (`kvjax.rope`). Any
+    base `rope_local_base_freq`; Llama 3.1's and YaRN's long-context scalings. Any
     other (dynamic NTK, longrope) changes no cost and is left out (the checkpoint loader refuses
     it: `kvjax.nn.hf`)."""
     out: dict[str, float] = {}

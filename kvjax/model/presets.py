@@ -1,9 +1,9 @@
 """The published model presets, each citing the config it comes from; parameter counts are checked
-in tests against the published totals. Registered into `kvjax.config.PRESETS` on import (the
+in tests against the published totals. Registered into `kvjax.model.config.PRESETS` on import (the
 package imports this module)."""
 
-from kvjax.config import ModelConfig, _preset
-from kvjax.rope import yarn_mscale
+from kvjax.model.config import ModelConfig, _preset
+from kvjax.model.rope import yarn_mscale
 
 # --------------------------------------------------------------------------------------------
 # The seed's model ("a 70B-parameter, 80-layer model with d_h=128 in BF16", 64 query heads).
@@ -338,4 +338,4 @@ _preset(
 _TINY_MOE = dict(num_experts=6, experts_per_token=2, moe_d_ff=20)
 _preset(ModelConfig(name="tiny-moe", num_kv_heads=3, **_TINY, **_TINY_MOE))
 # the families added later (issue 29) and the hybrids' state layers (issue 31, closed form)
-from kvjax import presets_families, presets_hybrid  # noqa: E402, F401
+from kvjax.model import presets_families, presets_hybrid  # noqa: E402, F401

@@ -3,8 +3,8 @@ model card's architecture table and the transformers config class's defaults (wh
 config.json omits when it equals them). Parameter counts are checked in tests/test_families.py
 against the Hugging Face model built on the meta device."""
 
-from kvjax.config import ModelConfig, _preset
-from kvjax.rope import yarn_mscale
+from kvjax.model.config import ModelConfig, _preset
+from kvjax.model.rope import yarn_mscale
 
 # ByteDance-Seed/Seed-OSS-36B (model card: 64 layers, 80 / 8 / 8 heads of 128, hidden 5120,
 # vocabulary 155K, RoPE base 1e7); SeedOssConfig's defaults: intermediate 27648, vocab 155136,

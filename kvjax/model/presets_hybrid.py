@@ -2,7 +2,7 @@
 source, and tiny ones for tests. Parameter counts are checked in tests/test_hybrid.py against
 the Hugging Face model built on the meta device (and in tests/test_nn.py against kvjax's)."""
 
-from kvjax.config import ModelConfig, _preset
+from kvjax.model.config import ModelConfig, _preset
 
 # Qwen/Qwen3-Next-80B-A3B (Qwen3NextConfig's defaults are its shapes: 48 layers of hidden 2048,
 # every 4th gated full attention (16 / 2 heads of 256, q/k norms, RoPE on a quarter of each head,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvjax.errors import KvjaxError
-from kvjax.hf_fields import _Fields, _period
+from kvjax.model.hf_fields import _Fields, _period
 
 HYBRID_TYPES = ("qwen3_next", "falcon_h1", "lfm2")
 
@@ -184,6 +184,6 @@ def _lfm2(f: _Fields, data: dict, fields: dict, where: str) -> dict:
 
 
 def hybrid_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: str) -> dict:
-    """The family's own fields over what the Llama-like reading gave (`kvjax.hf_config`)."""
+    """The family's own fields over what the Llama-like reading gave (`kvjax.model.hf`)."""
     read = {"qwen3_next": _qwen3_next, "falcon_h1": _falcon_h1, "lfm2": _lfm2}[model_type]
     return read(f, data, fields, where)

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvjax.config import ModelConfig
 from kvjax.errors import KvjaxError
-from kvjax.hf_fields import (
+from kvjax.model.config import ModelConfig
+from kvjax.model.hf_fields import (
     _FAMILY_DEFAULTS,
     _NOT_YET,
     GPT_OSS_ROPE,
@@ -21,7 +21,7 @@ from kvjax.hf_fields import (
     llama4_data,
     llama4_fields,
 )
-from kvjax.hf_hybrid import HYBRID_TYPES, hybrid_data, hybrid_fields
+from kvjax.model.hf_hybrid import HYBRID_TYPES, hybrid_data, hybrid_fields
 
 _HF_REQUIRED = {
     "num_hidden_layers": "num_layers",
@@ -265,7 +265,7 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
         present = {k: v for k, v in data.items() if v is not None}
         data = {**_FAMILY_DEFAULTS[model_type], **present}
         f = _Fields(data, where)
-    if model_type in HYBRID_TYPES:  # kvjax.hf_hybrid: its class defaults and older keys
+    if model_type in HYBRID_TYPES:  # kvjax.model.hf_hybrid: its class defaults and older keys
         data = hybrid_data(data, model_type)
         f = _Fields(data, where)
     missing = [

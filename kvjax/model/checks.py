@@ -1,19 +1,19 @@
 """Validation of `ModelConfig` by part (MLA, MoE, windows, KV scales): each error one line naming
-the field and what is allowed. Imported by `kvjax.config`, which re-exports the constants."""
+the field and what is allowed. Imported by `kvjax.model.config`, which re-exports the constants."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kvjax.errors import KvjaxError
-from kvjax.rope import SCALINGS
+from kvjax.model.rope import SCALINGS
 
-EXPERT_DTYPES = ("", "mxfp4")  # kvjax.config re-exports it
+EXPERT_DTYPES = ("", "mxfp4")  # kvjax.model.config re-exports it
 # xielu: Apertus's, with learned alphas; clamped_swiglu: gpt-oss's (kvjax.nn.mlp)
 ACTIVATIONS = ("silu", "gelu", "xielu", "clamped_swiglu")
 
 # The config under construction: any object with ModelConfig's fields (read, never built here),
-# so this module needs nothing from kvjax.config, which imports it.
+# so this module needs nothing from kvjax.model.config, which imports it.
 Fields = Any
 
 KV_SCALES = ("auto", "none", "tensor", "token_head", "group")
@@ -96,7 +96,7 @@ def check_features(cfg: Fields) -> None:
 
 
 def check_rope(cfg: Fields) -> None:
-    """Long-context RoPE scaling (`kvjax.rope`): its kind and the numbers that kind reads."""
+    """Long-context RoPE scaling (`kvjax.model.rope`): its kind and the numbers that kind reads."""
     if cfg.rope_scaling not in SCALINGS:
         raise KvjaxError(
             f"rope_scaling={cfg.rope_scaling!r} is not supported; allowed: {', '.join(SCALINGS)}"
