@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "configs/README.md", "experiments/README.md", "experiments/published/README.md",
-        "experiments/published/VALIDATE.md", "kvjax/README.md", "kvjax/analytic/README.md",
+DOCS = ["README.md", "configs/README.md", "experiments/README.md",
+        "experiments/published/README.md", "experiments/published/VALIDATE.md",
+        "kvjax/README.md", "kvjax/analytic/README.md",
         "kvjax/traced/README.md", "kvjax/measured/README.md", "kvjax/nn/README.md",
         "kvjax/plotting/README.md"]  # fmt: skip
 
@@ -20,7 +21,8 @@ def _slug(heading: str) -> str:
 
 
 def _anchors(path: Path) -> set[str]:
-    return {_slug(l) for l in path.read_text().splitlines() if re.match(r"^#{1,6} ", l)}
+    lines = path.read_text().splitlines()
+    return {_slug(line) for line in lines if re.match(r"^#{1,6} ", line)}
 
 
 def test_readme_is_a_first_screen_and_a_map():

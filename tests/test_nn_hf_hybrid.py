@@ -113,3 +113,40 @@ def test_padded_prompts_keep_their_own_state(tmp_path, family):
     for b, n in enumerate(lengths):
         alone = np.asarray(model(jnp.asarray(toks[b : b + 1, : n + 3])))[0, n:]
         np.testing.assert_allclose(np.stack(got[b]), alone, atol=2e-4)
+
+
+# Configs as transformers 5 writes them: the config class built with its current keyword
+# arguments (layer_types, not the older full_attn_idxs / intervals), saved, then loaded.
+WRITTEN = {
+    "lfm2": (dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+                  full_attn_idxs=None), "CAC"),
+    "qwen3_next": (dict(layer_types=["linear_attention", "full_attention"] * 2), "DA"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(WRITTEN))
+def test_config_as_transformers_writes_it(tmp_path, family):
+    from kvjax import analytic
+    from kvjax.model.hf import from_hf_config
+
+    changes, kinds = WRITTEN[family]
+    config_cls, model_cls, fields = FAMILIES[family]
+    config = getattr(transformers, config_cls)(**{**BASE, **fields, **changes})
+    config.save_pretrained(tmp_path)
+    written = __import__("json").loads((tmp_path / "config.json").read_text())
+    assert written["layer_types"] == changes["layer_types"]
+    cfg = from_hf_config(tmp_path)
+    assert cfg.layer_kinds == kinds
+    with torch.device("meta"):
+        model = getattr(transformers, model_cls)(config)
+    assert analytic.num_params(cfg) == sum(p.numel() for p in model.parameters())
+
+
+def test_lfm2_from_layer_types_matches_transformers(tmp_path):
+    """LFM2 as `Lfm2Config(layer_types=[...]).save_pretrained()` writes it (full_attn_idxs
+    null): the attention layers read from layer_types, logits equal to transformers'."""
+    ref = save(tmp_path, "lfm2", num_hidden_layers=3, full_attn_idxs=None,
+               layer_types=["conv", "full_attention", "conv"])  # fmt: skip
+    model = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32")
+    assert model.cfg.layer_kinds == "CAC"
+    check_hf_parity(model, ref, TOKS, prefixes=(2, 9))

@@ -28,6 +28,7 @@ def save(folder, family, **changes):
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
         "deepseek_v2": (transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM),
         "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM),
+        "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
     }[family]
     model = make[1](make[0](**kwargs)).float().eval()
     with torch.no_grad():  # routers sharp enough that the choice is far from a tie; norms off 1
@@ -94,3 +95,20 @@ def test_deepseek_v3_moe_with_mla_matches_transformers(tmp_path, form):
         "sigmoid", 4, 2, 1)  # fmt: skip
     assert cfg.is_mla and cfg.routed_scaling_factor == 2.5
     check_hf_parity(model, ref, TOKS, prefixes=(4,))
+
+
+def test_qwen2_moe_shared_expert_of_its_own_width(tmp_path):
+    """Qwen2-MoE's gated shared expert 30 wide beside routed experts of 12 (transformers allows
+    any width): one shared expert of 30 (shared_expert_d_ff), logits equal to transformers'."""
+    ref = save(tmp_path, "qwen2_moe", num_experts=6, num_experts_per_tok=2,
+               moe_intermediate_size=12, shared_expert_intermediate_size=30)  # fmt: skip
+    model = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32")
+    cfg = model.cfg
+    assert (cfg.num_shared_experts, cfg.shared_expert_d_ff, cfg.shared_d_ff) == (1, 30, 30)
+    assert cfg.shared_expert_gate
+    from kvjax import analytic
+
+    assert analytic.num_params(cfg) == sum(p.numel() for p in ref.parameters())
+    check_hf_parity(model, ref, TOKS, prefixes=(4,))
+    with pytest.raises(Exception, match="shared_expert_d_ff=30 is the width of one shared"):
+        cfg.replace(num_shared_experts=2)

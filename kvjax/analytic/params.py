@@ -135,7 +135,7 @@ def moe_layer_param_counts(cfg: ModelConfig) -> dict[str, int]:
         kernels.MOE_DOWN: E * F * D + (E * D if cfg.expert_bias else 0),
     }
     if cfg.num_shared_experts:
-        S = cfg.num_shared_experts * F
+        S = cfg.shared_d_ff
         out[kernels.GATE_UP] = 2 * D * S
         out[kernels.DOWN] = S * D
     if cfg.shared_expert_gate:  # Qwen2-MoE's w_g (1 x D)

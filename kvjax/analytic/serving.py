@@ -102,7 +102,7 @@ def activation_bytes(cfg: ModelConfig, wl: Workload) -> int:
     M, D, a = wl.tokens, cfg.d_model, _act_bytes(cfg)
     S, N = wl.context, cfg.num_heads
     scores = 0 if cfg.attention_kernel == "flash" else M * N * S * (SCORE_BYTES + a)
-    F = max(cfg.d_ff, cfg.moe_d_ff * cfg.experts_per_token + cfg.moe_d_ff * cfg.num_shared_experts)
+    F = max(cfg.d_ff, cfg.moe_d_ff * cfg.experts_per_token + cfg.shared_d_ff)
     mlp = M * (2 if cfg.gated_mlp else 1) * F * a
     logits = M * cfg.vocab_size * SCORE_BYTES
     return 2 * M * D * a + max(scores, mlp, logits)

@@ -81,7 +81,7 @@ def layer_kernels(
     if moe:
         from kvjax.analytic.moe import moe_kernels
 
-        F = cfg.num_shared_experts * cfg.moe_d_ff  # the shared experts: one gated MLP
+        F = cfg.shared_d_ff  # the shared experts: one gated MLP
         if F:
             k += mlp_kernels(cfg, M, D, F, w, a)
         k += moe_kernels(cfg, wl)

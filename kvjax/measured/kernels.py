@@ -88,7 +88,7 @@ def kernel_benches(cfg: ModelConfig, wl: Workload, chip=None) -> dict[str, Kerne
         _add_flash(cfg, wl, add, closed)
     if is_moe:
         _add_moe(cfg, wl, add)
-        F = cfg.num_shared_experts * cfg.moe_d_ff  # the shared experts: the mlp/ kernels
+        F = cfg.shared_d_ff  # the shared experts: the mlp/ kernels
     if F and cfg.gated_mlp:
         add(kernels.GATE_UP, linear, [((B, T, D), a), ((2 * F, D), w)])
     elif F:

@@ -21,7 +21,7 @@ MLA_FORMS = ("absorbed", "naive")
 # topk_sigmoid (Llama 4): the top-k logits' sigmoids, each scaling the token's input to its expert
 ROUTERS = ("softmax", "sigmoid", "topk_sigmoid")
 _MOE_INT_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", "moe_d_ff",
-                   "first_dense_layers")  # fmt: skip
+                   "first_dense_layers", "shared_expert_d_ff")  # fmt: skip
 _MLA_INT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
 
@@ -154,7 +154,7 @@ def check_moe(cfg: Fields) -> None:
                 "set num_experts > 0 or moe_layer_step=1"
             )
         for field in ("experts_per_token", "num_shared_experts", "moe_d_ff",
-                      "first_dense_layers", "router_bias", "expert_bias",
+                      "first_dense_layers", "router_bias", "expert_bias", "shared_expert_d_ff",
                       "expert_weight_dtype"):  # fmt: skip
             if getattr(cfg, field):
                 raise KvjaxError(
@@ -192,6 +192,11 @@ def check_moe(cfg: Fields) -> None:
         raise KvjaxError(
             f"expert_weight_dtype='mxfp4' packs blocks of 32 along each expert matrix's input: "
             f"d_model={cfg.d_model} and moe_d_ff={cfg.moe_d_ff} must be multiples of 32"
+        )
+    if cfg.shared_expert_d_ff and cfg.num_shared_experts != 1:
+        raise KvjaxError(
+            f"shared_expert_d_ff={cfg.shared_expert_d_ff} is the width of one shared expert: it "
+            f"takes num_shared_experts=1, got {cfg.num_shared_experts}"
         )
     if cfg.shared_expert_gate and not cfg.num_shared_experts:
         raise KvjaxError("shared_expert_gate=True needs shared experts (num_shared_experts > 0)")

@@ -145,6 +145,9 @@ class ModelConfig:
     num_experts: int = 0
     experts_per_token: int = 0
     num_shared_experts: int = 0
+    # the shared experts' whole width when it is no multiple of moe_d_ff (Qwen2-MoE allows any:
+    # one shared expert of this width); 0: num_shared_experts x moe_d_ff (`shared_d_ff`)
+    shared_expert_d_ff: int = 0
     shared_expert_gate: bool = False  # Qwen2-MoE: the shared experts' output x sigmoid(x @ w_g)
     router_bias: bool = False  # gpt-oss: a bias on the router's logits
     expert_bias: bool = False  # gpt-oss: biases on every expert's gate_up and down
@@ -350,6 +353,12 @@ class ModelConfig:
     def compute_dtype(self) -> str:
         """Activations and matmuls run in the weight dtype; int8/fp8 weights compute in bf16."""
         return self.weight_dtype if DTYPE_BYTES[self.weight_dtype] >= 2 else "bf16"
+
+    @property
+    def shared_d_ff(self) -> int:
+        """The shared experts' MLP width: `shared_expert_d_ff`, else num_shared_experts x
+        moe_d_ff (DeepSeek's, built as one wide MLP)."""
+        return self.shared_expert_d_ff or self.num_shared_experts * self.moe_d_ff
 
     @property
     def attention_variant(self) -> str:

@@ -20,6 +20,7 @@ from kvjax.model.hf_fields import (
     _rope_pattern,
     llama4_data,
     llama4_fields,
+    shared_expert_fields,
 )
 from kvjax.model.hf_hybrid import HYBRID_TYPES, hybrid_data, hybrid_fields
 
@@ -155,14 +156,9 @@ def _moe_fields(f: _Fields, data: dict, fields: dict, model_type: str, where: st
             out["topk_groups"] = f.integer("topk_group", 1)
     elif model_type in ("qwen3_moe", "qwen2_moe", "olmoe"):
         out["norm_topk_prob"] = f.boolean("norm_topk_prob", False)
-    if model_type == "qwen2_moe":  # one gated shared expert, as wide as whole routed experts
+    if model_type == "qwen2_moe":  # one gated shared expert, of any width
         shared = f.integer("shared_expert_intermediate_size", 0) or 0
-        if shared % width:
-            raise KvjaxError(
-                f"{where}: shared_expert_intermediate_size={shared} is not a multiple of "
-                f"moe_intermediate_size={width} (kvjax sizes shared experts in whole experts)"
-            )
-        out.update(num_shared_experts=shared // width, shared_expert_gate=bool(shared))
+        out.update(shared_expert_fields(shared, width))
     return out
 
 

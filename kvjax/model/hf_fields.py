@@ -322,3 +322,14 @@ def _rope_fields(f: _Fields, data: dict, model_type: str, where: str) -> dict:
     if partial is not None and partial != 1.0:
         out["partial_rotary_factor"] = partial  # rotary_dim once head_dim is known
     return out
+
+
+def shared_expert_fields(shared: int, width: int) -> dict:
+    """Qwen2-MoE's gated shared expert of `shared_expert_intermediate_size` beside routed experts
+    of `width`: whole routed experts where it is a multiple (num_shared_experts), else one
+    shared expert of its own width (shared_expert_d_ff; transformers allows any width)."""
+    if not shared:
+        return {"num_shared_experts": 0, "shared_expert_gate": False}
+    if shared % width == 0:
+        return {"num_shared_experts": shared // width, "shared_expert_gate": True}
+    return {"num_shared_experts": 1, "shared_expert_d_ff": shared, "shared_expert_gate": True}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvjax.errors import KvjaxError
-from kvjax.model.hf_fields import _Fields, _period
+from kvjax.model.hf_fields import _Fields, _period, shared_expert_fields
 
 HYBRID_TYPES = ("qwen3_next", "falcon_h1", "lfm2")
 
@@ -54,11 +54,14 @@ def hybrid_data(data: dict, model_type: str) -> dict:
     return out
 
 
-def _kinds(f: _Fields, data: dict, layers: int, default: list[str], where: str) -> str:
-    """`layer_types` (one per layer) as layer_kinds letters: its period where that divides the
-    layers ('DDDA'), else one letter a layer (LFM2's 16)."""
-    types = data.get("layer_types", default)
-    allowed = [t for t in _KINDS if t in default or t == "full_attention"]
+def _kinds(
+    f: _Fields, data: dict, layers: int, default: list[str], where: str, mixer: str
+) -> str:  # fmt: skip
+    """`layer_types` (one per layer: `mixer` or full_attention) as layer_kinds letters: its
+    period where that divides the layers ('DDDA'), else one letter a layer (LFM2's 16). Absent,
+    `default` (what the family's other fields say)."""
+    types = data.get("layer_types") or default
+    allowed = [mixer, "full_attention"]
     if not isinstance(types, list) or len(types) != layers or set(types) - set(allowed):
         raise KvjaxError(
             f"{where}: layer_types must list {layers} entries of {', '.join(allowed)}, "
@@ -74,7 +77,7 @@ def _qwen3_next(f: _Fields, data: dict, fields: dict, where: str) -> dict:
     every = f.integer("full_attention_interval", 4)
     default = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(layers)]
     out: dict[str, Any] = {
-        "layer_kinds": _kinds(f, data, layers, default, where),
+        "layer_kinds": _kinds(f, data, layers, default, where, "linear_attention"),
         "state_heads": f.integer("linear_num_value_heads"),
         "state_groups": f.integer("linear_num_key_heads"),
         "state_key_dim": f.integer("linear_key_head_dim"),
@@ -93,16 +96,11 @@ def _qwen3_next(f: _Fields, data: dict, fields: dict, where: str) -> dict:
             )
         width = f.integer("moe_intermediate_size")
         shared = data.get("shared_expert_intermediate_size") or 0
-        if shared % width:
-            raise KvjaxError(
-                f"{where}: shared_expert_intermediate_size={shared} is not a multiple of "
-                f"moe_intermediate_size={width} (kvjax sizes shared experts in whole experts)"
-            )
         out.update(num_experts=f.integer("num_experts"), moe_d_ff=width,
                    experts_per_token=f.integer("num_experts_per_tok"),
                    moe_layer_step=f.integer("decoder_sparse_step", 1),
                    norm_topk_prob=f.boolean("norm_topk_prob", True),
-                   num_shared_experts=shared // width, shared_expert_gate=bool(shared))  # fmt: skip
+                   **shared_expert_fields(shared, width))  # fmt: skip
     return out
 
 
@@ -153,8 +151,13 @@ def _falcon_h1(f: _Fields, data: dict, fields: dict, where: str) -> dict:
 def _lfm2(f: _Fields, data: dict, fields: dict, where: str) -> dict:
     layers = fields["num_layers"]
     attention = data.get("full_attn_idxs")
-    if attention is None:
-        attention = list(range(layers))  # Lfm2Config: every layer attention
+    if attention is None:  # transformers 5 writes layer_types (and full_attn_idxs: null)
+        types = data.get("layer_types")
+        attention = (
+            [i for i, t in enumerate(types) if t == "full_attention"]
+            if isinstance(types, list)
+            else list(range(layers))  # Lfm2Config without either: every layer attention
+        )
     if not isinstance(attention, list) or any(
         isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers for i in attention
     ):
@@ -169,7 +172,7 @@ def _lfm2(f: _Fields, data: dict, fields: dict, where: str) -> dict:
             step = f.integer("block_multiple_of")
             width = step * ((width + step - 1) // step)
     out: dict[str, Any] = {
-        "layer_kinds": _kinds(f, data, layers, default, where),
+        "layer_kinds": _kinds(f, data, layers, default, where, "conv"),
         "conv_kernel": f.integer("conv_L_cache"),
         "conv_bias": f.boolean("conv_bias", False),
         "d_ff": width,

@@ -41,7 +41,7 @@ class MoE(nnx.Module):
             self.expert_gate_up_bias = nnx.Param(jnp.zeros((E, 2 * F), wd))
             self.expert_down_bias = nnx.Param(jnp.zeros((E, D), wd))
         # DeepSeek's shared experts: one dense gated MLP of num_shared_experts x moe_d_ff
-        S = cfg.num_shared_experts * F
+        S = cfg.shared_d_ff
         self.shared = _mlp(cfg, S, rngs) if S else None
         # Qwen2-MoE: a sigmoid gate a token on the shared experts' output (1 x D)
         self.shared_gate = param(rngs, (1, D), D, cfg) if cfg.shared_expert_gate else None
