@@ -32,8 +32,9 @@ def step(q_BKH, k_BKH, v_BKGW, beta_BKG, g_BKG, state_BKGHW):
     return jnp.einsum("BKH,BKGHW->BKGW", q_BKH, s), s
 
 
-def chunked(q_BTKH, k_BTKH, v_BTKGW, beta_BTKG, g_BTKG):
-    """A prompt from a zero state: (o_BTKGW, the state after the last token), all f32.
+def chunked(q_BTKH, k_BTKH, v_BTKGW, beta_BTKG, g_BTKG, state_BKGHW=None):
+    """A prompt from a zero state, or from `state_BKGHW` (an extend step on a cached state):
+    (o_BTKGW, the state after the last token), all f32.
 
     Within a chunk everything is products over all its chunks at once (the UT transform of the
     DeltaNet paper, as Hugging Face computes it); from chunk to chunk the state is carried by one
@@ -92,7 +93,7 @@ def chunked(q_BTKH, k_BTKH, v_BTKGW, beta_BTKG, g_BTKG):
         )
         return s_BKGHW, o_BKGTW
 
-    state = jnp.zeros((B, K, G, H, W), jnp.float32)
+    state = jnp.zeros((B, K, G, H, W), jnp.float32) if state_BKGHW is None else state_BKGHW
     state, o_nBKGTW = jax.lax.scan(chunk_step, state, jax.tree.map(_chunk_major, xs))
     o_BTKGW = o_nBKGTW.transpose(1, 0, 4, 2, 3, 5).reshape(B, n * Z, K, G, W)
     return o_BTKGW[:, :T], state

@@ -41,10 +41,11 @@ class GatedDeltaNet(nnx.Module):
         self.linear_norm = nnx.Param(jnp.ones((W,), weight_dtype(cfg)))
         self.linear_out_proj = param(rngs, (D, J * W), J * W, cfg)
 
-    def __call__(self, x_BTD, valid_BT=None):
-        """Prefill from a zero state: (y_BTD, conv_BCX, the f32 state [B, J, H, W]). Padded
-        tokens (valid_BT False) get beta = g = 0, which leaves the state unchanged, and the conv
-        cache is read at each sequence's length."""
+    def __call__(self, x_BTD, valid_BT=None, conv_BCX=None, state_BJHW=None):
+        """Prefill from a zero state, or an extend step from a cached `conv_BCX` and
+        `state_BJHW`: (y_BTD, conv_BCX, the f32 state [B, J, H, W]). Padded tokens (valid_BT
+        False) get beta = g = 0, which leaves the state unchanged, and the conv cache is read at
+        each sequence's length."""
         B, T, _ = x_BTD.shape
         w = self.cfg.conv_kernel
         K, G, H, W = self.heads
@@ -53,8 +54,11 @@ class GatedDeltaNet(nnx.Module):
         with jax.named_scope(kernels.LINEAR_CONV):
             qkv_BTX = self._qkv(qkvz_BTE)
             # zeros before the start: the w - 1 rows a causal conv of the first token reads
-            zero = jnp.zeros((), qkv_BTX.dtype)
-            pad_BSX = jax.lax.pad(qkv_BTX, zero, ((0, 0, 0), (w - 1, 0, 0), (0, 0, 0)))
+            if conv_BCX is None:
+                zero = jnp.zeros((), qkv_BTX.dtype)
+                pad_BSX = jax.lax.pad(qkv_BTX, zero, ((0, 0, 0), (w - 1, 0, 0), (0, 0, 0)))
+            else:  # extend: the cached inputs before the start
+                pad_BSX = jnp.concatenate([conv_BCX.astype(qkv_BTX.dtype), qkv_BTX], axis=1)
             qkv_BTX = self._conv(pad_BSX, T)
             if valid_BT is None:
                 conv_BCX = pad_BSX[:, T:]
@@ -77,6 +81,7 @@ class GatedDeltaNet(nnx.Module):
                 v_BTKGW.astype(jnp.float32),
                 beta_BTJ.reshape(B, T, K, G),
                 g_BTJ.reshape(B, T, K, G),
+                None if state_BJHW is None else state_BJHW.reshape(B, K, G, H, W),
             )
             o_BTJW = o_BTKGW.reshape(B, T, K * G, W).astype(x_BTD.dtype)
         y_BTD = self._output(o_BTJW, qkvz_BTE)

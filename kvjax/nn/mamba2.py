@@ -128,8 +128,10 @@ class Mamba2(nnx.Module):
         return x, b, c
 
     # ---- the interface ---------------------------------------------------------------------------
-    def __call__(self, x_BTD: jax.Array, valid_BT: jax.Array | None = None):
-        """Prefill from a zero state: (y_BTD, conv_BWX, state_BJPN); see kvjax/nn's mixers."""
+    def __call__(self, x_BTD: jax.Array, valid_BT: jax.Array | None = None, conv_BWX=None,
+                 state_BJPN=None):  # fmt: skip
+        """Prefill from a zero state, or an extend step from a cached `conv_BWX` and
+        `state_BJPN`: (y_BTD, conv_BWX, state_BJPN); see kvjax/nn's mixers."""
         cfg = self.cfg
         B, T, _ = x_BTD.shape
         J, P, N, W = cfg.state_heads, cfg.state_value_dim, cfg.state_key_dim, cfg.conv_kernel - 1
@@ -141,7 +143,10 @@ class Mamba2(nnx.Module):
         z_BTE, xbc_BTX, dt_BTJ = self._in_proj(x_BTD)
         with jax.named_scope(kernels.SSM_CONV):
             w_XW1 = read(self.ssm_conv, cfg)
-            pad_BTX = _pad(xbc_BTX, 1, W, 0)  # W zero rows before the start
+            if conv_BWX is None:
+                pad_BTX = _pad(xbc_BTX, 1, W, 0)  # W zero rows before the start
+            else:  # extend: the cached inputs before the start
+                pad_BTX = jnp.concatenate([conv_BWX.astype(xbc_BTX.dtype), xbc_BTX], axis=1)
             acc = pad_BTX[:, 0:T] * w_XW1[:, 0]
             for k in range(1, W + 1):  # w products, w - 1 sums an output
                 acc = acc + pad_BTX[:, k : k + T] * w_XW1[:, k]
@@ -154,7 +159,10 @@ class Mamba2(nnx.Module):
         dt_BTJ, A_J = self._dt(dt_BTJ, upper)
         with jax.named_scope(kernels.SSM_SCAN):
             x, b, c = self._split(conv_BTX, (B, T))
-            y_BTKGP, state = chunk_scan(x, dt_BTJ, A_J, b, c, read(self.ssm_D, cfg), cfg.scan_chunk)
+            K = cfg.state_groups
+            start = None if state_BJPN is None else state_BJPN.reshape(B, K, J // K, P, N)
+            y_BTKGP, state = chunk_scan(x, dt_BTJ, A_J, b, c, read(self.ssm_D, cfg), cfg.scan_chunk,
+                                        start)  # fmt: skip
         y_BTD = self._out_proj(self._gate(y_BTKGP.reshape(B, T, J * P), z_BTE))
         return y_BTD, conv_BWX, state.reshape(B, J, P, N)
 
@@ -201,10 +209,10 @@ def _segment_decay(cs_Z, mask_ZZ):
     return jnp.exp(jnp.where(mask_ZZ, diff, -jnp.inf))
 
 
-def chunk_scan(x_BTKGP, dt_BTJ, A_J, b_BTKN, c_BTKN, D_J, Z: int):
-    """The SSD of `mamba2_chunk_scan` from a zero state (f32): y [B, T, K, G, P] with the D skip,
-    and the final state [B, K, G, P, N]. Padded tokens (dt = 0) and the chunks' padding change
-    nothing."""
+def chunk_scan(x_BTKGP, dt_BTJ, A_J, b_BTKN, c_BTKN, D_J, Z: int, state_BKGPN=None):
+    """The SSD of `mamba2_chunk_scan` from a zero state, or from `state_BKGPN` (an extend step on
+    a cached state), f32: y [B, T, K, G, P] with the D skip, and the final state [B, K, G, P, N].
+    Padded tokens (dt = 0) and the chunks' padding change nothing."""
     B, T, K, G, P = x_BTKGP.shape
     Q = -(-T // Z)
     pad = Q * Z - T
@@ -230,7 +238,10 @@ def chunk_scan(x_BTKGP, dt_BTJ, A_J, b_BTKN, c_BTKN, D_J, Z: int):
     total_BKGC = _pad(cs_BKGQL[..., -1], 3, 1, 0)
     mask_RC = np.tril(np.ones((Q + 1, Q + 1), bool))
     decay_BKGRC = _segment_decay(jnp.cumsum(total_BKGC, axis=-1), mask_RC)
-    states = _pad(states_BQKGPN, 1, 1, 0)
+    if state_BKGPN is None:
+        states = _pad(states_BQKGPN, 1, 1, 0)
+    else:  # the cached state enters the first chunk as chunk 0's own state would
+        states = jnp.concatenate([state_BKGPN[:, None].astype(F32), states_BQKGPN], axis=1)
     new_BRKGPN = jnp.einsum("BKGRC,BCKGPN->BRKGPN", decay_BKGRC, states)
     # 4. the entering states' contribution: C S * exp(cs)
     out_decay_BQLKG = jnp.exp(cs_BKGQL).transpose(0, 3, 4, 1, 2)

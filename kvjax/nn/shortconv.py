@@ -64,8 +64,10 @@ class ShortConv(nnx.Module):
             out_BTD = linear(y_BTD, read(self.conv_out_proj, cfg))
             return out_BTD + read(self.conv_out_bias, cfg) if cfg.conv_bias else out_BTD
 
-    def __call__(self, x_BTD: jax.Array, valid_BT: jax.Array | None = None):
-        """Prefill from a zero cache: (y_BTD, conv_BWD, None). With right-padded `valid_BT`
+    def __call__(self, x_BTD: jax.Array, valid_BT: jax.Array | None = None, conv_BWD=None,
+                 state=None):  # fmt: skip
+        """Prefill from a zero cache, or an extend step from a cached `conv_BWD`: (y_BTD,
+        conv_BWD, None). With right-padded `valid_BT`
         the cache holds the w - 1 rows of Bx before each sequence's length (the conv is causal,
         so padded tokens change neither the cache nor the valid tokens' outputs)."""
         cfg = self.cfg
@@ -80,7 +82,8 @@ class ShortConv(nnx.Module):
             rows_BW = length_B[:, None] + jnp.arange(W, dtype=jnp.int32)
         c_BTD, bx_BTD = self._in_proj(x_BTD)
         with jax.named_scope(kernels.CONV_CONV):
-            window_BUD = jnp.concatenate([jnp.zeros((B, W, D), bx_BTD.dtype), bx_BTD], axis=1)
+            before = jnp.zeros((B, W, D), bx_BTD.dtype) if conv_BWD is None else conv_BWD
+            window_BUD = jnp.concatenate([before.astype(bx_BTD.dtype), bx_BTD], axis=1)
             conv_BTD = self._taps(window_BUD, T)
             if rows_BW is None:
                 conv_BWD = window_BUD[:, T:]

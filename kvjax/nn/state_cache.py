@@ -113,6 +113,23 @@ class HybridCache:
     def with_positions(self, pos_B: jax.Array) -> HybridCache:
         return dataclasses.replace(self, kv=self.kv.with_positions(pos_B))
 
+    def write_rows(self, layer: int, k_BTKH, v_BTKH) -> HybridCache:
+        """Extend: an attention layer's T rows at pos .. pos + T - 1 (`KVCache.write_rows`)."""
+        return dataclasses.replace(self, kv=self.kv.write_rows(self._attn(layer), k_BTKH, v_BTKH))
+
+    # -- speculative decoding: what a rejected draft rolls back to --------------------------------
+    def snapshot(self) -> tuple:
+        """The flat states and the positions: an extend step over draft tokens overwrites the
+        states (they cannot be recomputed backwards), so a verifier keeps this and restores it
+        when drafts are rejected, then extends by the accepted tokens."""
+        return self.conv, self.state, self.kv.pos
+
+    def restore(self, snapshot: tuple) -> HybridCache:
+        """The states and positions of `snapshot`; the attention rows written after it lie past
+        the positions and are overwritten by the next write."""
+        conv, state, pos = snapshot
+        return dataclasses.replace(self, conv=conv, state=state, kv=self.kv.with_positions(pos))
+
     # -- the state layers ------------------------------------------------------------------------
     def state_layer(self, layer: int) -> tuple[jax.Array, jax.Array | None]:
         """(conv cache, recurrent state) of model layer `layer`."""

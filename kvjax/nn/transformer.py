@@ -239,8 +239,10 @@ class Transformer(nnx.Module):
         """T new tokens per sequence appended to a cache that holds `cache.pos` of them: a chunk
         of a chunked prefill, or a speculative verify step (T = k + 1). Each layer writes the T
         rows at pos .. pos + T - 1, then the T queries attend the cache causally (query t sees
-        the positions up to pos + t). Returns (logits [B, T, V], cache advanced by T)."""
-        check_extend(self.cfg)
+        the positions up to pos + t). A hybrid's state layers run their chunked scans from the
+        cached conv inputs and states (`HybridCache.snapshot` keeps what a rejected draft rolls
+        back to). Returns (logits [B, T, V], cache advanced by T)."""
+        check_extend(self.cfg, model=True)
         self._check_tokens(tokens_BT, 2, "tokens_BT")
         B, T = tokens_BT.shape
         if B != cache.batch_size:
@@ -264,8 +266,14 @@ class Transformer(nnx.Module):
                 cache = cache.write_rows(i, *attn.cache_rows(proj))
                 return attn.over_written_cache(proj, cache.layer(i), cache.pos)
 
+            def mix(mixer, h_BTD, i=i):  # a state layer: its chunked scan from the cached state
+                nonlocal cache
+                y_BTD, conv, state = mixer(h_BTD, None, *cache.state_layer(i))
+                cache = cache.write_state(i, conv, state)
+                return y_BTD
+
             with jax.named_scope(kernels.layer_scope(i)):
-                x_BTD = layer(x_BTD, positions_BT, attend)
+                x_BTD = layer(x_BTD, positions_BT, attend, mix)
         return self._head(x_BTD), cache.with_positions(cache.pos + T)
 
     def decode(self, tokens_B: jax.Array, cache: KVCache):
