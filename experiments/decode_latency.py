@@ -45,6 +45,9 @@ def run_point(point) -> list[dict]:
         on_roof = roofline.point("decode step", step.flops, step.bytes, peak, bw)
         # an MoE model's weights floor: the weights this batch reads (its touched experts)
         floor = analytic.weight_bytes(cfg)
+        # what one chip must hold: the weights, B sequences' cache (and a hybrid's states)
+        held = (floor + analytic.kv_cache_bytes(cfg, wl.context, w.batch)
+                + analytic.state_bytes(cfg, w.batch))  # fmt: skip
         if cfg.is_moe:
             floor = sum(k.weight_bytes for k in analytic.step_kernels(cfg, w).values())
         record = {
@@ -60,6 +63,9 @@ def run_point(point) -> list[dict]:
             "weight_floor_s": roofline.memory_floor_s(floor, bw),
             "moe": cfg.is_moe,
             "fraction_of_peak": on_roof.attainable_flops_per_s / peak,
+            "memory_needed_bytes": held,
+            "chip_memory_bytes": chip.memory_bytes,
+            "fits": chip.memory_bytes is None or held <= chip.memory_bytes,
         }
         records.append(record)
         if result is not None:
