@@ -33,22 +33,14 @@ from kvjax.model.checks import (  # the constants re-exported for the CLI and th
 )
 from kvjax.model.hybrid import LAYER_KINDS, check_hybrid
 
-_INT_FIELDS = (
-    "num_layers",
-    "d_model",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "d_ff",
-    "vocab_size",
-)
+_INT_FIELDS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff",
+               "vocab_size")  # fmt: skip
 _BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "norm_bias",
                 "norm_plus_one", "scale_embeddings", "sandwich_norms", "qk_norm", "qk_norm_full",
                 "pre_norms", "parallel_block", "norm_topk_prob", "shared_expert_gate",
                 "rope_truncate", "sink_logits", "router_bias", "expert_bias",
                 "chunked_attention", "qk_l2_norm")  # fmt: skip
 _OPTIONAL_NUMBERS = ("query_pre_attn_scalar", "rope_local_theta", "attn_softcap", "final_softcap")
-# Multi-head latent attention (DeepSeek-V2/V3); 0 = absent. `kv_lora_rank > 0` makes a model MLA.
 
 
 @dataclass(frozen=True)
@@ -83,7 +75,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     norm_kind: str = "rms"  # the block and final norms: RMSNorm, or LayerNorm (StarCoder2, Cohere)
     norm_bias: bool = False  # a LayerNorm's bias (StarCoder2, StableLM; Cohere has none)
-    kv_lora_rank: int = 0
+    kv_lora_rank: int = 0  # MLA (DeepSeek-V2/V3): the latent; > 0 makes a model MLA
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
@@ -145,9 +137,7 @@ class ModelConfig:
     num_experts: int = 0
     experts_per_token: int = 0
     num_shared_experts: int = 0
-    # the shared experts' whole width when it is no multiple of moe_d_ff (Qwen2-MoE allows any:
-    # one shared expert of this width); 0: num_shared_experts x moe_d_ff (`shared_d_ff`)
-    shared_expert_d_ff: int = 0
+    shared_expert_d_ff: int = 0  # one shared expert of any width (Qwen2-MoE); 0: none such
     shared_expert_gate: bool = False  # Qwen2-MoE: the shared experts' output x sigmoid(x @ w_g)
     router_bias: bool = False  # gpt-oss: a bias on the router's logits
     expert_bias: bool = False  # gpt-oss: biases on every expert's gate_up and down
@@ -356,8 +346,7 @@ class ModelConfig:
 
     @property
     def shared_d_ff(self) -> int:
-        """The shared experts' MLP width: `shared_expert_d_ff`, else num_shared_experts x
-        moe_d_ff (DeepSeek's, built as one wide MLP)."""
+        """The shared experts' MLP width (DeepSeek's built as one wide MLP)."""
         return self.shared_expert_d_ff or self.num_shared_experts * self.moe_d_ff
 
     @property
