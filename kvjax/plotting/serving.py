@@ -111,3 +111,31 @@ def serving_frontier(records: pd.DataFrame, fig) -> bool | None:
             lines.append(f"{kind}: " + "; ".join(items))
     legend.text(0.5, 0.0, "\n".join(lines), ha="center", va="bottom", fontsize=5.5, color="0.25",
                 transform=legend.transAxes)  # fmt: skip
+
+
+def mark_unheld(ax, g: pd.DataFrame, chip: str) -> None:
+    """Points whose weights and cache one chip cannot hold get an x; the panel names each model
+    that does not fit even at B = 1, with the bytes it needs and the chip's."""
+    if "fits" not in g or g.fits.isna().all() or g.fits.astype(bool).all():
+        return
+    out = g[~g.fits.astype(bool)]
+    ax.scatter(out.batch, out.step_floor_s * 1e3, marker="x", s=10, lw=0.6, color="0.2",
+               zorder=5, label=None)  # fmt: skip
+    first = g.sort_values("batch").groupby(["model", "num_kv_heads"]).first()
+    unheld = first[~first.fits.astype(bool)]
+    chip_bytes = float(g.chip_memory_bytes.iloc[0])
+    moe = dict(zip(g.model, g.moe, strict=False))
+    lines = [f"{m}{'' if moe[m] else f' h_kv={k}'} {r.memory_needed_bytes / 1e9:,.0f} GB"
+             for (m, k), r in unheld.iterrows()]  # fmt: skip
+    text = (f"x: does not fit one {chip} ({chip_bytes / 1e9:,.0f} GB; weights + KV)"
+            + (f"\nnot even at B=1: {'; '.join(lines)}" if lines else ""))  # fmt: skip
+    ax.text(
+        0.02,
+        0.98,
+        text,
+        transform=ax.transAxes,
+        fontsize=5,
+        va="top",
+        ha="left",
+        bbox=dict(boxstyle="round", fc="white", ec="0.7", lw=0.5),
+    )
