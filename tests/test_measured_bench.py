@@ -2,6 +2,7 @@
 
 import glob
 import json
+import shutil
 
 import pytest
 
@@ -16,12 +17,31 @@ from kvjax.measured.step import time_decode_step
 
 
 @pytest.fixture
-def cache_home(tmp_path, monkeypatch):
+def empty_cache_home(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     return tmp_path
 
 
-def test_ceilings_are_positive_and_cached(cache_home):
+@pytest.fixture(scope="session")
+def measured_ceilings(tmp_path_factory):
+    """This machine's ceilings, measured once a session (quick) for the tests that only read
+    them (`test_ceilings_are_positive_and_cached` measures its own)."""
+    path = tmp_path_factory.mktemp("ceilings") / "ceilings.json"
+    load_or_measure_ceilings(quick=True, path=path)
+    return path
+
+
+@pytest.fixture
+def cache_home(empty_cache_home, measured_ceilings):
+    """A fresh cache folder holding the session's ceilings."""
+    target = ceilings_cache_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(measured_ceilings, target)
+    return empty_cache_home
+
+
+def test_ceilings_are_positive_and_cached(empty_cache_home):
+    cache_home = empty_cache_home
     first = load_or_measure_ceilings(quick=True)
     assert ceilings_cache_path().exists() and str(cache_home) in str(ceilings_cache_path())
     assert first.peak("f32") > 1e9 and first.peak("bf16") > 1e9

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from support import jitted
 
 from kvjax import KvjaxError, analytic, get_model_config
 from kvjax.model.config import PRESETS
@@ -125,15 +126,16 @@ def test_padded_batch_of_different_lengths(name):
     prompt = np.zeros((3, T), np.int32)
     for i, (s, n) in enumerate(zip(seqs, lengths, strict=True)):
         prompt[i, :n] = s[:n]
+    forward, prefill, decode, _ = jitted(model)
     cache = model.init_cache(3, T + k)
-    logits, cache = model.prefill(jnp.asarray(prompt), cache, jnp.asarray(lengths))
+    logits, cache = prefill(jnp.asarray(prompt), cache, jnp.asarray(lengths))
     for i, (s, n) in enumerate(zip(seqs, lengths, strict=True)):
-        np.testing.assert_allclose(logits[i, :n], model(s[None, :n])[0], atol=1e-5)
+        np.testing.assert_allclose(logits[i, :n], forward(s[None, :n])[0], atol=1e-5)
     for step in range(k):
         nxt = jnp.asarray([s[n + step] for s, n in zip(seqs, lengths, strict=True)])
-        logits, cache = model.decode(nxt, cache)
+        logits, cache = decode(nxt, cache)
         for i, (s, n) in enumerate(zip(seqs, lengths, strict=True)):
-            ref = model(s[None, : n + step + 1])[0, -1]
+            ref = forward(s[None, : n + step + 1])[0, -1]
             np.testing.assert_allclose(logits[i], ref, atol=1e-5)
 
 
