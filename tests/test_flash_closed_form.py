@@ -3,6 +3,7 @@
 import dataclasses
 import itertools
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -341,3 +342,20 @@ def test_flashattention3_shape_is_bounded_by_its_measurement():
     assert att["flash"]["bytes"] == att["qkvo_bytes"] == 4 * 2 * 8192 * 16 * 128 * 2
     assert att["flash"]["bound"] == "compute"
     assert att["flash"]["bound_s"] <= measured
+
+
+def test_chunked_waves_read_each_chunk_once_when_a_wave_spans_chunks():
+    """Llama 4's chunks of 8192 with a 1 MB L2: a wave of 132 // 5 = 26 query blocks (3,328
+    rows) is counted in tiles of gcd(3328, 8192) = 256 rows, a divisor of the chunk, so no band
+    reaches past its chunk's start; a wave taller than a chunk reads each chunk once."""
+    cfg = get_model_config("llama-4-scout", attention_kernel="flash", num_layers=1)
+    chip = dataclasses.replace(hardware.get_chip("h100-sxm"), l2_bytes=1e6)
+    S = 4 * 8192
+    tiles = flash.plan_for_chip(cfg, Workload("prefill", 1, S), chip)
+    G = cfg.num_heads // cfg.num_kv_heads
+    got, rule = flash.hbm_kv_positions(S, S, tiles, G, cfg.num_kv_heads, 512, chunk=8192)
+    rows = 132 // G * 128
+    assert rule == "per wave"
+    assert got == 4 * flash.block_pairs(8192, 8192, math.gcd(rows, 8192), 128)[1]
+    big = dataclasses.replace(tiles, cores=1000)  # a wave of more rows than a chunk
+    assert flash.hbm_kv_positions(S, S, big, G, cfg.num_kv_heads, 512, chunk=8192)[0] == S

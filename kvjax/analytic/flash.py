@@ -179,8 +179,8 @@ def hbm_kv_positions(
     if live_heads * once * kv_per_position <= flash.l2_bytes / 2:
         return once, "L2 holds the heads' K/V"
     tile = max(1, flash.cores // group) * bq
-    if chunk and chunk % tile:
-        tile = max(bq, tile // chunk * chunk) if tile >= chunk else math.gcd(tile, chunk)
+    if chunk and chunk % tile:  # a wave's rows in whole chunks, or a divisor of one
+        tile = chunk if tile >= chunk else math.gcd(tile, chunk)
     return block_pairs(T, S, min(tile, T), bk, window, sinks, chunk, causal)[1], "per wave"
 
 
