@@ -28,5 +28,5 @@ def test_decode_latency_names_what_one_chip_cannot_hold(tmp_path):
     fig = Figure()
     decode_latency(records.assign(experiment="decode_latency"), fig)
     texts = [t.get_text() for t in fig.axes[0].texts]
-    assert any("does not fit one h100-sxm (80 GB" in t and "mixtral-8x7b 94 GB" in t
+    assert any("do not fit one h100-sxm (80 GB)" in t and "mixtral-8x7b: 94 GB" in t
                and "llama-3-8b" not in t.split("B=1:")[-1] for t in texts)  # fmt: skip

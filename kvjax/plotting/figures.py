@@ -117,7 +117,7 @@ def _kv_variants(df: pd.DataFrame, ax) -> None:
             marker="D" if mla else "o",
             ms=3,
             color=color,
-            label=variant if mla else f"{variant} (h_kv={k})",
+            label=variant if mla else f"{variant} (h_kv={int(k)})",
         )
         ax.axhline(g.weight_bytes.iloc[0] / GIB, color=color, ls="--", lw=0.8)
     # the variants' weights lie within a few percent: one band, named once above it
@@ -146,7 +146,7 @@ def _decode_lines(g: pd.DataFrame):
         ["model", "num_kv_heads", "attention_kernel", "source"]
     ):
         flash = fused == "flash"
-        label = f"h_kv={k}" + ((", fused attn" if flash else ", unfused attn") if both else "")
+        label = f"h_kv={int(k)}" + ((", fused attn" if flash else ", unfused attn") if both else "")
         style = {"color": palette[int(k)], "marker": "*" if flash else "o"}
         yield label, style | ({"alpha": 0.6} if flash else {}), source, gk
     for i, ((model, fused, source), gk) in enumerate(
@@ -302,11 +302,12 @@ def tensor_parallel(records: pd.DataFrame, fig) -> None:
     shapes = {k: marks[i % len(marks)] for i, k in enumerate(sorted(palette))}
     for k, g in df.groupby("num_kv_heads"):
         color, (marker, size) = palette[int(k)], shapes[int(k)]
-        ax_kv.plot(g.tp, g.kv_cache_bytes_per_device / GIB, color=color, lw=1, label=f"h_kv={k}")
+        ax_kv.plot(g.tp, g.kv_cache_bytes_per_device / GIB, color=color, lw=1,
+                   label=f"h_kv={int(k)}")  # fmt: skip
         ax_kv.scatter(g.tp, g.sharded_kv_cache_bytes_per_device / GIB, s=size, marker=marker,
                       facecolors="none", edgecolors=color, linewidths=0.8, zorder=3)  # fmt: skip
         ax_t.plot(g.tp, g.step_floor_s * 1e3, color=color, lw=1, marker=marker, ms=size**0.5,
-                  mfc="none", mew=0.8, label=f"h_kv={k}")  # fmt: skip
+                  mfc="none", mew=0.8, label=f"h_kv={int(k)}")  # fmt: skip
         # tp = h_kv: one KV head per device; beyond it devices hold copies, no saving
         if g.tp.min() < k <= g.tp.max():
             ax_kv.axvline(k, color=color, ls=":", lw=0.7)

@@ -125,10 +125,10 @@ def mark_unheld(ax, g: pd.DataFrame, chip: str) -> None:
     unheld = first[~first.fits.astype(bool)]
     chip_bytes = float(g.chip_memory_bytes.iloc[0])
     moe = dict(zip(g.model, g.moe, strict=False))
-    lines = [f"{m}{'' if moe[m] else f' h_kv={k}'} {r.memory_needed_bytes / 1e9:,.0f} GB"
+    lines = [f"  {m}{'' if moe[m] else f' h_kv={int(k)}'}: {r.memory_needed_bytes / 1e9:,.0f} GB"
              for (m, k), r in unheld.iterrows()]  # fmt: skip
-    text = (f"x: does not fit one {chip} ({chip_bytes / 1e9:,.0f} GB; weights + KV)"
-            + (f"\nnot even at B=1: {'; '.join(lines)}" if lines else ""))  # fmt: skip
+    text = (f"x: weights + KV do not fit one {chip} ({chip_bytes / 1e9:,.0f} GB)"
+            + ("\nnot even at B=1:\n" + "\n".join(lines) if lines else ""))  # fmt: skip
     ax.text(
         0.02,
         0.98,
