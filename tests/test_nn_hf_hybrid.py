@@ -8,7 +8,7 @@ sequence's state where its own prompt ends."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from support import check_hf_parity, require_module
+from support import check_hf_parity, jitted, require_module
 
 torch = require_module("torch")
 transformers = require_module("transformers")
@@ -100,18 +100,19 @@ def test_padded_prompts_keep_their_own_state(tmp_path, family):
     """Prompts of 4 and 11 tokens right-padded to 11: each sequence decodes as if alone."""
     save(tmp_path, family)
     model = load_hf_llama(tmp_path, weight_dtype="f32", kv_dtype="f32")
+    forward, prefill, decode, _ = jitted(model)
     toks = TOKS[:, :14]
     lengths = np.array([4, 11])
     cache = model.init_cache(2, 16)
-    _, cache = model.prefill(jnp.asarray(toks[:, :11]), cache, jnp.asarray(lengths))
+    _, cache = prefill(jnp.asarray(toks[:, :11]), cache, jnp.asarray(lengths))
     got = [[], []]
     for t in range(3):
         nxt = jnp.asarray([toks[0, 4 + t], toks[1, 11 + t]])
-        step, cache = model.decode(nxt, cache)
+        step, cache = decode(nxt, cache)
         for b in range(2):
             got[b].append(np.asarray(step[b]))
     for b, n in enumerate(lengths):
-        alone = np.asarray(model(jnp.asarray(toks[b : b + 1, : n + 3])))[0, n:]
+        alone = np.asarray(forward(jnp.asarray(toks[b : b + 1, : n + 3])))[0, n:]
         np.testing.assert_allclose(np.stack(got[b]), alone, atol=2e-4)
 
 
