@@ -142,3 +142,30 @@ def test_calc_tp_kernels_per_device(capsys):
     assert k[1][kernels.K_PROJ]["flops"] * 8 == k[0][kernels.K_PROJ]["flops"]
     assert k[2][kernels.K_PROJ]["flops"] == k[1][kernels.K_PROJ]["flops"]
     assert k[2][kernels.NORM_ATTN]["flops"] == k[0][kernels.NORM_ATTN]["flops"]  # replicated
+
+
+def test_mla_under_tensor_parallelism_replicates_the_latent(capsys):
+    """DeepSeek-V3 at tp = 8 (issue 40's first number): the latent cache has no heads to split,
+    so each device holds all of it, 70,272 bytes a token over the 61 layers in bf16 ((512 + 64)
+    x 2 bytes x 61), the unsharded cache; the query/KV up-projections and o_proj split by head,
+    the latent down-projection whole on every device."""
+    from kvjax import analytic
+    from kvjax.analytic.parallel import device_config, kv_replication
+
+    cfg = get_model_config("deepseek-v3")
+    argv = ["calc", "--json", "--model", "deepseek-v3", "--context", "32768", "--tp", "8"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_bytes_per_token"] == (512 + 64) * 2 * 61 == 70272
+    assert out["kv_cache_bytes_per_device"] == out["kv_cache_bytes"] == 70272 * 32768
+    assert kv_replication(cfg, 8) == 8.0
+    dev = device_config(cfg, 8)
+    assert (dev.num_heads, dev.kv_lora_rank, dev.qk_rope_head_dim) == (16, 512, 64)
+    full, part = analytic.param_counts(cfg), analytic.param_counts(dev)
+    D, A, P, N, U, W = 7168, 512, 64, 128, 128, 128
+    assert full["attn/kv_a_proj"] == part["attn/kv_a_proj"] == 61 * D * (A + P)  # replicated
+    up = full["attn/q_absorb"] + full["attn/v_up"]  # kv_b_proj, absorbed into q and o
+    assert up == 8 * (part["attn/q_absorb"] + part["attn/v_up"]) == 61 * A * N * (U + W)
+    assert full["attn/o_proj"] == 8 * part["attn/o_proj"]
+    with pytest.raises(KvjaxError, match="tp=3 does not divide num_heads=128"):
+        device_config(cfg, 3)

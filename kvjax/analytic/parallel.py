@@ -31,7 +31,10 @@ def kv_heads_per_device(cfg: ModelConfig, tp: int) -> int:
 
 
 def kv_replication(cfg: ModelConfig, tp: int) -> float:
-    """Copies of each KV head across the devices (1 = none)."""
+    """Copies of each KV head across the devices (1 = none); MLA's latent, on every device: tp."""
+    if cfg.is_mla:
+        _check_tp(cfg, tp)
+        return float(tp)
     return kv_heads_per_device(cfg, tp) * tp / cfg.num_kv_heads
 
 
@@ -49,13 +52,17 @@ def _check_tp(cfg: ModelConfig, tp: int) -> None:
 
 
 def device_config(cfg: ModelConfig, tp: int) -> ModelConfig:
-    """The shapes one device computes: N/tp query heads, its KV heads, d_ff/tp, vocab/tp."""
-    if cfg.is_mla and tp > 1:
-        raise KvjaxError(
-            f"tp={tp}: tensor parallelism of MLA (kv_lora_rank={cfg.kv_lora_rank}) is not modelled "
-            f"yet (each device would hold the whole latent cache); use tp=1"
-        )
-    n_dev, k_dev = cfg.num_heads // tp, kv_heads_per_device(cfg, tp)
+    """The shapes one device computes: N/tp query heads, its KV heads, d_ff/tp, vocab/tp.
+
+    MLA: the query and KV up-projections and o_proj split by head (N/tp heads a device), while
+    the latent down-projection and the latent cache have no heads to split: every device holds
+    them whole (kv_lora_rank and the RoPE key unchanged), so the latent cache per device equals
+    the unsharded one (SGLang's reason for data-parallel attention)."""
+    if cfg.is_mla:
+        _check_tp(cfg, tp)
+        n_dev = k_dev = cfg.num_heads // tp
+    else:
+        n_dev, k_dev = cfg.num_heads // tp, kv_heads_per_device(cfg, tp)
     if n_dev % k_dev:
         raise KvjaxError(
             f"tp={tp}: {n_dev} query heads over {k_dev} KV heads per device are uneven groups, "
@@ -69,6 +76,12 @@ def device_config(cfg: ModelConfig, tp: int) -> ModelConfig:
                 f"over the devices"
             )
         experts = {"moe_d_ff": cfg.moe_d_ff // tp}
+        if cfg.shared_expert_d_ff:  # a shared expert of its own width, split likewise
+            if cfg.shared_expert_d_ff % tp:
+                raise KvjaxError(
+                    f"tp={tp} does not divide shared_expert_d_ff={cfg.shared_expert_d_ff}"
+                )
+            experts["shared_expert_d_ff"] = cfg.shared_expert_d_ff // tp
     return cfg.replace(
         num_heads=n_dev,
         num_kv_heads=k_dev,
@@ -170,7 +183,7 @@ def tensor_parallel_point(
     kv = kv_cache_bytes(dev, wl.context, wl.batch)
     return TensorParallelPoint(
         tp=tp,
-        kv_heads_per_device=dev.num_kv_heads,
+        kv_heads_per_device=1 if cfg.is_mla else dev.num_kv_heads,  # MLA: the one latent
         kv_replication=kv_replication(cfg, tp),
         weight_bytes_per_device=weights,
         kv_cache_bytes_per_device=kv,
