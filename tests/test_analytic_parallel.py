@@ -163,9 +163,10 @@ def test_mla_under_tensor_parallelism_replicates_the_latent(capsys):
     assert (dev.num_heads, dev.kv_lora_rank, dev.qk_rope_head_dim) == (16, 512, 64)
     full, part = analytic.param_counts(cfg), analytic.param_counts(dev)
     D, A, P, N, U, W = 7168, 512, 64, 128, 128, 128
-    assert full["attn/kv_a_proj"] == part["attn/kv_a_proj"] == 61 * D * (A + P)  # replicated
-    up = full["attn/q_absorb"] + full["attn/v_up"]  # kv_b_proj, absorbed into q and o
-    assert up == 8 * (part["attn/q_absorb"] + part["attn/v_up"]) == 61 * A * N * (U + W)
-    assert full["attn/o_proj"] == 8 * part["attn/o_proj"]
+    kv_a, absorb, v_up, o = kernels.KV_A_PROJ, kernels.Q_ABSORB, kernels.V_UP, kernels.O_PROJ
+    assert full[kv_a] == part[kv_a] == 61 * D * (A + P)  # replicated
+    up = full[absorb] + full[v_up]  # kv_b_proj, absorbed into q and o
+    assert up == 8 * (part[absorb] + part[v_up]) == 61 * A * N * (U + W)
+    assert full[o] == 8 * part[o]
     with pytest.raises(KvjaxError, match="tp=3 does not divide num_heads=128"):
         device_config(cfg, 3)
