@@ -39,14 +39,10 @@ def run(args: argparse.Namespace) -> int:
     return emit(args, report, print_validate)
 
 
-def _us(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x * 1e6:,.1f} us" if x < 1e-2 else f"{x * 1e3:,.2f} ms"
-
-
 def print_validate(report: dict[str, Any]) -> None:
     from rich.table import Table
+
+    from kvjax.units import fmt_seconds
 
     con = console()
     s = report["summary"]
@@ -77,13 +73,13 @@ def print_validate(report: dict[str, Any]) -> None:
         t.add_column(col)
     for r in rows:
         p = r["predicted_s"]
-        pred = "-" if p is None else (
-            f"{_us(p)} [{_us(r['predicted_lo_s'])}, {_us(r['predicted_hi_s'])}]"
-        )  # fmt: skip
+        lo, hi = r["predicted_lo_s"], r["predicted_hi_s"]
+        span = f"[{fmt_seconds(lo)}, {fmt_seconds(hi)}]" if p is not None else ""
+        pred = "-" if p is None else f"{fmt_seconds(p)} {span}"
         t.add_row(
             f"{r['file'].rsplit('/', 1)[-1]}:{r['line']}", r["kernel"], r["chip"],
-            str(r["implementation"] or "-"), _us(r["measured_s"]), _us(r["bound_s"]),
-            f"{r['fraction_of_bound']:.3f}", pred,
+            str(r["implementation"] or "-"), fmt_seconds(r["measured_s"]),
+            fmt_seconds(r["bound_s"]), f"{r['fraction_of_bound']:.3f}", pred,
         )  # fmt: skip
         if r.get("flag_reason"):
             t.add_row("", f"[dim]{r['flag_reason']}[/dim]", "", "", "", "", "", "")
