@@ -107,7 +107,7 @@ def test_calc_link_latency_flag(capsys):
     assert p["link_latency_s"] == 1e-6 and p["collective_hops_per_step"] == 161 * 126 + 63
     assert p["link_s"] > p["compute_memory_floor_s"]  # at tp=64 latency outweighs the HBM floor
     assert main(["calc", "--link-latency", "1e-6"]) == 2
-    assert "--link-latency applies to the --tp link term" in capsys.readouterr().err
+    assert "--link-latency applies to the link term of --tp/--ep" in capsys.readouterr().err
     assert main([*base, "--link-latency", "-1"]) == 2
     assert "--link-latency -1.0 must be >= 0 seconds" in capsys.readouterr().err
 
@@ -170,3 +170,62 @@ def test_mla_under_tensor_parallelism_replicates_the_latent(capsys):
     assert full[o] == 8 * part[o]
     with pytest.raises(KvjaxError, match="tp=3 does not divide num_heads=128"):
         device_config(cfg, 3)
+
+
+def _calc_json(capsys, *argv):
+    assert main(["calc", "--json", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_dp_attention_with_expert_parallelism_by_hand(capsys):
+    """DeepSeek-V3, dp-attention 8 x ep 8 at B=64, S=32k (issue 40): each device's latent cache
+    is 1/8 of the batch's (8 sequences), its weights all but the 224 of 256 routed experts of
+    each of the 58 MoE layers held elsewhere, and each of the 116 all-to-alls (dispatch and
+    combine) carries its 8 tokens' 8 routed rows of 7168 bf16, 7/8 of them off the device."""
+    cfg = get_model_config("deepseek-v3")
+    argv = ["--model", "deepseek-v3", "--context", "32768", "--batch", "64"]
+    out = _calc_json(capsys, *argv, "--dp-attention", "8", "--ep", "8")
+    assert (out["devices"], out["tp"], out["ep"], out["dp_attention"]) == (8, 1, 8, 8)
+    assert out["per_device"]["kv_cache_bytes"] * 8 == out["kv_cache_bytes"] == 70272 * 32768 * 64
+    expert = 3 * 7168 * 2048 * 2  # gate, up, down of one expert in bf16
+    assert out["per_device"]["weight_bytes"] == analytic.weight_bytes(cfg) - 58 * 224 * expert
+    x = 8 * 8 * 7168 * 2
+    assert out["collectives"] == {"all-to-all": {"count": 116, "bytes_per_device": 116 * x * 7 / 8}}
+    # activations of 8 tokens: residual in and out, the largest intermediate (unfused attention:
+    # a layer's f32 scores and bf16 probabilities over 128 heads and 32k positions)
+    assert out["per_device"]["activation_bytes"] == 2 * 8 * 7168 * 2 + 8 * 128 * 32768 * (4 + 2)
+    tp8 = _calc_json(capsys, *argv, "--tp", "8")  # the latent whole on each device: 8x as much
+    assert tp8["per_device"]["kv_cache_bytes"] == 8 * out["per_device"]["kv_cache_bytes"]
+    assert set(tp8["collectives"]) == {"all-reduce", "all-gather"}
+    assert tp8["collectives"]["all-reduce"]["count"] == 2 * 61 + 1
+
+
+def test_fixed_shape_all_to_all_counts_its_capacity():
+    """GShard's buffers: E experts x C rows, C = ceil(cf * M_l * k / E), never above M_l."""
+    from kvjax.analytic.parallel import Placement, all_to_all_bytes, placed_collectives
+
+    cfg = get_model_config("mixtral-8x7b")  # E=8, k=2, D=4096, 32 MoE layers
+    assert all_to_all_bytes(cfg, 8, 16) == 16 * 2 * 4096 * 2  # ragged: the routed rows
+    assert all_to_all_bytes(cfg, 8, 16, capacity_factor=1.0) == 8 * 4 * 4096 * 2  # C = 4
+    assert all_to_all_bytes(cfg, 8, 16, capacity_factor=1.25) == 8 * 5 * 4096 * 2
+    assert all_to_all_bytes(cfg, 8, 16, capacity_factor=4.0) == 8 * 16 * 4096 * 2  # E/k: C = M_l
+    assert all_to_all_bytes(cfg, 8, 16, capacity_factor=100) == 8 * 16 * 4096 * 2
+    colls = placed_collectives(cfg, Placement(ep=8, dp_attention=8), Workload("decode", 128, 64))
+    assert colls["all-to-all"] == {"count": 64, "bytes_per_device": 64 * 7 / 8 * 16 * 2 * 4096 * 2}
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--model", "deepseek-v3", "--tp", "8", "--ep", "8"], "ep = dp_attention and tp = 1"),
+        (["--model", "mixtral-8x7b", "--ep", "3", "--batch", "3"], "ep=3 does not divide "
+         "num_experts=8; allowed ep: 1, 2, 4, 8"),
+        (["--model", "deepseek-v3", "--ep", "8", "--batch", "4"], "batch=4 is not divisible by "
+         "dp_attention=8"),
+        (["--model", "llama-3-8b", "--ep", "2", "--batch", "2"], "ep=2: llama-3-8b has no experts"),
+        (["--model", "llama-3-8b", "--capacity-factor", "1"], "--capacity-factor sizes the --ep"),
+    ],
+)  # fmt: skip
+def test_placements_that_do_not_divide_are_refused_by_name(capsys, argv, message):
+    assert main(["calc", *argv]) == 2
+    assert message in capsys.readouterr().err

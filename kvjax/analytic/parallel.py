@@ -1,4 +1,6 @@
-"""Closed forms of Megatron-style tensor parallelism over `tp` devices. Pure Python.
+"""Closed forms of a model placed on several devices: Megatron-style tensor parallelism over
+`tp` devices, data-parallel attention over `dp_attention` groups and expert parallelism over `ep`
+devices with all-to-all dispatch (`placement_point`). Pure Python.
 
 Query heads are split evenly over the devices (tp must divide N); device d holds query heads
 [d*N/tp, (d+1)*N/tp) and every KV head those heads read (head n reads KV head n // G). When
@@ -7,16 +9,31 @@ than the single-device table says. The MLP is split over d_ff (column then row p
 embedding and LM head over the vocabulary. Each layer ends its attention and its MLP with an
 all-reduce of the [B*T, D] activations; a ring all-reduce of X bytes sends and receives
 2 (tp - 1) / tp * X bytes per device.
+
+A placement (`Placement`) runs on tp * dp_attention devices: attention, the dense MLPs, the
+shared experts and the embeddings run tp-way inside each of dp_attention groups, each group on
+B / dp_attention of the batch (its own KV or latent cache: so MLA's latent, whole on every device
+under tp, is split by sequence). The routed experts follow the dense MLP (each expert's width
+split tp-way, replicated over the groups) when ep = 1, or are spread E / ep a device over all
+ep = dp_attention devices (tp = 1: SGLang's DP attention + EP and vLLM's DP + EP, with the dense
+parts data parallel as SGLang's moe_dense_tp_size=1) with two all-to-alls a MoE layer: each
+device's M_l = M / ep tokens go to their k experts (dispatch) and come back (combine). A
+ragged all-to-all (DeepEP, what an engine sends) carries M_l * k * D * a bytes each way, of
+which (ep - 1) / ep leave the device under uniform routing; a fixed-shape one (GShard, what
+XLA:CPU can run) carries E * C * D * a with C = ceil(cf * M_l * k / E) rows an expert
+(`capacity_factor` cf).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from kvjax.analytic import roofline
 from kvjax.analytic.costs import SCORE_BYTES, Workload
-from kvjax.analytic.sizes import kv_cache_bytes, weight_bytes
+from kvjax.analytic.moe import expected_experts_touched, expert_params
+from kvjax.analytic.sizes import activation_bytes, kv_cache_bytes, weight_bytes
 from kvjax.analytic.step import step_cost
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
@@ -110,16 +127,8 @@ def allreduce_bytes_per_device(message_bytes: float, tp: int) -> float:
 def collective_bytes_per_step(cfg: ModelConfig, tp: int, wl: Workload) -> float:
     """Per device per step: 2 all-reduces a layer (after o_proj and after down) of M x D, the
     embedding's all-reduce, and the all-gather of the vocab-sharded f32 logits."""
-    if tp == 1:
-        return 0.0
-    a = DTYPE_BYTES[cfg.compute_dtype]
-    act = wl.tokens * cfg.d_model * a
-    logits = wl.tokens * math.ceil(cfg.vocab_size / tp) * tp * SCORE_BYTES
-    counts = collective_counts_per_step(cfg, tp)
-    return (
-        counts["all-reduce"] * allreduce_bytes_per_device(act, tp)
-        + counts["all-gather"] * (tp - 1) / tp * logits  # ring all-gather
-    )
+    colls = placed_collectives(cfg, Placement(tp=tp), wl)
+    return sum(c["bytes_per_device"] for c in colls.values())
 
 
 def collective_counts_per_step(cfg: ModelConfig, tp: int) -> dict[str, int]:
@@ -139,6 +148,128 @@ def collective_hops_per_step(cfg: ModelConfig, tp: int) -> int:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """A model on tp * dp_attention devices: tp-way tensor parallel inside each of dp_attention
+    groups (attention, dense MLPs, shared experts, embeddings), the routed experts tp-way like
+    the dense MLP (ep = 1) or spread over all ep = dp_attention devices (tp = 1)."""
+
+    tp: int = 1
+    ep: int = 1
+    dp_attention: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.dp_attention
+
+    def describe(self) -> str:
+        parts = [f"{n}={v}" for n, v in (("tp", self.tp), ("dp_attention", self.dp_attention),
+                                         ("ep", self.ep)) if v > 1]  # fmt: skip
+        return " x ".join(parts) or "one device"
+
+
+def check_placement(cfg: ModelConfig, pl: Placement) -> None:
+    """A KvjaxError naming the field and the values allowed when `pl` does not divide `cfg`."""
+    for name in ("tp", "ep", "dp_attention"):
+        value = getattr(pl, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise KvjaxError(f"{name}={value!r} must be a positive integer")
+    _check_tp(cfg, pl.tp)
+    if pl.ep == 1:
+        return
+    if not cfg.is_moe:
+        raise KvjaxError(f"ep={pl.ep}: {cfg.name} has no experts (num_experts=0); allowed: ep=1")
+    if pl.ep != pl.dp_attention or pl.tp != 1:
+        raise KvjaxError(
+            f"ep={pl.ep} with tp={pl.tp}, dp_attention={pl.dp_attention}: expert parallelism is "
+            f"modelled over data-parallel attention, ep = dp_attention and tp = 1 (e.g. "
+            f"--dp-attention {pl.ep} --ep {pl.ep})"
+        )
+    if cfg.num_experts % pl.ep:
+        allowed = [e for e in range(1, cfg.num_experts + 1) if cfg.num_experts % e == 0]
+        raise KvjaxError(
+            f"ep={pl.ep} does not divide num_experts={cfg.num_experts}; allowed ep: "
+            f"{', '.join(map(str, allowed))}"
+        )
+
+
+def device_workload(cfg: ModelConfig, pl: Placement, wl: Workload) -> Workload:
+    """One device's share of the step: B / dp_attention sequences; under expert parallelism its
+    MoE layers read the experts it holds that the whole batch touches, (E/ep) * (1 - (1-k/E)^M)
+    (`kvjax.analytic.moe.expert_parallel`), and compute its M_l * k routed rows (balanced)."""
+    check_placement(cfg, pl)
+    if wl.batch % pl.dp_attention:
+        raise KvjaxError(
+            f"batch={wl.batch} is not divisible by dp_attention={pl.dp_attention} (each "
+            f"attention group takes batch / dp_attention sequences)"
+        )
+    touched = wl.experts_touched
+    if pl.ep > 1 and touched is None:
+        touched = expected_experts_touched(cfg.num_experts, cfg.experts_per_token, wl.tokens)
+    if pl.ep > 1:
+        touched /= pl.ep
+    return dataclasses.replace(wl, batch=wl.batch // pl.dp_attention, experts_touched=touched)
+
+
+def placed_weight_bytes(cfg: ModelConfig, pl: Placement) -> int:
+    """Weights one device holds: its tp share; under ep, all but the E - E/ep routed experts of
+    each MoE layer held elsewhere."""
+    check_placement(cfg, pl)
+    held = weight_bytes(device_config(cfg, pl.tp))
+    if pl.ep > 1:
+        E, w = cfg.num_experts, cfg.weight_bytes_per_element
+        held -= round(cfg.num_moe_layers * (E - E // pl.ep) * expert_params(cfg) * w)
+    return held
+
+
+def all_to_all_bytes(
+    cfg: ModelConfig, ep: int, local_tokens: int, capacity_factor: float | None = None
+) -> float:
+    """X of one dispatch (or combine) all-to-all on one device: ragged (None), its M_l tokens'
+    k routed rows, M_l * k * D * a; fixed-shape, E experts x C rows, C = ceil(cf * M_l * k / E).
+    A device sends (ep - 1) / ep of X (the collectives' convention)."""
+    D, a = cfg.d_model, DTYPE_BYTES[cfg.compute_dtype]
+    k, E = cfg.experts_per_token, cfg.num_experts
+    if capacity_factor is None:
+        return local_tokens * k * D * a
+    if not isinstance(capacity_factor, (int, float)) or capacity_factor <= 0:
+        raise KvjaxError(f"capacity_factor={capacity_factor!r} must be a number > 0 (or None)")
+    return E * expert_capacity(cfg, local_tokens, capacity_factor) * D * a
+
+
+def expert_capacity(cfg: ModelConfig, local_tokens: int, capacity_factor: float) -> int:
+    """GShard's rows an expert takes from one device: ceil(cf * M_l * k / E), at most M_l (a token
+    picks an expert once); cf = E / k never drops a token."""
+    k, E = cfg.experts_per_token, cfg.num_experts
+    return min(local_tokens, math.ceil(capacity_factor * local_tokens * k / E))
+
+
+def placed_collectives(
+    cfg: ModelConfig, pl: Placement, wl: Workload, capacity_factor: float | None = None
+) -> dict[str, dict[str, float]]:
+    """The step's collectives by kind (count, bytes one device sends): tp's all-reduces and the
+    logits' all-gather inside each attention group (on its B / dp_attention sequences), the
+    MoE layers' dispatch and combine all-to-alls under ep. Ring conventions as
+    `kvjax.traced.collectives`: all-reduce 2 (n-1)/n X, all-gather and all-to-all (n-1)/n X."""
+    dev_wl = device_workload(cfg, pl, wl)
+    out: dict[str, dict[str, float]] = {}
+    tp = pl.tp
+    if tp > 1:
+        a = DTYPE_BYTES[cfg.compute_dtype]
+        act = dev_wl.tokens * cfg.d_model * a
+        logits = dev_wl.tokens * math.ceil(cfg.vocab_size / tp) * tp * SCORE_BYTES
+        counts = collective_counts_per_step(cfg, tp)
+        sent = {"all-reduce": allreduce_bytes_per_device(act, tp),  # one of each kind
+                "all-gather": (tp - 1) / tp * logits}  # fmt: skip
+        for kind, n in counts.items():
+            out[kind] = {"count": n, "bytes_per_device": n * sent[kind]}
+    if pl.ep > 1:
+        x = all_to_all_bytes(cfg, pl.ep, dev_wl.tokens, capacity_factor)
+        n = 2 * cfg.num_moe_layers  # dispatch and combine
+        out["all-to-all"] = {"count": n, "bytes_per_device": n * (pl.ep - 1) / pl.ep * x}
+    return out
+
+
+@dataclass(frozen=True)
 class TensorParallelPoint:
     tp: int
     kv_heads_per_device: int
@@ -154,37 +285,67 @@ class TensorParallelPoint:
     link_s: float | None
     step_floor_s: float | None
     fits_in_memory: bool | None
+    ep: int = 1
+    dp_attention: int = 1
+    devices: int = 1
+    activation_bytes_per_device: int = 0
+    collectives: dict | None = None  # kind -> count, bytes_per_device
+
+    @property
+    def per_device(self) -> dict[str, int]:
+        return {
+            "weight_bytes": self.weight_bytes_per_device,
+            "kv_cache_bytes": self.kv_cache_bytes_per_device,
+            "activation_bytes": self.activation_bytes_per_device,
+        }
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
 
-        return asdict(self)
+        return {**asdict(self), "per_device": self.per_device}
 
 
 def tensor_parallel_point(
     cfg: ModelConfig, tp: int, wl: Workload, chip: ChipSpec, link_latency_s: float = 0.0
 ) -> TensorParallelPoint:
-    """One device's share of a step on `tp` chips, and the step floor with the link term (the
+    """One device's share of a step on `tp` chips (`placement_point` with tp alone)."""
+    return placement_point(cfg, Placement(tp=tp), wl, chip, link_latency_s)
+
+
+def placement_point(
+    cfg: ModelConfig,
+    pl: Placement,
+    wl: Workload,
+    chip: ChipSpec,
+    link_latency_s: float = 0.0,
+    capacity_factor: float | None = None,
+) -> TensorParallelPoint:
+    """One device's share of a step under `pl`, and the step floor with the link term (the
     collectives are counted after compute, not overlapped): bytes / link bandwidth, plus
-    `link_latency_s` per ring message when given (no preset has a sourced value: default 0)."""
+    `link_latency_s` per message when given (rings: 2 (tp-1) an all-reduce, tp-1 an all-gather;
+    ep-1 an all-to-all; no preset has a sourced value: default 0). `wl` is the whole batch."""
     if not isinstance(link_latency_s, (int, float)) or link_latency_s < 0:
         raise KvjaxError(f"link_latency_s={link_latency_s!r} must be a number >= 0 (seconds)")
-    dev = device_config(cfg, tp)
-    step = step_cost(dev, wl)
+    dev = device_config(cfg, pl.tp)
+    dev_wl = device_workload(cfg, pl, wl)
+    step = step_cost(dev, dev_wl)
     peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
     floor = roofline.bound_time_s(step.flops, step.bytes, peak, bw)
-    coll = collective_bytes_per_step(cfg, tp, wl)
+    colls = placed_collectives(cfg, pl, wl, capacity_factor)
+    coll = sum(c["bytes_per_device"] for c in colls.values())
     link = chip.interconnect_bytes_per_s
-    hops = collective_hops_per_step(cfg, tp)
-    link_s = (
-        (coll / link + hops * link_latency_s) if (link and tp > 1) else (0.0 if tp == 1 else None)
+    hops = collective_hops_per_step(cfg, pl.tp) + (
+        colls["all-to-all"]["count"] * (pl.ep - 1) if "all-to-all" in colls else 0
     )
-    weights = weight_bytes(dev)
-    kv = kv_cache_bytes(dev, wl.context, wl.batch)
+    many = pl.devices > 1
+    link_s = (coll / link + hops * link_latency_s) if (link and many) else (None if many else 0.0)
+    weights = placed_weight_bytes(cfg, pl)
+    kv = kv_cache_bytes(dev, dev_wl.context, dev_wl.batch)
+    act = activation_bytes(dev, dev_wl)
     return TensorParallelPoint(
-        tp=tp,
+        tp=pl.tp,
         kv_heads_per_device=1 if cfg.is_mla else dev.num_kv_heads,  # MLA: the one latent
-        kv_replication=kv_replication(cfg, tp),
+        kv_replication=kv_replication(cfg, pl.tp),
         weight_bytes_per_device=weights,
         kv_cache_bytes_per_device=kv,
         step_flops_per_device=step.flops,
@@ -195,5 +356,10 @@ def tensor_parallel_point(
         compute_memory_floor_s=floor,
         link_s=link_s,
         step_floor_s=None if link_s is None else floor + link_s,
-        fits_in_memory=None if chip.memory_bytes is None else weights + kv <= chip.memory_bytes,
+        fits_in_memory=None if not chip.memory_bytes else weights + kv + act <= chip.memory_bytes,
+        ep=pl.ep,
+        dp_attention=pl.dp_attention,
+        devices=pl.devices,
+        activation_bytes_per_device=act,
+        collectives=colls,
     )

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvjax.analytic import parallel, roofline
-from kvjax.analytic.costs import EXTEND, SCORE_BYTES, Workload
-from kvjax.analytic.primitives import _act_bytes
-from kvjax.analytic.sizes import cache_bytes, weight_bytes
+from kvjax.analytic.costs import EXTEND, Workload
+from kvjax.analytic.sizes import activation_bytes, cache_bytes, weight_bytes
 from kvjax.analytic.step import step_kernels
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
@@ -92,20 +91,6 @@ def speculative(
                    s_per_token=(verify_s + k * draft_s) / tokens)  # fmt: skip
     out["speedup_over_decode"] = decode_s / out["s_per_token"]
     return out
-
-
-def activation_bytes(cfg: ModelConfig, wl: Workload) -> int:
-    """The decode (or prefill) step's live activations, as the model runs one layer at a time:
-    the residual stream in and out (2 x B*T x D) and the largest intermediate: a layer's scores
-    (f32) with its probabilities (unfused attention; a fused kernel keeps them on chip), its
-    MLP's gate/up output, or the f32 logits."""
-    M, D, a = wl.tokens, cfg.d_model, _act_bytes(cfg)
-    S, N = wl.context, cfg.num_heads
-    scores = 0 if cfg.attention_kernel == "flash" else M * N * S * (SCORE_BYTES + a)
-    F = max(cfg.d_ff, cfg.moe_d_ff * cfg.experts_per_token + cfg.shared_d_ff)
-    mlp = M * (2 if cfg.gated_mlp else 1) * F * a
-    logits = M * cfg.vocab_size * SCORE_BYTES
-    return 2 * M * D * a + max(scores, mlp, logits)
 
 
 def step_memory_bytes(cfg: ModelConfig, wl: Workload, page_size: int = 0) -> int:

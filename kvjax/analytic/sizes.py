@@ -4,6 +4,7 @@ a hybrid's flat states (`kvjax.analytic.hybrid`). Pure Python; letters: kvjax.ke
 
 from __future__ import annotations
 
+from kvjax.analytic.costs import SCORE_BYTES, Workload
 from kvjax.analytic.hybrid import state_bytes
 from kvjax.analytic.params import (  # noqa: F401 (re-exported: analytic's public names)
     layer_param_counts,
@@ -12,6 +13,7 @@ from kvjax.analytic.params import (  # noqa: F401 (re-exported: analytic's publi
     param_counts,
     weight_bytes,
 )
+from kvjax.analytic.primitives import _act_bytes
 from kvjax.analytic.quant import exact, scale_bytes_per_token_per_layer, tensor_scale_bytes
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
@@ -143,3 +145,17 @@ def max_context_that_fits(
         return 0
     fits = _context_for_bytes(cfg, free, batch, page_size)
     return None if fits is None else max(0, fits)
+
+
+def activation_bytes(cfg: ModelConfig, wl: Workload) -> int:
+    """The decode (or prefill) step's live activations, as the model runs one layer at a time:
+    the residual stream in and out (2 x B*T x D) and the largest intermediate: a layer's scores
+    (f32) with its probabilities (unfused attention; a fused kernel keeps them on chip), its
+    MLP's gate/up output, or the f32 logits."""
+    M, D, a = wl.tokens, cfg.d_model, _act_bytes(cfg)
+    S, N = wl.context, cfg.num_heads
+    scores = 0 if cfg.attention_kernel == "flash" else M * N * S * (SCORE_BYTES + a)
+    F = max(cfg.d_ff, cfg.moe_d_ff * cfg.experts_per_token + cfg.shared_d_ff)
+    mlp = M * (2 if cfg.gated_mlp else 1) * F * a
+    logits = M * cfg.vocab_size * SCORE_BYTES
+    return 2 * M * D * a + max(scores, mlp, logits)

@@ -23,6 +23,7 @@ from kvjax.cli.args import (
     emit,
     int_list,
     model_from_name,
+    positive_int,
     resolve_chip,
     resolve_model,
     resolve_workload,
@@ -45,8 +46,19 @@ def add_parser(sub) -> None:
     calc.add_argument("--variants", action="store_true", help="add the MHA/GQA/MQA table")
     calc.add_argument("--tp", type=int_list, help="tensor-parallel degree(s), e.g. 8 or 1,2,4,8")
     calc.add_argument(
-        "--ep", type=int_list, help="MoE: expert-parallel degree(s): experts spread, all-to-all"
-    )
+        "--ep", type=positive_int, help="MoE: expert-parallel degree: E/ep experts a device, "
+        "dispatch and combine all-to-alls (with data-parallel attention: --dp-attention = ep)",
+    )  # fmt: skip
+    calc.add_argument(
+        "--dp-attention", type=positive_int, metavar="N",
+        help="data-parallel attention: N groups, each on batch/N sequences with its own KV (or "
+        "MLA latent) cache; tp-way inside a group; devices = tp x N (default: --ep, else 1)",
+    )  # fmt: skip
+    calc.add_argument(
+        "--capacity-factor", type=float, metavar="CF",
+        help="with --ep: count fixed-shape all-to-alls of ceil(CF x tokens x k / E) rows an "
+        "expert (GShard; E/k never drops) instead of ragged ones (the routed rows)",
+    )  # fmt: skip
     calc.add_argument(
         "--link-latency",
         type=float,
@@ -65,8 +77,11 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.link_latency and not args.tp:
-        raise KvjaxError("--link-latency applies to the --tp link term; add --tp")
+    placed = args.tp or args.ep or args.dp_attention
+    if args.link_latency and not placed:
+        raise KvjaxError("--link-latency applies to the link term of --tp/--ep; add one")
+    if args.capacity_factor is not None and not args.ep:
+        raise KvjaxError("--capacity-factor sizes the --ep all-to-alls; add --ep")
     if not math.isfinite(args.link_latency) or args.link_latency < 0:
         raise KvjaxError(f"--link-latency {args.link_latency} must be >= 0 seconds")
     cfg = resolve_model(args)
@@ -81,10 +96,13 @@ def run(args: argparse.Namespace) -> int:
             row["attention_kernel"] = (
                 None if variant is None else attention_kernel_report(variant, wl, chip)
             )
-    if args.tp:
-        report.update(tensor_parallel_report(cfg, wl, chip, args.tp, args.link_latency))
+    if placed:
+        ep = args.ep or 1
+        dp = args.dp_attention or ep
+        pls = [parallel.Placement(tp, ep, dp) for tp in (args.tp or [1])]
+        report.update(placement_report(cfg, wl, chip, pls, args.link_latency, args.capacity_factor))
     if args.ep:
-        report["expert_parallel"] = [moe.expert_parallel(cfg, ep, wl) for ep in args.ep]
+        report["expert_parallel"] = [moe.expert_parallel(cfg, args.ep, wl)]
     if args.predict:
         from kvjax.predict.apply import predict_step
 
@@ -107,21 +125,30 @@ def speculative_report(args, cfg: ModelConfig, wl: Workload, chip: ChipSpec):
     return serving.speculative(cfg, wl, chip, args.spec_tokens, args.acceptance, draft)
 
 
-def tensor_parallel_report(
-    cfg: ModelConfig, wl: Workload, chip: ChipSpec, tps: list[int], link_latency_s: float
+def placement_report(
+    cfg: ModelConfig,
+    wl: Workload,
+    chip: ChipSpec,
+    placements: list[parallel.Placement],
+    link_latency_s: float = 0.0,
+    capacity_factor: float | None = None,
 ) -> dict[str, Any]:
-    """Per device for each tp: the closed form's point and one device's kernels."""
+    """Per device for each placement: the closed form's point (`per_device` weights, KV and
+    activations; the step's collectives by kind) and one device's kernels."""
     points = []
-    for tp in tps:
-        point = parallel.tensor_parallel_point(cfg, tp, wl, chip, link_latency_s).to_dict()
-        share = analytic.step_kernels(parallel.device_config(cfg, tp), wl)  # one device's
+    for pl in placements:
+        p = parallel.placement_point(cfg, pl, wl, chip, link_latency_s, capacity_factor)
+        point = p.to_dict()
+        dev_wl = parallel.device_workload(cfg, pl, wl)
+        share = analytic.step_kernels(parallel.device_config(cfg, pl.tp), dev_wl)
         point["kernels_per_device"] = [
             {"name": n, "flops": k.flops, "bytes": k.bytes} for n, k in share.items()
         ]
         points.append(point)
     first = points[0]
     return {
-        "tp": first["tp"],
+        **{k: first[k] for k in ("tp", "ep", "dp_attention", "devices", "per_device")},
+        "collectives": first["collectives"],
         "weight_bytes_per_device": first["weight_bytes_per_device"],
         "kv_cache_bytes_per_device": first["kv_cache_bytes_per_device"],
         "collective_bytes_per_token": first["collective_bytes_per_step"],

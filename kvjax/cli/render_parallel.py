@@ -14,7 +14,7 @@ def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) 
 
     wl = report["workload"]
     t = Table(
-        title=f"tensor parallel: per device, {wl['phase']} B={wl['batch']:,} S={wl['context']:,} "
+        title=f"placed on devices: per device, {wl['phase']} B={wl['batch']:,} S={wl['context']:,} "
         "(sizes GiB binary; collectives per step, ring; link = bytes / link bandwidth"
         + (
             f" + messages x {fmt_seconds(points[0]['link_latency_s'])})"
@@ -23,7 +23,8 @@ def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) 
         )
     )
     for col in (
-        "tp",
+        "devices",
+        "split",
         "KV heads/dev",
         "KV copies",
         "weights/dev",
@@ -37,18 +38,40 @@ def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) 
         t.add_column(col, justify="right")
     for p in points:
         t.add_row(
-            str(p["tp"]),
+            str(p.get("devices", p["tp"])),
+            split_label(p),
             str(p["kv_heads_per_device"]),
             f"{p['kv_replication']:g}x",
             fmt_bytes(p["weight_bytes_per_device"]),
             fmt_bytes(p["kv_cache_bytes_per_device"]),
             "-" if p["fits_in_memory"] is None else ("yes" if p["fits_in_memory"] else "no"),
-            fmt_rate(p["collective_bytes_per_step"], "B"),
+            collectives_cell(p),
             fmt_seconds(p["compute_memory_floor_s"]),
             "-" if p["link_s"] is None else fmt_seconds(p["link_s"]) if p["link_s"] else "0",
             "-" if p["step_floor_s"] is None else fmt_seconds(p["step_floor_s"]),
         )
     console().print(t)
+
+
+def split_label(p: dict[str, Any]) -> str:
+    """tp8, dp8 x ep8, dp2 x tp4: the axes over one."""
+    parts = [f"{n}{p.get(k, 1)}" for n, k in (("dp", "dp_attention"), ("tp", "tp"), ("ep", "ep"))
+             if p.get(k, 1) > 1]  # fmt: skip
+    return " x ".join(parts) or "1"
+
+
+def collectives_cell(p: dict[str, Any]) -> str:
+    """Bytes one device sends a step, and by kind where there are several kinds."""
+    kinds = p.get("collectives") or {}
+    total = fmt_rate(p["collective_bytes_per_step"], "B")
+    if len(kinds) < 2 and "all-to-all" not in kinds:
+        return total
+    return (
+        total
+        + " ("
+        + ", ".join(f"{k} {fmt_rate(v['bytes_per_device'], 'B')}" for k, v in kinds.items())
+        + ")"
+    )
 
 
 def print_sharded_trace(report: dict[str, Any]) -> None:
