@@ -253,14 +253,6 @@ def test_tensor_and_expert_parallel_placement_by_hand():
         expert_parallel(mixtral, 3, Workload("decode", 1, 64))
 
 
-def test_sharding_an_moe_model_is_refused_by_name():
-    from kvjax.nn.sharding import mesh_shape
-
-    message = r"tp=2: sharding an MoE model .* \(kvjax calc --tp, --ep\)"
-    with pytest.raises(KvjaxError, match=message):
-        mesh_shape(get_model_config("tiny-moe"), 2)
-
-
 def test_calc_prints_moe_and_expert_parallel(capsys):
     from kvjax.cli.main import main
 

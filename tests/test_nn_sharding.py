@@ -27,17 +27,17 @@ def tiny(num_kv_heads: int, **changes):
     return get_model_config("tiny-gqa", **(base | changes)).replace(name=f"tp-k{num_kv_heads}")
 
 
-def run_both(cfg, tp, dp=1, B=4, T=5, steps=3, max_len=11):
+def run_both(cfg, tp, dp=1, B=4, T=5, steps=3, max_len=11, expert_parallel=False):
     """Prefill and greedy decode steps, unsharded and sharded: logits of both, sharded cache."""
     model = Transformer(cfg, rngs=nnx.Rngs(7))
     toks = jax.random.randint(jax.random.key(3), (B, T), 0, cfg.vocab_size)
-    lengths = jnp.array([T, T - 2, T, 1][:B], jnp.int32)
+    lengths = jnp.array(([T, T - 2, T, 1] * 2)[:B], jnp.int32)
     ref_steps = CompiledSteps(model)
     cache = model.init_cache(B, max_len)
     ref, cache = ref_steps.prefill(ref_steps.state, toks, cache, lengths)
     ref_logits = [ref]
     mesh = sh.make_mesh(cfg, tp, dp)
-    sharded = sh.shard_model(model, mesh)
+    sharded = sh.shard_model(model, mesh, expert_parallel=expert_parallel)
     with jax.set_mesh(mesh):
         s_steps = CompiledSteps(sharded)
         s_cache = sh.init_cache(sharded, B, max_len, mesh)

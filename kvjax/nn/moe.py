@@ -20,8 +20,10 @@ from flax import nnx
 
 from kvjax import kernels
 from kvjax.model.config import ModelConfig
+from kvjax.nn.expert_parallel import dispatch_combine
 from kvjax.nn.layers import act_dtype, linear, param, read, weight_dtype
 from kvjax.nn.mlp import MLP, gated_product
+from kvjax.nn.sharding import DATA, MODEL, constrain
 
 
 class MoE(nnx.Module):
@@ -37,6 +39,10 @@ class MoE(nnx.Module):
         self.router_logit_bias = nnx.Param(jnp.zeros((E,), wd)) if cfg.router_bias else None
         self.expert_gate_up = param(rngs, (E, 2 * F, D), D, cfg)
         self.expert_down = param(rngs, (E, D, F), F, cfg)
+        # set by kvjax.nn.sharding.shard_model: > 1 when each expert's [gate; up] rows are in tp
+        # blocks; a mesh axis name when whole experts are spread over it (expert parallelism)
+        self.gate_up_blocks = 1
+        self.expert_axis = None
         if cfg.expert_bias:  # gpt-oss: every expert's gate_up (2F) and down (D) biased
             self.expert_gate_up_bias = nnx.Param(jnp.zeros((E, 2 * F), wd))
             self.expert_down_bias = nnx.Param(jnp.zeros((E, D), wd))
@@ -59,6 +65,9 @@ class MoE(nnx.Module):
             bias = None if self.router_bias is None else self.router_bias[...]
             weights_Mk, idx_Mk = route(cfg, logits, bias)
         scaled_in = cfg.router == "topk_sigmoid"  # Llama 4: the weights scale the input
+        if self.expert_axis is not None:
+            out_MD = self._expert_parallel(x_MD, weights_Mk, idx_Mk)
+            return self._with_shared(x_BTD, out_MD.reshape(B, T, D))
         with jax.named_scope(kernels.MOE_GATE_UP):
             w_MkED = read_experts(self.expert_gate_up, idx_Mk, cfg)
             if scaled_in:
@@ -69,16 +78,18 @@ class MoE(nnx.Module):
             if cfg.expert_bias:
                 gu_MkE = gu_MkE + read_experts(self.expert_gate_up_bias, idx_Mk, cfg)
         with jax.named_scope(kernels.MOE_ACT):
-            h_MkF = gated_product(cfg, gu_MkE[..., :F], gu_MkE[..., F:])
+            n = self.gate_up_blocks
+            if n == 1:
+                h_MkF = gated_product(cfg, gu_MkE[..., :F], gu_MkE[..., F:])
+            else:  # one [gate_d; up_d] block per device (kvjax.nn.sharding)
+                M, k = gu_MkE.shape[:2]
+                gu = constrain(gu_MkE.reshape(M, k, n, 2, F // n), DATA, None, MODEL, None, None)
+                h_MkF = gated_product(cfg, gu[..., 0, :], gu[..., 1, :]).reshape(M, k, F)
         with jax.named_scope(kernels.MOE_DOWN):
             y_MkD = experts_down(h_MkF, read_experts(self.expert_down, idx_Mk, cfg))
             if cfg.expert_bias:
                 y_MkD = y_MkD + read_experts(self.expert_down_bias, idx_Mk, cfg)
-        shared_BTD = None if self.shared is None else self.shared(x_BTD)
-        if self.shared_gate is not None:
-            with jax.named_scope(kernels.MOE_SHARED_GATE):
-                g_BT1 = jax.nn.sigmoid(linear(x_BTD, read(self.shared_gate, cfg)))
-                shared_BTD = shared_BTD * g_BT1
+        shared_BTD = self._shared(x_BTD)
         with jax.named_scope(kernels.MOE_COMBINE):
             if scaled_in:  # already weighted: the k outputs summed
                 out_MD = jnp.sum(y_MkD, axis=1) if cfg.experts_per_token > 1 else y_MkD[:, 0]
@@ -88,6 +99,25 @@ class MoE(nnx.Module):
             if shared_BTD is not None:
                 out_BTD = out_BTD + shared_BTD
         return out_BTD
+
+    def _shared(self, x_BTD: jax.Array) -> jax.Array | None:
+        shared_BTD = None if self.shared is None else self.shared(x_BTD)
+        if self.shared_gate is not None:
+            with jax.named_scope(kernels.MOE_SHARED_GATE):
+                g_BT1 = jax.nn.sigmoid(linear(x_BTD, read(self.shared_gate, self.cfg)))
+                shared_BTD = shared_BTD * g_BT1
+        return shared_BTD
+
+    def _with_shared(self, x_BTD: jax.Array, routed_BTD: jax.Array) -> jax.Array:
+        shared_BTD = self._shared(x_BTD)
+        return routed_BTD if shared_BTD is None else routed_BTD + shared_BTD
+
+    def _expert_parallel(self, x_MD, weights_Mk, idx_Mk) -> jax.Array:
+        """The routed experts spread over the mesh axis `expert_axis` (`expert_parallel`)."""
+        return dispatch_combine(
+            self.cfg, self.expert_axis, x_MD, weights_Mk, idx_Mk,
+            self.expert_gate_up[...], self.expert_down[...],
+        )  # fmt: skip
 
 
 def _mlp(cfg: ModelConfig, width: int, rngs: nnx.Rngs):

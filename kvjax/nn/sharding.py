@@ -46,18 +46,13 @@ def mesh_shape(cfg: ModelConfig, tp: int, dp: int = 1) -> tuple[int, int, int]:
     for name, value in (("tp", tp), ("dp", dp)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise KvjaxError(f"{name}={value!r} must be a positive integer")
-    if cfg.is_mla and tp > 1:
+    if cfg.is_hybrid and tp > 1:
         raise KvjaxError(
-            f"tp={tp}: sharding an MLA model (kv_lora_rank={cfg.kv_lora_rank}) is not implemented "
-            f"yet; use tp=1 (data parallelism, dp, works)"
+            f"tp={tp}: splitting a hybrid's state heads (layer_pattern={cfg.layer_pattern!r}) "
+            f"is not implemented; use tp=1 with data parallelism (dp) and expert parallelism"
         )
-    if cfg.is_moe and tp > 1:
-        raise KvjaxError(
-            f"tp={tp}: sharding an MoE model (num_experts={cfg.num_experts}) is not implemented; "
-            f"its tensor- and expert-parallel placement is in the closed form (kvjax calc --tp, "
-            f"--ep); use tp=1"
-        )
-    K = cfg.num_kv_heads
+    # MLA: the heads split over both axes together; no KV heads (the latent is replicated)
+    K = 1 if cfg.is_mla else cfg.num_kv_heads
     allowed = [
         t
         for t in range(1, cfg.num_heads + 1)
@@ -65,6 +60,8 @@ def mesh_shape(cfg: ModelConfig, tp: int, dp: int = 1) -> tuple[int, int, int]:
         and (K % t == 0 or t % K == 0)
         and cfg.d_ff % t == 0
         and cfg.vocab_size % t == 0
+        and (not cfg.is_moe or cfg.moe_d_ff % t == 0)
+        and cfg.shared_d_ff % t == 0
     ]
     why = []
     if cfg.num_heads % tp:
@@ -78,6 +75,10 @@ def mesh_shape(cfg: ModelConfig, tp: int, dp: int = 1) -> tuple[int, int, int]:
         why.append(f"tp={tp} does not divide d_ff={cfg.d_ff}")
     if cfg.vocab_size % tp:
         why.append(f"tp={tp} does not divide vocab_size={cfg.vocab_size}")
+    if cfg.is_moe and cfg.moe_d_ff % tp:
+        why.append(f"tp={tp} does not divide moe_d_ff={cfg.moe_d_ff}")
+    if cfg.shared_d_ff % tp:
+        why.append(f"tp={tp} does not divide the shared experts' width {cfg.shared_d_ff}")
     if why:
         raise KvjaxError(
             f"{cfg.name}: {'; '.join(why)}; the sharded model allows tp in "
@@ -114,10 +115,20 @@ def tp_size(mesh: Mesh) -> int:
 
 
 # -- placement ------------------------------------------------------------------------------------
-def param_spec(path: tuple[str, ...], ndim: int) -> P:
-    """The PartitionSpec of one parameter, from its name in the model."""
+def param_spec(path: tuple[str, ...], ndim: int, expert_parallel: bool = False) -> P:
+    """The PartitionSpec of one parameter, from its name in the model. MLA: the query and the
+    key/value up-projections split by head, the latent down-projection (kv_a_proj, q_a_proj)
+    replicated. Routed experts [E, out, in]: each one's width split like the dense MLP's, or
+    under expert parallelism whole experts over "data"."""
     name = path[-1]
-    if name in ("q_proj", "gate_up", "up", "embed", "lm_head"):
+    if name in EXPERT_PARAMS:
+        if expert_parallel:
+            return P(DATA, *([None] * (ndim - 1)))
+        return {"expert_gate_up": P(None, MODEL, None), "expert_down": P(None, None, MODEL),
+                "expert_gate_up_bias": P(None, MODEL)}.get(name, P(*([None] * ndim)))  # fmt: skip
+    if name in ("k_up", "v_up"):
+        return P(MODEL, None, None)  # [N, U or W, A]
+    if name in ("q_proj", "q_b_proj", "gate_up", "up", "embed", "lm_head"):
         return P(MODEL, None)  # split over output rows (vocab rows for embed / lm_head)
     if name in ("k_proj", "v_proj"):
         return P(KV, None)  # KV heads split over "kv", replicated over "grp"
@@ -128,6 +139,9 @@ def param_spec(path: tuple[str, ...], ndim: int) -> P:
     if name in ("k_bias", "v_bias"):
         return P(KV)
     return P(*([None] * ndim))  # norm scales: replicated
+
+
+EXPERT_PARAMS = ("expert_gate_up", "expert_down", "expert_gate_up_bias", "expert_down_bias")
 
 
 def cache_spec() -> P:
@@ -142,24 +156,62 @@ def _interleave_gate_up(w_EF: jax.Array, blocks: int) -> jax.Array:
     return w_EF.reshape(2, blocks, f // blocks, d).transpose(1, 0, 2, 3).reshape(two_f, d)
 
 
-def shard_model(model, mesh: Mesh):
-    """The model placed on `mesh`: parameters sharded (a new model; `model` is not changed)."""
+def check_expert_parallel(cfg: ModelConfig, tp: int, dp: int) -> None:
+    """Expert parallelism runs over data-parallel attention: experts over "data", tp = 1."""
+    if not cfg.is_moe:
+        raise KvjaxError(f"expert_parallel: {cfg.name} has no experts (num_experts=0)")
+    if tp != 1:
+        raise KvjaxError(
+            f"expert_parallel with tp={tp}: experts are spread over the data-parallel attention "
+            f"axis (dp), with tp=1"
+        )
+    if cfg.num_experts % dp:
+        raise KvjaxError(f"expert_parallel: dp={dp} does not divide num_experts={cfg.num_experts}")
+
+
+def shard_model(model, mesh: Mesh, expert_parallel: bool = False):
+    """The model placed on `mesh`: parameters sharded (a new model; `model` is not changed).
+    `expert_parallel`: the routed experts spread over "data" (dp = ep, tp = 1), each MoE layer
+    dispatching its tokens with all-to-alls (`kvjax.nn.moe`)."""
     cfg: ModelConfig = model.cfg
     tp = tp_size(mesh)
     mesh_shape(cfg, tp, mesh.shape[DATA])  # a clear error before anything moves
+    if expert_parallel:
+        check_expert_parallel(cfg, tp, mesh.shape[DATA])
     sharded = nnx.clone(model)  # the caller's model keeps its weights and row order
-    if cfg.gated_mlp:
-        for layer in sharded.layers:
-            if layer.mlp.gate_up_blocks != 1:
-                raise KvjaxError("shard_model needs an unsharded model (gate_up_blocks=1)")
-            layer.mlp.gate_up[...] = _interleave_gate_up(layer.mlp.gate_up[...], tp)
-            layer.mlp.gate_up_blocks = tp
+    for mlp in list(_gated_mlps(sharded)):
+        if mlp.gate_up_blocks != 1:
+            raise KvjaxError("shard_model needs an unsharded model (gate_up_blocks=1)")
+        if hasattr(mlp, "expert_gate_up"):  # the routed experts [E, 2F, D]
+            if expert_parallel:
+                mlp.expert_axis = DATA
+                continue
+            mlp.expert_gate_up[...] = jax.vmap(_interleave_gate_up, (0, None))(
+                mlp.expert_gate_up[...], tp
+            )
+            if getattr(mlp, "expert_gate_up_bias", None) is not None:
+                b = mlp.expert_gate_up_bias[...]
+                mlp.expert_gate_up_bias[...] = jax.vmap(_interleave_gate_up, (0, None))(
+                    b[..., None], tp
+                )[..., 0]
+        else:
+            mlp.gate_up[...] = _interleave_gate_up(mlp.gate_up[...], tp)
+        mlp.gate_up_blocks = tp
     graphdef, state = nnx.split(sharded)
-    placed = jax.tree_util.tree_map_with_path(
-        lambda path, x: jax.device_put(x, NamedSharding(mesh, param_spec(_names(path), x.ndim))),
-        state,
-    )
-    return nnx.merge(graphdef, placed)
+
+    def place(path, x):
+        spec = param_spec(_names(path), x.ndim, expert_parallel)
+        return jax.device_put(x, NamedSharding(mesh, spec))
+
+    return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(place, state))
+
+
+def _gated_mlps(model):
+    """Every module whose [gate; up] rows are split in blocks: dense MLPs, MoE experts, shared
+    experts."""
+    for _, m in nnx.iter_graph(model):
+        if hasattr(m, "gate_up_blocks"):
+            yield m
 
 
 def model_mesh(model) -> Mesh | None:
@@ -190,6 +242,14 @@ def init_cache(model, batch_size: int, max_len: int, mesh: Mesh):
 
 
 def cache_shardings(cache, mesh: Mesh):
+    if hasattr(cache, "state"):  # a hybrid: its attention cache, and per-sequence states
+        rows = NamedSharding(mesh, P(DATA))  # (tp = 1: mesh_shape refuses splitting state heads)
+        return dataclasses.replace(
+            cache,
+            kv=cache_shardings(cache.kv, mesh),
+            conv=tuple(rows for _ in cache.conv),
+            state=tuple(None if x is None else rows for x in cache.state),
+        )
     if hasattr(cache, "latent"):  # MLA: latents and RoPE keys split over sequences only
         rows = NamedSharding(mesh, P(DATA))
         return dataclasses.replace(

@@ -1,0 +1,79 @@
+"""DeepSeek-style models sharded as deployed (issue 40), on 8 simulated CPU devices: MLA and
+mixture-of-experts under tensor parallelism (heads and each expert's width split, the latent
+whole on every device) and under data-parallel attention with expert parallelism (whole experts
+spread, all-to-all dispatch): logits equal to the unsharded model's, and the real arrays'
+bytes per device equal to the closed form (`kvjax.analytic.parallel`)."""
+
+import numpy as np
+import pytest
+from flax import nnx
+from test_nn_sharding import bytes_per_device, run_both
+
+from kvjax import KvjaxError, get_model_config
+from kvjax.analytic.parallel import Placement, placed_weight_bytes
+from kvjax.analytic.sizes import kv_cache_bytes
+from kvjax.nn import Transformer
+from kvjax.nn import sharding as sh
+
+F32 = dict(weight_dtype="f32", kv_dtype="f32")
+# every size divisible by 8 and distinct: D=40, N=16, F=56, V=104, experts of 24
+DEEPSEEK = dict(
+    num_layers=2, d_model=40, num_heads=16, num_kv_heads=16, d_ff=56, vocab_size=104,
+    q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=4, head_dim=10, v_head_dim=7,
+    num_experts=16, experts_per_token=4, moe_d_ff=24, num_shared_experts=1,
+    first_dense_layers=1, expert_groups=4, topk_groups=2, **F32,
+)  # fmt: skip
+MIXTRAL = dict(num_layers=2, d_model=40, num_heads=16, num_kv_heads=8, head_dim=6, d_ff=56,
+               vocab_size=104, moe_d_ff=24, **F32)  # fmt: skip
+QWEN3_NEXT = dict(num_experts=8, experts_per_token=2, moe_d_ff=24, num_shared_experts=1,
+                  shared_expert_gate=True, d_ff=24, vocab_size=104)  # fmt: skip
+
+MODELS = {
+    "deepseek-v3": lambda: get_model_config("deepseek-v3", **DEEPSEEK),
+    "mixtral": lambda: get_model_config("mixtral-8x7b", **MIXTRAL),
+    "qwen3-next": lambda: get_model_config("tiny-qwen3-next", **QWEN3_NEXT),
+}
+
+
+def assert_logits_equal(ref, got):
+    for r, g in zip(ref, got, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "mixtral"])
+def test_tensor_parallel_mla_and_experts(devices, name):
+    cfg = MODELS[name]()
+    ref, got, cache, sharded = run_both(cfg, tp=8)
+    assert_logits_equal(ref, got)
+    w = bytes_per_device(nnx.state(sharded, nnx.Param))
+    assert set(w.values()) == {placed_weight_bytes(cfg, Placement(tp=8))}
+    if cfg.is_mla:  # the latent has no heads: every device holds all of it
+        kv = bytes_per_device((cache.latent, cache.k_rope))
+        assert set(kv.values()) == {kv_cache_bytes(cfg, cache.max_len, cache.batch_size)}
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "mixtral", "qwen3-next"])
+def test_data_parallel_attention_with_expert_parallelism(devices, name):
+    cfg = MODELS[name]()
+    ref, got, cache, sharded = run_both(cfg, tp=1, dp=8, B=8, expert_parallel=True)
+    assert_logits_equal(ref, got)
+    w = bytes_per_device(nnx.state(sharded, nnx.Param))
+    assert set(w.values()) == {placed_weight_bytes(cfg, Placement(ep=8, dp_attention=8))}
+    if cfg.is_mla:  # each device: its one sequence's latent, 1/8 of the batch's
+        kv = bytes_per_device((cache.latent, cache.k_rope))
+        assert set(kv.values()) == {kv_cache_bytes(cfg, cache.max_len, cache.batch_size) // 8}
+
+
+def test_expert_parallel_placements_refused_by_name(devices):
+    model = Transformer(get_model_config("tiny-gqa"), rngs=nnx.Rngs(0))
+    with pytest.raises(KvjaxError, match="has no experts"):
+        sh.shard_model(model, sh.make_mesh(model.cfg, 1, 2), expert_parallel=True)
+    cfg = MODELS["mixtral"]()
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    with pytest.raises(KvjaxError, match="expert_parallel with tp=2"):
+        sh.shard_model(model, sh.make_mesh(cfg, 2, 2), expert_parallel=True)
+    with pytest.raises(KvjaxError, match="tp=8 does not divide moe_d_ff=20; the sharded model "
+                       "allows tp in {1, 2, 4}"):  # fmt: skip
+        sh.mesh_shape(cfg.replace(moe_d_ff=20), 8)
+    with pytest.raises(KvjaxError, match="tp=2: splitting a hybrid's state heads"):
+        sh.mesh_shape(MODELS["qwen3-next"](), 2)
