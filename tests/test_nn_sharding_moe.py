@@ -77,3 +77,35 @@ def test_expert_parallel_placements_refused_by_name(devices):
         sh.mesh_shape(cfg.replace(moe_d_ff=20), 8)
     with pytest.raises(KvjaxError, match="tp=2: splitting a hybrid's state heads"):
         sh.mesh_shape(MODELS["qwen3-next"](), 2)
+
+
+@pytest.mark.parametrize("tp,dp,ep", [(8, 1, False), (1, 8, True)])
+def test_traced_collectives_of_deepseek_v3_equal_the_closed_form(devices, tp, dp, ep):
+    """The whole deepseek-v3 (61 layers, from one and two layers of each kind: dense and MoE)
+    compiled for 8 simulated devices: per kind, the collectives' count and the bytes a device
+    sends equal the closed form (tp 8: 2 all-reduces a layer + the embedding's, the shared
+    experts' partial sums in the MoE layers' second one, the logits' all-gather; dp 8 x ep 8:
+    a dispatch and a combine all-to-all per MoE layer, E x C rows with C the device's tokens);
+    its weights and latent cache per device equal `placement_point`'s."""
+    from kvjax import get_chip
+    from kvjax.analytic import Workload
+    from kvjax.analytic.parallel import placement_point
+    from kvjax.traced.sharded import trace_sharded_step
+    from kvjax.traced.step import cache_len
+
+    cfg = get_model_config("deepseek-v3", **F32)
+    tr = trace_sharded_step(cfg, "decode", 16, 256, tp, dp, expert_parallel=ep, layers="one")
+    assert tr.layers_traced == (2, 3, 3)  # [dense, MoE], then each kind twice
+    assert set(tr.collectives) == set(tr.closed_collectives)
+    for kind, closed in tr.closed_collectives.items():
+        assert tr.collectives[kind]["count"] == closed["count"]
+        assert tr.collectives[kind]["bytes_per_device"] == pytest.approx(
+            closed["bytes_per_device"], rel=0.02
+        )
+    counts = {k: c["count"] for k, c in tr.closed_collectives.items()}
+    assert counts == ({"all-to-all": 2 * 58} if ep else {"all-reduce": 2 * 61 + 1, "all-gather": 1})
+    pl = Placement(tp, 8 if ep else 1, dp)
+    point = placement_point(cfg, pl, Workload("decode", 16, 256), get_chip("h200"))
+    assert tr.weight_bytes_per_device == point.weight_bytes_per_device
+    rows = cache_len("decode", 256)  # the cache a decode step at S reads: S - 1 rows and its own
+    assert tr.kv_cache_bytes_per_device == kv_cache_bytes(cfg, rows, 16 // dp)

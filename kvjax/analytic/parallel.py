@@ -262,6 +262,10 @@ def placed_collectives(
                 "all-gather": (tp - 1) / tp * logits}  # fmt: skip
         for kind, n in counts.items():
             out[kind] = {"count": n, "bytes_per_device": n * sent[kind]}
+        if cfg.is_moe and cfg.shared_d_ff:
+            # the shared experts' partial sums beside the routed ones: two [M, D] messages in
+            # one all-reduce op (XLA's combiner merges them; an engine may add them first)
+            out["all-reduce"]["bytes_per_device"] += cfg.num_moe_layers * sent["all-reduce"]
     if pl.ep > 1:
         x = all_to_all_bytes(cfg, pl.ep, dev_wl.tokens, capacity_factor)
         n = 2 * cfg.num_moe_layers  # dispatch and combine

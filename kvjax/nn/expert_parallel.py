@@ -34,10 +34,12 @@ def slots(idx_Mk: jax.Array, num_experts: int) -> jax.Array:
 
 
 def dispatch_combine(
-    cfg: ModelConfig, axis: str, x_MD, weights_Mk, idx_Mk, gate_up_EFD, down_EDF
+    cfg: ModelConfig, axis: str, x_MD, route, routers, gate_up_EFD, down_EDF
 ) -> jax.Array:
     """out [M, D]: each token's k experts' outputs, weighted, with the experts spread over
-    `axis` of the context mesh (`jax.set_mesh`)."""
+    `axis` of the context mesh (`jax.set_mesh`). `route(x_MD, routers)` gives each token's
+    weights and expert ids; it runs on each device's tokens inside the shard_map (the routers
+    replicated), so routing needs no collective."""
     if cfg.router == "topk_sigmoid" or cfg.expert_bias:
         raise NotImplementedError(
             "expert parallelism of Llama 4's input-scaled experts or gpt-oss's expert biases"
@@ -45,8 +47,9 @@ def dispatch_combine(
     mesh = jax.sharding.get_abstract_mesh()
     E, F = cfg.num_experts, cfg.moe_d_ff
 
-    def local(x_MD, w_Mk, idx_Mk, gu_EFD, dn_EDF):
+    def local(x_MD, routers, gu_EFD, dn_EDF):
         M, D = x_MD.shape
+        w_Mk, idx_Mk = route(x_MD, routers)
         ep = jax.lax.axis_size(axis)
         C = M  # a token picks an expert at most once: no pick is ever dropped
         slot_Mk = slots(idx_Mk, E)
@@ -69,6 +72,6 @@ def dispatch_combine(
 
     rows = P(axis)
     return jax.shard_map(
-        local, mesh=mesh, in_specs=(rows, rows, rows, P(axis), P(axis)), out_specs=rows,
+        local, mesh=mesh, in_specs=(rows, P(), P(axis), P(axis)), out_specs=rows,
         check_vma=False,
-    )(x_MD, weights_Mk, idx_Mk, gate_up_EFD, down_EDF)  # fmt: skip
+    )(x_MD, routers, gate_up_EFD, down_EDF)  # fmt: skip

@@ -57,17 +57,15 @@ class MoE(nnx.Module):
         B, T, D = x_BTD.shape
         F = cfg.moe_d_ff
         x_MD = x_BTD.reshape(B * T, D)
-        with jax.named_scope(kernels.MOE_ROUTER):
-            logits = router_logits(x_MD, self.router[...])
-            if self.router_logit_bias is not None:
-                logits = logits + self.router_logit_bias[...].astype(jnp.float32)
-        with jax.named_scope(kernels.MOE_TOPK):
-            bias = None if self.router_bias is None else self.router_bias[...]
-            weights_Mk, idx_Mk = route(cfg, logits, bias)
-        scaled_in = cfg.router == "topk_sigmoid"  # Llama 4: the weights scale the input
-        if self.expert_axis is not None:
-            out_MD = self._expert_parallel(x_MD, weights_Mk, idx_Mk)
+        routers = self._router_params()
+        if self.expert_axis is not None:  # routed on each device, inside the shard_map
+            out_MD = dispatch_combine(
+                cfg, self.expert_axis, x_MD, self._route, routers,
+                self.expert_gate_up[...], self.expert_down[...],
+            )  # fmt: skip
             return self._with_shared(x_BTD, out_MD.reshape(B, T, D))
+        weights_Mk, idx_Mk = self._route(x_MD, routers)
+        scaled_in = cfg.router == "topk_sigmoid"  # Llama 4: the weights scale the input
         with jax.named_scope(kernels.MOE_GATE_UP):
             w_MkED = read_experts(self.expert_gate_up, idx_Mk, cfg)
             if scaled_in:
@@ -85,6 +83,14 @@ class MoE(nnx.Module):
                 M, k = gu_MkE.shape[:2]
                 gu = constrain(gu_MkE.reshape(M, k, n, 2, F // n), DATA, None, MODEL, None, None)
                 h_MkF = gated_product(cfg, gu[..., 0, :], gu[..., 1, :]).reshape(M, k, F)
+        if self.gate_up_blocks > 1 and not (scaled_in or cfg.expert_bias):
+            # each expert's width split: weight the k rows first and contract k with F in the
+            # product, so the partial sums all-reduced are [M, D], not k times that
+            with jax.named_scope(kernels.MOE_DOWN):
+                w_MkDF = read_experts(self.expert_down, idx_Mk, cfg)
+                hw_MkF = h_MkF * weights_Mk.astype(h_MkF.dtype)[:, :, None]
+                out_MD = jnp.einsum("MkF,MkDF->MD", hw_MkF, w_MkDF)
+            return self._with_shared(x_BTD, out_MD.reshape(B, T, D))
         with jax.named_scope(kernels.MOE_DOWN):
             y_MkD = experts_down(h_MkF, read_experts(self.expert_down, idx_Mk, cfg))
             if cfg.expert_bias:
@@ -112,12 +118,22 @@ class MoE(nnx.Module):
         shared_BTD = self._shared(x_BTD)
         return routed_BTD if shared_BTD is None else routed_BTD + shared_BTD
 
-    def _expert_parallel(self, x_MD, weights_Mk, idx_Mk) -> jax.Array:
-        """The routed experts spread over the mesh axis `expert_axis` (`expert_parallel`)."""
-        return dispatch_combine(
-            self.cfg, self.expert_axis, x_MD, weights_Mk, idx_Mk,
-            self.expert_gate_up[...], self.expert_down[...],
-        )  # fmt: skip
+    def _router_params(self) -> dict[str, jax.Array]:
+        out = {"router": self.router[...]}
+        if self.router_logit_bias is not None:
+            out["logit_bias"] = self.router_logit_bias[...]
+        if self.router_bias is not None:
+            out["bias"] = self.router_bias[...]
+        return out
+
+    def _route(self, x_MD: jax.Array, routers: dict[str, jax.Array]):
+        """(weights [M, k], expert ids [M, k]) of the tokens `x_MD`."""
+        with jax.named_scope(kernels.MOE_ROUTER):
+            logits = router_logits(x_MD, routers["router"])
+            if "logit_bias" in routers:
+                logits = logits + routers["logit_bias"].astype(jnp.float32)
+        with jax.named_scope(kernels.MOE_TOPK):
+            return route(self.cfg, logits, routers.get("bias"))
 
 
 def _mlp(cfg: ModelConfig, width: int, rngs: nnx.Rngs):

@@ -179,24 +179,17 @@ def shard_model(model, mesh: Mesh, expert_parallel: bool = False):
     if expert_parallel:
         check_expert_parallel(cfg, tp, mesh.shape[DATA])
     sharded = nnx.clone(model)  # the caller's model keeps its weights and row order
-    for mlp in list(_gated_mlps(sharded)):
+    for mlp in _gated_mlps(sharded):
         if mlp.gate_up_blocks != 1:
             raise KvjaxError("shard_model needs an unsharded model (gate_up_blocks=1)")
-        if hasattr(mlp, "expert_gate_up"):  # the routed experts [E, 2F, D]
-            if expert_parallel:
-                mlp.expert_axis = DATA
-                continue
-            mlp.expert_gate_up[...] = jax.vmap(_interleave_gate_up, (0, None))(
-                mlp.expert_gate_up[...], tp
-            )
-            if getattr(mlp, "expert_gate_up_bias", None) is not None:
-                b = mlp.expert_gate_up_bias[...]
-                mlp.expert_gate_up_bias[...] = jax.vmap(_interleave_gate_up, (0, None))(
-                    b[..., None], tp
-                )[..., 0]
-        else:
+        if not hasattr(mlp, "expert_gate_up"):
             mlp.gate_up[...] = _interleave_gate_up(mlp.gate_up[...], tp)
-        mlp.gate_up_blocks = tp
+        elif not expert_parallel:  # the routed experts [E, 2F, D]: each one's rows in blocks
+            blocks = jax.vmap(_interleave_gate_up, (0, None))
+            mlp.expert_gate_up[...] = blocks(mlp.expert_gate_up[...], tp)
+            if (bias := getattr(mlp, "expert_gate_up_bias", None)) is not None:
+                bias[...] = blocks(bias[..., None], tp)[..., 0]
+    set_layout(sharded, tp, expert_parallel)
     graphdef, state = nnx.split(sharded)
 
     def place(path, x):
@@ -206,12 +199,21 @@ def shard_model(model, mesh: Mesh, expert_parallel: bool = False):
     return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(place, state))
 
 
-def _gated_mlps(model):
+def set_layout(model, tp: int, expert_parallel: bool = False) -> None:
+    """Tell the model's modules how their weights are laid out (the values are `shard_model`'s
+    to reorder; an abstract model only needs this): [gate; up] rows in tp blocks, or the routed
+    experts spread over "data"."""
+    for mlp in _gated_mlps(model):
+        if expert_parallel and hasattr(mlp, "expert_gate_up"):
+            mlp.expert_axis = DATA
+        else:
+            mlp.gate_up_blocks = tp
+
+
+def _gated_mlps(model) -> list:
     """Every module whose [gate; up] rows are split in blocks: dense MLPs, MoE experts, shared
     experts."""
-    for _, m in nnx.iter_graph(model):
-        if hasattr(m, "gate_up_blocks"):
-            yield m
+    return [m for _, m in nnx.iter_graph(model) if hasattr(m, "gate_up_blocks")]
 
 
 def model_mesh(model) -> Mesh | None:
@@ -272,10 +274,15 @@ def cache_shardings(cache, mesh: Mesh):
 
 
 # -- inside the model ----------------------------------------------------------------------------
+def mesh_active() -> bool:
+    """Whether a kvjax mesh is set (`jax.set_mesh`): the sharded program is being traced."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and tuple(mesh.axis_names) == AXES
+
+
 def constrain(x: jax.Array, *axes) -> jax.Array:
     """Pin an activation's sharding when a kvjax mesh is active (`jax.set_mesh`); otherwise
     return it untouched, so the single-device program (and its traced cost) is unchanged."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or tuple(mesh.axis_names) != AXES:
+    if not mesh_active():
         return x
     return jax.lax.with_sharding_constraint(x, P(*axes))

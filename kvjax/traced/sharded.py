@@ -28,13 +28,21 @@ from jax.sharding import PartitionSpec as P
 
 from kvjax import analytic
 from kvjax.analytic import Workload, parallel
+from kvjax.analytic.moe import model_workload
 from kvjax.devices import batch_per_replica
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
 from kvjax.nn import sharding as sh
 from kvjax.nn.transformer import abstract_model
 from kvjax.traced.collectives import Collective, collectives, summarize
-from kvjax.traced.step import as_the_model_runs, cache_len, check_layers, step_fn
+from kvjax.traced.step import (
+    as_the_model_runs,
+    by_layer_kind,
+    cache_len,
+    check_layers,
+    layer_kinds,
+    step_fn,
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,6 +67,8 @@ class ShardedTrace:
     notes: list[str] = field(default_factory=list)
     hosts: int = 1  # hosts (processes) the mesh's devices belong to
     host_source: str = "one process"  # "processes" or "simulated: N devices a host"
+    closed_collectives: dict[str, dict[str, float]] = field(default_factory=dict)  # by kind
+    expert_parallel: bool = False  # the routed experts over the dp devices
 
     @property
     def collective_bytes(self) -> float:
@@ -86,32 +96,34 @@ class ShardedTrace:
         return d
 
 
-def sharded_step(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
+def sharded_step(
+    cfg: ModelConfig, mesh, phase: str, batch: int, context: int, expert_parallel: bool = False
+):
     """`kvjax.traced.step.step_fn` of the model set up as `shard_model` sets up a real one, its
     abstract args carrying their shardings: (function, args, graphdef)."""
-    model = _sharded_abstract_model(cfg, mesh)
+    model = _sharded_abstract_model(cfg, mesh, expert_parallel)
     step, (state, tokens, cache) = step_fn(cfg, phase, batch, context, model=model)
     tokens_spec = P(sh.DATA) if phase == "decode" else P(sh.DATA, None)
     args = (
-        _with_shardings(state, _param_shardings(state, mesh)),
+        _with_shardings(state, _param_shardings(state, mesh, expert_parallel)),
         _with_shardings(tokens, NamedSharding(mesh, tokens_spec)),
         _with_shardings(cache, sh.cache_shardings(cache, mesh)),
     )
     return step, args, nnx.graphdef(model)
 
 
-def _sharded_abstract_model(cfg: ModelConfig, mesh):
+def _sharded_abstract_model(cfg: ModelConfig, mesh, expert_parallel: bool = False):
     model = abstract_model(cfg)
-    if cfg.gated_mlp:
-        tp = mesh.shape[sh.KV] * mesh.shape[sh.GRP]
-        for layer in model.layers:
-            layer.mlp.gate_up_blocks = tp  # the row order of shard_model; values are abstract
+    sh.set_layout(model, mesh.shape[sh.KV] * mesh.shape[sh.GRP], expert_parallel)
     return model
 
 
-def _param_shardings(state, mesh):
+def _param_shardings(state, mesh, expert_parallel: bool = False):
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: NamedSharding(mesh, sh.param_spec(sh._names(path), x.ndim)), state
+        lambda path, x: NamedSharding(
+            mesh, sh.param_spec(sh._names(path), x.ndim, expert_parallel)
+        ),
+        state,
     )
 
 
@@ -130,36 +142,48 @@ def shard_bytes(tree) -> int:
     )
 
 
-def sharded_memory(cfg: ModelConfig, tp: int, dp: int, batch: int, context: int) -> dict:
+def sharded_memory(
+    cfg: ModelConfig, tp: int, dp: int, batch: int, context: int, expert_parallel: bool = False
+) -> dict:
     """Per-device weights and KV cache (context rows) of the sharded model, read from the
-    shardings it is placed with; no devices needed (an abstract mesh). Models of more than two
-    layers are read from a one- and a two-layer model, extrapolated (identical layers)."""
+    shardings it is placed with; no devices needed (an abstract mesh). Read from one and two
+    layers of each kind the model has, extrapolated (`kvjax.traced.step.by_layer_kind`)."""
     mesh = sh.abstract_mesh(cfg, tp, dp)
     batch_per_replica(batch, dp)
-    L = cfg.num_layers
-    if L > 2:
-        one = sharded_memory(cfg.replace(num_layers=1), tp, dp, batch, context)
-        two = sharded_memory(cfg.replace(num_layers=2), tp, dp, batch, context)
-        return extrapolate_layers(one, two, L)
-    model = _sharded_abstract_model(cfg, mesh)
+    return by_layer_kind(cfg, lambda c: _held(c, mesh, batch, context, expert_parallel))[0]
+
+
+def _held(cfg: ModelConfig, mesh, batch: int, context: int, expert_parallel: bool) -> dict:
+    model = _sharded_abstract_model(cfg, mesh, expert_parallel)
     state = nnx.state(model)
     cache = jax.eval_shape(lambda: model.init_cache(batch, context))
     kv = sh.cache_shardings(cache, mesh)
     return {
         "weight_bytes_per_device": shard_bytes(
-            _with_shardings(state, _param_shardings(state, mesh))
+            _with_shardings(state, _param_shardings(state, mesh, expert_parallel))
         ),
-        "kv_cache_bytes_per_device": shard_bytes(  # K and V, not the positions
-            _with_shardings((cache.k, cache.v), (kv.k, kv.v))
+        "kv_cache_bytes_per_device": shard_bytes(  # the cached rows, not the positions
+            _with_shardings(_rows(cache), _rows(kv))
         ),
     }
 
 
-def served_pieces(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
+def _rows(cache):
+    """The cache's per-token arrays: K and V, or MLA's latents and RoPE keys (of a hybrid, its
+    attention layers')."""
+    cache = getattr(cache, "kv", cache)
+    return (cache.latent, cache.k_rope) if hasattr(cache, "latent") else (cache.k, cache.v)
+
+
+def served_pieces(
+    cfg: ModelConfig, mesh, phase: str, batch: int, context: int, expert_parallel: bool = False
+):
     """The jits `CompiledSteps` runs for one step, as (function, abstract args, donated args):
     decode = attend (the cache only read) + append (the cache donated); prefill with the cache
     donated. Compiled together, XLA:CPU would copy the cache (DESIGN.md)."""
-    step, (state, tokens, cache), graphdef = sharded_step(cfg, mesh, phase, batch, context)
+    step, (state, tokens, cache), graphdef = sharded_step(
+        cfg, mesh, phase, batch, context, expert_parallel
+    )
     if phase != "decode":
         return [(step, (state, tokens, cache), (2,))]
 
@@ -171,33 +195,23 @@ def served_pieces(cfg: ModelConfig, mesh, phase: str, batch: int, context: int):
 
     with jax.set_mesh(mesh):
         _, new_k, new_v = jax.eval_shape(attend, state, tokens, cache)
-    row = NamedSharding(mesh, P(sh.DATA, sh.KV, None))
-    new_k, new_v = (_with_shardings(rows, (row,) * len(rows)) for rows in (new_k, new_v))
+
+    def row(x):  # K/V rows [B, K, H] split like the cache; MLA's latents, hybrids' states by B
+        spec = P(sh.DATA, sh.KV, None) if x.ndim == 3 else P(sh.DATA, *[None] * (x.ndim - 1))
+        return NamedSharding(mesh, spec)
+
+    new_k, new_v = (
+        _with_shardings(rows, jax.tree_util.tree_map(row, rows)) for rows in (new_k, new_v)
+    )
     return [(attend, (state, tokens, cache), ()), (append, (cache, new_k, new_v), (0,))]
 
 
-def extrapolate_layers(one, two, num_layers: int):
-    """A model of `num_layers` identical layers from its 1- and 2-layer figures: one + (L - 1) *
-    (two - one), applied to every number in nested dicts, lists and tuples (a kind missing from
-    one of them counts as zero)."""
-    if isinstance(one, dict) or isinstance(two, dict):
-        one, two = one or {}, two or {}
-        keys = list(one) + [k for k in two if k not in one]
-        return {k: extrapolate_layers(one.get(k), two.get(k), num_layers) for k in keys}
-    if isinstance(one, tuple | list):
-        return type(one)(
-            extrapolate_layers(a, b, num_layers) for a, b in zip(one, two, strict=True)
-        )
-    one, two = one or 0, two or 0
-    return one + (num_layers - 1) * (two - one)
-
-
-def _compile(cfg, mesh, phase, batch, context, count=None, host_of=None):
+def _compile(cfg, mesh, phase, batch, context, count=None, host_of=None, expert_parallel=False):
     """Per-device cost and collectives of one step, summed over the jits it is served as.
     `count(text)` replaces XLA's cost analysis (an accelerator's module: kvjax counts it)."""
     cost: dict[str, float] = {}
     colls: list[Collective] = []
-    for fn, args, donate in served_pieces(cfg, mesh, phase, batch, context):
+    for fn, args, donate in served_pieces(cfg, mesh, phase, batch, context, expert_parallel):
         with jax.set_mesh(mesh):
             compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
         counted = count(compiled.as_text()) if count else compiled.cost_analysis()
@@ -241,8 +255,12 @@ def trace_sharded_step(
     devices=None,
     count=None,
     devices_per_host: int | None = None,
+    expert_parallel: bool = False,
 ) -> ShardedTrace:
-    """One step of the tp x dp sharded model, compiled from abstract shapes.
+    """One step of the tp x dp sharded model, compiled from abstract shapes; with
+    `expert_parallel`, its routed experts spread over the dp devices (tp = 1), dispatched by
+    all-to-all (`kvjax.nn.expert_parallel`), against the closed form's fixed-shape all-to-alls
+    at the model's capacity (capacity factor E / k: no token dropped).
 
     `layers="one"` compiles a one-layer and a two-layer model and extrapolates linearly to
     `num_layers` (the layers are identical; tests check it equals the full compile), which keeps
@@ -251,26 +269,39 @@ def trace_sharded_step(
     cfg, dequantized_notes = as_the_model_runs(cfg)
     wl = Workload(phase, batch, context)  # validates phase, batch and context
     check_layers(layers)
-    wl_device = Workload(phase, batch_per_replica(batch, dp), context)
+    batch_per_replica(batch, dp)
     t0 = time.perf_counter()
     if devices is None and len(jax.devices()) < tp * dp:
         devices = jax.devices("cpu")  # e.g. one GPU: trace on simulated CPU devices instead
     mesh = sh.make_mesh(cfg, tp, dp, devices)
+    pl = parallel.Placement(tp, dp if expert_parallel else 1, dp)
+    if expert_parallel:
+        sh.check_expert_parallel(cfg, tp, dp)
     backend = mesh.devices.flat[0].platform
     host_of, host_source = host_map(mesh, devices_per_host)
     L = cfg.num_layers
-    if layers == "all" or L <= 2:
-        cost, colls = _compile(cfg, mesh, phase, batch, context, count, host_of)
+    if layers == "all" or L <= len(layer_kinds(cfg)):
+        cost, colls = _compile(cfg, mesh, phase, batch, context, count, host_of, expert_parallel)
         traced_layers: tuple[int, ...] = (L,)
-    else:
-        one = _compile(cfg.replace(num_layers=1), mesh, phase, batch, context, count, host_of)
-        two = _compile(cfg.replace(num_layers=2), mesh, phase, batch, context, count, host_of)
-        cost, colls = extrapolate_layers(one, two, L)
-        traced_layers = (1, 2)
-    held = sharded_memory(cfg, tp, dp, batch, cache_len(phase, context))
-    closed = analytic.step_cost(parallel.device_config(cfg, tp), wl_device)
+    else:  # one (and two) layers of each kind, extrapolated (`traced.step.by_layer_kind`)
+        (cost, colls), traced_layers = by_layer_kind(
+            cfg,
+            lambda c: _compile(c, mesh, phase, batch, context, count, host_of, expert_parallel),
+        )
+    held = sharded_memory(cfg, tp, dp, batch, cache_len(phase, context), expert_parallel)
+    closed = analytic.step_cost(  # the model reads each token's k experts (M * k gathers)
+        parallel.device_config(cfg, tp), parallel.device_workload(cfg, pl, model_workload(cfg, wl))
+    )
+    capacity = cfg.num_experts / cfg.experts_per_token if expert_parallel else None
+    closed_colls = parallel.placed_collectives(cfg, pl, wl, capacity)
     notes = [f"compiled on {backend}: per-device totals after SPMD partitioning"]
     notes += dequantized_notes
+    if expert_parallel:
+        notes.append(
+            "expert parallel: fixed-shape all-to-alls of E x C rows (C = a device's tokens, none "
+            "dropped); the experts compute all E x C rows, E/k x the routed FLOPs, which the "
+            "closed form's per-device FLOPs (routed rows only) do not count"
+        )
     if count is not None:
         notes.append(
             f"compiled for {mesh.devices.flat[0].device_kind} on this host; FLOPs (without "
@@ -293,8 +324,10 @@ def trace_sharded_step(
         collectives=colls,
         closed_flops_per_device=closed.flops,
         closed_bytes_per_device=closed.bytes,
-        closed_collective_bytes=parallel.collective_bytes_per_step(cfg, tp, wl_device),
-        closed_collective_counts=parallel.collective_counts_per_step(cfg, tp),
+        closed_collective_bytes=sum(c["bytes_per_device"] for c in closed_colls.values()),
+        closed_collective_counts={k: c["count"] for k, c in closed_colls.items()},
+        closed_collectives=closed_colls,
+        expert_parallel=expert_parallel,
         kv_cache_bytes_per_device=held["kv_cache_bytes_per_device"],
         weight_bytes_per_device=held["weight_bytes_per_device"],
         layers_traced=traced_layers,

@@ -163,6 +163,56 @@ def _kind(cfg: ModelConfig, layer: int) -> tuple[bool, bool, bool, str]:
             cfg.layer_kind(layer))  # fmt: skip
 
 
+def layer_kinds(cfg: ModelConfig) -> list[tuple[bool, bool, bool, str]]:
+    """The distinct kinds of layer the model has, dense first (an MoE model's dense layers are
+    its first)."""
+    return sorted({_kind(cfg, i) for i in range(cfg.num_layers)})
+
+
+def config_of_kinds(cfg: ModelConfig, kinds: list[tuple[bool, bool, bool, str]]) -> ModelConfig:
+    """`cfg` with one layer of each kind in `kinds` (sorted, dense first; repeats allowed)."""
+    pattern = "".join("L" if sliding else "G" for _, sliding, _, _ in kinds)
+    rope = "".join("N" if nope else "R" for _, _, nope, _ in kinds)
+    dense = sum(not moe for moe, _, _, _ in kinds) if cfg.is_moe else 0
+    return cfg.replace(
+        num_layers=len(kinds), layer_pattern=pattern, first_dense_layers=dense,
+        rope_pattern=rope, moe_layer_step=1, layer_kinds="".join(k[3] for k in kinds),
+    )  # fmt: skip
+
+
+def by_layer_kind(cfg: ModelConfig, measure):
+    """`measure(config)` (numbers in nested dicts, lists, tuples) of the whole model from small
+    ones: a model with one layer of each kind (A), and for each kind with n_k > 1 layers that
+    model with the kind's layer twice (B_k): A + sum_k (n_k - 1) (B_k - A). With one kind this is
+    one + (L - 1) (two - one). Returns (total, the layer counts traced)."""
+    kinds = layer_kinds(cfg)
+    base_cfg = config_of_kinds(cfg, kinds)
+    base = measure(base_cfg)
+    terms, traced = [(1, base)], [base_cfg.num_layers]
+    for i, kind in enumerate(kinds):
+        n = sum(_kind(cfg, j) == kind for j in range(cfg.num_layers))
+        if n > 1:
+            twice = config_of_kinds(cfg, kinds[: i + 1] + kinds[i:])
+            terms += [(n - 1, measure(twice)), (1 - n, base)]
+            traced.append(twice.num_layers)
+    return linear_combination(terms), tuple(traced)
+
+
+def linear_combination(terms):
+    """sum of coef * tree over (coef, tree) pairs, leaf by leaf (a key missing from a dict is
+    zero there)."""
+    trees = [t for _, t in terms]
+    first = next((t for t in trees if t is not None), None)
+    if isinstance(first, dict):
+        keys = list(dict.fromkeys(k for t in trees for k in (t or {})))
+        return {k: linear_combination([(c, (t or {}).get(k)) for c, t in terms]) for k in keys}
+    if isinstance(first, tuple | list):
+        return type(first)(
+            linear_combination([(c, t[i]) for c, t in terms]) for i in range(len(first))
+        )
+    return sum(c * (t or 0) for c, t in terms)
+
+
 def as_the_model_runs(cfg: ModelConfig) -> tuple[ModelConfig, list[str]]:
     """The config kvjax's model runs, and a note when it differs: MXFP4 experts (gpt-oss) are
     closed form only, the model holds them dequantized, so a trace and the closed form it is
@@ -203,16 +253,10 @@ def trace_step(
     t0 = time.perf_counter()
     # "one": one layer of each kind (dense/MoE, global/sliding) the model has, each standing
     # for its kind; the dense kinds first (an MoE model's dense layers are its first)
-    kinds = sorted({_kind(cfg, i) for i in range(cfg.num_layers)})
+    kinds = layer_kinds(cfg)
     traced_cfg = cfg
     if layers == "one":
-        pattern = "".join("L" if sliding else "G" for _, sliding, _, _ in kinds)
-        rope = "".join("N" if nope else "R" for _, _, nope, _ in kinds)
-        dense = sum(not moe for moe, _, _, _ in kinds) if cfg.is_moe else 0
-        traced_cfg = cfg.replace(
-            num_layers=len(kinds), layer_pattern=pattern, first_dense_layers=dense,
-            rope_pattern=rope, moe_layer_step=1, layer_kinds="".join(k[3] for k in kinds),
-        )  # fmt: skip
+        traced_cfg = config_of_kinds(cfg, kinds)
     fn, args = step_fn(traced_cfg, phase, batch, context, new_tokens=new_tokens)
     lowered = lower_for_cost(fn, args)
     backend = jax.default_backend()
