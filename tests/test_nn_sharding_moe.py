@@ -109,3 +109,22 @@ def test_traced_collectives_of_deepseek_v3_equal_the_closed_form(devices, tp, dp
     assert tr.weight_bytes_per_device == point.weight_bytes_per_device
     rows = cache_len("decode", 256)  # the cache a decode step at S reads: S - 1 rows and its own
     assert tr.kv_cache_bytes_per_device == kv_cache_bytes(cfg, rows, 16 // dp)
+
+
+def test_cli_trace_expert_parallel(devices, capsys):
+    import json
+
+    from kvjax.cli import main
+
+    argv = ["trace", "--model", "mixtral-8x7b", "--layers", "2", "--d-model", "64", "--d-ff",
+            "64", "--heads", "8", "--kv-heads", "8", "--head-dim", "8", "--vocab", "128",
+            "--weight-dtype", "f32", "--kv-dtype", "f32", "--batch", "8", "--context", "32"]  # fmt: skip
+    assert main([*argv, "--dp-attention", "8", "--ep", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # 2 MoE layers: dispatch and combine each; 8 experts x 1 row (a device's one token) x 64
+    assert out["collectives"]["all-to-all"]["count"] == 4 == out["closed_form"]["collectives"][
+        "all-to-all"]["count"]  # fmt: skip
+    assert out["collective_ratio"] == pytest.approx(1.0)
+    assert out["closed_collective_bytes"] == 4 * 7 / 8 * 8 * 1 * 64 * 4
+    assert main([*argv, "--dp-attention", "2", "--ep", "8"]) == 2
+    assert "pass --dp-attention 8" in capsys.readouterr().err

@@ -82,7 +82,8 @@ def print_sharded_trace(report: dict[str, Any]) -> None:
     m, wl, c = report["cfg"], report["workload"], report["closed_form"]
     con.print(
         f"[bold]{m['name']}[/bold] {attention_label(m)} | {wl['phase']} | "
-        f"B={wl['batch']:,} | S={wl['context']:,} | tp={report['tp']} dp={report['dp']} | XLA "
+        f"B={wl['batch']:,} | S={wl['context']:,} | tp={report['tp']} dp={report['dp']}"
+        f"{' ep=' + str(report['dp']) if report.get('expert_parallel') else ''} | XLA "
         f"compiled stage on {report['backend']}, per device (layers compiled: "
         f"{'/'.join(map(str, report['layers_traced']))}) | {report['trace_seconds']:.1f} s"
     )
@@ -109,7 +110,8 @@ def print_sharded_trace(report: dict[str, Any]) -> None:
     )
     con.print(t)
     k = Table(title="collectives in the compiled HLO (bytes one device sends, ring algorithms)")
-    for col in ("kind", "closed count", "traced count", "traced bytes"):
+    closed_kinds = report.get("closed_collectives") or {}
+    for col in ("kind", "closed count", "traced count", "closed bytes", "traced bytes"):
         k.add_column(col, justify="left" if col == "kind" else "right")
     kinds = list(report["closed_collective_counts"]) + [
         x for x in report["collectives"] if x not in report["closed_collective_counts"]
@@ -120,6 +122,7 @@ def print_sharded_trace(report: dict[str, Any]) -> None:
             kind,
             str(report["closed_collective_counts"].get(kind, 0)),
             f"{row['count']:g}",
+            fmt_rate(closed_kinds.get(kind, {}).get("bytes_per_device", 0), "B"),
             fmt_rate(row["bytes_per_device"], "B"),
         )
     if kinds:

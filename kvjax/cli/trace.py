@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from kvjax import analytic, kernels
-from kvjax.analytic import Workload, parallel, roofline
+from kvjax.analytic import parallel, roofline
 from kvjax.cli import render, render_parallel, render_target
 from kvjax.cli.args import (
     add_chip_args,
@@ -57,7 +57,16 @@ def add_parser(sub) -> None:
         help="tensor-parallel degree: trace the sharded program per device, with its "
         "collectives (on a CPU, tp x dp simulated devices)",
     )
-    trace.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree")
+    trace.add_argument(
+        "--dp", "--dp-attention", dest="dp", type=positive_int, default=1,
+        help="data-parallel degree: each of N groups runs batch/N sequences with its own cache "
+        "(data-parallel attention; the experts too unless --ep)",
+    )  # fmt: skip
+    trace.add_argument(
+        "--ep", type=positive_int, default=1,
+        help="MoE: spread the routed experts over the --dp-attention devices (ep = dp, tp = 1), "
+        "dispatched by all-to-all",
+    )  # fmt: skip
     trace.add_argument(
         "--target",
         default=None,
@@ -113,6 +122,11 @@ def run(args: argparse.Namespace) -> int:
         return emit(args, report, render_target.print_target_trace)
     if args.executed:
         raise KvjaxError("--executed lists a target's executed instructions; add --target NAME")
+    if args.ep > 1 and (args.ep != args.dp or args.target is not None):
+        raise KvjaxError(
+            f"--ep {args.ep} spreads the experts over the data-parallel attention devices: pass "
+            f"--dp-attention {args.ep} (and --tp 1; no --target)"
+        )
     sharded = args.tp > 1 or args.dp > 1
     if sharded:
         if args.stage == "lowered":
@@ -227,17 +241,20 @@ def sharded_trace_report(args: argparse.Namespace, devices=None, count=None) -> 
 
     cfg, wl = resolve_model(args), resolve_workload(args)
     chip = resolve_chip(args, cfg)
-    wl_device = Workload(
-        wl.phase, batch_per_replica(wl.batch, args.dp, ("--batch", "--dp")), wl.context
-    )
+    batch_per_replica(wl.batch, args.dp, ("--batch", "--dp"))
+    ep = getattr(args, "ep", 1)
     with render.progress(
-        f"compiling {cfg.name} on {args.tp * args.dp} devices (tp={args.tp}, dp={args.dp})"
+        f"compiling {cfg.name} on {args.tp * args.dp} devices (tp={args.tp}, dp={args.dp}"
+        f"{f', ep={ep}' if ep > 1 else ''})"
     ):
         t = trace_sharded_step(
             cfg, wl.phase, wl.batch, wl.context, args.tp, args.dp, layers=args.trace_layers,
             devices=devices, count=count, devices_per_host=getattr(args, "devices_per_host", None),
+            expert_parallel=ep > 1,
         )  # fmt: skip
-    closed = parallel.tensor_parallel_point(cfg, args.tp, wl_device, chip).to_dict()
+    capacity = cfg.num_experts / cfg.experts_per_token if ep > 1 else None
+    pl = parallel.Placement(args.tp, ep, args.dp)
+    closed = parallel.placement_point(cfg, pl, wl, chip, capacity_factor=capacity).to_dict()
     peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
     link = chip.interconnect_bytes_per_s
     traced_floor = roofline.point(
