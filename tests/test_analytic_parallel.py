@@ -229,3 +229,34 @@ def test_fixed_shape_all_to_all_counts_its_capacity():
 def test_placements_that_do_not_divide_are_refused_by_name(capsys, argv, message):
     assert main(["calc", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_placed_frontier_ends_where_one_device_is_full():
+    """dp 8 x ep 8: the largest batch is 8 x the most sequences a group holds, each device's
+    weights (its 32 of 256 experts), its sequences' latents and its step's activations within
+    the chip; tokens/s is per chip (B / step / 8)."""
+    from kvjax.analytic import serving
+    from kvjax.analytic.parallel import Placement, placed_weight_bytes
+    from kvjax.analytic.sizes import activation_bytes
+
+    cfg = get_model_config("deepseek-v3", weight_dtype="fp8", attention_kernel="flash")
+    chip = get_chip("h200")
+    curve = serving.frontier(cfg, chip, 32768, ep=8, dp_attention=8)
+    B = curve["max_batch"]
+    assert B % 8 == 0 and curve["devices"] == 8
+
+    def held(b):  # one device, b sequences of its own
+        wl = Workload("decode", b, 32768)
+        return placed_weight_bytes(cfg, Placement(ep=8, dp_attention=8)) + 70272 * 32768 * b + (
+            activation_bytes(cfg, wl))  # fmt: skip
+
+    assert held(B // 8) <= chip.memory_bytes < held(B // 8 + 1)
+    last = curve["points"][-1]
+    assert last["tokens_per_s"] == pytest.approx(B / last["step_s"] / 8)
+    with pytest.raises(KvjaxError, match="ep = dp_attention and tp = 1"):
+        serving.frontier(cfg, chip, 32768, tp=8, ep=8)
+
+
+def test_frontier_predict_is_one_chip(capsys):
+    assert main(["frontier", "--model", "llama-3-8b", "--tp", "2", "--predict"]) == 2
+    assert "--predict fits one chip's steps" in capsys.readouterr().err

@@ -48,3 +48,32 @@ def test_links_land(doc):
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
             missing.append(target)
     assert not missing, missing
+
+
+def test_readme_deepseek_placements_are_the_frontiers_output(capsys):
+    """The README's TP8 vs DP8 + EP8 table (issue 40) is what `kvjax frontier` prints now: the
+    largest batch's point of each placement, KV per device = its sequences' latents."""
+    import json
+
+    from kvjax.cli import main
+
+    text = (ROOT / "README.md").read_text()
+    base = ["frontier", "--model", "deepseek-v3", "--weight-dtype", "fp8", "--attention-kernel",
+            "flash", "--chip", "h200", "--context", "32768", "--json"]  # fmt: skip
+    rows = {}
+    placements = {"TP8": ["--tp", "8"], "DP8 + EP8": ["--dp-attention", "8", "--ep", "8"]}
+    for name, flags in placements.items():
+        assert main(base + flags) == 0
+        curve = json.loads(capsys.readouterr().out)["variants"][0]
+        last = curve["points"][-1]
+        assert main(["calc", *base[1:], *flags, "--batch", str(curve["max_batch"])]) == 0
+        per = json.loads(capsys.readouterr().out)["per_device"]
+        rows[name] = (
+            f"| {name} | {per['weight_bytes'] / 2**30:.2f} GiB | "
+            f"{per['kv_cache_bytes'] / 2**30:.2f} GiB | {curve['max_batch']} | "
+            f"{last['tokens_per_s']:.0f} | {last['ms_per_token']:.1f} |"
+        )
+        assert rows[name] in text, rows[name]
+        # the KV a device holds at that batch: 70,272 bytes a token per sequence it holds
+        held = curve["max_batch"] // (8 if "EP" in name else 1)
+        assert per["kv_cache_bytes"] == 70272 * 32768 * held

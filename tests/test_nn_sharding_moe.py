@@ -118,7 +118,8 @@ def test_cli_trace_expert_parallel(devices, capsys):
 
     argv = ["trace", "--model", "mixtral-8x7b", "--layers", "2", "--d-model", "64", "--d-ff",
             "64", "--heads", "8", "--kv-heads", "8", "--head-dim", "8", "--vocab", "128",
-            "--weight-dtype", "f32", "--kv-dtype", "f32", "--batch", "8", "--context", "32"]  # fmt: skip
+            "--weight-dtype", "f32", "--kv-dtype", "f32", "--batch", "8",
+            "--context", "32"]  # fmt: skip
     assert main([*argv, "--dp-attention", "8", "--ep", "8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     # 2 MoE layers: dispatch and combine each; 8 experts x 1 row (a device's one token) x 64

@@ -113,12 +113,17 @@ def max_serving_batch(cfg: ModelConfig, chip: ChipSpec, context: int, page_size:
             step_memory_bytes(cfg, Workload("decode", b, context), page_size) <= chip.memory_bytes
         )
 
+    return largest(fits)
+
+
+def largest(fits) -> int:
+    """The largest B >= 1 with fits(B) (memory grows with B), 0 if none."""
     if not fits(1):
         return 0
     lo, hi = 1, 2
     while fits(hi):
         lo, hi = hi, hi * 2
-    while hi - lo > 1:  # fits(lo), not fits(hi): memory grows with B
+    while hi - lo > 1:  # fits(lo), not fits(hi)
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
@@ -134,12 +139,17 @@ class FrontierPoint:
     memory_bytes: int
 
 
-def read_weight_bytes(cfg: ModelConfig, context: int) -> float:
+def read_weight_bytes(
+    cfg: ModelConfig, context: int, placement: parallel.Placement | None = None
+) -> float:
     """The weights a B = 1 decode step reads: every matrix once, but of the embedding table only
     the token's row (an untied table is not read whole), and of an MoE layer the experts its
-    token routes to: the floor no batch of decode steps can go below (the seed's 2N / beta)."""
-    kernels_ = step_kernels(cfg, Workload("decode", 1, context))
-    return sum(k.weight_bytes for k in kernels_.values())
+    token routes to: the floor no batch of decode steps can go below (the seed's 2N / beta).
+    Placed, one device's: its share, at one sequence per attention group."""
+    pl = placement or parallel.Placement()
+    dev = parallel.device_config(cfg, pl.tp) if pl.tp > 1 else cfg
+    wl = parallel.device_workload(cfg, pl, Workload("decode", pl.dp_attention, context))
+    return sum(k.weight_bytes for k in step_kernels(dev, wl).values())
 
 
 def frontier_batches(max_batch: int) -> list[int]:
@@ -153,37 +163,77 @@ def frontier_batches(max_batch: int) -> list[int]:
 
 def frontier(
     cfg: ModelConfig, chip: ChipSpec, context: int, page_size: int = 0, label: str | None = None,
-    tp: int = 1,
+    tp: int = 1, ep: int = 1, dp_attention: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
-    """One variant's throughput-latency curve at context S, its batches up to `max_batch`. On
-    `tp` chips (tensor parallel, `kvjax.analytic.parallel`) memory and the step are one
-    device's share, the step adds its collectives' bytes over the chip's link, and tokens/s is
-    per chip (B / step / tp)."""
-    dev = cfg if tp == 1 else parallel.device_config(cfg, tp)
-    if tp > 1 and not chip.interconnect_bytes_per_s:
-        raise KvjaxError(f"chip {chip.name!r} has no interconnect bandwidth for tp={tp}")
-    max_batch = max_serving_batch(dev, chip, context, page_size)
+    """One variant's throughput-latency curve at context S, its batches up to `max_batch`.
+    Placed on tp x dp_attention chips (`kvjax.analytic.parallel.Placement`), memory and the step
+    are one device's share (B / dp_attention sequences; under ep, the experts it holds and
+    touches), the step adds its collectives' bytes over the chip's link (ragged all-to-alls), and
+    tokens/s is per chip (B / step / devices)."""
+    pl = parallel.Placement(tp, ep, dp_attention)
+    parallel.check_placement(cfg, pl)
+    n = pl.devices
+    if n > 1 and not chip.interconnect_bytes_per_s:
+        raise KvjaxError(f"chip {chip.name!r} has no interconnect bandwidth for {pl.describe()}")
+    dev = parallel.device_config(cfg, tp) if tp > 1 else cfg
+    groups = max_placed_batch(cfg, pl, chip, context, page_size)  # a group's sequences
     points = []
-    for b in frontier_batches(max_batch):
-        wl = Workload("decode", b, context)
-        step_s = step_bound_s(dev, wl, chip)
-        if tp > 1:  # after compute, not overlapped (`parallel.tensor_parallel_point`)
-            step_s += (
-                parallel.collective_bytes_per_step(cfg, tp, wl) / chip.interconnect_bytes_per_s
+    for b in frontier_batches(groups):
+        wl = Workload("decode", b * dp_attention, context)
+        dev_wl = parallel.device_workload(cfg, pl, wl)
+        step_s = step_bound_s(dev, dev_wl, chip)
+        if n > 1:  # after compute, not overlapped (`parallel.placement_point`)
+            colls = parallel.placed_collectives(cfg, pl, wl)
+            step_s += sum(c["bytes_per_device"] for c in colls.values()) / (
+                chip.interconnect_bytes_per_s
             )
-        points.append(FrontierPoint(label or cfg.name, b, step_s, b / step_s / tp, 1e3 * step_s,
-                                    step_memory_bytes(dev, wl, page_size)))  # fmt: skip
+        held = placed_memory_bytes(cfg, pl, wl, page_size)
+        points.append(FrontierPoint(label or cfg.name, wl.batch, step_s, wl.batch / step_s / n,
+                                    1e3 * step_s, held))  # fmt: skip
     return {
         "variant": label or cfg.name,
         "num_kv_heads": cfg.num_kv_heads,
         "kv_dtype": cfg.kv_dtype,
         "tp": tp,
-        "max_batch": max_batch,
+        "ep": ep,
+        "dp_attention": dp_attention,
+        "devices": n,
+        "max_batch": groups * dp_attention,
         "weights_floor_ms_per_token": 1e3
-        * read_weight_bytes(dev, context)
+        * read_weight_bytes(cfg, context, pl)
         / chip.bandwidth_bytes_per_s,
         "points": [p.__dict__ for p in points],
     }
+
+
+def placed_memory_bytes(
+    cfg: ModelConfig, pl: parallel.Placement, wl: Workload, page_size: int = 0
+) -> int:
+    """One device's weights (its share under the placement) + its sequences' paged KV cache
+    (and a hybrid's states) + its step's activations."""
+    dev = parallel.device_config(cfg, pl.tp) if pl.tp > 1 else cfg
+    dev_wl = parallel.device_workload(cfg, pl, wl)
+    return (
+        parallel.placed_weight_bytes(cfg, pl)
+        + cache_bytes(dev, dev_wl.context, dev_wl.batch, page_size)
+        + activation_bytes(dev, dev_wl)
+    )
+
+
+def max_placed_batch(
+    cfg: ModelConfig, pl: parallel.Placement, chip: ChipSpec, context: int, page_size: int = 0
+) -> int:
+    """Largest number of sequences per attention group whose decode step fits one device."""
+    if pl.devices == 1:
+        return max_serving_batch(cfg, chip, context, page_size)
+    if not chip.memory_bytes:
+        raise KvjaxError(f"chip {chip.name!r} has no memory size; give --memory")
+
+    def fits(b: int) -> bool:
+        wl = Workload("decode", b * pl.dp_attention, context)
+        return placed_memory_bytes(cfg, pl, wl, page_size) <= chip.memory_bytes
+
+    return largest(fits)
 
 
 def time_to_first_token_s(cfg: ModelConfig, chip: ChipSpec, prompt: int, chunk: int = 0) -> float:

@@ -42,6 +42,13 @@ def add_parser(sub) -> None:
         action="store_true",
         help="one curve per attention variant (MHA, GQA, MQA, MLA) of the model",
     )
+    p.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel degree inside each attention group")  # fmt: skip
+    p.add_argument("--dp-attention", type=positive_int, default=None, metavar="N",
+                   help="data-parallel attention groups (default: --ep, else 1); "
+                   "devices = tp x N")  # fmt: skip
+    p.add_argument("--ep", type=positive_int, default=1,
+                   help="MoE: experts spread over the --dp-attention devices (tp = 1)")  # fmt: skip
     p.add_argument("--chunk", type=positive_int, default=0, metavar="C",
                    help="time to first token with chunked prefill of C-token chunks")  # fmt: skip
     p.add_argument(
@@ -63,14 +70,17 @@ def variants_of(cfg: ModelConfig, all_variants: bool) -> list[tuple[str, ModelCo
 
 def frontier_report(
     cfg: ModelConfig, chip: ChipSpec, context: int, page_size: int = 0, chunk: int = 0,
-    all_variants: bool = False,
+    all_variants: bool = False, placement: dict[str, int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
+    """`placement`: tp, ep, dp_attention (`kvjax.analytic.parallel.Placement`), one chip if
+    None."""
     curves = []
     for label, variant in variants_of(cfg, all_variants):
-        curve = serving.frontier(variant, chip, context, page_size, label)
-        curve["time_to_first_token_s"] = serving.time_to_first_token_s(variant, chip, context)
-        curve["time_to_first_token_chunked_s"] = None
-        if chunk:
+        curve = serving.frontier(variant, chip, context, page_size, label, **(placement or {}))
+        curve["time_to_first_token_s"] = curve["time_to_first_token_chunked_s"] = None
+        if curve["devices"] == 1:  # a placed prefill (its collectives) is not modelled
+            curve["time_to_first_token_s"] = serving.time_to_first_token_s(variant, chip, context)
+        if chunk and curve["devices"] == 1:
             try:
                 curve["time_to_first_token_chunked_s"] = serving.time_to_first_token_s(
                     variant, chip, context, chunk
@@ -90,6 +100,7 @@ def frontier_report(
         "page_size": page_size,
         "chunk": chunk,
         "variants": curves,
+        **{k: curves[0][k] for k in ("tp", "ep", "dp_attention", "devices")},
         "points": [p for c in curves for p in c["points"]],
         "max_batch": {c["variant"]: c["max_batch"] for c in curves},
     }
@@ -98,8 +109,14 @@ def frontier_report(
 def run(args: argparse.Namespace) -> int:
     cfg = resolve_model(args)
     chip = resolve_chip(args, cfg)
-    report = frontier_report(cfg, chip, args.context, args.page_size, args.chunk, args.variants)
+    placement = {"tp": args.tp, "ep": args.ep, "dp_attention": args.dp_attention or args.ep}
+    report = frontier_report(cfg, chip, args.context, args.page_size, args.chunk, args.variants,
+                             placement)  # fmt: skip
     if args.predict:
+        if report["devices"] > 1:
+            raise KvjaxError(
+                "--predict fits one chip's steps; drop it with --tp/--ep/--dp-attention"
+            )
         add_predictions(report, cfg, chip, args.variants)
     return emit(args, report, print_frontier)
 
@@ -133,8 +150,10 @@ def print_frontier(report: dict[str, Any]) -> None:
     pages = f", pages of {report['page_size']}" if report["page_size"] else ""
     con.print(
         f"[bold]{report['model']}[/bold] on {report['chip']['name']} "
-        f"({fmt_bytes(report['chip']['memory_bytes'])}) | S={report['context']:,}{pages} | "
-        "decode bound = sum of the step's kernels' roofline bounds"
+        f"({fmt_bytes(report['chip']['memory_bytes'])}){placed_label(report)} | "
+        f"S={report['context']:,}{pages} | decode bound = sum of the step's kernels' roofline "
+        "bounds"
+        + (" + collectives over the link; tokens/s per chip" if report["devices"] > 1 else "")
     )
     t = Table(title="throughput-latency frontier (each curve ends where memory ends)")
     predicted = any("predicted_s" in p for p in report["points"])
@@ -162,8 +181,19 @@ def print_frontier(report: dict[str, Any]) -> None:
             if chunked is not None
             else (f"; chunked: {curve['chunked_note']}" if curve.get("chunked_note") else "")
         )
+        ttft = curve["time_to_first_token_s"]
         con.print(
             f"  {curve['variant']:<16} max batch {curve['max_batch']:,}; weights floor "
             f"{sig(curve['weights_floor_ms_per_token'])} ms/token; first token of an "
-            f"S-token prompt {fmt_seconds(curve['time_to_first_token_s'])}{extra}"
+            f"S-token prompt "
+            + (f"{fmt_seconds(ttft)}{extra}" if ttft is not None else "(one chip only)")
         )
+
+
+def placed_label(report: dict[str, Any]) -> str:
+    """' x 8 (dp8 x ep8)': the placement, when there are several chips."""
+    if report["devices"] == 1:
+        return ""
+    from kvjax.cli.render_parallel import split_label
+
+    return f" x {report['devices']} ({split_label(report)})"
