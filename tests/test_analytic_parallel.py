@@ -260,3 +260,15 @@ def test_placed_frontier_ends_where_one_device_is_full():
 def test_frontier_predict_is_one_chip(capsys):
     assert main(["frontier", "--model", "llama-3-8b", "--tp", "2", "--predict"]) == 2
     assert "--predict fits one chip's steps" in capsys.readouterr().err
+
+
+def test_expert_parallel_weights_move_mxfp4_experts_and_their_biases():
+    """gpt-oss-120b over ep 4: each of the 36 MoE layers' 96 experts held elsewhere leaves with
+    its MXFP4 matrices (3 x 2880 x 2880 elements at 17 bytes a block of 32) and its bf16 biases
+    (2F + D)."""
+    from kvjax.analytic.parallel import Placement, placed_weight_bytes
+
+    cfg = get_model_config("gpt-oss-120b")
+    expert = 3 * 2880 * 2880 * 17 / 32 + (2 * 2880 + 2880) * 2
+    held = placed_weight_bytes(cfg, Placement(ep=4, dp_attention=4))
+    assert held == round(analytic.weight_bytes(cfg) - 36 * 96 * expert)

@@ -26,12 +26,21 @@ def test_page_embeds_the_python_presets_and_fetches_nothing(tmp_path):
     html = render_explorer()
     data = json.loads(re.search(r"const DATA = (\{.*?\});\n", html).group(1))
     assert data["default_model"] == "seed-70b" and data["default_chip"] == "h100-sxm"
+    # it opens on the fewest H100s that hold the 70B and a sequence of 8k: 2 (141 GB of weights)
+    assert data["default_tp"] == 2
     # the hybrids' state layers (issue 31) included
     assert set(data["models"]) == {n for n in PRESETS if not n.startswith("tiny")}
     assert set(data["chips"]) == set(CHIPS)
     assert data["models"]["gemma-7b"]["head_dim"] == 256
     assert data == json.loads(
-        json.dumps({**explorer_data(), "default_model": "seed-70b", "default_chip": "h100-sxm"})
+        json.dumps(
+            {
+                **explorer_data(),
+                "default_model": "seed-70b",
+                "default_chip": "h100-sxm",
+                "default_tp": 2,
+            }
+        )  # fmt: skip
     )
     assert not re.search(r"""(src|href)=["']?https?:""", html)  # nothing loaded at view time
     assert write_explorer(tmp_path / "x.html").read_text() == html
@@ -74,6 +83,36 @@ def _calc_json(argv, capsys):
     return json.loads(capsys.readouterr().out)
 
 
+def _placed(cfg, chip, batch, context, tp, dp, ep):
+    """What the page shows per device and for serving on a placement, from kvjax.analytic (None
+    where the placement does not divide the model or the batch)."""
+    from kvjax.analytic import parallel, serving
+    from kvjax.errors import KvjaxError
+
+    pl = parallel.Placement(tp, ep, dp)
+    spec = CHIPS[chip]
+    wl = Workload("decode", batch, context)
+    try:
+        point = parallel.placement_point(cfg, pl, wl, spec)
+    except KvjaxError:
+        return None
+    out = {"weights": point.weight_bytes_per_device, "kv": point.kv_cache_bytes_per_device,
+           "collectives": point.collective_bytes_per_step,
+           "memory": point.weight_bytes_per_device + point.kv_cache_bytes_per_device
+           + point.activation_bytes_per_device}  # fmt: skip
+    if pl.devices > 1 and not spec.interconnect_bytes_per_s:
+        return out
+    curve = serving.frontier(cfg, spec, context, tp=tp, ep=ep, dp_attention=dp)
+    dev = parallel.device_config(cfg, tp) if tp > 1 else cfg
+    step = serving.step_bound_s(dev, parallel.device_workload(cfg, pl, wl), spec)
+    if pl.devices > 1:
+        step += point.collective_bytes_per_step / spec.interconnect_bytes_per_s
+    out.update(max_batch=curve["max_batch"], serve_ms=1e3 * step,
+               serve_tokens=batch / step / pl.devices)  # fmt: skip
+    return out
+
+
+SERVING = ("out-max_batch", "out-serve_ms", "out-serve_tokens")  # one chip's: calc's keys
 OUTPUTS = {  # element id -> (calc --json key, scale to the displayed unit)
     "out-kv_cache": ("kv_cache_bytes", 2**-30),
     "out-state": ("state_bytes", 2**-30),  # a hybrid's state layers (issue 31), 0 otherwise
@@ -132,11 +171,22 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
         assert shown["out-kv_cache"] == "2.500 GiB"
         assert round(_number(shown["out-weight_floor"])) == 42
         assert round(_number(shown["out-ridge"])) == 295
+        # ... on 2 H100s (the fewest that hold it), its frontier drawn
+        assert page.inner_text("#out-devices") == "2 (tp 2)"
+        seed = PRESETS["seed-70b"].replace(attention_kernel="xla")
+        opening = _placed(seed, "h100-sxm", 1, 8192, 2, 1, 1)
+        assert int(page.inner_text("#out-max_batch")) == opening["max_batch"] > 0
+        assert "max B" in page.inner_html("#frontier")
         page.screenshot(path=str(tmp_path / "explorer_default.png"), full_page=True)
 
+        checked = []
+
         def check_point(model, chip, kv_heads, attention, latent_pick, kv_dtype, b_exp, s_exp,
-                        fused):  # fmt: skip
-            """The page at one point against `kvjax calc` (or the MLA variant's report)."""
+                        fused, placed=(1, 1, 1)):  # fmt: skip
+            """The page at one point against `kvjax calc` (or the MLA variant's report), and
+            on the placement (tp, dp-attention, ep) against kvjax.analytic.parallel."""
+            for sel, value in zip(("#tp", "#dp_attention", "#ep"), placed, strict=True):
+                page.select_option(sel, str(value))
             page.select_option("#model", model)
             page.select_option("#chip", chip)
             page.select_option("#attention", attention)
@@ -167,8 +217,30 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
                 )
                 wl = Workload("decode", 2**b_exp, 2**s_exp)
                 want = finite_json(calc_report(mla, wl, CHIPS[chip]))
-            point = (model, chip, 2**b_exp, 2**s_exp, kv_heads, kv_dtype, attention, latent, fused)
+            point = (model, chip, 2**b_exp, 2**s_exp, kv_heads, kv_dtype, attention, latent, fused,
+                     placed)  # fmt: skip
+            cfg = mla if latent is not None else PRESETS[model].replace(
+                num_kv_heads=kv_heads, kv_dtype=kv_dtype, attention_kernel=fused)  # fmt: skip
+            tp, dp, ep = placed
+            ref = _placed(cfg, chip, 2**b_exp, 2**s_exp, tp, dp, ep)
+            checked.append((placed, ref is not None and "serve_ms" in ref))
+            if ref is None:
+                assert page.inner_text("#out-weights_device") == "-", point
+            else:
+                for element, key, scale in (("out-weights_device", "weights", 2**-30),
+                                            ("out-kv_device", "kv", 2**-30),
+                                            ("out-collectives", "collectives", 1e-6),
+                                            ("out-fits_device", "memory", 2**-30)):  # fmt: skip
+                    assert _number(page.inner_text(f"#{element}")) == pytest.approx(
+                        ref[key] * scale, rel=6e-4, abs=1e-9), (point, element)  # fmt: skip
+                for element, key in zip(SERVING, ("max_batch", "serve_ms", "serve_tokens"),
+                                        strict=True):  # fmt: skip
+                    if key in ref:
+                        assert _number(shown[element]) == pytest.approx(ref[key], rel=6e-4), (
+                            point, element)  # fmt: skip
             for element, (key, scale) in OUTPUTS.items():
+                if element in SERVING and placed != (1, 1, 1):
+                    continue  # the placement's, checked above
                 # shown to 4 significant digits: agree to half a unit in the last place
                 assert _number(shown[element]) == pytest.approx(
                     _key(want, key) * scale, rel=6e-4
@@ -200,8 +272,14 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
             )
             b_exp, s_exp = rng.randint(0, 10), rng.randint(7, 20)
             fused = ["xla", "flash"][(i // 3) % 2]  # the attention kernel, both for each form
+            placements = [(1, 1, 1), (2, 1, 1), (8, 1, 1), (1, 4, 1), (2, 2, 1)]
+            if PRESETS[model].is_moe:
+                placements += [(1, 8, 8), (1, 4, 4)]
+            placed = placements[0] if i % 2 else rng.choice(placements)
             check_point(model, chip, kv_heads, attention, rng.choice, kv_dtype, b_exp, s_exp,
-                        fused)  # fmt: skip
+                        fused, placed)  # fmt: skip
+        # placements checked with their serving numbers (not refused, the chip has a link)
+        assert sum(ok for p, ok in checked if p != (1, 1, 1)) >= 4, checked
         # every preset whose features the random draws may miss, decode at B = 8, S = 8k, both
         # attention kernels: gpt-oss (sinks, biased router and experts, MXFP4, YaRN), Apertus
         # (xIELU, llama3 RoPE), DeepSeek-V3 (YaRN on MLA), InternLM3, and the hybrids (issue 31:

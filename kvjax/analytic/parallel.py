@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from kvjax.analytic import roofline
 from kvjax.analytic.costs import SCORE_BYTES, Workload
-from kvjax.analytic.moe import expected_experts_touched, expert_params
+from kvjax.analytic.moe import expected_experts_touched, expert_matrix_bytes, expert_params
 from kvjax.analytic.sizes import activation_bytes, kv_cache_bytes, weight_bytes
 from kvjax.analytic.step import step_cost
 from kvjax.errors import KvjaxError
@@ -215,9 +215,11 @@ def placed_weight_bytes(cfg: ModelConfig, pl: Placement) -> int:
     each MoE layer held elsewhere."""
     check_placement(cfg, pl)
     held = weight_bytes(device_config(cfg, pl.tp))
-    if pl.ep > 1:
-        E, w = cfg.num_experts, cfg.weight_bytes_per_element
-        held -= round(cfg.num_moe_layers * (E - E // pl.ep) * expert_params(cfg) * w)
+    if pl.ep > 1:  # each expert's matrices (MXFP4 where stored so) and gpt-oss's biases
+        E, D, F = cfg.num_experts, cfg.d_model, cfg.moe_d_ff
+        away = cfg.num_moe_layers * (E - E // pl.ep)
+        bias = (2 * F + D) * cfg.weight_bytes_per_element if cfg.expert_bias else 0
+        held -= round(away * (expert_matrix_bytes(cfg, expert_params(cfg)) + bias))
     return held
 
 
