@@ -139,6 +139,21 @@ def test_overrides_and_explicit_run_id(tmp_path):
             "tensor_parallel",
         ),
         (
+            "experiment: tensor_parallel\nmodel:\n  preset: mixtral-8x7b\nworkload:\n"
+            "  ep: 8\n  dp_attention: 8\n",
+            None,
+            "exp.yaml: workload.ep=8, workload.dp_attention=8: experiment tensor_parallel models "
+            "tensor parallelism only (it would ignore them); experiments that model these "
+            "placements: serving_frontier",
+        ),
+        (
+            "experiment: serving_frontier\nmodel:\n  preset: deepseek-v3\nworkload:\n"
+            "  tp: 8\n  ep: 8\n",
+            None,
+            "exp.yaml: workload.ep / workload.dp_attention: ep=8 with tp=8, dp_attention=1: "
+            "expert parallelism is modelled over data-parallel attention",
+        ),
+        (
             "experiment: tensor_parallel\nsweep:\n  workload.tp: [2, 3]\n",
             None,
             "exp.yaml: workload.tp: tp=3 does not divide num_heads=64; allowed tp: 1, 2, 4, 8",

@@ -264,3 +264,20 @@ def test_eviction_quality_experiment_pairs_the_same_weights(tmp_path):
     assert df.loc[("window", 32), "val_loss"] == pytest.approx(full, rel=1e-6)
     assert df.loc[("sinks + window", 32), "val_loss"] == pytest.approx(full, rel=1e-6)
     assert df.loc[("window", 8), "val_loss"] != pytest.approx(full, rel=1e-6)
+
+
+def test_frontier_experiment_on_a_deepseek_placement(tmp_path):
+    """configs/serving_frontier_deepseek_dp8_ep8.yaml's records: the placement's curve, per chip
+    (the README's DP8 + EP8 row), with its split in every record."""
+    from kvjax.runs.launcher import run_experiment
+    from kvjax.runs.records import load_records
+
+    run_experiment("configs/serving_frontier_deepseek_dp8_ep8.yaml", runs_root=tmp_path,
+                   progress=False)  # fmt: skip
+    records = load_records(tmp_path).to_dict("records")
+    cfg = get_model_config("deepseek-v3", weight_dtype="fp8", attention_kernel="flash")
+    curve = serving.frontier(cfg, get_chip("h200"), 32768, ep=8, dp_attention=8)
+    assert [r["batch"] for r in records] == [p["batch"] for p in curve["points"]]
+    assert {(r["ep"], r["dp_attention"], r["devices"], r["max_batch"]) for r in records} == {
+        (8, 8, 8, curve["max_batch"])}  # fmt: skip
+    assert records[-1]["tokens_per_s"] == pytest.approx(curve["points"][-1]["tokens_per_s"])

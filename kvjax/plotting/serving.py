@@ -67,8 +67,10 @@ WEIGHTS_FLOOR = "weights floor (B -> inf)"
 
 def serving_frontier(records: pd.DataFrame, fig) -> bool | None:
     df = records[records.experiment == "serving_frontier"]
-    df = df.assign(tp=df.tp.fillna(1).astype(int) if "tp" in df else 1)
-    panels = list(dict.fromkeys(zip(df.model, df.tp, df.context, df.chip, strict=True)))
+    df = df.assign(**{k: df[k].fillna(1).astype(int) if k in df else 1
+                      for k in ("tp", "ep", "dp_attention")})  # fmt: skip
+    panels = list(dict.fromkeys(zip(df.model, df.tp, df.context, df.chip, df.ep,
+                                    df.dp_attention, strict=True)))  # fmt: skip
     if not panels:
         return False
     cols = min(4, len(panels))
@@ -78,13 +80,15 @@ def serving_frontier(records: pd.DataFrame, fig) -> bool | None:
     colors = _variant_colors()
     handles: dict[str, object] = {}
     where_notes: dict[tuple[str, str], list[str]] = {}
-    for i, (model, tp, context, chip) in enumerate(panels):
+    for i, (model, tp, context, chip, ep, dpa) in enumerate(panels):
         ax = fig.add_subplot(grid[i // cols, i % cols])
-        g = df[(df.model == model) & (df.tp == tp) & (df.context == context) & (df.chip == chip)]
+        g = df[(df.model == model) & (df.tp == tp) & (df.context == context) & (df.chip == chip)
+               & (df.ep == ep) & (df.dp_attention == dpa)]  # fmt: skip
         letter = f"({chr(ord('a') + i)})"
         for note in _panel(ax, g, colors):  # the notes in the caption, by panel letter
             where_notes.setdefault(note, []).append(letter)
-        where = f"{chip}" if tp == 1 else f"{tp} x {chip}, per chip"
+        split = " x ".join(f"{n}{v}" for n, v in (("dp", dpa), ("tp", tp), ("ep", ep)) if v > 1)
+        where = f"{chip}" if tp * dpa == 1 else f"{tp * dpa} x {chip} ({split}), per chip"
         ax.set_title(f"{letter} {model}, S={int(context) // 1024}k, {where}", fontsize=5.5)
         if i % cols == 0:
             ax.set_ylabel("tokens/s per chip", fontsize=5.5)

@@ -48,6 +48,10 @@ class WorkloadSection:
     context: int = 8192
     tp: int = 1  # tensor-parallel devices (experiments that model it: TENSOR_PARALLEL = True)
     dp: int = 1  # data-parallel replicas
+    # DeepSeek-style placements (kvjax.analytic.parallel.Placement): tp x dp_attention devices,
+    # the routed experts over ep = dp_attention of them
+    ep: int = 1
+    dp_attention: int = 1
 
 
 @dataclass
@@ -197,12 +201,18 @@ def resolve(point: DictConfig) -> tuple[ModelConfig, Workload, ChipSpec]:
         cfg = cfg.replace(name=m.name)
     wl = Workload(point.workload.phase, point.workload.batch, point.workload.context)
     tp, dp = point.workload.tp, point.workload.dp
+    ep, dp_attention = point.workload.ep, point.workload.dp_attention
     if tp != 1 or dp != 1:
         try:
             parallel.device_config(cfg, tp)
         except KvjaxError as exc:
             raise KvjaxError(f"workload.tp: {exc}") from None
         batch_per_replica(wl.batch, dp, ("workload.batch", "workload.dp"))
+    if ep != 1 or dp_attention != 1:
+        try:
+            parallel.check_placement(cfg, parallel.Placement(tp, ep, dp_attention))
+        except KvjaxError as exc:
+            raise KvjaxError(f"workload.ep / workload.dp_attention: {exc}") from None
     chip = get_chip(point.chip.preset).with_overrides(
         point.chip.peak_flops_per_s, point.chip.bandwidth_bytes_per_s, dtype="bf16"
     )

@@ -102,18 +102,29 @@ def validated(config_path, overrides):
     except KvjaxError as exc:
         raise KvjaxError(f"{config_path}: experiment: {exc}") from None
     points = expand(cfg)
-    parallel = sorted({(p.workload.tp, p.workload.dp) for p in points} - {(1, 1)})
+    fields = ("tp", "dp", "ep", "dp_attention")
+    parallel = sorted({tuple(p.workload[f] for f in fields) for p in points} - {(1, 1, 1, 1)})
     if parallel and not getattr(module, "TENSOR_PARALLEL", False):
         models = [
             n
             for n in available_experiments()
             if getattr(experiment_module(n), "TENSOR_PARALLEL", 0)
         ]
-        tp, dp = parallel[0]
+        tp, dp, ep, dpa = parallel[0]
+        given = f"workload.tp={tp}, workload.dp={dp}" + (
+            f", workload.ep={ep}, workload.dp_attention={dpa}" if (ep, dpa) != (1, 1) else ""
+        )
         raise KvjaxError(
-            f"{config_path}: workload.tp={tp}, workload.dp={dp}: experiment {cfg.experiment} "
+            f"{config_path}: {given}: experiment {cfg.experiment} "
             f"does not model parallelism (it would ignore them); experiments that do: "
             f"{', '.join(models)}"
+        )
+    placed = [p for p in parallel if p[2:] != (1, 1)]
+    if placed and not getattr(module, "PLACEMENTS", False):
+        raise KvjaxError(
+            f"{config_path}: workload.ep={placed[0][2]}, workload.dp_attention={placed[0][3]}: "
+            f"experiment {cfg.experiment} models tensor parallelism only (it would ignore "
+            f"them); experiments that model these placements: serving_frontier"
         )
     check_options(module, points, config_path)
     return cfg, module, points
