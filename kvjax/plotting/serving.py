@@ -88,7 +88,8 @@ def serving_frontier(records: pd.DataFrame, fig) -> bool | None:
         for note in _panel(ax, g, colors):  # the notes in the caption, by panel letter
             where_notes.setdefault(note, []).append(letter)
         split = " x ".join(f"{n}{v}" for n, v in (("dp", dpa), ("tp", tp), ("ep", ep)) if v > 1)
-        where = f"{chip}" if tp * dpa == 1 else f"{tp * dpa} x {chip} ({split}), per chip"
+        where = f"{chip}" if tp * dpa == 1 else f"{tp * dpa} x {chip}, " + (
+            "per chip" if dpa == 1 else split)  # fmt: skip
         ax.set_title(f"{letter} {model}, S={int(context) // 1024}k, {where}", fontsize=5.5)
         if i % cols == 0:
             ax.set_ylabel("tokens/s per chip", fontsize=5.5)
