@@ -272,3 +272,27 @@ def test_expert_parallel_weights_move_mxfp4_experts_and_their_biases():
     expert = 3 * 2880 * 2880 * 17 / 32 + (2 * 2880 + 2880) * 2
     held = placed_weight_bytes(cfg, Placement(ep=4, dp_attention=4))
     assert held == round(analytic.weight_bytes(cfg) - 36 * 96 * expert)
+
+
+def test_hybrid_state_heads_split_over_tp():
+    """Qwen3-Next's DeltaNet layers (32 value heads over 16 q/k heads) at tp 4: 8 and 4 a device,
+    so each sequence's recurrent state (J x 128 x 128 f32 a layer) and conv cache split 4 ways;
+    Falcon-H1's one B/C group is copied to every device (as a KV head past tp = h_kv); LFM2's
+    short convolutions are refused by name."""
+    from kvjax.analytic.hybrid import state_bytes
+
+    q3n = get_model_config("qwen3-next-80b-a3b")
+    dev = device_config(q3n, 4)
+    assert (dev.state_heads, dev.state_groups) == (8, 4)
+    assert state_bytes(dev) * 4 == state_bytes(q3n)
+    from kvjax.analytic.hybrid import state_layer_bytes
+
+    # conv channels X = 2 Y dk + J dv: 2 x 16 x 128 + 32 x 128 = 8192, a device 2048 (3 rows, bf16)
+    assert state_layer_bytes(q3n, "D") == {"recurrent": 32 * 128 * 128 * 4, "conv": 3 * 8192 * 2}
+    assert state_layer_bytes(dev, "D") == {"recurrent": 8 * 128 * 128 * 4, "conv": 3 * 2048 * 2}
+    falcon = get_model_config("falcon-h1-7b")
+    assert (device_config(falcon, 4).state_heads, device_config(falcon, 4).state_groups) == (6, 1)
+    with pytest.raises(KvjaxError, match="splitting LFM2's short-convolution layers"):
+        device_config(get_model_config("lfm2-1.2b"), 2)
+    with pytest.raises(KvjaxError, match="tp=64 does not divide state_heads=32"):
+        device_config(q3n.replace(num_heads=64, num_kv_heads=2, d_ff=64 * 96), 64)

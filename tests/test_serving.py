@@ -199,8 +199,8 @@ def test_calc_extend_pages_and_speculation(capsys):
 
 
 def test_serving_frontier_experiment_and_figure(tmp_path):
-    """configs/serving_frontier.yaml's points as records (llama-3-8b on one chip, the 70B on 8),
-    each curve ending at its max batch; the figure draws them."""
+    """configs/serving_frontier.yaml's points as records (llama-3-8b on one chip, the 70B on 8,
+    deepseek-v3 on 8 two ways), each curve ending at its max batch; the figure draws them."""
     import pandas as pd
 
     from kvjax.plotting import make_figures
@@ -208,7 +208,9 @@ def test_serving_frontier_experiment_and_figure(tmp_path):
 
     runs = run_config("configs/serving_frontier.yaml", runs_root=tmp_path / "runs", progress=False)
     records = pd.DataFrame([r for run in runs for r in run.records()])
-    assert set(records.model) == {"llama-3-8b", "seed-70b"} and set(records.tp) == {1, 8}
+    assert set(records.model) == {"llama-3-8b", "seed-70b", "deepseek-v3"}
+    assert set(zip(records.tp, records.dp_attention, records.ep)) == {(1, 1, 1), (8, 1, 1),
+                                                                      (1, 8, 8)}  # fmt: skip
     gqa = records[(records.model == "llama-3-8b") & (records.variant == "GQA")
                   & (records.kv_dtype == "bf16") & (records.context == 8192)
                   & (records.chip == "h100-sxm")]  # fmt: skip

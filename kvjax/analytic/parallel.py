@@ -99,6 +99,8 @@ def device_config(cfg: ModelConfig, tp: int) -> ModelConfig:
                     f"tp={tp} does not divide shared_expert_d_ff={cfg.shared_expert_d_ff}"
                 )
             experts["shared_expert_d_ff"] = cfg.shared_expert_d_ff // tp
+    if cfg.is_hybrid and tp > 1:
+        experts.update(_state_heads_per_device(cfg, tp))
     return cfg.replace(
         num_heads=n_dev,
         num_kv_heads=k_dev,
@@ -107,6 +109,26 @@ def device_config(cfg: ModelConfig, tp: int) -> ModelConfig:
         name=f"{cfg.name}/tp{tp}",
         **experts,
     )
+
+
+def _state_heads_per_device(cfg: ModelConfig, tp: int) -> dict[str, int]:
+    """A hybrid's state layers split by head as vLLM's: DeltaNet's value heads and Mamba-2's
+    heads (state_heads) tp-way, their q/k heads or B/C groups (state_groups) tp-way, or one a
+    device, copied, when tp exceeds them (as KV heads); the conv channels follow."""
+    if "C" in cfg.layer_kinds:
+        raise KvjaxError(
+            f"tp={tp}: splitting LFM2's short-convolution layers (layer_kinds="
+            f"{cfg.layer_kinds!r}) over devices is not modelled; use tp=1"
+        )
+    J, Y = cfg.state_heads, cfg.state_groups
+    if J % tp:
+        raise KvjaxError(f"tp={tp} does not divide state_heads={J} (the state layers' heads)")
+    if Y % tp and tp % Y:
+        raise KvjaxError(
+            f"tp={tp} and state_groups={Y} do not divide one another (a device would hold part "
+            "of a q/k head's or B/C group's heads)"
+        )
+    return {"state_heads": J // tp, "state_groups": max(1, Y // tp)}
 
 
 def weight_bytes_per_device(cfg: ModelConfig, tp: int) -> int:
