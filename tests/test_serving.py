@@ -209,8 +209,8 @@ def test_serving_frontier_experiment_and_figure(tmp_path):
     runs = run_config("configs/serving_frontier.yaml", runs_root=tmp_path / "runs", progress=False)
     records = pd.DataFrame([r for run in runs for r in run.records()])
     assert set(records.model) == {"llama-3-8b", "seed-70b", "deepseek-v3"}
-    assert set(zip(records.tp, records.dp_attention, records.ep)) == {(1, 1, 1), (8, 1, 1),
-                                                                      (1, 8, 8)}  # fmt: skip
+    assert set(zip(records.tp, records.dp_attention, records.ep, strict=True)) == {(1, 1, 1),
+        (8, 1, 1), (1, 8, 8)}  # fmt: skip
     gqa = records[(records.model == "llama-3-8b") & (records.variant == "GQA")
                   & (records.kv_dtype == "bf16") & (records.context == 8192)
                   & (records.chip == "h100-sxm")]  # fmt: skip
