@@ -1,0 +1,196 @@
+"""One scheduler for both clocks (the simulator's and, later, the engine's), in the style of vLLM
+v1. Pure Python: it decides each step's batch and keeps the page pool; a clock runs the step.
+
+Each step has a token budget. Running requests go first, in the order they were admitted: a
+decode takes one token, a prompt still being prefilled takes what remains of it up to the
+budget (chunked prefill). Each needs pages for its new tokens; when the pool has none, the
+request admitted last is preempted (its pages freed; it goes back to the front of the queue and
+recomputes its prompt and the tokens it had generated, as vLLM's preemption by recompute) until
+the pages fit or the request itself is the one preempted. Then waiting requests are admitted in
+arrival order (FCFS: the first that does not fit stops admission) while the budget, the batch
+limit and the pool allow, each starting from the pages its prompt finds in the prefix cache.
+
+A request's tokens: its prompt, then what it generated. `computed` of them have their KV in the
+pool; a step computes the next ones, and when all it knows are computed it samples one more (the
+first at the end of its prompt: the time to first token).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvjax.errors import KvjaxError
+from kvjax.serving.pages import PagePool
+
+
+@dataclass
+class Request:
+    id: int
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    prefix_id: int | None = None  # a shared prefix (system prompt) of prefix_len tokens
+    prefix_len: int = 0
+    # kept by the scheduler and the clock
+    generated: int = 0
+    computed: int = 0
+    pages: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # when each output token came out
+    preemptions: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache (over all admissions)
+    finish_s: float | None = None
+
+    def __post_init__(self):
+        for name in ("prompt_len", "output_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise KvjaxError(f"request {self.id}: {name}={value!r} must be an integer >= 1")
+        if not 0 <= self.prefix_len <= self.prompt_len:
+            raise KvjaxError(
+                f"request {self.id}: prefix_len={self.prefix_len} must lie in 0..prompt_len="
+                f"{self.prompt_len}"
+            )
+
+    @property
+    def known(self) -> int:
+        """Tokens whose KV a step may compute: the prompt and every token sampled so far (the
+        last sampled is computed by the next step, which samples the one after it)."""
+        return self.prompt_len + self.generated
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.output_len
+
+    def page_hash(self, i: int, page_size: int) -> object:
+        """The content hash of the request's i-th prompt page (see `kvjax.serving.pages`): the
+        shared prefix's while the page lies inside it, the request's own from the first page
+        holding a token of its own."""
+        if self.prefix_id is not None and (i + 1) * page_size <= self.prefix_len:
+            return ("prefix", self.prefix_id, i)
+        return (self.id, i)
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    request: Request
+    tokens: int  # computed this step
+    context: int  # positions attended by the last of them (computed + tokens)
+
+
+class Scheduler:
+    def __init__(self, pool: PagePool, max_batch: int, token_budget: int,
+                 prefix_caching: bool = True):  # fmt: skip
+        for name, value in (("max_batch", max_batch), ("token_budget", token_budget)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise KvjaxError(f"{name}={value!r} must be a positive integer")
+        self.pool, self.max_batch, self.token_budget = pool, max_batch, token_budget
+        self.prefix_caching = prefix_caching
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.preemptions = 0
+
+    def add(self, request: Request) -> None:
+        self.check(request)
+        self.waiting.append(request)
+
+    def check(self, request: Request) -> None:
+        """A request the pool could never hold is refused by name."""
+        # its KV at the end: the prompt and all outputs but the last (never computed)
+        need = self.pool.pages_for(request.prompt_len + request.output_len - 1)
+        if need > self.pool.num_pages:
+            raise KvjaxError(
+                f"request {request.id}: {request.prompt_len} + {request.output_len} tokens need "
+                f"{need} pages of {self.pool.page_size}; the pool has {self.pool.num_pages}: it "
+                "can never be served"
+            )
+
+    def _grow(self, r: Request, tokens: int) -> bool:
+        """Pages for r's next `tokens`; False when the pool has too few."""
+        need = self.pool.pages_for(r.computed + tokens) - len(r.pages)
+        if need <= 0:
+            return True
+        got = self.pool.allocate(need)
+        if got is None:
+            return False
+        r.pages += got
+        return True
+
+    def _preempt(self, r: Request) -> None:
+        self.pool.release(r.pages)
+        r.pages, r.computed = [], 0
+        r.preemptions += 1
+        self.preemptions += 1
+        self.running.remove(r)
+        self.waiting.appendleft(r)
+
+    def schedule(self) -> list[Scheduled]:
+        """The next step's batch (empty when nothing can run)."""
+        budget, out = self.token_budget, []
+        for r in list(self.running):
+            if r not in self.running:  # preempted below for an earlier request
+                continue
+            tokens = min(r.known - r.computed, budget)
+            if tokens <= 0:
+                continue
+            while not self._grow(r, tokens):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is r:
+                    break
+            if r in self.running:
+                out.append(Scheduled(r, tokens, r.computed + tokens))
+                budget -= tokens
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch:
+            r = self.waiting[0]
+            if not self._admit(r, budget):
+                break
+            self.waiting.popleft()
+            self.running.append(r)
+            tokens = min(r.known - r.computed, budget)
+            out.append(Scheduled(r, tokens, r.computed + tokens))
+            budget -= tokens
+        return out
+
+    def _admit(self, r: Request, budget: int) -> bool:
+        """Pages for a waiting request: its prompt's cached leading pages (never the whole
+        prompt: its last token is computed to sample from), then fresh ones for this step."""
+        hit: list[int] = []
+        if self.prefix_caching:
+            full = (r.prompt_len - 1) // self.pool.page_size
+            hashes = [r.page_hash(i, self.pool.page_size) for i in range(full)]
+            hit = self.pool.cached_prefix(hashes)
+            self.pool.lookups += len(hashes)
+            self.pool.hits += len(hit)
+        self.pool.take(hit)
+        r.pages, r.computed = list(hit), len(hit) * self.pool.page_size
+        tokens = min(r.known - r.computed, budget)
+        if not self._grow(r, tokens):
+            self.pool.release(r.pages)
+            r.pages, r.computed = [], 0
+            return False
+        r.cached_tokens += r.computed
+        return True
+
+    def finish_step(self, batch: list[Scheduled], now_s: float) -> list[Request]:
+        """After the clock ran `batch`: advance each request, sample where all it knows is
+        computed, register full prompt pages in the prefix cache, free finished requests."""
+        finished = []
+        for s in batch:
+            r = s.request
+            before = r.computed
+            r.computed += s.tokens
+            if self.prefix_caching:  # prompt pages this step filled
+                P = self.pool.page_size
+                for i in range(before // P, min(r.computed, r.prompt_len) // P):
+                    self.pool.register(r.pages[i], r.page_hash(i, P))
+            if r.computed == r.known:
+                r.generated += 1
+                r.token_times.append(now_s)
+                if r.done:
+                    r.finish_s = now_s
+                    self.pool.release(r.pages)
+                    r.pages = []
+                    self.running.remove(r)
+                    finished.append(r)
+        return finished

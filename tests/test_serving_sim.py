@@ -1,0 +1,136 @@
+"""The scheduler and the simulator's clock (issue 41), by hand: pages held with a shared prefix,
+preemption by recompute on a constructed trace, Little's law over a long run, no request lost or
+served twice, and bad input refused by name."""
+
+import numpy as np
+import pytest
+
+from kvjax import get_model_config
+from kvjax.errors import KvjaxError
+from kvjax.hardware import get_chip
+from kvjax.serving.load import generate, read_trace
+from kvjax.serving.pages import PagePool
+from kvjax.serving.scheduler import Request, Scheduler
+from kvjax.serving.simulate import report, simulate
+
+
+def one_second(batch):
+    return 1.0
+
+
+def test_a_shared_prefix_is_held_once():
+    """Pages of 16; a 64-token system prompt and 20 tokens each. A arrives first and prefills all
+    84 (6 pages; its 5 full prompt pages enter the cache). B, arriving during that step, finds
+    the 4 prefix pages (its 5th full page is its own), computes 20 tokens on 2 new pages: the pool
+    holds 6 + 2 = 8 pages, not 12."""
+    pool = PagePool(32, 16)
+    sched = Scheduler(pool, max_batch=8, token_budget=512)
+    a = Request(0, 0.0, 84, 3, prefix_id=7, prefix_len=64)
+    b = Request(1, 0.5, 84, 3, prefix_id=7, prefix_len=64)
+    sched.add(a)
+    first = sched.schedule()
+    assert [(s.request.id, s.tokens) for s in first] == [(0, 84)]
+    sched.finish_step(first, 1.0)
+    sched.add(b)
+    second = sched.schedule()
+    assert [(s.request.id, s.tokens) for s in second] == [(0, 1), (1, 20)]
+    assert pool.used_pages == 8 and len(a.pages) == 6 and len(b.pages) == 6
+    assert a.pages[:4] == b.pages[:4] and all(pool.refs[p] == 2 for p in a.pages[:4])
+    assert b.cached_tokens == 64 and (pool.hits, pool.lookups) == (4, 10)
+    sched.finish_step(second, 2.0)
+    assert (a.generated, b.generated) == (2, 1)
+
+
+def test_preemption_by_recompute_on_a_constructed_trace():
+    """10 pages of 16; A and B each a 64-token prompt (4 pages) and 60 outputs (123 tokens of KV
+    at the end: 8 pages). Both prefill in step 1 (8 pages) and take their 5th page in step 2
+    (10). In step 18 A's 81st token needs a 6th page: B, admitted last, is preempted (5 pages
+    freed, 17 tokens generated). Back at the queue's head it finds 3 of its prompt pages still
+    cached but needs 3 more, 1 is free: it waits for A. A takes free pages in the order they were
+    freed, evicting B's cached 4th and 3rd prompt pages; when A ends (step 60), B finds its first
+    2 pages, recomputes the rest of its 81 tokens and finishes: one preemption, nothing lost."""
+    pool = PagePool(10, 16)
+    sched = Scheduler(pool, max_batch=8, token_budget=256)
+    a, b = Request(0, 0.0, 64, 60), Request(1, 0.0, 64, 60)
+    res = simulate([a, b], sched, one_second)
+    assert res.preemptions == 1 and (a.preemptions, b.preemptions) == (0, 1)
+    assert a.finish_s == 60.0  # one token a step, never held up
+    assert b.token_times[:17] == [float(t) for t in range(1, 18)]
+    assert b.token_times[17] > a.finish_s  # its 18th token after recomputing, once A is done
+    assert b.cached_tokens == 2 * 16  # the failed attempt of step 18 kept none; then 2 pages
+    assert a.generated == b.generated == 60 and pool.used_pages == 0 and set(pool.refs) == {0}
+
+
+def test_littles_law_over_a_long_run():
+    """Mean requests in the system (the integral the clock keeps) = arrival rate x mean end-to-end
+    time, within 2%, over 20,000 Poisson arrivals at the configured rate."""
+    reqs = generate(20000, rate=50.0, prompt="uniform:16:48", output="uniform:4:12", seed=1)
+
+    def step(batch):  # 2 ms a step plus 20 us a token
+        return 2e-3 + 2e-5 * sum(s.tokens for s in batch)
+
+    res = simulate(reqs, Scheduler(PagePool(4096, 16), 64, 512), step)
+    out = report(res)
+    assert out["requests_in"] == out["requests_out"] == 20000
+    assert out["mean_requests_in_system"] == pytest.approx(50.0 * out["e2e_s"]["mean"], rel=0.02)
+
+
+def test_no_request_is_lost_or_served_twice():
+    reqs = generate(300, rate=200.0, prompt="lognormal:60:0.8", output="uniform:1:30", seed=3,
+                    prefix_len=32, prefix_share=0.5)  # fmt: skip
+    res = simulate(reqs, Scheduler(PagePool(64, 16), 16, 128), lambda b: 1e-3 * len(b))
+    out = report(res)
+    assert out["requests_in"] == out["requests_out"] == 300
+    assert all(len(r.token_times) == r.generated == r.output_len for r in reqs)
+    assert all(np.all(np.diff(r.token_times) > 0) for r in reqs)
+    assert res.pages_in_use[-1][1] == 0 and out["preemptions"] > 0  # a tight pool, reclaimed
+
+
+def test_closed_form_step_time_splits_a_mixed_batch():
+    """A decode of one request at S plus a prefill of another at T: the context-free kernels once
+    over M = 1 + T tokens, the attention of each at its own context."""
+    from kvjax.analytic import Workload, roofline, step_kernels
+    from kvjax.serving.scheduler import Scheduled
+    from kvjax.serving.step_time import ClosedFormStepTime
+
+    cfg, chip = get_model_config("llama-3-8b"), get_chip("h100-sxm")
+    model = ClosedFormStepTime(cfg, chip)
+    assert model.per_request == {"attn/scores", "attn/softmax", "attn/av"}
+    r = Request(0, 0.0, 10, 2)
+    batch = [Scheduled(r, 1, 4096), Scheduled(r, 512, 512)]
+    peak, bw = chip.peak("bf16"), chip.bandwidth_bytes_per_s
+
+    def bound(wl, keep):
+        return sum(roofline.bound_time_s(k.flops, k.bytes, peak, bw)
+                   for n, k in step_kernels(cfg, wl, chip).items() if keep(n))  # fmt: skip
+
+    attn = model.per_request.__contains__
+    want = (bound(Workload("decode", 513, 1), lambda n: not attn(n))
+            + bound(Workload("decode", 1, 4096), attn)
+            + bound(Workload("prefill", 1, 512), attn))  # fmt: skip
+    assert model(batch) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: Scheduler(PagePool(4, 16), 8, 64).add(Request(5, 0.0, 60, 10)),
+         "request 5: 60 + 10 tokens need 5 pages of 16; the pool has 4: it can never be served"),
+        (lambda: Request(1, 0.0, 0, 3), "request 1: prompt_len=0 must be an integer >= 1"),
+        (lambda: generate(3, 1.0, "uniform:9:2", "8"), "prompt_len='uniform:9:2': give a length"),
+        (lambda: generate(3, -1.0, "8", "8"), "rate=-1.0 must be a number > 0"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_named(make, message):
+    with pytest.raises(KvjaxError, match=message.replace("(", r"\(").replace("+", r"\+")):
+        make()
+
+
+def test_a_malformed_trace_names_its_line(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_text("arrival_s,prompt_len,output_len\n0.0,100,20\n0.5,abc,20\n")
+    with pytest.raises(KvjaxError, match=r"trace.csv:3: arrival_s >= 0"):
+        read_trace(path)
+    path.write_text("arrival_s,prompt_len,output_len\n0.0,100,20\n0.25,50,5\n")
+    assert [(r.arrival_s, r.prompt_len, r.output_len) for r in read_trace(path)] == [
+        (0.0, 100, 20), (0.25, 50, 5)]  # fmt: skip
