@@ -32,6 +32,7 @@ ALLOWED = {
     "quality": {"model", "analytic", "nn", "quality"},
     "runs": {"model", "analytic", "runs"},
     "predict": {"model", "analytic", "predict"},  # fits and predictions over the closed form
+    "serving": {"model", "analytic", "predict", "serving"},  # the scheduler and its clocks
     "plotting": {"model", "plotting"},
     "cli": {
         "model",
@@ -43,6 +44,7 @@ ALLOWED = {
         "plotting",
         "quality",
         "predict",
+        "serving",
         "cli",
     },  # fmt: skip
 }

@@ -26,21 +26,12 @@ def test_page_embeds_the_python_presets_and_fetches_nothing(tmp_path):
     html = render_explorer()
     data = json.loads(re.search(r"const DATA = (\{.*?\});\n", html).group(1))
     assert data["default_model"] == "seed-70b" and data["default_chip"] == "h100-sxm"
-    # it opens on the fewest H100s that hold the 70B and a sequence of 8k: 2 (141 GB of weights)
-    assert data["default_tp"] == 2
     # the hybrids' state layers (issue 31) included
     assert set(data["models"]) == {n for n in PRESETS if not n.startswith("tiny")}
     assert set(data["chips"]) == set(CHIPS)
     assert data["models"]["gemma-7b"]["head_dim"] == 256
     assert data == json.loads(
-        json.dumps(
-            {
-                **explorer_data(),
-                "default_model": "seed-70b",
-                "default_chip": "h100-sxm",
-                "default_tp": 2,
-            }
-        )  # fmt: skip
+        json.dumps({**explorer_data(), "default_model": "seed-70b", "default_chip": "h100-sxm"})
     )
     assert not re.search(r"""(src|href)=["']?https?:""", html)  # nothing loaded at view time
     assert write_explorer(tmp_path / "x.html").read_text() == html
@@ -171,7 +162,8 @@ def test_page_agrees_with_calc_at_random_points(tmp_path, capsys):
         assert shown["out-kv_cache"] == "2.500 GiB"
         assert round(_number(shown["out-weight_floor"])) == 42
         assert round(_number(shown["out-ridge"])) == 295
-        # ... on 2 H100s (the fewest that hold it), its frontier drawn
+        # ... on 2 H100s, the fewest that hold it and a sequence of 8k (141 GB of weights), its
+        # frontier drawn
         assert page.inner_text("#out-devices") == "2 (tp 2)"
         seed = PRESETS["seed-70b"].replace(attention_kernel="xla")
         opening = _placed(seed, "h100-sxm", 1, 8192, 2, 1, 1)

@@ -5,7 +5,7 @@ served twice, and bad input refused by name."""
 import numpy as np
 import pytest
 
-from kvjax import get_model_config
+from kvjax import get_model_config, kernels
 from kvjax.errors import KvjaxError
 from kvjax.hardware import get_chip
 from kvjax.serving.load import generate, read_trace
@@ -95,7 +95,7 @@ def test_closed_form_step_time_splits_a_mixed_batch():
 
     cfg, chip = get_model_config("llama-3-8b"), get_chip("h100-sxm")
     model = ClosedFormStepTime(cfg, chip)
-    assert model.per_request == {"attn/scores", "attn/softmax", "attn/av"}
+    assert model.per_request == {kernels.SCORES, kernels.SOFTMAX, kernels.AV}
     r = Request(0, 0.0, 10, 2)
     batch = [Scheduled(r, 1, 4096), Scheduled(r, 512, 512)]
     peak, bw = chip.peak("bf16"), chip.bandwidth_bytes_per_s

@@ -54,9 +54,8 @@ def render_explorer(model: str | ModelConfig = "seed-70b", chip: str = "h100-sxm
     """The page, opening on `model`: a preset's name, or any `ModelConfig` (a config.json's),
     which joins the presets in the page."""
     data = explorer_data()
-    cfg = PRESETS.get(model) if isinstance(model, str) else model
     if isinstance(model, ModelConfig):
-        model = model.name
+        cfg, model = model, model.name
         if PRESETS.get(model) != cfg:
             model = model if model not in data["models"] else f"{model} (custom)"
             data["models"][model] = _model_entry(cfg)
@@ -64,34 +63,10 @@ def render_explorer(model: str | ModelConfig = "seed-70b", chip: str = "h100-sxm
         raise unknown_name_error("model", model, data["models"])
     if chip not in data["chips"]:
         raise unknown_name_error("chip", chip, data["chips"])
-    tp = opening_tp(cfg, chip)
-    payload = json.dumps({**data, "default_model": model, "default_chip": chip, "default_tp": tp})
+    payload = json.dumps({**data, "default_model": model, "default_chip": chip})
     template = resources.files("kvjax").joinpath("assets/explorer.html").read_text()
     # no '<' left in the data: a name from a config file cannot close the script or open a tag
     return template.replace("/*DATA*/null", payload.replace("<", "\\u003c"))
-
-
-OPENING_CONTEXT = 8192  # the page's context slider opens at 2^13
-
-
-def opening_tp(cfg: ModelConfig, chip: str) -> int:
-    """The page opens on the fewest chips (tp a power of two) that hold the model and one
-    sequence at the opening context, as the page's frontier counts them (its default unfused
-    attention), so it opens with a frontier drawn; 1 if none up to 64 does."""
-    from kvjax.analytic import parallel, serving
-
-    spec = CHIPS[chip]
-    cfg = cfg.replace(attention_kernel="xla")
-    for tp in (1, 2, 4, 8, 16, 32, 64):
-        if tp > 1 and not spec.interconnect_bytes_per_s:
-            break
-        try:
-            held = serving.max_placed_batch(cfg, parallel.Placement(tp), spec, OPENING_CONTEXT)
-        except KvjaxError:  # tp does not divide the model
-            continue
-        if held:
-            return tp
-    return 1
 
 
 def write_explorer(
