@@ -134,3 +134,36 @@ def test_a_malformed_trace_names_its_line(tmp_path):
     path.write_text("arrival_s,prompt_len,output_len\n0.0,100,20\n0.25,50,5\n")
     assert [(r.arrival_s, r.prompt_len, r.output_len) for r in read_trace(path)] == [
         (0.0, 100, 20), (0.25, 50, 5)]  # fmt: skip
+
+
+def test_cli_simulate_json_and_errors(tmp_path, capsys):
+    import json
+
+    from kvjax.cli import main
+
+    argv = ["simulate", "--model", "llama-3-8b", "--chip", "h100-sxm", "--rate", "2",
+            "--requests", "30", "--prompt-len", "uniform:200:600", "--output-len", "32",
+            "--slo-ttft", "1", "--slo-itl", "0.05"]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests_in"] == out["requests_out"] == 30
+    for key in ("ttft_s", "itl_s", "e2e_s"):
+        assert set(out[key]) == {"mean", "p50", "p90", "p99"}
+    # the pool as engines count it: 0.9 x 80 GB less the weights and the largest step, in
+    # pages of 16 tokens of 131,072 bytes (32 layers x 8 KV heads x 128 x 2 x 2 bytes)
+    assert out["kv_bytes_per_token"] == 32 * 8 * 128 * 2 * 2
+    free = 0.9 * 80e9 - out["weight_bytes"] - out["activation_bytes"]
+    assert out["kv_pool_pages"] == int(free // (16 * 131072))
+    assert out["kv_pool_tokens"] == 16 * out["kv_pool_pages"]
+    assert out["goodput_requests_per_s"] <= out["requests_out"] / out["duration_s"]
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_len,output_len\n0,10,5\n1,-4,5\n")
+    assert main([*argv, "--trace", str(path)]) == 2
+    assert "t.csv:3:" in capsys.readouterr().err
+    path.write_text("arrival_s,prompt_len,output_len\n0,10,5\n1,900000,5\n")
+    flash = ["--attention-kernel", "flash"]  # unfused, its scores alone would not fit
+    assert main([*argv, *flash, "--trace", str(path)]) == 2
+    assert "request 1: 900000 + 5 tokens need" in capsys.readouterr().err
+    assert main([*argv, "--trace", str(path)]) == 2  # the largest step's activations, named
+    # 2048 tokens x 32 heads x 900,005 positions x (4 + 2) bytes + 2 x 2048 x 4096 x 2
+    assert "the largest step's activations 353,929,920,512 B" in capsys.readouterr().err

@@ -13,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from kvjax.cli import bench, calc, frontier, profile, runs, trace, validate
+from kvjax.cli import bench, calc, frontier, profile, runs, simulate, trace, validate
 from kvjax.errors import KvjaxError
 
 
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_parser(sub)
     runs.add_parsers(sub)
     validate.add_parser(sub)
+    simulate.add_parser(sub)
     return parser
 
 
