@@ -167,3 +167,19 @@ def test_cli_simulate_json_and_errors(tmp_path, capsys):
     assert main([*argv, "--trace", str(path)]) == 2  # the largest step's activations, named
     # 2048 tokens x 32 heads x 900,005 positions x (4 + 2) bytes + 2 x 2048 x 4096 x 2
     assert "the largest step's activations 353,929,920,512 B" in capsys.readouterr().err
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_budget_that_holds_it():
+    """Budget 100: A's 60-token prompt runs; B's 50 do not fit beside it (40 left), so B waits a
+    step instead of prefilling 40 now and 10 later; then B's prefill and A's decode share one."""
+    sched = Scheduler(PagePool(64, 16), 8, 100, chunked_prefill=False)
+    sched.add(Request(0, 0.0, 60, 4))
+    sched.add(Request(1, 0.0, 50, 4))
+    first = sched.schedule()
+    assert [(s.request.id, s.tokens) for s in first] == [(0, 60)]
+    sched.finish_step(first, 1.0)
+    assert [(s.request.id, s.tokens) for s in sched.schedule()] == [(0, 1), (1, 50)]
+    chunked = Scheduler(PagePool(64, 16), 8, 100)
+    chunked.add(Request(0, 0.0, 60, 4))
+    chunked.add(Request(1, 0.0, 50, 4))
+    assert [(s.request.id, s.tokens) for s in chunked.schedule()] == [(0, 60), (1, 40)]

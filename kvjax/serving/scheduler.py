@@ -80,12 +80,14 @@ class Scheduled:
 
 class Scheduler:
     def __init__(self, pool: PagePool, max_batch: int, token_budget: int,
-                 prefix_caching: bool = True):  # fmt: skip
+                 prefix_caching: bool = True, chunked_prefill: bool = True):  # fmt: skip
         for name, value in (("max_batch", max_batch), ("token_budget", token_budget)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KvjaxError(f"{name}={value!r} must be a positive integer")
         self.pool, self.max_batch, self.token_budget = pool, max_batch, token_budget
         self.prefix_caching = prefix_caching
+        # False: a prompt is admitted only when all of it fits this step's budget (one prefill)
+        self.chunked_prefill = chunked_prefill
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
@@ -143,6 +145,8 @@ class Scheduler:
                 budget -= tokens
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:
             r = self.waiting[0]
+            if not self.chunked_prefill and r.known > budget:
+                break
             if not self._admit(r, budget):
                 break
             self.waiting.popleft()
