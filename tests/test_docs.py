@@ -11,7 +11,7 @@ DOCS = ["README.md", "configs/README.md", "experiments/README.md",
         "experiments/published/README.md", "experiments/published/VALIDATE.md",
         "kvjax/README.md", "kvjax/analytic/README.md",
         "kvjax/traced/README.md", "kvjax/measured/README.md", "kvjax/nn/README.md",
-        "kvjax/plotting/README.md"]  # fmt: skip
+        "kvjax/plotting/README.md", "kvjax/serving/README.md"]  # fmt: skip
 
 
 def _slug(heading: str) -> str:
