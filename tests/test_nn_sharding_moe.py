@@ -52,6 +52,21 @@ def test_tensor_parallel_mla_and_experts(devices, name):
         assert set(kv.values()) == {kv_cache_bytes(cfg, cache.max_len, cache.batch_size)}
 
 
+def test_gated_deltanet_heads_split_over_tp(devices):
+    """qwen3-next (Gated DeltaNet + gated attention + MoE with a gated shared expert) at tp 2 x
+    dp 4: DeltaNet's q/k heads with their value heads, gates and conv channels split (the conv's
+    rows in tp blocks), its states split by head; the closed form's per-device weights."""
+    cfg = MODELS["qwen3-next"]()
+    ref, got, cache, sharded = run_both(cfg, tp=2, dp=4, B=8)
+    assert_logits_equal(ref, got)
+    w = bytes_per_device(nnx.state(sharded, nnx.Param))
+    assert set(w.values()) == {placed_weight_bytes(cfg, Placement(tp=2, dp_attention=4))}
+    states = bytes_per_device([x for x in cache.state if x is not None])
+    per_sequence = cfg.state_heads * cfg.state_key_dim * cfg.state_value_dim * 4  # f32, a layer
+    layers = cfg.layer_kinds.count("D")
+    assert set(states.values()) == {per_sequence * layers * (8 // 4) // 2}
+
+
 @pytest.mark.parametrize("name", ["deepseek-v3", "mixtral", "qwen3-next"])
 def test_data_parallel_attention_with_expert_parallelism(devices, name):
     cfg = MODELS[name]()
@@ -75,8 +90,8 @@ def test_expert_parallel_placements_refused_by_name(devices):
     with pytest.raises(KvjaxError, match="tp=8 does not divide moe_d_ff=20; the sharded model "
                        "allows tp in {1, 2, 4}"):  # fmt: skip
         sh.mesh_shape(cfg.replace(moe_d_ff=20), 8)
-    with pytest.raises(KvjaxError, match="tp=2: splitting a hybrid's state heads"):
-        sh.mesh_shape(MODELS["qwen3-next"](), 2)
+    with pytest.raises(KvjaxError, match="tp=2: splitting Mamba-2's or LFM2's layers"):
+        sh.mesh_shape(get_model_config("tiny-falcon-h1"), 2)
 
 
 @pytest.mark.parametrize("tp,dp,ep", [(8, 1, False), (1, 8, True)])

@@ -21,6 +21,7 @@ from kvjax import kernels
 from kvjax.model.config import ModelConfig
 from kvjax.nn import delta_rule
 from kvjax.nn.layers import linear, param, read, weight_dtype
+from kvjax.nn.sharding import DATA, MODEL, constrain
 
 L2_EPS = 1e-6  # Hugging Face's l2norm (the FLA library's)
 SOFTPLUS_THRESHOLD = 20.0  # torch's F.softplus: x itself above it
@@ -40,6 +41,9 @@ class GatedDeltaNet(nnx.Module):
         self.A_log = nnx.Param(jnp.zeros((J,), weight_dtype(cfg)))  # A = 1 until loaded
         self.linear_norm = nnx.Param(jnp.ones((W,), weight_dtype(cfg)))
         self.linear_out_proj = param(rngs, (D, J * W), J * W, cfg)
+        # > 1 once sharded over tp (kvjax.nn.sharding): the conv's channels in tp blocks
+        # [q_d; k_d; v_d], each device's q/k heads and their value heads, not HF's [q; k; v]
+        self.conv_blocks = 1
 
     def __call__(self, x_BTD, valid_BT=None, conv_BCX=None, state_BJHW=None):
         """Prefill from a zero state, or an extend step from a cached `conv_BCX` and
@@ -132,6 +136,12 @@ class GatedDeltaNet(nnx.Module):
             qkvz_BTKE[..., H : 2 * H],
             qkvz_BTKE[..., 2 * H : 2 * H + G * W],
         )
+        n = self.conv_blocks
+        if n > 1:  # each device's block [q_d; k_d; v_d] of its K / n q/k heads
+            parts = [t.reshape(B, T, n, -1) for t in (q, k, v)]
+            return constrain(jnp.concatenate(parts, axis=-1), DATA, None, MODEL, None).reshape(
+                B, T, -1
+            )
         return jnp.concatenate([t.reshape(B, T, -1) for t in (q, k, v)], axis=-1)
 
     def _conv(self, p_BSX, T):
@@ -161,11 +171,28 @@ class GatedDeltaNet(nnx.Module):
         inverse norm: one product a row), and v [B, T, K, G, W] as the conv gave it."""
         B, T, _ = qkv_BTX.shape
         K, G, H, W = self.heads
+        n = self.conv_blocks
+        if n > 1:  # blocks [q_d; k_d; v_d]: back to q, k, v over all heads (device-major)
+            x = qkv_BTX.reshape(B, T, n, -1)
+            kd = K // n
+            qk_BT2KH = jnp.stack(
+                [
+                    x[..., : kd * H].reshape(B, T, K, H),
+                    x[..., kd * H : 2 * kd * H].reshape(B, T, K, H),
+                ],
+                axis=2,
+            ).astype(jnp.float32)
+            v_BTKGW = x[..., 2 * kd * H :].reshape(B, T, K, G, W)
+            return self._normed(qk_BT2KH, H) + (v_BTKGW,)
         qk_BT2KH = qkv_BTX[..., : 2 * K * H].reshape(B, T, 2, K, H).astype(jnp.float32)
+        return self._normed(qk_BT2KH, H) + (qkv_BTX[..., 2 * K * H :].reshape(B, T, K, G, W),)
+
+    @staticmethod
+    def _normed(qk_BT2KH, H):
         inv_BT2K1 = jax.lax.rsqrt(jnp.sum(qk_BT2KH * qk_BT2KH, axis=-1, keepdims=True) + L2_EPS)
         q_BTKH = qk_BT2KH[:, :, 0] * (inv_BT2K1[:, :, 0] * H**-0.5)
         k_BTKH = qk_BT2KH[:, :, 1] * inv_BT2K1[:, :, 1]
-        return q_BTKH, k_BTKH, qkv_BTX[..., 2 * K * H :].reshape(B, T, K, G, W)
+        return q_BTKH, k_BTKH
 
     def _output(self, o_BTJW, qkvz_BTE):
         """Qwen3NextRMSNormGated per head (f32, eps norm_eps) gated by z, then out_proj."""

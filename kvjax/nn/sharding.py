@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -47,10 +48,17 @@ def mesh_shape(cfg: ModelConfig, tp: int, dp: int = 1) -> tuple[int, int, int]:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise KvjaxError(f"{name}={value!r} must be a positive integer")
     if cfg.is_hybrid and tp > 1:
-        raise KvjaxError(
-            f"tp={tp}: splitting a hybrid's state heads (layer_pattern={cfg.layer_pattern!r}) "
-            f"is not implemented; use tp=1 with data parallelism (dp) and expert parallelism"
-        )
+        if set(cfg.layer_kinds) - {"A", "D"}:
+            raise KvjaxError(
+                f"tp={tp}: splitting Mamba-2's or LFM2's layers (layer_kinds="
+                f"{cfg.layer_kinds!r}) over devices is not implemented (Gated DeltaNet's is); "
+                f"use tp=1 with data parallelism (dp) and expert parallelism"
+            )
+        if cfg.state_groups % tp:
+            raise KvjaxError(
+                f"tp={tp} does not divide state_groups={cfg.state_groups} (DeltaNet's q/k "
+                f"heads, split with their value heads)"
+            )
     # MLA: the heads split over both axes together; no KV heads (the latent is replicated)
     K = 1 if cfg.is_mla else cfg.num_kv_heads
     allowed = [
@@ -128,6 +136,13 @@ def param_spec(path: tuple[str, ...], ndim: int, expert_parallel: bool = False) 
                 "expert_gate_up_bias": P(None, MODEL)}.get(name, P(*([None] * ndim)))  # fmt: skip
     if name in ("k_up", "v_up"):
         return P(MODEL, None, None)  # [N, U or W, A]
+    # Gated DeltaNet: rows grouped by q/k head (and the conv's in tp blocks), heads' gates
+    if name in ("in_proj_qkvz", "in_proj_ba", "linear_conv"):
+        return P(MODEL, None)
+    if name in ("dt_bias", "A_log"):
+        return P(MODEL)
+    if name == "linear_out_proj":
+        return P(None, MODEL)
     if name in ("q_proj", "q_b_proj", "gate_up", "up", "embed", "lm_head"):
         return P(MODEL, None)  # split over output rows (vocab rows for embed / lm_head)
     if name in ("k_proj", "v_proj"):
@@ -189,6 +204,10 @@ def shard_model(model, mesh: Mesh, expert_parallel: bool = False):
             mlp.expert_gate_up[...] = blocks(mlp.expert_gate_up[...], tp)
             if (bias := getattr(mlp, "expert_gate_up_bias", None)) is not None:
                 bias[...] = blocks(bias[..., None], tp)[..., 0]
+    for mixer in _conv_blocked(sharded):
+        if mixer.conv_blocks != 1:
+            raise KvjaxError("shard_model needs an unsharded model (conv_blocks=1)")
+        mixer.linear_conv[...] = _conv_in_blocks(mixer.linear_conv[...], mixer.heads, tp)
     set_layout(sharded, tp, expert_parallel)
     graphdef, state = nnx.split(sharded)
 
@@ -197,6 +216,18 @@ def shard_model(model, mesh: Mesh, expert_parallel: bool = False):
         return jax.device_put(x, NamedSharding(mesh, spec))
 
     return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(place, state))
+
+
+def _conv_in_blocks(w_XW: jax.Array, heads: tuple[int, int, int, int], blocks: int) -> jax.Array:
+    """DeltaNet's conv rows [q (K H); k (K H); v (J W)] -> [q_0; k_0; v_0; q_1; k_1; v_1; ...]."""
+    K, G, H, W = heads
+    q, k, v = w_XW[: K * H], w_XW[K * H : 2 * K * H], w_XW[2 * K * H :]
+    parts = [t.reshape(blocks, -1, t.shape[-1]) for t in (q, k, v)]
+    return jnp.concatenate(parts, axis=1).reshape(w_XW.shape)
+
+
+def _conv_blocked(model) -> list:
+    return [m for _, m in nnx.iter_graph(model) if hasattr(m, "conv_blocks")]
 
 
 def set_layout(model, tp: int, expert_parallel: bool = False) -> None:
@@ -208,6 +239,8 @@ def set_layout(model, tp: int, expert_parallel: bool = False) -> None:
             mlp.expert_axis = DATA
         else:
             mlp.gate_up_blocks = tp
+    for mixer in _conv_blocked(model):
+        mixer.conv_blocks = tp
 
 
 def _gated_mlps(model) -> list:
@@ -245,12 +278,15 @@ def init_cache(model, batch_size: int, max_len: int, mesh: Mesh):
 
 def cache_shardings(cache, mesh: Mesh):
     if hasattr(cache, "state"):  # a hybrid: its attention cache, and per-sequence states
-        rows = NamedSharding(mesh, P(DATA))  # (tp = 1: mesh_shape refuses splitting state heads)
+        # by sequence, and under tp DeltaNet's conv channels (in tp blocks) and state heads;
+        # Mamba-2's and LFM2's are refused over tp (mesh_shape), so their model axes are 1
+        conv = NamedSharding(mesh, P(DATA, None, MODEL))
+        heads = NamedSharding(mesh, P(DATA, MODEL))
         return dataclasses.replace(
             cache,
             kv=cache_shardings(cache.kv, mesh),
-            conv=tuple(rows for _ in cache.conv),
-            state=tuple(None if x is None else rows for x in cache.state),
+            conv=tuple(conv for _ in cache.conv),
+            state=tuple(None if x is None else heads for x in cache.state),
         )
     if hasattr(cache, "latent"):  # MLA: latents and RoPE keys split over sequences only
         rows = NamedSharding(mesh, P(DATA))

@@ -196,14 +196,37 @@ def served_pieces(
     with jax.set_mesh(mesh):
         _, new_k, new_v = jax.eval_shape(attend, state, tokens, cache)
 
-    def row(x):  # K/V rows [B, K, H] split like the cache; MLA's latents, hybrids' states by B
+    rows_k, rows_v = _row_shardings(mesh, cache, new_k, new_v)
+    new_k, new_v = _with_shardings(new_k, rows_k), _with_shardings(new_v, rows_v)
+    return [(attend, (state, tokens, cache), ()), (append, (cache, new_k, new_v), (0,))]
+
+
+def _row_shardings(mesh, cache, new_k, new_v):
+    """The decode step's new rows as the cache holds them: K/V rows [B, K, H] over "data" and
+    "kv", MLA's latents [B, A] by sequence; a hybrid's state layers their conv inputs [B, C, X]
+    (DeltaNet's channels in tp blocks) and states [B, J, ...] split by head."""
+
+    def kv_row(x):
         spec = P(sh.DATA, sh.KV, None) if x.ndim == 3 else P(sh.DATA, *[None] * (x.ndim - 1))
         return NamedSharding(mesh, spec)
 
-    new_k, new_v = (
-        _with_shardings(rows, jax.tree_util.tree_map(row, rows)) for rows in (new_k, new_v)
-    )
-    return [(attend, (state, tokens, cache), ()), (append, (cache, new_k, new_v), (0,))]
+    if not hasattr(cache, "state"):
+        return jax.tree_util.tree_map(kv_row, new_k), jax.tree_util.tree_map(kv_row, new_v)
+    conv = NamedSharding(mesh, P(sh.DATA, None, sh.MODEL))
+    heads = NamedSharding(mesh, P(sh.DATA, sh.MODEL))
+    out_k, out_v = [], []
+    for i, (k, v) in enumerate(zip(new_k, new_v, strict=True)):
+        attention, state = i in cache.attn_layers, i in cache.state_layers
+        if attention and state:  # H: (row, conv), (row, state)
+            out_k.append((kv_row(k[0]), conv))
+            out_v.append((kv_row(v[0]), heads if v[1] is not None else None))
+        elif state:
+            out_k.append(conv)
+            out_v.append(heads if v is not None else None)
+        else:
+            out_k.append(kv_row(k))
+            out_v.append(kv_row(v))
+    return tuple(out_k), tuple(out_v)
 
 
 def _compile(cfg, mesh, phase, batch, context, count=None, host_of=None, expert_parallel=False):
