@@ -31,7 +31,6 @@ from kvjax.analytic.params import (  # noqa: F401 (re-exported for callers of an
     weight_bytes,
 )
 from kvjax.analytic.primitives import act_flops
-from kvjax.errors import KvjaxError
 from kvjax.model.config import DTYPE_BYTES, ModelConfig
 
 
@@ -208,37 +207,3 @@ def group_flops(cfg: ModelConfig, M: int) -> int:
     E, G, g = cfg.num_experts, cfg.expert_groups, cfg.topk_groups
     scores = G if cfg.router == "sigmoid" else E - G
     return M * (scores + 3 * g + 3 + E)
-
-
-def expert_parallel(cfg: ModelConfig, ep: int, wl: Workload) -> dict[str, float]:
-    """Expert parallelism over `ep` devices (DeepSeek-V3's serving layout): each device holds
-    E/ep experts of every MoE layer; attention, dense layers, shared experts, routers and
-    embeddings are replicated, and the step's M = B*T tokens are spread evenly (data parallel).
-    Per device and step, under uniform routing:
-
-    - weights held: all but the (E - E/ep) experts of each MoE layer held elsewhere;
-    - experts touched: (E/ep) * (1 - (1 - k/E)^M) per MoE layer (each of its experts is picked
-      by some token with the probability of the expectation's formula);
-    - all-to-all: each of its M/ep tokens sends its hidden state (D in the compute dtype) to
-      each of its k experts, (ep - 1)/ep of them on other devices, and gets the output back:
-      2 * (M/ep) * k * D * a * (ep - 1)/ep bytes sent per MoE layer.
-    """
-    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
-        raise KvjaxError(f"ep={ep!r} must be a positive integer")
-    if not cfg.is_moe:
-        raise KvjaxError(f"ep={ep}: {cfg.name} has no experts (num_experts=0); use --tp")
-    E, k, L = cfg.num_experts, cfg.experts_per_token, cfg.num_moe_layers
-    if E % ep:
-        raise KvjaxError(f"ep={ep} does not divide num_experts={E}")
-    M, D = wl.tokens, cfg.d_model
-    w, a = cfg.weight_bytes_per_element, DTYPE_BYTES[cfg.compute_dtype]
-    held = E // ep
-    touched = held * (1.0 - (1.0 - k / E) ** M)
-    return {
-        "ep": ep,
-        "experts_per_device": held,
-        "weight_bytes_per_device": weight_bytes(cfg) - L * (E - held) * expert_params(cfg) * w,
-        "experts_touched_per_device_per_layer": touched,
-        "expert_bytes_read_per_device": L * touched * expert_params(cfg) * w,
-        "all_to_all_bytes_per_device": L * 2 * (M / ep) * k * D * a * (ep - 1) / ep,
-    }

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         pls = [parallel.Placement(tp, ep, dp) for tp in (args.tp or [1])]
         report.update(placement_report(cfg, wl, chip, pls, args.link_latency, args.capacity_factor))
     if args.ep:
-        report["expert_parallel"] = [moe.expert_parallel(cfg, args.ep, wl)]
+        report["expert_parallel"] = [parallel.expert_parallel(cfg, args.ep, wl)]
     if args.predict:
         from kvjax.predict.apply import predict_step
 
