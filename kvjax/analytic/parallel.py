@@ -217,7 +217,7 @@ def check_placement(cfg: ModelConfig, pl: Placement) -> None:
 def device_workload(cfg: ModelConfig, pl: Placement, wl: Workload) -> Workload:
     """One device's share of the step: B / dp_attention sequences; under expert parallelism its
     MoE layers read the experts it holds that the whole batch touches, (E/ep) * (1 - (1-k/E)^M)
-    (`expert_parallel`), and compute its M_l * k routed rows (balanced)."""
+    (`kvjax.cli.calc.expert_parallel_report`), and compute its M_l * k routed rows (balanced)."""
     check_placement(cfg, pl)
     if wl.batch % pl.dp_attention:
         raise KvjaxError(
@@ -243,29 +243,6 @@ def placed_weight_bytes(cfg: ModelConfig, pl: Placement) -> int:
         bias = (2 * F + D) * cfg.weight_bytes_per_element if cfg.expert_bias else 0
         held -= round(away * (expert_matrix_bytes(cfg, expert_params(cfg)) + bias))
     return held
-
-
-def expert_parallel(cfg: ModelConfig, ep: int, wl: Workload) -> dict[str, float]:
-    """Expert parallelism over `ep` devices with data-parallel attention (DeepSeek-V3's serving
-    layout), per device and step under uniform routing: the weights held (all but the E - E/ep
-    routed experts of each MoE layer), the experts touched, (E/ep) * (1 - (1 - k/E)^M) a MoE
-    layer, the expert bytes they read, and the ragged all-to-alls' bytes sent (M/ep tokens to
-    their k experts and back, (ep - 1)/ep of them off the device)."""
-    pl = Placement(ep=ep, dp_attention=ep)
-    dev = device_workload(cfg, pl, wl)
-    touched = dev.experts_touched
-    held = placed_weight_bytes(cfg, pl)
-    colls = placed_collectives(cfg, pl, wl)
-    return {
-        "ep": ep,
-        "experts_per_device": cfg.num_experts // ep,
-        "weight_bytes_per_device": held,
-        "experts_touched_per_device_per_layer": touched,
-        "expert_bytes_read_per_device": cfg.num_moe_layers
-        * touched
-        * expert_matrix_bytes(cfg, expert_params(cfg)),
-        "all_to_all_bytes_per_device": colls["all-to-all"]["bytes_per_device"],
-    }
 
 
 def all_to_all_bytes(

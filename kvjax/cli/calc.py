@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         pls = [parallel.Placement(tp, ep, dp) for tp in (args.tp or [1])]
         report.update(placement_report(cfg, wl, chip, pls, args.link_latency, args.capacity_factor))
     if args.ep:
-        report["expert_parallel"] = [parallel.expert_parallel(cfg, args.ep, wl)]
+        report["expert_parallel"] = [expert_parallel_report(cfg, args.ep, wl)]
     if args.predict:
         from kvjax.predict.apply import predict_step
 
@@ -153,6 +153,29 @@ def placement_report(
         "kv_cache_bytes_per_device": first["kv_cache_bytes_per_device"],
         "collective_bytes_per_token": first["collective_bytes_per_step"],
         "tensor_parallel": points,
+    }
+
+
+def expert_parallel_report(cfg: ModelConfig, ep: int, wl: Workload) -> dict[str, float]:
+    """Expert parallelism over `ep` devices with data-parallel attention (DeepSeek-V3's serving
+    layout), per device and step under uniform routing: the weights held (all but the E - E/ep
+    routed experts of each MoE layer), the experts touched, (E/ep) * (1 - (1 - k/E)^M) a MoE
+    layer, the expert bytes they read, and the ragged all-to-alls' bytes sent (M/ep tokens to
+    their k experts and back, (ep - 1)/ep of them off the device)."""
+    pl = parallel.Placement(ep=ep, dp_attention=ep)
+    dev = parallel.device_workload(cfg, pl, wl)
+    touched = dev.experts_touched
+    held = parallel.placed_weight_bytes(cfg, pl)
+    colls = parallel.placed_collectives(cfg, pl, wl)
+    return {
+        "ep": ep,
+        "experts_per_device": cfg.num_experts // ep,
+        "weight_bytes_per_device": held,
+        "experts_touched_per_device_per_layer": touched,
+        "expert_bytes_read_per_device": cfg.num_moe_layers
+        * touched
+        * moe.expert_matrix_bytes(cfg, moe.expert_params(cfg)),
+        "all_to_all_bytes_per_device": colls["all-to-all"]["bytes_per_device"],
     }
 
 
