@@ -84,15 +84,64 @@ def test_frontier_ends_where_memory_ends_and_never_beats_the_weights_floor():
 
 
 def test_extend_refuses_what_the_model_does_not_run():
-    for over, words in (({"sliding_window": 4, "layer_pattern": "LG"}, "sliding-window"),
-                        ({"attention_kernel": "flash"}, "attention_kernel='flash'")):  # fmt: skip
+    cfg = get_model_config("tiny-gqa", sliding_window=4, layer_pattern="LG")
+    with pytest.raises(KvjaxError, match="sliding-window"):
+        step_kernels(cfg, Workload("extend", 1, 16, new_tokens=4))
+    # the closed form covers fused attention, MLA and 1-byte caches; the model's extend does not
+    for over, words in (({"attention_kernel": "flash"}, "attention_kernel='flash'"),
+                        ({"kv_dtype": "int8"}, "a scaled kv_dtype='int8'")):  # fmt: skip
         cfg = get_model_config("tiny-gqa", **over)
+        assert step_kernels(cfg, Workload("extend", 1, 16, new_tokens=4))
+        model = Transformer(cfg, rngs=nnx.Rngs(0))
         with pytest.raises(KvjaxError, match=words):
-            step_kernels(cfg, Workload("extend", 1, 16, new_tokens=4))
-    with pytest.raises(KvjaxError, match="MLA"):
-        step_kernels(get_model_config("tiny-mla"), Workload("extend", 1, 16, new_tokens=4))
+            model.extend(jnp.zeros((1, 4), jnp.int32), model.init_cache(1, 16))
     with pytest.raises(KvjaxError, match="new_tokens=17 must lie in 1 .. context=16"):
         Workload("extend", 1, 16, new_tokens=17)
+
+
+def test_fused_extend_chunks_add_up_to_the_prefill():
+    """A fused extend of more than a few queries is prefill's block loop over the cache with the
+    causal offset S - T: at T = S it is the prefill kernel (a cache in the compute dtype), and
+    8,192 prompt tokens in chunks of 512 (whole query tiles) compute exactly the prefill's
+    block-causal pairs. A 1-byte cache is read at 1 byte a position-element."""
+    from kvjax.analytic import flash
+
+    cfg = get_model_config("llama-3-8b", attention_kernel="flash")
+    pre = step_kernels(cfg, Workload("prefill", 1, 8192), H100)[kernels.ATTENTION]
+    whole = step_kernels(cfg, Workload("extend", 1, 8192, new_tokens=8192), H100)
+    fused = whole[kernels.ATTENTION]
+    assert (fused.flops, fused.bytes) == (pre.flops, pre.bytes)
+    chunks = [step_kernels(cfg, Workload("extend", 1, c + 512, new_tokens=512), H100)
+              for c in range(0, 8192, 512)]  # fmt: skip
+    assert sum(k[kernels.ATTENTION].flops for k in chunks) == pre.flops
+    assert kernels.ATTN_COMBINE not in chunks[-1]  # no flash-decoding partials to spill
+    few = step_kernels(cfg, Workload("extend", 1, 8192, new_tokens=flash.DECODE_FORM_MAX_QUERIES),
+                       H100)  # fmt: skip
+    assert kernels.ATTN_COMBINE in few  # a verify step's few queries: flash-decoding
+    fp8 = cfg.replace(kv_dtype="fp8")
+    chunk = Workload("extend", 1, 8192, new_tokens=512)
+    half = flash.plan_for_chip(fp8, chunk, H100)
+    shape = flash.attention_shape(fp8, "prefill")
+    positions, _ = flash.hbm_kv_positions(512, 8192, half, 4, 8, 2 * 128, 0)
+    L, N, H = 32, 32, 128
+    q_o = 2 * 512 * N * H * 2
+    assert step_kernels(fp8, chunk, H100)[kernels.ATTENTION].bytes == L * (
+        q_o + 8 * positions * 2 * shape.key_width * 1
+    )
+
+
+def test_mla_extend_is_its_prefill_over_the_cached_latents():
+    """MLA's extend expands every cached latent (kv_b_proj over S positions) and runs MHA of the
+    T queries over them: at T = S its expansion, scores and av are prefill's."""
+    cfg = get_model_config("tiny-mla", weight_dtype="f32", kv_dtype="f32")
+    pre = step_kernels(cfg, Workload("prefill", 2, 64))
+    ext = step_kernels(cfg, Workload("extend", 2, 64, new_tokens=64))
+    for name in (kernels.KV_B_PROJ, kernels.SCORES, kernels.AV):
+        assert (ext[name].flops, ext[name].bytes) == (pre[name].flops, pre[name].bytes), name
+    assert ext[kernels.KV_WRITE].bytes == pre[kernels.KV_WRITE].bytes
+    chunk = step_kernels(cfg, Workload("extend", 2, 64, new_tokens=16))
+    A, N, U, W = 20, 12, 6, 7  # tiny-mla: kv_lora_rank, heads, nope and value widths
+    assert chunk[kernels.KV_B_PROJ].flops == 2 * 2 * 64 * A * N * (U + W) * cfg.num_layers
 
 
 @pytest.mark.parametrize("kv_heads", [1, 3, 12], ids=["mqa", "gqa", "mha"])
@@ -190,7 +239,7 @@ def test_calc_extend_pages_and_speculation(capsys):
         ([*base, "--spec-tokens", "4"], "needs --spec-tokens K and --acceptance A"),
         ([*base, "--phase", "extend"], "--phase extend needs --new-tokens T"),
         ([*base, "--new-tokens", "3"], "--new-tokens applies to --phase extend"),
-        ([*base, "--model", "tiny-mla", "--phase", "extend", "--new-tokens", "2"], "MLA"),
+        ([*base, "--model", "tiny-lfm2", "--phase", "extend", "--new-tokens", "2"], "state layers"),
     ):
         assert main(argv) == 2, argv
         assert words in capsys.readouterr().err

@@ -88,14 +88,16 @@ def test_no_request_is_lost_or_served_twice():
 
 def test_closed_form_step_time_splits_a_mixed_batch():
     """A decode of one request at S plus a prefill of another at T: the context-free kernels once
-    over M = 1 + T tokens, the attention of each at its own context."""
+    over M = 1 + T tokens, the LM head over the 2 sampled rows, the attention of each at its own
+    context."""
     from kvjax.analytic import Workload, roofline, step_kernels
     from kvjax.serving.scheduler import Scheduled
-    from kvjax.serving.step_time import ClosedFormStepTime
+    from kvjax.serving.step_time import LOGITS, ClosedFormStepTime
 
     cfg, chip = get_model_config("llama-3-8b"), get_chip("h100-sxm")
     model = ClosedFormStepTime(cfg, chip)
-    assert model.per_request == {kernels.SCORES, kernels.SOFTMAX, kernels.AV}
+    decode = step_kernels(cfg, Workload("decode", 1, 64), chip)
+    assert set(decode) - model.shared == {kernels.SCORES, kernels.SOFTMAX, kernels.AV}
     r = Request(0, 0.0, 10, 2)
     batch = [Scheduled(r, 1, 4096), Scheduled(r, 512, 512)]
     peak, bw = chip.peak("bf16"), chip.bandwidth_bytes_per_s
@@ -104,11 +106,35 @@ def test_closed_form_step_time_splits_a_mixed_batch():
         return sum(roofline.bound_time_s(k.flops, k.bytes, peak, bw)
                    for n, k in step_kernels(cfg, wl, chip).items() if keep(n))  # fmt: skip
 
-    attn = model.per_request.__contains__
-    want = (bound(Workload("decode", 513, 1), lambda n: not attn(n))
+    def attn(n):
+        return n not in model.shared
+
+    want = (bound(Workload("decode", 513, 1), lambda n: not attn(n) and n not in LOGITS)
+            + bound(Workload("decode", 2, 1), lambda n: n in LOGITS)
             + bound(Workload("decode", 1, 4096), attn)
             + bound(Workload("prefill", 1, 512), attn))  # fmt: skip
     assert model(batch) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_fused_mla_chunk_is_its_own_attention_and_latent_expansion():
+    """With fused attention on a chip, flash-decoding's combine and an MLA chunk's expansion of
+    the cached latents (kv_b_proj over S positions) are the request's own kernels: a 512-token
+    chunk at 8192 costs more than one at 1024, by its attention and its expansion alone."""
+    from kvjax.serving.scheduler import Scheduled
+    from kvjax.serving.step_time import ClosedFormStepTime
+
+    chip = get_chip("h100-sxm")
+    mla = get_model_config("tiny-mla", attention_kernel="flash")
+    model = ClosedFormStepTime(mla, chip)
+    assert kernels.KV_B_PROJ not in model.shared and kernels.Q_PROJ in model.shared
+    flash = ClosedFormStepTime(get_model_config("llama-3-8b", attention_kernel="flash"), chip)
+    assert kernels.ATTN_COMBINE not in flash.shared
+    r = Request(0, 0.0, 10, 2)
+    near, far = (model([Scheduled(r, 512, s)]) for s in (1024, 8192))
+    assert far > near
+    assert far - near == pytest.approx(
+        model._request_s(512, 8192) - model._request_s(512, 1024), rel=1e-12
+    )
 
 
 @pytest.mark.parametrize(

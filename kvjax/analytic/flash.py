@@ -36,8 +36,9 @@ import math
 from dataclasses import dataclass
 
 from kvjax import kernels
-from kvjax.analytic.costs import SCORE_BYTES, KernelCost, Workload
+from kvjax.analytic.costs import EXTEND, SCORE_BYTES, KernelCost, Workload
 from kvjax.analytic.primitives import _act_bytes
+from kvjax.analytic.quant import scale_bytes_per_row
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
 
@@ -103,10 +104,22 @@ def attention_shape(cfg: ModelConfig, phase: str) -> AttentionShape:
     return AttentionShape(N, N, cfg.head_dim, cfg.v_head_dim, (cfg.head_dim + cfg.v_head_dim) * a)
 
 
-def _form(wl: Workload) -> str:
+# An extend step of at most this many queries a sequence runs flash-decoding (the cache read
+# once for all of them: MTP's or a draft's tokens, as vLLM routes requests of at most
+# 1 + num_speculative_tokens queries to its decode kernels); a longer one (a chunk of a chunked
+# prefill) runs prefill's block loop over the cache with the causal offset S - T.
+DECODE_FORM_MAX_QUERIES = 16
+
+
+def _form(cfg: ModelConfig, wl: Workload) -> str:
     """The kernel a step runs: prefill's block loop, or flash-decoding over the cache for decode
-    and for an extend step's few queries."""
-    return "prefill" if wl.phase == "prefill" else "decode"
+    and for an extend step's few queries (MLA's extend: always the block loop over keys and
+    values expanded from the latents, as its chunked prefill runs; `kvjax.analytic.mla`)."""
+    if wl.phase == "prefill":
+        return "prefill"
+    if wl.phase == EXTEND and (cfg.is_mla or wl.query_len > DECODE_FORM_MAX_QUERIES):
+        return "prefill"
+    return "decode"
 
 
 def plan(
@@ -120,7 +133,7 @@ def plan(
     for field, value in (("block_q", block_q), ("block_k", block_k), ("splits", splits)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise KvjaxError(f"{field}={value!r} must be an integer >= 0 (0: derived)")
-    shape = attention_shape(cfg, _form(wl))
+    shape = attention_shape(cfg, _form(cfg, wl))
     if onchip_bytes:
         elements = onchip_bytes / _act_bytes(cfg)
         derived_k = min(MAX_BLOCK, _pow2_floor(elements / (4 * shape.key_width)))
@@ -129,7 +142,7 @@ def plan(
         derived_q = derived_k = DEFAULT_BLOCK
     bq, bk = block_q or derived_q, block_k or derived_k
     positions = attended_positions(cfg, wl)
-    if _form(wl) == "decode" and not splits:
+    if _form(cfg, wl) == "decode" and not splits:
         programs = wl.batch * shape.kv_heads
         want = math.ceil(cores / programs) if cores else 1
         splits = _pow2_floor(max(1, min(want, math.ceil(positions / bk))))  # as kernels tile
@@ -307,7 +320,7 @@ def flash_attention_cost(
     False: every query attends every key (an encoder's, or a benchmark's non-causal case).
     Decode with T > 1 queries a sequence (an extend step, MTP's or a draft's tokens) reads the
     cache once for all of them."""
-    shape = attention_shape(cfg, _form(wl))
+    shape = attention_shape(cfg, _form(cfg, wl))
     window = cfg.sliding_window if sliding else 0
     chunk = window if window and cfg.chunked_attention else 0
     window = 0 if chunk else window
@@ -318,14 +331,17 @@ def flash_attention_cost(
     sinks = cfg.sink_tokens if window else 0
     exact = B * (exact_pairs(T, S, window, sinks, chunk) if causal else T * S)
     q_bytes, o_bytes = B * T * N * Hk * a, B * T * N * Hv * a
-    if wl.phase == "prefill":
+    if _form(cfg, wl) == "prefill":
         bq, bk = flash.block_q, flash.block_k
         computed, _ = block_pairs(T, S, bq, bk, window, sinks, chunk, causal)
         computed *= B
-        # Prefill K/V in the compute dtype (the projections' output), read from HBM as
-        # `hbm_kv_positions` says: once, once per wave of resident programs, or once per
+        # Prefill K/V in the compute dtype (the projections' output; an extend's from the cache
+        # as stored, with a 1-byte cache's scales; MLA's expanded from the latents), read from
+        # HBM as `hbm_kv_positions` says: once, once per wave of resident programs, or once per
         # query block and query head.
         kv_per_position = (Hk + Hv) * a
+        if wl.phase == EXTEND and not cfg.is_mla:
+            kv_per_position = shape.kv_bytes_per_position + 2 * scale_bytes_per_row(cfg)
         positions, _ = hbm_kv_positions(
             T, S, flash, N // Kh, B * Kh, kv_per_position, window, sinks, chunk, causal
         )  # fmt: skip

@@ -23,12 +23,13 @@ Decode attention per cached position, per layer, FLOPs over cache bytes read:
 from __future__ import annotations
 
 from kvjax import kernels
-from kvjax.analytic.costs import SCORE_BYTES, KernelCost, Workload
+from kvjax.analytic.costs import EXTEND, SCORE_BYTES, KernelCost, Workload
 from kvjax.analytic.primitives import (
     _act_bytes,
     _matmul,
     _rmsnorm,
     decode_softmax,
+    extend_softmax,
     prefill_softmax,
     rope_cost,
 )
@@ -68,6 +69,8 @@ def mla_attention_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
     ]
     if wl.phase == "prefill":
         k += _prefill(cfg, wl, widen)
+    elif wl.phase == EXTEND:
+        k += _extend(cfg, wl, widen)
     elif cfg.mla_decode == "naive":
         k += _decode_naive(cfg, wl, widen)
     else:
@@ -116,6 +119,49 @@ def _prefill(cfg: ModelConfig, wl: Workload, widen: bool) -> list[KernelCost]:
     )  # fmt: skip
     av = KernelCost(kernels.AV, flops=2 * E * W, bytes=E * a + B * S * N * W * a + M * N * W * a)
     return [_write(cfg, M, False, B, a, kv), kv_b, scores, prefill_softmax(R, T, S, a), av]
+
+
+def _extend(cfg: ModelConfig, wl: Workload, widen: bool) -> list[KernelCost]:
+    """An extend step (a chunk of a chunked prefill: T new tokens on S - T cached) as DeepSeek's
+    and vLLM's MLA chunked prefill runs it: the T new latents and RoPE keys written (two
+    scatters at pos .. pos + T - 1, their indices wrapped as GQA's extend), then all S cached
+    latents expanded to per-head keys and values (kv_b_proj, reading each latent twice, as
+    prefill does) and MHA of the T queries over them, each masked to the rows up to itself
+    (`kvjax.analytic.primitives.extend_softmax`). Closed form only (the model's extend refuses
+    MLA); at T = S it is prefill with the latents read back from the cache.
+    """
+    B, T, S = wl.batch, wl.query_len, wl.context
+    N, A, P, U, W = (cfg.num_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
+                     cfg.qk_nope_head_dim, cfg.v_head_dim)  # fmt: skip
+    M, R, E = B * T, B * N, B * N * T * S
+    w, a, kv = cfg.weight_bytes_per_element, _act_bytes(cfg), cfg.kv_bytes_per_element
+    elems = M * (A + P)
+    write = KernelCost(
+        kernels.KV_WRITE,
+        flops=2 * (3 * M + (3 * B if B > 1 else 0)) + (elems if widen else 0),
+        bytes=elems * (a + kv),
+        kv_bytes=elems * kv,
+    )
+    latents, rope_keys = B * S * A, B * S * P  # cached elements read
+    kv_b = KernelCost(
+        kernels.KV_B_PROJ,
+        flops=2 * B * S * A * N * (U + W) + (latents if widen else 0),
+        bytes=N * (U + W) * A * w + 2 * latents * (a if widen else kv)
+        + (latents * (kv + a) if widen else 0) + B * S * N * (U + W) * a,
+        weight_bytes=N * (U + W) * A * w,
+        kv_bytes=latents * kv,
+    )  # fmt: skip
+    scores = KernelCost(
+        kernels.SCORES,
+        flops=2 * E * U + 2 * E * P + E + (rope_keys if widen else 0),
+        bytes=M * N * U * a + B * S * N * U * a + E * F32  # q_nope . k_nope
+        + M * N * P * a + rope_keys * (a if widen else kv) + E * F32  # q_rope . k_rope
+        + (rope_keys * (kv + a) if widen else 0)
+        + 3 * E * F32,  # their sum
+        kv_bytes=rope_keys * kv,
+    )  # fmt: skip
+    av = KernelCost(kernels.AV, flops=2 * E * W, bytes=E * a + B * S * N * W * a + M * N * W * a)
+    return [write, kv_b, scores, extend_softmax(R, B, T, S, a), av]
 
 
 def _decode_naive(cfg: ModelConfig, wl: Workload, widen: bool) -> list[KernelCost]:

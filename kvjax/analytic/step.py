@@ -288,27 +288,34 @@ def _extend_attention(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
     B = 1, a constant),
     then the T queries attend all S rows of the cache, each masked to the rows up to itself:
     the full T x S scores, as prefill computes them (a cache in another dtype than the compute
-    dtype is converted on read, as decode does)."""
+    dtype is converted on read, as decode does). A 1-byte cache (closed form only: the model's
+    extend refuses it) quantizes the rows it writes, writes their scales, and dequantizes what
+    it reads by the same rules as decode (`kvjax.analytic.quant`)."""
     B, T, S = wl.batch, wl.query_len, wl.context
     N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     M, R, E = B * T, B * N, B * N * T * S
     a, kv = _act_bytes(cfg), cfg.kv_bytes_per_element
     widen = kv != a
+    scale_row = scale_bytes_per_row(cfg)
     rows = 2 * M * K * H  # K and V elements written
     kv_write = KernelCost(
         kernels.KV_WRITE,
-        flops=2 * (3 * M + (3 * B if B > 1 else 0)) + (rows if widen else 0),
-        bytes=rows * (a + kv),
-        kv_bytes=rows * kv,
-    )
+        flops=2 * (3 * M + (3 * B if B > 1 else 0)) + (rows if widen else 0)
+        + quantize_flops(cfg, M * K * H, M * K, a),
+        bytes=rows * (a + kv) + 2 * M * K * scale_row,
+        kv_bytes=rows * kv + 2 * M * K * scale_row,
+    )  # fmt: skip
     cache = B * K * S * H  # elements of K (or V) read
-    convert, convert_bytes = (cache, cache * (kv + a)) if widen else (0, 0)
+    dq_flops, dq_bytes = dequantize_cost(cfg, cache, B * K * S, a)
+    convert = (cache if widen else 0) + dq_flops
+    convert_bytes = (cache * (kv + a) if widen else 0) + dq_bytes
     read = cache * (a if widen else kv) + convert_bytes
+    cache_bytes = cache * kv + B * K * S * scale_row
     scores = KernelCost(
         kernels.SCORES,
         flops=2 * E * H + convert,
         bytes=M * N * H * a + read + E * SCORE_BYTES,
-        kv_bytes=cache * kv,
+        kv_bytes=cache_bytes,
     )
     softmax = extend_softmax(R, B, T, S, a)
     if cfg.sink_logits:
@@ -317,7 +324,7 @@ def _extend_attention(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
         softmax = softmax + softcap_cost(kernels.SOFTMAX, E)
     av = KernelCost(
         kernels.AV, flops=2 * E * H + convert, bytes=E * a + read + M * N * H * a,
-        kv_bytes=cache * kv,
+        kv_bytes=cache_bytes,
     )  # fmt: skip
     return [kv_write, scores, softmax, av]
 

@@ -306,7 +306,7 @@ def calc_report(
             else analytic.max_context_that_fits(cfg, chip.memory_bytes, wl.batch, page_size)
         ),
         "kernels": [p.to_dict() for p in placed],
-        # extend runs XLA's attention only (`check_extend`): no fused form to set beside it
+        # the fused-kernel report (tiles, pairs) is written for prefill and decode
         "attention_kernel": None if wl.phase == EXTEND else attention_kernel_report(cfg, wl, chip),
     }
     return report

@@ -334,18 +334,18 @@ def check_scales(cfg: Fields) -> None:
 
 
 def check_extend(cfg: Fields, model: bool = False) -> None:
-    """The extend step runs MHA/GQA/MQA over global layers of an unscaled cache with XLA's
-    attention; the rest is refused by name. `model`: the Flax model's extend, which also runs
-    the hybrids' state layers from their cached states (the closed form does not count them
-    yet)."""
+    """The closed form's extend step covers MHA/GQA/MQA and MLA global layers, any KV dtype, XLA's
+    attention or the fused kernel; `model`: the Flax model's extend, which runs MHA/GQA/MQA over
+    an unscaled cache with XLA's attention, and the hybrids' state layers from their cached
+    states (the closed form does not count them yet). The rest is refused by name."""
     reasons = []
-    if cfg.is_mla:
+    if model and cfg.is_mla:
         reasons.append("MLA (kv_lora_rank > 0)")
     if cfg.num_sliding_layers:
         reasons.append(f"sliding-window layers ({cfg.num_sliding_layers})")
-    if cfg.kv_scale_kind != "none":
+    if model and cfg.kv_scale_kind != "none":
         reasons.append(f"a scaled kv_dtype={cfg.kv_dtype!r}")
-    if cfg.attention_kernel != "xla":
+    if model and cfg.attention_kernel != "xla":
         reasons.append(f"attention_kernel={cfg.attention_kernel!r}")
     if cfg.attn_softcap:
         reasons.append(f"attn_softcap={cfg.attn_softcap:g}")
@@ -353,7 +353,10 @@ def check_extend(cfg: Fields, model: bool = False) -> None:
         reasons.append(f"state layers (layer_kinds={cfg.layer_kinds!r}: the closed form of "
                        "their extend step is not written; the model runs it)")  # fmt: skip
     if reasons:
+        runs = ("MHA/GQA/MQA global layers of an unscaled cache with attention_kernel='xla'"
+                if model else "MHA/GQA/MQA and MLA global layers")  # fmt: skip
+        where = "the model's" if model else "the closed form's"
         raise KvjaxError(
-            "phase 'extend' (T new tokens on a cache) runs MHA/GQA/MQA global layers of an "
-            f"unscaled cache with attention_kernel='xla'; {cfg.name} has " + ", ".join(reasons)
+            f"phase 'extend' (T new tokens on a cache): {where} runs {runs}; {cfg.name} has "
+            + ", ".join(reasons)
         )
