@@ -39,6 +39,9 @@ class ChipSpec:
     # The last-level cache between the cores and HBM (a GPU's L2), in bytes: what fused
     # attention's K/V re-reads are served from (`kvjax.analytic.flash.hbm_kv_positions`).
     l2_bytes: float | None = None
+    # The board's rated power (the datasheet's maximum thermal design power, W): what the
+    # serving clocks charge a chip per second held (`kvjax.serving.cost`); None: not published.
+    power_watts: float | None = None
 
     def __post_init__(self) -> None:
         if not self.peak_flops_per_s:
@@ -53,6 +56,8 @@ class ChipSpec:
             _check_positive(f"chip {self.name!r}: memory_bytes", self.memory_bytes)
         if self.l2_bytes is not None:
             _check_positive(f"chip {self.name!r}: l2_bytes", self.l2_bytes)
+        if self.power_watts is not None:
+            _check_positive(f"chip {self.name!r}: power_watts", self.power_watts)
         if self.interconnect_bytes_per_s is not None:
             _check_positive(
                 f"chip {self.name!r}: interconnect_bytes_per_s", self.interconnect_bytes_per_s
@@ -151,6 +156,7 @@ _chip(
         },
         bandwidth_bytes_per_s=3.35 * TERA,
         memory_bytes=80 * GIGA,
+        power_watts=700,  # datasheet: max TDP up to 700 W (configurable)
         interconnect_bytes_per_s=450 * GIGA,  # per direction; NVLink 4: 900 GB/s bidirectional
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM5); seed text",
         date="2023",
@@ -173,6 +179,7 @@ _chip(
         },
         bandwidth_bytes_per_s=4.8 * TERA,
         memory_bytes=141 * GIGA,
+        power_watts=700,  # datasheet: max TDP up to 700 W (configurable)
         interconnect_bytes_per_s=450 * GIGA,  # per direction; NVLink 4: 900 GB/s bidirectional
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM)",
         date="2024",
@@ -195,6 +202,7 @@ _chip(
         },
         bandwidth_bytes_per_s=7.7 * TERA,  # HGX B200: 62 TB/s for 8 GPUs
         memory_bytes=180 * GIGA,  # HGX B200: 1.44 TB for 8 GPUs
+        power_watts=1000,  # HGX B200: up to 1,000 W per GPU
         interconnect_bytes_per_s=900 * GIGA,  # per direction; NVLink 5: 1.8 TB/s bidirectional
         source="NVIDIA HGX B200 datasheet (per GPU: the 8-GPU board's figures / 8)",
         date="2025",
@@ -216,6 +224,7 @@ _chip(
         },
         bandwidth_bytes_per_s=2.039 * TERA,
         memory_bytes=80 * GIGA,
+        power_watts=400,  # datasheet: max TDP 400 W (SXM)
         interconnect_bytes_per_s=300 * GIGA,  # per direction; NVLink 3: 600 GB/s bidirectional
         source="NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)",
         date="2021",
@@ -237,6 +246,7 @@ _chip(
         },
         bandwidth_bytes_per_s=1.5552 * TERA,  # XLA GPU target spec a100_sxm_40: 1555200000000
         memory_bytes=40 * GIGA,
+        power_watts=400,  # datasheet: max TDP 400 W (SXM)
         interconnect_bytes_per_s=300 * GIGA,  # per direction; NVLink 3: 600 GB/s bidirectional
         source="NVIDIA A100 Tensor Core GPU datasheet (40GB SXM); XLA GPU target spec a100_sxm_40",
         date="2020",
@@ -257,6 +267,7 @@ _chip(
         },
         bandwidth_bytes_per_s=3.352 * TERA,
         memory_bytes=80 * GIGA,
+        power_watts=700,  # as the H100 SXM board: max TDP 700 W
         interconnect_bytes_per_s=200 * GIGA,  # per direction: NVLink 400 GB/s bidirectional
         source=(
             "LMSYS/Ant Group, 'Best Practices for Serving DeepSeek-R1 on H20-96G' (2025-09-26), "
@@ -360,6 +371,7 @@ _chip(
         },
         bandwidth_bytes_per_s=5.3 * TERA,
         memory_bytes=192 * GIGA,
+        power_watts=750,  # datasheet: peak total board power 750 W
         interconnect_bytes_per_s=448
         * GIGA,  # per direction; Infinity Fabric: 896 GB/s aggregate peer bandwidth
         source="AMD Instinct MI300X accelerator datasheet",

@@ -209,3 +209,54 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_budget_that_holds_it():
     chunked.add(Request(0, 0.0, 60, 4))
     chunked.add(Request(1, 0.0, 50, 4))
     assert [(s.request.id, s.tokens) for s in chunked.schedule()] == [(0, 60), (1, 40)]
+
+
+def test_goodput_experiment_orders_the_variants_and_finds_the_knee(tmp_path):
+    """configs/serving_goodput.yaml's experiment on 40 requests of llama-3-8b shapes on an H100:
+    each variant's knee holds the attainment and a rate 5% above it does not; MQA >= GQA >= MHA;
+    energy per token is the rated 700 W over the output tokens per second; the quality costs are
+    the committed CSV's; the figure draws."""
+    import csv
+
+    import pandas as pd
+
+    from experiments.serving_goodput import QUALITY, _runner
+    from kvjax.plotting import make_figures
+    from kvjax.runs.launcher import run_config
+
+    config = tmp_path / "g.yaml"
+    config.write_text(
+        "experiment: serving_goodput\nmodel:\n  preset: llama-3-8b\n  attention_kernel: flash\n"
+        "chip:\n  preset: h100-sxm\noptions:\n  rates: [1, 4]\n  requests: 40\n"
+        "  prompt_len: 8192\n  output_len: 64\n  knee_rtol: 0.05\n"
+    )
+    runs = run_config(config, runs_root=tmp_path / "runs", progress=False)
+    df = pd.DataFrame([r for run in runs for r in run.records()])
+    knees = df[df.knee.astype(bool)].set_index("variant")
+    rate = knees.rate_requests_per_s
+    assert rate["MQA"] >= rate["GQA"] >= rate["MHA"] > 0
+    assert (knees.attainment >= 0.9).all()
+    H100 = get_chip("h100-sxm")
+    for variant, row in knees.iterrows():
+        cfg = get_model_config("llama-3-8b", attention_kernel="flash",
+                               num_kv_heads=int(row.num_kv_heads))  # fmt: skip
+        if variant.startswith("MLA"):
+            continue
+        run = _runner(cfg, H100, {"requests": 40, "prompt_len": 8192, "output_len": 64,
+                                  "page_size": 16, "token_budget": 2048, "max_batch": 256,
+                                  "seed": 0, "slo_ttft_s": 2.0, "slo_itl_s": 0.05,
+                                  "price_per_chip_hour": None})  # fmt: skip
+        assert run(row.rate_requests_per_s * 1.05)["attainment"] < 0.9, variant
+    assert knees.energy_j_per_output_token.to_numpy() == pytest.approx(
+        700 / knees.throughput_tokens_per_s.to_numpy()
+    )
+    with open(QUALITY) as f:
+        want = next(float(r["mean"]) for r in csv.DictReader(f)
+                    if r["comparison"] == "h_kv=2 - MHA" and r["metric"] == "val_loss")  # fmt: skip
+    assert knees.quality_variant_delta["GQA"] == want  # GQA-8: 4 query heads a KV head
+    assert knees.quality_variant_delta["MHA"] == 0
+    assert (
+        knees.quality_variant[knees.index.str.startswith("MLA")].str.contains("no committed").all()
+    )
+    written = make_figures(df.assign(experiment="serving_goodput"), tmp_path / "figs")
+    assert "goodput.png" in {p.name for p in written}

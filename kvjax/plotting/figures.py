@@ -16,6 +16,7 @@ from matplotlib import ticker  # noqa: E402
 
 from kvjax.plotting import quality  # noqa: E402
 from kvjax.plotting.compiled import roofline_compiled  # noqa: E402
+from kvjax.plotting.goodput import goodput  # noqa: E402
 from kvjax.plotting.measured import kernel_bound, mark_flags  # noqa: E402
 from kvjax.plotting.published import published_roofline  # noqa: E402
 from kvjax.plotting.roofline import roofline  # noqa: E402
@@ -355,6 +356,7 @@ FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "tensor_parallel": ("tensor_parallel", tensor_parallel, (2 * COLUMN_WIDTH_IN, 2.8)),
     "kernel_bound": ("profile", kernel_bound, (2 * COLUMN_WIDTH_IN, 2.8)),
     "serving_frontier": ("serving_frontier", serving_frontier, (2 * COLUMN_WIDTH_IN, 4.4)),
+    "goodput": ("serving_goodput", goodput, (2 * COLUMN_WIDTH_IN, 3.2)),
     "published_roofline": ("published_roofline", published_roofline, (4 * COLUMN_WIDTH_IN, 3.2)),
 }
 

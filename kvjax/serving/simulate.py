@@ -120,5 +120,6 @@ def report(
             if result.prefix_lookup_pages
             else None
         ),  # fmt: skip
+        "output_tokens": out_tokens,
         "duration_s": span,
     }

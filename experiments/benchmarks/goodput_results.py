@@ -1,0 +1,58 @@
+"""Export a `configs/serving_goodput.yaml` run (`experiments/serving_goodput.py`) to
+`experiments/results/serving_goodput.csv` and print the README's goodput table from it:
+`python3 -m experiments.benchmarks.goodput_results runs/serving_goodput/<run>`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from kvjax.files import write_text_atomic
+from kvjax.runs.records import load_records
+
+OUT = Path(__file__).resolve().parents[1] / "results" / "serving_goodput.csv"
+ORDER = {"MHA": 0, "GQA": 1, "MQA": 2, "MLA": 3}
+
+
+def _interval(row, kind: str) -> str:
+    delta = row[f"quality_{kind}_delta"]
+    if pd.isna(delta):
+        return "none committed" if kind == "variant" else "-"
+    if delta == 0 and kind == "variant":
+        return "baseline"
+    return f"{delta:+.3f} [{row[f'quality_{kind}_low']:+.3f}, {row[f'quality_{kind}_high']:+.3f}]"
+
+
+def markdown(df: pd.DataFrame) -> str:
+    """The knees, one row per variant and KV dtype (bf16 first)."""
+    knees = df[df.knee.astype(bool)].copy()
+    knees["order"] = [(kv != "bf16", ORDER.get(str(v).split()[0], 9))
+                      for v, kv in zip(knees.variant, knees.kv_dtype, strict=True)]  # fmt: skip
+    lines = [
+        "| variant | KV | KV pool (tokens) | knee (requests/s) | TTFT P99 | ITL P99 | J / output "
+        "token | $ / M output tokens | quality: h_kv | quality: fp8 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for _, r in knees.sort_values("order").iterrows():
+        lines.append(
+            f"| {str(r.variant).split()[0]} | {r.kv_dtype} | {int(r.kv_pool_tokens):,} | "
+            f"{r.rate_requests_per_s:.2f} | {r.ttft_p99_s:.2f} s | {r.itl_p99_s * 1e3:.1f} ms | "
+            f"{r.energy_j_per_output_token:.2f} | {r.cost_per_million_output_tokens:.2f} | "
+            f"{_interval(r, 'variant')} | {_interval(r, 'kv_dtype')} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    df = load_records(argv[0])
+    df = df[df.experiment == "serving_goodput"].drop(columns=["experiment"])
+    keep = [c for c in df.columns if c not in ("run_name", "run_id", "point")]
+    write_text_atomic(OUT, df[keep].to_csv(index=False))
+    print(markdown(pd.read_csv(OUT)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,177 @@
+"""Goodput under load (issue 41): requests arriving at a rate, served by kvjax's scheduler
+(`kvjax.serving`: token budget, chunked prefill, paged KV with prefix caching and preemption by
+recompute) on a chip whose steps take the closed form's bound, for each attention variant of
+the model (MHA, GQA, MQA, MLA) at the point's KV dtype.
+
+Per variant, one record per arrival rate of `options.rates` (Poisson arrivals, the same seed: the
+same requests, their gaps scaled) with TTFT/ITL percentiles, throughput, goodput, preemptions,
+energy and cost per output token; and one record at the knee: the largest rate at which at least
+`options.attainment` of the requests meet the SLO (TTFT <= slo_ttft_s and their own ITL P99 <=
+slo_itl_s; DistServe's goodput, Zhong et al. 2024), found by bisection to `options.knee_rtol`.
+Beside each, the quality the variant and the KV dtype cost in the committed quality results
+(`experiments/results/quality_differences.csv`, the 8-head stdlib model: a variant maps to its
+h_kv of the same query heads per KV head, fp8 to its "fp8 cache - f32" difference; MLA has no
+committed result and says so).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache, lru_cache
+from pathlib import Path
+
+from kvjax.analytic.variants import variant_configs
+from kvjax.errors import KvjaxError
+from kvjax.runs import options as o
+from kvjax.runs.config import resolve
+from kvjax.serving import load
+from kvjax.serving.cost import energy_and_cost
+from kvjax.serving.memory import kv_pool
+from kvjax.serving.pages import PagePool
+from kvjax.serving.scheduler import Scheduler
+from kvjax.serving.simulate import report, simulate
+from kvjax.serving.step_time import ClosedFormStepTime
+
+OPTIONS = {
+    "rates": o.list_of(o.POSITIVE),
+    "requests": o.POSITIVE_INT,
+    "prompt_len": o.POSITIVE_INT,
+    "output_len": o.POSITIVE_INT,
+    "slo_ttft_s": o.POSITIVE,
+    "slo_itl_s": o.POSITIVE,
+    "attainment": o.FRACTION,
+    "knee_rtol": o.FRACTION,
+    "max_batch": o.POSITIVE_INT,
+    "token_budget": o.POSITIVE_INT,
+    "page_size": o.POSITIVE_INT,
+    "price_per_chip_hour": o.POSITIVE,
+    "variants": o.BOOLEAN,
+    "seed": o.NONNEGATIVE_INT,
+}
+QUALITY = Path(__file__).resolve().parent / "results" / "quality_differences.csv"
+QUALITY_HEADS = 8  # the quality model's query heads
+
+
+def run_point(point) -> list[dict]:
+    cfg, _, chip = resolve(point)
+    opt = {"rates": [0.5, 1, 2, 4], "requests": 200, "prompt_len": 8192, "output_len": 256,
+           "slo_ttft_s": 2.0, "slo_itl_s": 0.05, "attainment": 0.9, "knee_rtol": 0.02,
+           "max_batch": 256, "token_budget": 2048, "page_size": 16, "price_per_chip_hour": None,
+           "variants": True, "seed": 0, **point.options}  # fmt: skip
+    if opt["variants"]:
+        curves = [(label, v) for label, _, v, _ in variant_configs(cfg) if v is not None]
+    else:
+        curves = [(cfg.attention_variant, cfg)]
+    records = []
+    for label, variant in curves:
+        run = _runner(variant, chip, opt)
+        common = {
+            "model": cfg.name, "variant": label, "num_kv_heads": variant.num_kv_heads,
+            "kv_dtype": variant.kv_dtype, "attention_kernel": variant.attention_kernel,
+            "chip": chip.name, "prompt_len": opt["prompt_len"], "output_len": opt["output_len"],
+            "requests": opt["requests"], "slo_ttft_s": opt["slo_ttft_s"],
+            "slo_itl_s": opt["slo_itl_s"], "source": "closed form (simulated)",
+            **quality_cost(variant),
+        }  # fmt: skip
+        for rate in opt["rates"]:
+            records.append({**common, **run(rate), "knee": False})
+        knee = knee_rate(run, opt["attainment"], opt["knee_rtol"], max(opt["rates"]))
+        records.append({**common, **knee, "knee": True})
+    return records
+
+
+def _runner(cfg, chip, opt):
+    step = ClosedFormStepTime(cfg, chip)
+    longest = opt["prompt_len"] + opt["output_len"]
+    pool = kv_pool(cfg, chip, opt["page_size"], opt["token_budget"], longest)
+
+    @cache
+    def run(rate: float) -> dict:
+        reqs = load.generate(opt["requests"], rate, str(opt["prompt_len"]),
+                             str(opt["output_len"]), opt["seed"])  # fmt: skip
+        sched = Scheduler(PagePool(pool.pages, pool.page_size), opt["max_batch"],
+                          opt["token_budget"])  # fmt: skip
+        r = report(simulate(reqs, sched, step), opt["slo_ttft_s"], opt["slo_itl_s"])
+        cost = energy_and_cost(r["output_tokens"], r["duration_s"], 1, chip.power_watts,
+                               opt["price_per_chip_hour"])  # fmt: skip
+        return {
+            "rate_requests_per_s": rate, "attainment": r["slo"]["met"] / r["requests_in"],
+            "goodput_requests_per_s": r["goodput_requests_per_s"],
+            "throughput_tokens_per_s": r["throughput_tokens_per_s"],
+            **{f"ttft_{k}_s": r["ttft_s"][k] for k in ("p50", "p90", "p99")},
+            **{f"itl_{k}_s": r["itl_s"][k] for k in ("p50", "p90", "p99")},
+            "preemptions": r["preemptions"], "kv_pool_tokens": pool.tokens,
+            "requests_out": r["requests_out"],
+            "energy_j_per_output_token": cost["energy_j_per_output_token"],
+            "cost_per_million_output_tokens": cost["cost_per_million_output_tokens"],
+        }  # fmt: skip
+
+    return run
+
+
+def knee_rate(run, attainment: float, rtol: float, start: float) -> dict:
+    """The largest rate whose attainment is at least `attainment`: doubled (or halved) from
+    `start` until it brackets the change, then bisected until the bracket is within rtol."""
+    rate = start
+    ok = run(rate)["attainment"] >= attainment
+    lo, hi = (rate, None) if ok else (None, rate)
+    for _ in range(30):  # up while the SLO holds, down while it fails, until both are seen
+        if lo is not None and hi is not None:
+            break
+        rate = rate * 2 if ok else rate / 2
+        ok = run(rate)["attainment"] >= attainment
+        lo, hi = (rate, hi) if ok else (lo, rate)
+    if lo is None:
+        raise KvjaxError(f"no arrival rate down to {rate:g}/s meets the SLO for {attainment:.0%}")
+    if hi is None:
+        raise KvjaxError(f"every rate up to {rate:g}/s meets the SLO: raise options.rates")
+    while hi - lo > rtol * lo:
+        mid = math.sqrt(lo * hi)
+        if run(mid)["attainment"] >= attainment:
+            lo = mid
+        else:
+            hi = mid
+    return run(lo)
+
+
+def quality_cost(cfg) -> dict:
+    """The committed quality difference of cfg's attention variant and of an fp8 cache (mean and
+    95% interval, val loss in nats per byte), or None where none is committed."""
+    out = {"quality_variant": None, "quality_variant_delta": None, "quality_variant_low": None,
+           "quality_variant_high": None, "quality_kv_dtype": None, "quality_kv_dtype_delta": None,
+           "quality_kv_dtype_low": None, "quality_kv_dtype_high": None}  # fmt: skip
+    if cfg.is_mla:
+        out["quality_variant"] = "MLA: no committed quality result"
+        return out
+    group = cfg.num_heads // cfg.num_kv_heads
+    h_kv = 1 if cfg.num_kv_heads == 1 else QUALITY_HEADS // group  # MQA: the model's h_kv = 1
+    if QUALITY_HEADS % group and cfg.num_kv_heads != 1:
+        out["quality_variant"] = f"no committed h_kv with {group} query heads per KV head"
+        return out
+    rows = _quality()
+    if h_kv != QUALITY_HEADS:
+        hit = rows.get(("stdlib", f"h_kv={h_kv} - MHA", ""))
+        if hit:
+            out.update(quality_variant=f"stdlib h_kv={h_kv} - MHA", **_delta("variant", hit))
+    else:
+        out.update(quality_variant="MHA (the baseline)", quality_variant_delta=0.0)
+    if cfg.kv_dtype == "fp8":
+        hit = rows.get(("stdlib", "fp8 cache - f32", f"h_kv={h_kv}"))
+        if hit:
+            out.update(quality_kv_dtype=f"stdlib fp8 cache - f32, h_kv={h_kv}",
+                       **_delta("kv_dtype", hit))  # fmt: skip
+    return out
+
+
+def _delta(kind: str, row: dict) -> dict:
+    return {f"quality_{kind}_delta": float(row["mean"]), f"quality_{kind}_low": float(row["low"]),
+            f"quality_{kind}_high": float(row["high"])}  # fmt: skip
+
+
+@lru_cache(maxsize=1)
+def _quality() -> dict:
+    import csv
+
+    with open(QUALITY) as f:
+        return {(r["family"], r["comparison"], r["condition"]): r for r in csv.DictReader(f)
+                if r["metric"] == "val_loss"}  # fmt: skip
