@@ -175,13 +175,28 @@ def test_cli_simulate_json_and_errors(tmp_path, capsys):
     assert out["requests_in"] == out["requests_out"] == 30
     for key in ("ttft_s", "itl_s", "e2e_s"):
         assert set(out[key]) == {"mean", "p50", "p90", "p99"}
-    # the pool as engines count it: 0.9 x 80 GB less the weights and the largest step, in
-    # pages of 16 tokens of 131,072 bytes (32 layers x 8 KV heads x 128 x 2 x 2 bytes)
+    # the pool as engines count it: 0.9 x 80 GB less the weights, the largest step and the
+    # engine's reserves, in pages of 16 tokens of 131,072 bytes (32 layers x 8 KV heads x 128
+    # x 2 x 2 bytes)
     assert out["kv_bytes_per_token"] == 32 * 8 * 128 * 2 * 2
-    free = 0.9 * 80e9 - out["weight_bytes"] - out["activation_bytes"]
+    free = 0.9 * 80e9 - out["weight_bytes"] - out["activation_bytes"] - out["reserve_bytes"]
     assert out["kv_pool_pages"] == int(free // (16 * 131072))
     assert out["kv_pool_tokens"] == 16 * out["kv_pool_pages"]
     assert out["goodput_requests_per_s"] <= out["requests_out"] / out["duration_s"]
+    assert main([*argv, "--json", "--disaggregate", "--price-per-chip-hour", "2"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    assert two["chips"] == 2 and two["requests_out"] == 30 and two["disaggregated"]
+    held = 2 * two["duration_s"]  # chip-seconds
+    assert two["energy_j_per_output_token"] == pytest.approx(700 * held / two["output_tokens"])
+    assert two["cost_per_million_output_tokens"] == pytest.approx(
+        2 * held / 3600 / two["output_tokens"] * 1e6
+    )
+    hybrid_argv = ["simulate", "--model", "tiny-falcon-h1", "--chip", "h100-sxm", "--rate",
+                   "5", "--requests", "5", "--prompt-len", "64", "--output-len", "4",
+                   "--json"]  # fmt: skip
+    assert main(hybrid_argv) == 0
+    hybrid = json.loads(capsys.readouterr().out)
+    assert "state layers" in hybrid["whole_prefill_reason"] and not hybrid["chunked_prefill"]
     path = tmp_path / "t.csv"
     path.write_text("arrival_s,prompt_len,output_len\n0,10,5\n1,-4,5\n")
     assert main([*argv, "--trace", str(path)]) == 2
@@ -260,3 +275,87 @@ def test_goodput_experiment_orders_the_variants_and_finds_the_knee(tmp_path):
     )
     written = make_figures(df.assign(experiment="serving_goodput"), tmp_path / "figs")
     assert "goodput.png" in {p.name for p in written}
+
+
+def test_the_pool_keeps_reserves_windows_and_states_off_its_pages():
+    """llama-3-8b on an H100: 0.9 x 80 GB less the weights, the largest step's activations and
+    vLLM's logged 0.69 GiB of CUDA graphs and non-torch memory, in pages of 16 x 131,072 B; a TPU
+    keeps no reserve. Mistral's sliding layers and Falcon-H1's states take a slot per request:
+    W = 4096 positions capped at the longest request (32 layers x 2,304 x 4,096 B), the states'
+    bytes of the closed form."""
+    from kvjax.analytic import Workload
+    from kvjax.analytic.hybrid import state_bytes
+    from kvjax.analytic.sizes import activation_bytes, weight_bytes
+    from kvjax.serving.memory import GIB, kv_pool
+
+    cfg, chip = get_model_config("llama-3-8b"), get_chip("h100-sxm")
+    pool = kv_pool(cfg, chip, 16, 2048, 8448)
+    act = activation_bytes(cfg, Workload("extend", 1, 8448, new_tokens=2048))
+    free = 0.9 * 80e9 - weight_bytes(cfg) - act - 0.69 * GIB
+    assert pool.pages == int(free // (16 * 32 * 2 * 8 * 128 * 2))
+    assert kv_pool(cfg, get_chip("tpu-v5p"), 16, 2048, 8448).reserve_bytes == 0
+    mistral = kv_pool(get_model_config("mistral-7b"), chip, 16, 2304, 2304, max_batch=4)
+    assert mistral.slot_bytes == 32 * 2304 * 2 * 8 * 128 * 2 and mistral.tokens == 4 * 2304
+    falcon = get_model_config("falcon-h1-7b")
+    assert kv_pool(falcon, chip, 16, 2304, 2304, max_batch=8).slot_bytes == state_bytes(falcon)
+    with pytest.raises(KvjaxError, match="lower --max-batch"):
+        kv_pool(get_model_config("mistral-7b"), chip, 16, 2304, 2304, max_batch=256)
+
+
+def test_a_hybrid_is_served_with_whole_prefills_and_its_mixers_per_request():
+    """Falcon-H1 (Mamba-2 heads beside attention): no closed-form extend for its state layers,
+    so its prompts are prefilled whole (the scheduler refuses a budget below a whole prompt);
+    each request's Mamba-2 scan is its own (prefill and decode forms differ), the projections
+    run once over the step's tokens."""
+    from kvjax.analytic import Workload, step_kernels
+    from kvjax.serving.memory import whole_prefill_reason
+    from kvjax.serving.scheduler import Scheduled
+    from kvjax.serving.step_time import ClosedFormStepTime
+
+    cfg, chip = get_model_config("tiny-falcon-h1"), get_chip("h100-sxm")
+    assert "state layers" in whole_prefill_reason(cfg)
+    assert whole_prefill_reason(get_model_config("llama-3-8b")) is None
+    model = ClosedFormStepTime(cfg, chip)
+    mixers = set(step_kernels(cfg, Workload("decode", 1, 64))) - model.shared
+    assert {kernels.SCORES, kernels.AV} < mixers and any(n.startswith("ssm/") for n in mixers)
+    r = Request(0, 0.0, 32, 4)
+    both = model([Scheduled(r, 1, 64), Scheduled(r, 32, 32)])
+    assert both == pytest.approx(
+        model._shared(33, 2) + model._request_s(1, 64) + model._request_s(32, 32), rel=1e-12
+    )
+    with pytest.raises(KvjaxError, match="extend"):
+        model([Scheduled(r, 16, 48)])
+    with pytest.raises(KvjaxError, match="raise the budget to 35"):
+        Scheduler(PagePool(64, 16), 4, 32, chunked_prefill=False).add(Request(7, 0.0, 32, 4))
+
+
+def test_disaggregation_by_hand_and_against_colocation():
+    """One request of 64 + 3 tokens, every step 1 s, its KV 0.5 s over the link: the prefill
+    instance samples the first token at 1.0, the decode instance starts at 1.5 and samples at
+    2.5 and 3.5. Under load (llama-3-8b on H100s, 8k prompts) no request is lost, the decode
+    instance's ITL P99 is its own steps' (no prefill chunk inside them), and the transfer is
+    prompt x 131,072 B over 450 GB/s."""
+    from kvjax.serving.disagg import kv_transfer_s, simulate_disaggregated
+    from kvjax.serving.memory import kv_pool
+    from kvjax.serving.step_time import ClosedFormStepTime
+
+    r = Request(0, 0.0, 64, 3)
+    simulate_disaggregated([r], Scheduler(PagePool(16, 16), 4, 128),
+                           Scheduler(PagePool(16, 16), 4, 128), lambda b: 1.0, lambda b: 1.0,
+                           lambda r: 0.5)  # fmt: skip
+    assert r.token_times == [1.0, 2.5, 3.5] and r.finish_s == 3.5
+    chip = get_chip("h100-sxm")
+    cfg = get_model_config("llama-3-8b", attention_kernel="flash")
+    step, pool = ClosedFormStepTime(cfg, chip), kv_pool(cfg, chip, 16, 2048, 8448)
+    move = kv_transfer_s(pool.bytes_per_token, chip.interconnect_bytes_per_s)
+    assert move(Request(1, 0.0, 8192, 2)) == pytest.approx(8192 * 131072 / 450e9)
+
+    def sched():
+        return Scheduler(PagePool(pool.pages, 16), 256, 2048)
+
+    apart = report(simulate_disaggregated(generate(100, 4.0, "8192", "64", 0), sched(), sched(),
+                                          step, step, move), 2.0, 0.05)  # fmt: skip
+    together = report(simulate(generate(100, 4.0, "8192", "64", 0), sched(), step), 2.0, 0.05)
+    assert apart["requests_in"] == apart["requests_out"] == 100
+    assert apart["itl_s"]["p99"] < 0.5 * together["itl_s"]["p99"]
+    assert apart["slo"]["met"] >= together["slo"]["met"]

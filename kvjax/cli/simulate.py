@@ -94,6 +94,26 @@ def add_parser(sub) -> None:
         metavar="S",
         help="goodput: a request's P99 inter-token latency at most S seconds",
     )
+    c = p.add_argument_group("cost and disaggregation")
+    c.add_argument(
+        "--price-per-chip-hour",
+        type=positive_float,
+        default=None,
+        metavar="USD",
+        help="cost per million output tokens at this price (energy: the chip's rated power)",
+    )
+    c.add_argument(
+        "--disaggregate",
+        action="store_true",
+        help="prefill on one chip, decode on another, the prompt's KV over the link between",
+    )
+    c.add_argument(
+        "--link-gb-per-s",
+        type=positive_float,
+        default=None,
+        help="the KV transfer's bandwidth, GB/s (default: the chip's interconnect)",
+    )
+    c.add_argument("--link-latency-us", type=float, default=0.0, help="per transfer (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -104,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
 
 def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.serving import load
-    from kvjax.serving.memory import kv_pool
+    from kvjax.serving.cost import energy_and_cost
+    from kvjax.serving.disagg import kv_transfer_s, simulate_disaggregated
+    from kvjax.serving.memory import kv_pool, whole_prefill_reason
     from kvjax.serving.pages import PagePool
     from kvjax.serving.scheduler import Scheduler
     from kvjax.serving.simulate import report, simulate
@@ -122,16 +144,42 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
             args.arrival_cv, args.prefix_len or 0, args.prefix_share if args.prefix_len else 0.0,
         )  # fmt: skip
     longest = max(r.prompt_len + r.output_len for r in requests)
-    pool = kv_pool(cfg, chip, args.page_size, args.token_budget, longest, args.memory_utilization)
-    sched = Scheduler(PagePool(pool.pages, pool.page_size), args.max_batch, args.token_budget,
-                      prefix_caching=not args.no_prefix_caching)  # fmt: skip
-    result = simulate(requests, sched, ClosedFormStepTime(cfg, chip))
+    # no closed-form extend for sliding-window or state layers: prompts prefilled whole (the
+    # budget raised to the longest request, as an engine without chunked prefill runs)
+    whole = whole_prefill_reason(cfg)
+    budget = max(args.token_budget, longest - 1) if whole else args.token_budget
+    pool = kv_pool(cfg, chip, args.page_size, budget, longest, args.memory_utilization,
+                   max_batch=args.max_batch)  # fmt: skip
+    sched = Scheduler(PagePool(pool.pages, pool.page_size), args.max_batch, budget,
+                      prefix_caching=not (args.no_prefix_caching or whole),
+                      chunked_prefill=not whole)  # fmt: skip
+    step = ClosedFormStepTime(cfg, chip)
+    chips = 1
+    if args.disaggregate:
+        link = args.link_gb_per_s * 1e9 if args.link_gb_per_s else chip.interconnect_bytes_per_s
+        if not link:
+            raise KvjaxError(
+                f"chip {chip.name!r} has no interconnect bandwidth; give --link-gb-per-s"
+            )
+        decode = Scheduler(PagePool(pool.pages, pool.page_size), args.max_batch, budget,
+                           prefix_caching=False, chunked_prefill=not whole)  # fmt: skip
+        move = kv_transfer_s(pool.bytes_per_token, link, args.link_latency_us * 1e-6)
+        result = simulate_disaggregated(requests, sched, decode, step, step, move)
+        chips = 2
+    else:
+        result = simulate(requests, sched, step)
     out = report(result, args.slo_ttft, args.slo_itl)
+    out.update(energy_and_cost(out["output_tokens"], out["duration_s"], chips, chip.power_watts,
+                               args.price_per_chip_hour))  # fmt: skip
+    out["disaggregated"] = bool(args.disaggregate)
     out.update(
         model=cfg.name, chip=chip.name, rate_requests_per_s=args.rate if not args.trace else None,
         kv_pool_tokens=pool.tokens, kv_pool_pages=pool.pages, page_size=pool.page_size,
         kv_bytes_per_token=pool.bytes_per_token, weight_bytes=pool.weight_bytes,
-        activation_bytes=pool.activation_bytes, step_time="closed form (sum of kernel bounds)",
+        activation_bytes=pool.activation_bytes, reserve_bytes=pool.reserve_bytes,
+        slot_bytes_per_request=pool.slot_bytes, token_budget=budget,
+        chunked_prefill=not whole, whole_prefill_reason=whole,
+        step_time="closed form (sum of kernel bounds)",
     )  # fmt: skip
     return out
 
@@ -147,6 +195,12 @@ def print_simulation(r: dict[str, Any]) -> None:
         f"[bold]{r['model']}[/bold] on {r['chip']} | KV cache: {r['kv_pool_tokens']:,} tokens "
         f"({r['kv_pool_pages']:,} pages of {r['page_size']}) | step time: {r['step_time']}"
     )
+    if r.get("slot_bytes_per_request"):
+        con.print(f"  each running request also holds {r['slot_bytes_per_request']:,} B of "
+                  "sliding windows and states (reserved for --max-batch requests)")  # fmt: skip
+    if r.get("whole_prefill_reason"):
+        con.print(f"  prompts prefilled whole (token budget {r['token_budget']:,}), no prefix "
+                  f"cache: {r['whole_prefill_reason']}")  # fmt: skip
     t = Table(title=f"{r['requests_out']:,} of {r['requests_in']:,} requests served")
     for col in ("", "mean", "P50", "P90", "P99"):
         t.add_column(col, justify="left" if not col else "right")
@@ -156,6 +210,15 @@ def print_simulation(r: dict[str, Any]) -> None:
         t.add_row(name, *("-" if s[k] is None else fmt_seconds(s[k])
                           for k in ("mean", "p50", "p90", "p99")))  # fmt: skip
     con.print(t)
+    if r.get("disaggregated"):
+        con.print("  disaggregated: prefill on one chip, decode on another (2 chips)")
+    if r.get("energy_j_per_output_token") is not None:
+        price = r.get("cost_per_million_output_tokens")
+        con.print(
+            f"  energy {r['energy_j_per_output_token']:.3g} J/output token ({r['chips']} x "
+            f"{r['power_watts']:g} W for the run)"
+            + ("" if price is None else f"; ${price:.3g} per million output tokens")
+        )
     slo = r["slo"]
     hit = "-" if r["prefix_hit_rate"] is None else f"{r['prefix_hit_rate']:.1%}"
     con.print(

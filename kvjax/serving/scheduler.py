@@ -39,6 +39,9 @@ class Request:
     token_times: list[float] = field(default_factory=list)  # when each output token came out
     preemptions: int = 0
     cached_tokens: int = 0  # prompt tokens found in the prefix cache (over all admissions)
+    # tokens whose KV arrived over a link (a disaggregated decode instance's request: its
+    # prompt's KV from the prefill instance); dropped by a preemption, which recomputes them
+    transferred: int = 0
     finish_s: float | None = None
 
     def __post_init__(self):
@@ -100,6 +103,13 @@ class Scheduler:
         """A request the pool could never hold is refused by name."""
         # its KV at the end: the prompt and all outputs but the last (never computed)
         need = self.pool.pages_for(request.prompt_len + request.output_len - 1)
+        longest = request.prompt_len + request.output_len - 1  # a recompute after preemption
+        if not self.chunked_prefill and longest > self.token_budget:
+            raise KvjaxError(
+                f"request {request.id}: {request.prompt_len} + {request.output_len} tokens may be "
+                f"prefilled whole ({longest} after a preemption) but token_budget="
+                f"{self.token_budget} without chunked prefill: raise the budget to {longest}"
+            )
         if need > self.pool.num_pages:
             raise KvjaxError(
                 f"request {request.id}: {request.prompt_len} + {request.output_len} tokens need "
@@ -120,7 +130,7 @@ class Scheduler:
 
     def _preempt(self, r: Request) -> None:
         self.pool.release(r.pages)
-        r.pages, r.computed = [], 0
+        r.pages, r.computed, r.transferred = [], 0, 0
         r.preemptions += 1
         self.preemptions += 1
         self.running.remove(r)
@@ -167,13 +177,13 @@ class Scheduler:
             self.pool.lookups += len(hashes)
             self.pool.hits += len(hit)
         self.pool.take(hit)
-        r.pages, r.computed = list(hit), len(hit) * self.pool.page_size
+        r.pages, r.computed = list(hit), max(len(hit) * self.pool.page_size, r.transferred)
         tokens = min(r.known - r.computed, budget)
         if not self._grow(r, tokens):
             self.pool.release(r.pages)
             r.pages, r.computed = [], 0
             return False
-        r.cached_tokens += r.computed
+        r.cached_tokens += len(hit) * self.pool.page_size
         return True
 
     def finish_step(self, batch: list[Scheduled], now_s: float) -> list[Request]:

@@ -36,20 +36,21 @@ def workload_of(tokens: int, context: int) -> Workload:
 
 class ClosedFormStepTime:
     def __init__(self, cfg: ModelConfig, chip: ChipSpec):
-        if cfg.is_hybrid:
-            raise KvjaxError(
-                f"{cfg.name}: the closed form has no extend step for state layers, which chunked "
-                "prefill needs; simulate a model without them"
-            )
         self.cfg, self.chip = cfg, chip
         self.peak, self.bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
         # shared: a decode's kernels whose cost does not move with the context; every other
         # kernel (attention, flash-decoding's combine, MLA's expansion of the cached latents in
-        # an extend) is the request's own
+        # an extend, a state layer's mixer: its scan differs in prefill and decode) is the
+        # request's own
         a, b = (step_kernels(cfg, Workload("decode", 1, s), chip) for s in (64, 4096))
         self.shared = {
             n for n in a if n in b and (a[n].flops, a[n].bytes) == (b[n].flops, b[n].bytes)
         }
+        if cfg.is_hybrid:
+            from kvjax.analytic.hybrid import mixer_kernels
+
+            for kind in set(cfg.layer_kinds) - {"A"}:
+                self.shared -= {k.name for k in mixer_kernels(cfg, Workload("decode", 1, 64), kind)}
         self._shared = lru_cache(maxsize=None)(self._shared_s)
         self._request = lru_cache(maxsize=1 << 16)(self._request_s)
 
