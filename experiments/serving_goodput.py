@@ -3,6 +3,9 @@
 recompute) on a chip whose steps take the closed form's bound, for each attention variant of
 the model (MHA, GQA, MQA, MLA) at the point's KV dtype.
 
+`options.prefix_len` tokens of a shared system prompt begin a fraction `options.prefix_share` of
+the prompts (their pages found in the prefix cache; the other prompts have as many tokens of their
+own, so every prompt is prefix_len + prompt_len long), and `options.page_size` sets the pages.
 Per variant, one record per arrival rate of `options.rates` (Poisson arrivals, the same seed: the
 same requests, their gaps scaled) with TTFT/ITL percentiles, throughput, goodput, preemptions,
 energy and cost per output token; and one record at the knee: the largest rate at which at least
@@ -24,6 +27,7 @@ from kvjax.analytic.variants import variant_configs
 from kvjax.errors import KvjaxError
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
+from kvjax.runs.options import Option
 from kvjax.serving import load
 from kvjax.serving.cost import energy_and_cost
 from kvjax.serving.memory import kv_pool
@@ -44,6 +48,11 @@ OPTIONS = {
     "max_batch": o.POSITIVE_INT,
     "token_budget": o.POSITIVE_INT,
     "page_size": o.POSITIVE_INT,
+    "prefix_len": o.NONNEGATIVE_INT,
+    "prefix_share": Option(
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1,
+        "a number in [0, 1]",
+    ),
     "price_per_chip_hour": o.POSITIVE,
     "variants": o.BOOLEAN,
     "seed": o.NONNEGATIVE_INT,
@@ -57,6 +66,7 @@ def run_point(point) -> list[dict]:
     opt = {"rates": [0.5, 1, 2, 4], "requests": 200, "prompt_len": 8192, "output_len": 256,
            "slo_ttft_s": 2.0, "slo_itl_s": 0.05, "attainment": 0.9, "knee_rtol": 0.02,
            "max_batch": 256, "token_budget": 2048, "page_size": 16, "price_per_chip_hour": None,
+           "prefix_len": 0, "prefix_share": 0.0,
            "variants": True, "seed": 0, **point.options}  # fmt: skip
     if opt["variants"]:
         curves = [(label, v) for label, _, v, _ in variant_configs(cfg) if v is not None]
@@ -70,7 +80,10 @@ def run_point(point) -> list[dict]:
             "kv_dtype": variant.kv_dtype, "attention_kernel": variant.attention_kernel,
             "chip": chip.name, "prompt_len": opt["prompt_len"], "output_len": opt["output_len"],
             "requests": opt["requests"], "slo_ttft_s": opt["slo_ttft_s"],
-            "slo_itl_s": opt["slo_itl_s"], "source": "closed form (simulated)",
+            "slo_itl_s": opt["slo_itl_s"], "page_size": opt["page_size"],
+            "prefix_len": opt["prefix_len"], "prefix_share": opt["prefix_share"],
+            "variants_compared": bool(opt["variants"]),
+            "source": "closed form (simulated)",
             **quality_cost(variant),
         }  # fmt: skip
         for rate in opt["rates"]:
@@ -82,13 +95,17 @@ def run_point(point) -> list[dict]:
 
 def _runner(cfg, chip, opt):
     step = ClosedFormStepTime(cfg, chip)
-    longest = opt["prompt_len"] + opt["output_len"]
+    longest = opt["prompt_len"] + opt.get("prefix_len", 0) + opt["output_len"]
     pool = kv_pool(cfg, chip, opt["page_size"], opt["token_budget"], longest)
 
     @cache
     def run(rate: float) -> dict:
         reqs = load.generate(opt["requests"], rate, str(opt["prompt_len"]),
-                             str(opt["output_len"]), opt["seed"])  # fmt: skip
+                             str(opt["output_len"]), opt["seed"], 1.0, opt.get("prefix_len", 0),
+                             opt.get("prefix_share", 0.0))  # fmt: skip
+        for r in reqs:  # every prompt equally long: the others' first tokens are their own
+            if r.prefix_id is None:
+                r.prompt_len += opt.get("prefix_len", 0)
         sched = Scheduler(PagePool(pool.pages, pool.page_size), opt["max_batch"],
                           opt["token_budget"])  # fmt: skip
         r = report(simulate(reqs, sched, step), opt["slo_ttft_s"], opt["slo_itl_s"])
@@ -101,7 +118,7 @@ def _runner(cfg, chip, opt):
             **{f"ttft_{k}_s": r["ttft_s"][k] for k in ("p50", "p90", "p99")},
             **{f"itl_{k}_s": r["itl_s"][k] for k in ("p50", "p90", "p99")},
             "preemptions": r["preemptions"], "kv_pool_tokens": pool.tokens,
-            "requests_out": r["requests_out"],
+            "requests_out": r["requests_out"], "prefix_hit_rate": r["prefix_hit_rate"],
             "energy_j_per_output_token": cost["energy_j_per_output_token"],
             "cost_per_million_output_tokens": cost["cost_per_million_output_tokens"],
         }  # fmt: skip

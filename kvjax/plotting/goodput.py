@@ -29,6 +29,8 @@ def _quality(row) -> str:
 
 def goodput(records: pd.DataFrame, fig) -> bool | None:
     df = records[records.experiment == "serving_goodput"]
+    if "variants_compared" in df:  # the variants' comparison (a prefix sweep is one variant's)
+        df = df[df.variants_compared.fillna(True).astype(bool)]
     if df.empty:
         return False
     df = df.assign(knee=df.knee.astype(bool))
