@@ -5,7 +5,9 @@ against the real engine (`kvjax.measured.engine`) on the same small model, arriv
         [--prompt-len uniform:64:256] [--output-len uniform:32:64] [--out FILE]
 
 One engine (one compile) serves every run:
-1. saturation: every request at t = 0 (seed 1); the engine's requests/s and tokens/s;
+1. saturation: every request at t = 0 (seed 1), three times; the median run's requests/s and
+   tokens/s (another process may share the cores: the 1-minute load average is recorded around
+   every run);
 2. calibration: two runs on other seeds (101 at t = 0, 102 Poisson at 60% of saturation) and a
    sweep whose prompts are each chunk bucket long (every compiled shape measured), whose
    measured steps (batch composition and wall seconds) fit `kvjax.serving.fitted.FittedStepTime`
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import sys
 import time
@@ -36,6 +39,9 @@ from kvjax.serving.simulate import report, simulate
 
 BOUNDS = {"p50": 0.15, "p90": 0.25, "saturation": 0.15}
 LOADS = (0.3, 0.6, 0.9)
+DIMS = {"layers": "num_layers", "d-model": "d_model", "heads": "num_heads",
+        "kv-heads": "num_kv_heads", "head-dim": "head_dim", "d-ff": "d_ff",
+        "vocab": "vocab_size"}  # fmt: skip
 
 
 def _requests(n, rate, prompt, output, seed):
@@ -71,28 +77,36 @@ def _compare(engine_rep: dict, sim_rep: dict) -> dict:
     return out
 
 
-def run(model: str, n: int, prompt: str, output: str, max_batch: int, max_len: int,
-        token_budget: int, page_size: int) -> dict:  # fmt: skip
+def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch: int, max_len: int,
+        token_budget: int, page_size: int, saturation_runs: int = 3) -> dict:  # fmt: skip
     import jax
 
     from kvjax.measured.engine import Engine
     from kvjax.measured.timing import device_name
 
-    cfg = get_model_config(model)
+    cfg = get_model_config(model, **overrides)
+    if overrides:
+        cfg = cfg.replace(name=f"{model}-" + "-".join(f"{k}{v}" for k, v in overrides.items()))
     eng = Engine(cfg, max_batch, max_len, token_budget, page_size)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"{cfg.name}: compiled {eng.compilations} shapes in {eng.warmup_s:.1f} s")
 
+    loads = []  # the machine's load average around each run: another process shares the cores
+
     def serve(reqs, what):
-        start = time.perf_counter()
+        start, before = time.perf_counter(), os.getloadavg()[0]
         res = eng.serve(reqs)
         rep = report(res)
+        loads.append({"run": what, "loadavg_1min_before": before,
+                      "loadavg_1min_after": os.getloadavg()[0]})  # fmt: skip
         log(f"  {what}: {res.steps} steps, {time.perf_counter() - start:.1f} s, "
-            f"{rep['throughput_tokens_per_s']:.0f} tokens/s")  # fmt: skip
+            f"{rep['throughput_tokens_per_s']:.0f} tokens/s, load {before:.1f}")  # fmt: skip
         return res, rep
 
-    # 1. saturation
-    sat_res, sat_rep = serve(_requests(n, None, prompt, output, 1), "saturation")
+    # 1. saturation: the median of repeated runs (the machine's speed moves between runs)
+    sats = [serve(_requests(n, None, prompt, output, 1), f"saturation {k + 1}")[1]
+            for k in range(saturation_runs)]  # fmt: skip
+    sat_rep = sorted(sats, key=lambda r: r["throughput_tokens_per_s"])[len(sats) // 2]
     sat_rps = n / sat_rep["duration_s"]
     # 2. calibration on other seeds
     calib = [
@@ -157,6 +171,7 @@ def run(model: str, n: int, prompt: str, output: str, max_batch: int, max_len: i
         "saturation": {
             "engine_requests_per_s": sat_rps,
             "engine_tokens_per_s": sat_rep["throughput_tokens_per_s"],
+            "engine_tokens_per_s_runs": [r["throughput_tokens_per_s"] for r in sats],
             "simulated_requests_per_s": n / sim_sat["duration_s"],
             "simulated_tokens_per_s": sim_sat["throughput_tokens_per_s"],
             "relative_error": sat_err,
@@ -173,6 +188,7 @@ def run(model: str, n: int, prompt: str, output: str, max_batch: int, max_len: i
             "total_relative_error": fit.total_relative_error,
         },  # fmt: skip
         "points": points,
+        "machine_load": loads,
         "all_within_bounds": within and abs(sat_err) <= BOUNDS["saturation"],
     }
 
@@ -180,6 +196,8 @@ def run(model: str, n: int, prompt: str, output: str, max_batch: int, max_len: i
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-gqa")
+    for flag, field in DIMS.items():
+        parser.add_argument(f"--{flag}", type=int, default=None, help=f"override {field}")
     parser.add_argument("--requests", type=int, default=150)
     parser.add_argument("--prompt-len", default="uniform:64:256")
     parser.add_argument("--output-len", default="uniform:32:64")
@@ -191,8 +209,10 @@ def main(argv=None) -> None:
         "--out", type=Path, default=Path("experiments/results/serving_engine_vs_sim.json")
     )
     args = parser.parse_args(argv)
-    result = run(args.model, args.requests, args.prompt_len, args.output_len, args.max_batch,
-                 args.max_len, args.token_budget, args.page_size)  # fmt: skip
+    given = {f: getattr(args, k.replace("-", "_")) for k, f in DIMS.items()}
+    overrides = {f: v for f, v in given.items() if v is not None}
+    result = run(args.model, overrides, args.requests, args.prompt_len, args.output_len,
+                 args.max_batch, args.max_len, args.token_budget, args.page_size)  # fmt: skip
     write_json_atomic(args.out, result)
     s = result["saturation"]
     name = result["model"]["name"]
