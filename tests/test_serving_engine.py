@@ -93,6 +93,13 @@ def test_the_fit_recovers_known_coefficients():
         assert model.coefficients_s[name] == pytest.approx(true[name], abs=1e-9), name
     assert fit.median_relative_error < 1e-9 and abs(fit.total_relative_error) < 1e-9
     assert model([(1, 9), (1, 30), (5, 12)]) == pytest.approx(3e-4 + 1.1e-3 + 2 * 7e-5 + 3.1e-3)
+    assert fit.spread == pytest.approx([1.0] * len(batches), abs=1e-9)
+    # with a spread: the fitted mean times one of the ratios, drawn at random (seeded)
+    twice = FittedStepTime(true, buckets, spread=[0.5, 2.0], seed=3)
+    draws = [twice([(1, 9)]) / known([(1, 9)]) for _ in range(40)]
+    assert set(np.round(draws, 9)) == {0.5, 2.0}
+    again = FittedStepTime(true, buckets, spread=[0.5, 2.0], seed=3)
+    assert [again([(1, 9)]) / known([(1, 9)]) for _ in range(40)] == pytest.approx(draws)
     with pytest.raises(KvjaxError, match="needs at least 14 measured steps; got 3"):
         FittedStepTime.fit([(b, known(b)) for b in batches[:3]], buckets)
     no_16 = [b for b in batches if all(t <= 8 for t, _ in b)]

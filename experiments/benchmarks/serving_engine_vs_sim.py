@@ -115,7 +115,9 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
         serve(_bucket_sweep(eng.buckets), "calibration over the buckets")[0],
     ]
     steps = [(s.batch, s.wall_s) for r in calib for s in r.measured]
-    fitted, fit = FittedStepTime.fit(steps, eng.buckets)
+    mean_model, fit = FittedStepTime.fit(steps, eng.buckets)
+    # each simulated step: the fitted mean times a measured/fitted ratio of a calibration step
+    fitted = FittedStepTime(mean_model.coefficients_s, eng.buckets, spread=fit.spread, seed=0)
     log(f"  fit on {fit.steps} steps: median relative error {fit.median_relative_error:.1%}, "
         f"total {fit.total_relative_error:+.1%}")  # fmt: skip
 

@@ -75,12 +75,18 @@ class FitReport:
     median_relative_error: float  # |predicted - measured| / measured, per step
     mean_relative_error: float
     total_relative_error: float  # sum(predicted) / sum(measured) - 1: the busy time's error
+    spread: tuple[float, ...]  # measured / predicted, per step: the machine's own variation
 
 
 class FittedStepTime:
-    """seconds = features(batch) . coefficients (all >= 0)."""
+    """seconds = features(batch) . coefficients (all >= 0); with `spread` (the fit's
+    measured / predicted ratios), times one of them drawn at random (seeded) for each step: the
+    steps of a machine that does not run a step in the same time twice (another process on its
+    cores, its memory's modes), so a simulated percentile above the median sees that spread
+    as the engine's does. Without it, every step takes the fit's mean time."""
 
-    def __init__(self, coefficients_s: dict[str, float], buckets: Sequence[int]):
+    def __init__(self, coefficients_s: dict[str, float], buckets: Sequence[int],
+                 spread: Sequence[float] | None = None, seed: int = 0):  # fmt: skip
         names = feature_names(buckets)
         missing = [f for f in names if f not in coefficients_s]
         if missing:
@@ -90,9 +96,16 @@ class FittedStepTime:
         self.coefficients_s = {f: float(coefficients_s[f]) for f in names}
         self.buckets = tuple(buckets)
         self._w = np.array([self.coefficients_s[f] for f in names])
+        self.spread = None if spread is None else np.asarray(spread, dtype=float)
+        if self.spread is not None and not (self.spread.size and np.all(self.spread > 0)):
+            raise KvjaxError("spread must hold ratios > 0")
+        self._rng = np.random.default_rng(seed)
 
     def __call__(self, batch) -> float:
-        return float(features(batch, self.buckets) @ self._w)
+        mean_s = float(features(batch, self.buckets) @ self._w)
+        if self.spread is None:
+            return mean_s
+        return mean_s * float(self.spread[self._rng.integers(self.spread.size)])
 
     @classmethod
     def fit(
@@ -130,6 +143,6 @@ class FittedStepTime:
         rel = np.abs(pred - y) / y
         report = FitReport(
             len(steps), dict(model.coefficients_s), float(np.median(rel)), float(rel.mean()),
-            float(pred.sum() / y.sum() - 1),
+            float(pred.sum() / y.sum() - 1), tuple((y[pred > 0] / pred[pred > 0]).tolist()),
         )  # fmt: skip
         return model, report
