@@ -4,17 +4,20 @@ against the real engine (`kvjax.measured.engine`) on the same small model, arriv
     python3 -m experiments.benchmarks.serving_engine_vs_sim [--model tiny-gqa] [--requests 150]
         [--prompt-len uniform:64:256] [--output-len uniform:32:64] [--out FILE]
 
-One engine (one compile) serves every run:
-1. saturation: every request at t = 0 (seed 1), three times; the median run's requests/s and
-   tokens/s (another process may share the cores: the 1-minute load average is recorded around
-   every run);
-2. calibration: two runs on other seeds (101 at t = 0, 102 Poisson at 60% of saturation) and a
-   sweep whose prompts are each chunk bucket long (every compiled shape measured), whose
-   measured steps (batch composition and wall seconds) fit `kvjax.serving.fitted.FittedStepTime`
-   by non-negative least squares; the compared runs below are never fitted on;
-3. Poisson arrivals (seed 0) at 30%, 60% and 90% of the measured saturation rate, served by the
-   engine and simulated with the fitted model on the same requests (same arrivals and lengths);
-   the saturation run is simulated too.
+One engine (one compile) serves every run. The machine is shared (another process may take a
+core) and its speed moves between runs by tens of percent, so the runs are interleaved in rounds
+(the house style of kvjax's measured sweeps) and medians compared:
+1. saturation: every request at t = 0 (seed 1), three runs; their median requests/s fixes the
+   compared rates, 30%, 60% and 90% of it;
+2. a calibration sweep whose prompts are each chunk bucket long (every compiled shape measured);
+3. `--rounds` rounds, each: two calibration runs on their own seeds (t = 0, and Poisson at 60%),
+   the compared runs (Poisson, seed 0: the same requests every round) at the three rates, and a
+   saturation run (seed 1);
+4. `kvjax.serving.fitted.FittedStepTime` fitted (non-negative least squares) on the calibration
+   runs' measured steps only; each simulated step is the fitted mean times one calibration step's
+   measured/fitted ratio, drawn at random, over as many seeds as rounds;
+5. per rate (and at saturation), each engine metric's median over the rounds against the
+   simulated median, on the same requests (same arrivals and lengths).
 The bounds (issue 41): TTFT and ITL P50 within 15%, P90 within 25%, saturation throughput within
 15% (simulated / measured - 1). f32 on CPU (DESIGN.md). One JSON with every number, the command,
 the jax version, the backend and device, and the date.
@@ -29,6 +32,8 @@ import platform
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from kvjax.files import write_json_atomic
 from kvjax.model.config import get_model_config
@@ -60,15 +65,26 @@ def _bucket_sweep(buckets, output_len: int = 8, each: int = 3, gap_s: float = 0.
     return [Request(i, i * gap_s, p, output_len) for i, p in enumerate(lens)]
 
 
-def _latencies(rep: dict) -> dict:
-    return {k: {q: rep[k][q] for q in ("mean", "p50", "p90", "p99")} for k in ("ttft_s", "itl_s")}
+METRICS = ("ttft_s", "itl_s")
 
 
-def _compare(engine_rep: dict, sim_rep: dict) -> dict:
+def _metrics(rep: dict) -> dict:
+    out = {f"{k}_{q}": rep[k][q] for k in METRICS for q in ("mean", "p50", "p90", "p99")}
+    out["throughput_tokens_per_s"] = rep["throughput_tokens_per_s"]
+    out["requests_per_s"] = rep["requests_out"] / rep["duration_s"]
+    return out
+
+
+def _median(reps: list[dict]) -> dict:
+    """Each metric's median over repeated runs (engine rounds, or simulations' seeds)."""
+    return {k: float(np.median([r[k] for r in reps])) for k in reps[0]}
+
+
+def _compare(engine: dict, sim: dict) -> dict:
     out = {}
-    for k in ("ttft_s", "itl_s"):
+    for k in METRICS:
         for q in ("p50", "p90"):
-            e, s = engine_rep[k][q], sim_rep[k][q]
+            e, s = engine[f"{k}_{q}"], sim[f"{k}_{q}"]
             err = s / e - 1
             out[f"{k[:-2]}_{q}"] = {
                 "engine_s": e, "simulated_s": s, "relative_error": err, "bound": BOUNDS[q],
@@ -77,8 +93,8 @@ def _compare(engine_rep: dict, sim_rep: dict) -> dict:
     return out
 
 
-def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch: int, max_len: int,
-        token_budget: int, page_size: int, saturation_runs: int = 3) -> dict:  # fmt: skip
+def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch: int,
+        max_len: int, token_budget: int, page_size: int, rounds: int = 3) -> dict:  # fmt: skip
     import jax
 
     from kvjax.measured.engine import Engine
@@ -90,57 +106,62 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
     eng = Engine(cfg, max_batch, max_len, token_budget, page_size)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"{cfg.name}: compiled {eng.compilations} shapes in {eng.warmup_s:.1f} s")
-
     loads = []  # the machine's load average around each run: another process shares the cores
+    compiled = 0
 
     def serve(reqs, what):
+        nonlocal compiled
         start, before = time.perf_counter(), os.getloadavg()[0]
         res = eng.serve(reqs)
         rep = report(res)
+        compiled += res.compilations_after_warmup
         loads.append({"run": what, "loadavg_1min_before": before,
-                      "loadavg_1min_after": os.getloadavg()[0]})  # fmt: skip
+                      "loadavg_1min_after": os.getloadavg()[0],
+                      "throughput_tokens_per_s": rep["throughput_tokens_per_s"]})  # fmt: skip
         log(f"  {what}: {res.steps} steps, {time.perf_counter() - start:.1f} s, "
             f"{rep['throughput_tokens_per_s']:.0f} tokens/s, load {before:.1f}")  # fmt: skip
         return res, rep
 
-    # 1. saturation: the median of repeated runs (the machine's speed moves between runs)
-    sats = [serve(_requests(n, None, prompt, output, 1), f"saturation {k + 1}")[1]
-            for k in range(saturation_runs)]  # fmt: skip
-    sat_rep = sorted(sats, key=lambda r: r["throughput_tokens_per_s"])[len(sats) // 2]
-    sat_rps = n / sat_rep["duration_s"]
-    # 2. calibration on other seeds
-    calib = [
-        serve(_requests(n, None, prompt, output, 101), "calibration at t = 0")[0],
-        serve(_requests(n, 0.6 * sat_rps, prompt, output, 102), "calibration at 60%")[0],
-        serve(_bucket_sweep(eng.buckets), "calibration over the buckets")[0],
-    ]
+    # 1. saturation, which fixes the compared rates: the median of three runs
+    sats = [_metrics(serve(_requests(n, None, prompt, output, 1), "saturation")[1])
+            for _ in range(3)]  # fmt: skip
+    sat_rps = _median(sats)["requests_per_s"]
+    rates = {load: load * sat_rps for load in LOADS}
+    # 2. rounds: calibration runs (their own seeds) beside the compared runs and saturation, so
+    # the fit and the engine's medians see the machine over the same minutes
+    calib = [serve(_bucket_sweep(eng.buckets), "calibration over the buckets")[0]]
+    engine_runs: dict[object, list[dict]] = {load: [] for load in (*LOADS, "saturation")}
+    for k in range(rounds):
+        calib.append(serve(_requests(n, None, prompt, output, 101 + 2 * k),
+                           f"round {k + 1}: calibration at t = 0")[0])  # fmt: skip
+        calib.append(serve(_requests(n, rates[0.6], prompt, output, 102 + 2 * k),
+                           f"round {k + 1}: calibration at 60%")[0])  # fmt: skip
+        for load, rate in rates.items():
+            rep = serve(_requests(n, rate, prompt, output, 0), f"round {k + 1}: {load:.0%}")[1]
+            engine_runs[load].append(_metrics(rep))
+        rep = serve(_requests(n, None, prompt, output, 1), f"round {k + 1}: saturation")[1]
+        engine_runs["saturation"].append(_metrics(rep))
     steps = [(s.batch, s.wall_s) for r in calib for s in r.measured]
     mean_model, fit = FittedStepTime.fit(steps, eng.buckets)
-    # each simulated step: the fitted mean times a measured/fitted ratio of a calibration step
-    fitted = FittedStepTime(mean_model.coefficients_s, eng.buckets, spread=fit.spread, seed=0)
     log(f"  fit on {fit.steps} steps: median relative error {fit.median_relative_error:.1%}, "
         f"total {fit.total_relative_error:+.1%}")  # fmt: skip
 
     def sim(rate, seed):
-        return report(simulate(_requests(n, rate, prompt, output, seed), eng.scheduler(), fitted))
+        """The fitted mean times a calibration step's measured/fitted ratio, drawn (seeded)."""
+        model = FittedStepTime(mean_model.coefficients_s, eng.buckets, fit.spread, seed)
+        reqs = _requests(n, rate, prompt, output, 1 if rate is None else 0)
+        return _metrics(report(simulate(reqs, eng.scheduler(), model)))
 
-    sim_sat = sim(None, 1)
-    sat_err = sim_sat["throughput_tokens_per_s"] / sat_rep["throughput_tokens_per_s"] - 1
     points = []
-    for load in LOADS:
-        rate = load * sat_rps
-        res, rep = serve(_requests(n, rate, prompt, output, 0), f"{load:.0%} of saturation")
-        s = sim(rate, 0)
-        points.append({
-            "load": load, "rate_requests_per_s": rate,
-            "engine": {**_latencies(rep), "throughput_tokens_per_s": rep["throughput_tokens_per_s"],
-                       "steps": rep["steps"], "busy_fraction": rep["busy_fraction"],
-                       "preemptions": rep["preemptions"],
-                       "compilations_after_warmup": res.compilations_after_warmup},
-            "simulated": {**_latencies(s), "throughput_tokens_per_s": s["throughput_tokens_per_s"],
-                          "steps": s["steps"], "busy_fraction": s["busy_fraction"]},
-            "comparison": _compare(rep, s),
-        })  # fmt: skip
+    for load in (*LOADS, "saturation"):
+        e = _median(engine_runs[load])
+        s = _median([sim(rates.get(load), seed) for seed in range(rounds)])
+        points.append({"load": load, "rate_requests_per_s": rates.get(load),
+                       "engine": e, "engine_rounds": engine_runs[load], "simulated": s,
+                       "comparison": _compare(e, s)})  # fmt: skip
+    sat = points.pop()
+    sat_err = sat["simulated"]["throughput_tokens_per_s"] / sat["engine"][
+        "throughput_tokens_per_s"] - 1  # fmt: skip
     within = all(c["within"] for p in points for c in p["comparison"].values())
     return {
         "benchmark": "serving_engine_vs_sim",
@@ -162,25 +183,32 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
             "prefix_caching": False,
             "compilations_at_warmup": eng.compilations,
             "warmup_s": eng.warmup_s,
+            "compilations_after_warmup": compiled,
         },  # fmt: skip
         "load": {
             "requests": n,
             "prompt_len": prompt,
             "output_len": output,
-            "arrivals": "Poisson, seed 0 (compared); saturation seed 1; calibration seeds "
-            "101 (t = 0) and 102 (Poisson at 60%), and the bucket sweep",
+            "rounds": rounds,
+            "arrivals": "compared: Poisson, seed 0, the same requests every round; saturation: "
+            "seed 1, all at t = 0; calibration: seeds 101 + 2k (t = 0) and 102 + 2k (Poisson at "
+            "60%) in round k, and the bucket sweep; engine numbers are medians over the rounds, "
+            "simulated ones medians over as many seeds of the spread",
         },  # fmt: skip
         "saturation": {
-            "engine_requests_per_s": sat_rps,
-            "engine_tokens_per_s": sat_rep["throughput_tokens_per_s"],
-            "engine_tokens_per_s_runs": [r["throughput_tokens_per_s"] for r in sats],
-            "simulated_requests_per_s": n / sim_sat["duration_s"],
-            "simulated_tokens_per_s": sim_sat["throughput_tokens_per_s"],
+            "engine_requests_per_s_fixing_the_rates": sat_rps,
+            "engine_first_runs": sats,
+            "engine_requests_per_s": sat["engine"]["requests_per_s"],
+            "engine_tokens_per_s": sat["engine"]["throughput_tokens_per_s"],
+            "simulated_requests_per_s": sat["simulated"]["requests_per_s"],
+            "simulated_tokens_per_s": sat["simulated"]["throughput_tokens_per_s"],
             "relative_error": sat_err,
             "bound": BOUNDS["saturation"],
             "within": abs(sat_err) <= BOUNDS["saturation"],
-            "engine": _latencies(sat_rep),
-            "simulated": _latencies(sim_sat),
+            "engine": sat["engine"],
+            "engine_rounds": sat["engine_rounds"],
+            "simulated": sat["simulated"],
+            "latencies": sat["comparison"],
         },  # fmt: skip
         "fit": {
             "steps": fit.steps,
@@ -188,6 +216,7 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
             "median_relative_error": fit.median_relative_error,
             "mean_relative_error": fit.mean_relative_error,
             "total_relative_error": fit.total_relative_error,
+            "spread_p10_p50_p90": [float(x) for x in np.percentile(fit.spread, [10, 50, 90])],
         },  # fmt: skip
         "points": points,
         "machine_load": loads,
@@ -207,6 +236,7 @@ def main(argv=None) -> None:
     parser.add_argument("--max-len", type=int, default=320)
     parser.add_argument("--token-budget", type=int, default=256)
     parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--out", type=Path, default=Path("experiments/results/serving_engine_vs_sim.json")
     )
@@ -214,7 +244,8 @@ def main(argv=None) -> None:
     given = {f: getattr(args, k.replace("-", "_")) for k, f in DIMS.items()}
     overrides = {f: v for f, v in given.items() if v is not None}
     result = run(args.model, overrides, args.requests, args.prompt_len, args.output_len,
-                 args.max_batch, args.max_len, args.token_budget, args.page_size)  # fmt: skip
+                 args.max_batch, args.max_len, args.token_budget, args.page_size,
+                 args.rounds)  # fmt: skip
     write_json_atomic(args.out, result)
     s = result["saturation"]
     name = result["model"]["name"]
