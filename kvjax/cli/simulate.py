@@ -29,16 +29,55 @@ def add_parser(sub) -> None:
     )
     add_model_args(p)
     add_chip_args(p)
+    add_load_args(p)
+    s = add_engine_args(p)
+    s.add_argument(
+        "--memory-utilization",
+        type=positive_float,
+        default=0.9,
+        help="share of the chip's memory the engine takes (default 0.9)",
+    )
+    s.add_argument("--no-prefix-caching", action="store_true")
+    c = p.add_argument_group("cost and disaggregation")
+    c.add_argument(
+        "--price-per-chip-hour",
+        type=positive_float,
+        default=None,
+        metavar="USD",
+        help="cost per million output tokens at this price (energy: the chip's rated power)",
+    )
+    c.add_argument(
+        "--disaggregate",
+        action="store_true",
+        help="prefill on one chip, decode on another, the prompt's KV over the link between",
+    )
+    c.add_argument(
+        "--link-gb-per-s",
+        type=positive_float,
+        default=None,
+        help="the KV transfer's bandwidth, GB/s (default: the chip's interconnect)",
+    )
+    c.add_argument("--link-latency-us", type=float, default=0.0, help="per transfer (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def add_load_args(p, requests: int = 200, prompt: str = "1024", output: str = "256") -> None:
+    """The load both clocks serve (`kvjax simulate`, `kvjax serve`): arrivals and lengths."""
     g = p.add_argument_group("load")
     g.add_argument("--rate", type=positive_float, required=True, help="requests per second")
-    g.add_argument("--requests", type=positive_int, default=200, help="how many (default 200)")
+    g.add_argument(
+        "--requests", type=positive_int, default=requests, help=f"how many (default {requests})"
+    )
     g.add_argument(
         "--prompt-len",
-        default="1024",
+        default=prompt,
         metavar="L",
-        help="512, uniform:LO:HI or lognormal:MEDIAN:SIGMA (default 1024)",
+        help=f"512, uniform:LO:HI or lognormal:MEDIAN:SIGMA (default {prompt})",
     )
-    g.add_argument("--output-len", default="256", metavar="L", help="as --prompt-len (default 256)")
+    g.add_argument(
+        "--output-len", default=output, metavar="L", help=f"as --prompt-len (default {output})"
+    )
     g.add_argument(
         "--arrival-cv",
         type=positive_float,
@@ -64,22 +103,24 @@ def add_parser(sub) -> None:
         help="arrival_s,prompt_len,output_len per request, instead of the above",
     )
     g.add_argument("--seed", type=int, default=0)
+
+
+def add_engine_args(p, max_batch: int = 256, token_budget: int = 2048):
+    """The scheduler's limits and the SLO both clocks are judged by; returns the group."""
     s = p.add_argument_group("engine")
-    s.add_argument("--max-batch", type=positive_int, default=256, help="running requests at most")
+    s.add_argument(
+        "--max-batch",
+        type=positive_int,
+        default=max_batch,
+        help=f"running requests at most (default {max_batch})",
+    )
     s.add_argument(
         "--token-budget",
         type=positive_int,
-        default=2048,
-        help="tokens a step computes at most (chunked prefill; default 2048)",
+        default=token_budget,
+        help=f"tokens a step computes at most (chunked prefill; default {token_budget})",
     )
     s.add_argument("--page-size", type=positive_int, default=16, help="tokens a page (default 16)")
-    s.add_argument(
-        "--memory-utilization",
-        type=positive_float,
-        default=0.9,
-        help="share of the chip's memory the engine takes (default 0.9)",
-    )
-    s.add_argument("--no-prefix-caching", action="store_true")
     s.add_argument(
         "--slo-ttft",
         type=positive_float,
@@ -94,28 +135,21 @@ def add_parser(sub) -> None:
         metavar="S",
         help="goodput: a request's P99 inter-token latency at most S seconds",
     )
-    c = p.add_argument_group("cost and disaggregation")
-    c.add_argument(
-        "--price-per-chip-hour",
-        type=positive_float,
-        default=None,
-        metavar="USD",
-        help="cost per million output tokens at this price (energy: the chip's rated power)",
-    )
-    c.add_argument(
-        "--disaggregate",
-        action="store_true",
-        help="prefill on one chip, decode on another, the prompt's KV over the link between",
-    )
-    c.add_argument(
-        "--link-gb-per-s",
-        type=positive_float,
-        default=None,
-        help="the KV transfer's bandwidth, GB/s (default: the chip's interconnect)",
-    )
-    c.add_argument("--link-latency-us", type=float, default=0.0, help="per transfer (default 0)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run)
+    return s
+
+
+def load_requests(args: argparse.Namespace):
+    """The requests of `add_load_args`' flags: the trace, or generated from the seed."""
+    from kvjax.serving import load
+
+    if args.trace:
+        return load.read_trace(args.trace)
+    if not 0 <= args.prefix_share <= 1:
+        raise KvjaxError(f"--prefix-share {args.prefix_share} must lie in [0, 1]")
+    return load.generate(
+        args.requests, args.rate, args.prompt_len, args.output_len, args.seed,
+        args.arrival_cv, args.prefix_len or 0, args.prefix_share if args.prefix_len else 0.0,
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,7 +157,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
-    from kvjax.serving import load
     from kvjax.serving.cost import energy_and_cost
     from kvjax.serving.disagg import kv_transfer_s, simulate_disaggregated
     from kvjax.serving.memory import kv_pool, whole_prefill_reason
@@ -134,15 +167,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
 
     cfg = resolve_model(args)
     chip = resolve_chip(args, cfg)
-    if args.trace:
-        requests = load.read_trace(args.trace)
-    else:
-        if not 0 <= args.prefix_share <= 1:
-            raise KvjaxError(f"--prefix-share {args.prefix_share} must lie in [0, 1]")
-        requests = load.generate(
-            args.requests, args.rate, args.prompt_len, args.output_len, args.seed,
-            args.arrival_cv, args.prefix_len or 0, args.prefix_share if args.prefix_len else 0.0,
-        )  # fmt: skip
+    requests = load_requests(args)
     longest = max(r.prompt_len + r.output_len for r in requests)
     # no closed-form extend for sliding-window or state layers: prompts prefilled whole (the
     # budget raised to the longest request, as an engine without chunked prefill runs)

@@ -1,0 +1,152 @@
+"""A step-time model fitted to an engine's measured steps (`kvjax.measured.engine`), for the
+simulator's clock: the same callable `model(batch) -> seconds` as `ClosedFormStepTime`, with
+coefficients from non-negative least squares (scipy's `nnls`) instead of a chip's roofline.
+Pure Python + numpy/scipy.
+
+The features are what the engine runs for a batch (each entry T new tokens reaching context S):
+- `step`: 1 (the scheduler's Python time, the dispatch and the wait for the sampled tokens);
+- `decode`: 1 if any entry has T = 1 (one decode over all the engine's slots, whose attention
+  reads every slot's `max_len` positions, masked: its cost depends on neither their number nor
+  their contexts);
+- `decodes`: the number of T = 1 entries (their tokens gathered and scattered by the host);
+- `chunks_T<b>`: per bucket b, the number of entries with T > 1 padded to b (`buckets_for`):
+  one extend each on its slot, one compiled program per bucket, whose attention reads the slot's
+  `max_len` positions (masked), so its cost is in the bucket, not in T or S. Measured on this
+  CPU (tiny-gqa widened to 4 layers of 256), a chunk's cost is far from linear in the bucket
+  (2.4 ms at 4, 4.7 at 16, 7.1 at 128, 11.3 at 256): one coefficient a bucket, not a slope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvjax.errors import KvjaxError
+
+BASE = ("step", "decode", "decodes")
+MIN_STEPS_PER_FEATURE = 2
+
+
+def buckets_for(token_budget: int) -> tuple[int, ...]:
+    """The padded lengths of the engine's prompt chunks: powers of two from 2 below the budget,
+    and the budget itself."""
+    out, b = [], 2
+    while b < token_budget:
+        out.append(b)
+        b *= 2
+    return (*out, token_budget) if token_budget >= 2 else ()
+
+
+def bucket_of(tokens: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if b >= tokens:
+            return b
+    raise KvjaxError(f"a chunk of {tokens} tokens exceeds the largest bucket ({max(buckets)})")
+
+
+def _pairs(batch) -> list[tuple[int, int]]:
+    """(tokens, context) per entry, from `Scheduled` entries or from pairs already."""
+    return [(s.tokens, s.context) if hasattr(s, "tokens") else (int(s[0]), int(s[1]))
+            for s in batch]  # fmt: skip
+
+
+def feature_names(buckets: Sequence[int]) -> tuple[str, ...]:
+    return (*BASE, *(f"chunks_T{b}" for b in buckets))
+
+
+def features(batch, buckets: Sequence[int]) -> np.ndarray:
+    """The row of `feature_names(buckets)` for one batch."""
+    pairs = _pairs(batch)
+    decodes = sum(1 for t, _ in pairs if t == 1)
+    row = np.zeros(len(BASE) + len(buckets))
+    row[:3] = 1.0, float(decodes > 0), decodes
+    for t, _ in pairs:
+        if t > 1:
+            row[len(BASE) + list(buckets).index(bucket_of(t, buckets))] += 1
+    return row
+
+
+@dataclass(frozen=True)
+class FitReport:
+    steps: int
+    coefficients_s: dict[str, float]  # seconds per unit of each feature
+    median_relative_error: float  # |predicted - measured| / measured, per step
+    mean_relative_error: float
+    total_relative_error: float  # sum(predicted) / sum(measured) - 1: the busy time's error
+    # measured / predicted per step, over their mean: the machine's own variation, mean 1
+    spread: tuple[float, ...]
+
+
+class FittedStepTime:
+    """seconds = features(batch) . coefficients (all >= 0); with `spread` (the fit's
+    measured / predicted ratios), times one of them drawn at random (seeded) for each step: the
+    steps of a machine that does not run a step in the same time twice (another process on its
+    cores, its memory's modes), so a simulated percentile above the median sees that spread
+    as the engine's does. Without it, every step takes the fit's mean time."""
+
+    def __init__(self, coefficients_s: dict[str, float], buckets: Sequence[int],
+                 spread: Sequence[float] | None = None, seed: int = 0):  # fmt: skip
+        names = feature_names(buckets)
+        missing = [f for f in names if f not in coefficients_s]
+        if missing:
+            raise KvjaxError(f"coefficients for {missing} missing; expected {list(names)}")
+        if any(not coefficients_s[f] >= 0 for f in names):
+            raise KvjaxError(f"coefficients must be >= 0, got {coefficients_s}")
+        self.coefficients_s = {f: float(coefficients_s[f]) for f in names}
+        self.buckets = tuple(buckets)
+        self._w = np.array([self.coefficients_s[f] for f in names])
+        self.spread = None if spread is None else np.asarray(spread, dtype=float)
+        if self.spread is not None and not (self.spread.size and np.all(self.spread > 0)):
+            raise KvjaxError("spread must hold ratios > 0")
+        self._rng = np.random.default_rng(seed)
+
+    def __call__(self, batch) -> float:
+        mean_s = float(features(batch, self.buckets) @ self._w)
+        if self.spread is None:
+            return mean_s
+        return mean_s * float(self.spread[self._rng.integers(self.spread.size)])
+
+    @classmethod
+    def fit(
+        cls, steps: Sequence[tuple[Sequence, float]], buckets: Sequence[int]
+    ) -> tuple[FittedStepTime, FitReport]:
+        """Fitted to (batch, measured seconds) pairs: a batch as `Scheduled` entries or
+        (tokens, context) pairs (`kvjax.measured.engine.MeasuredStep`'s `batch`, `wall_s`).
+        Refused with too few steps, or steps that leave a feature undetermined."""
+        from scipy.optimize import nnls
+
+        names = feature_names(buckets)
+        need = MIN_STEPS_PER_FEATURE * len(names)
+        if len(steps) < need:
+            raise KvjaxError(
+                f"fitting {len(names)} coefficients ({', '.join(names)}) needs at least "
+                f"{need} measured steps; got {len(steps)}"
+            )
+        X = np.stack([features(b, buckets) for b, _ in steps])
+        y = np.array([float(s) for _, s in steps])
+        if not np.all(y > 0):
+            raise KvjaxError("measured step times must be > 0 s")
+        unseen = [n for n, c in zip(names, X.any(axis=0), strict=True) if not c]
+        rank = np.linalg.matrix_rank(X)
+        if unseen or rank < len(names):
+            raise KvjaxError(
+                f"the {len(steps)} steps determine {rank} of the {len(names)} coefficients"
+                + (f" (none has {', '.join(unseen)})" if unseen else "")
+                + ": give steps with and without decodes and prompt chunks in every bucket"
+            )
+        # plain least squares in seconds: the fitted busy time matches the measured one (a
+        # queue near saturation moves with the total, more than with any one step)
+        w, _ = nnls(X, y)
+        model = cls(dict(zip(names, w.tolist(), strict=True)), buckets)
+        pred = X @ w
+        rel = np.abs(pred - y) / y
+        # the spread keeps the mean: drawn ratios of mean 1 leave the expected busy time the
+        # fit's (the ratios themselves average above 1: a slow step is 3x, a fast one 0.8x)
+        ratio = y[pred > 0] / pred[pred > 0]
+        report = FitReport(
+            len(steps), dict(model.coefficients_s), float(np.median(rel)), float(rel.mean()),
+            float(pred.sum() / y.sum() - 1), tuple((ratio / ratio.mean()).tolist()),
+        )  # fmt: skip
+        return model, report
