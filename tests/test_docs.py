@@ -104,3 +104,13 @@ def test_readme_goodput_table_is_the_committed_run():
         knee.cost_per_million_output_tokens
     )
     assert run(float(knee.rate_requests_per_s) * 1.02)["attainment"] < 0.9
+
+
+def test_readme_engine_table_is_the_committed_benchmark():
+    import json
+
+    from experiments.benchmarks.serving_engine_vs_sim import markdown
+
+    result = json.loads((ROOT / "experiments/results/serving_engine_vs_sim.json").read_text())
+    assert markdown(result) in (ROOT / "README.md").read_text()
+    assert result["engine"]["compilations_after_warmup"] == 0

@@ -1,9 +1,8 @@
 """The serving engine (issue 41) on tiny-gqa: every request served once, nothing compiled after the
 warm-up, greedy tokens equal to the model's own prefill + decode (a chunked prompt and a
 preempted, recomputed request included); the fitted step-time model recovers known coefficients;
-`kvjax serve --json` and its refusals. The engine against the simulator is left to
-experiments/benchmarks/serving_engine_vs_sim.py: its latencies on a loaded 2-core machine are
-too noisy for a cheap test."""
+`kvjax serve --json` and its refusals; the fitted simulator against the engine within a loose
+bound (the tight one is experiments/benchmarks/serving_engine_vs_sim.py's)."""
 
 import json
 
@@ -129,3 +128,35 @@ def test_cli_serve_json_and_refusals(capsys):
     assert "\n" not in err and "a slot holds max_len=10: it can never be served" in err
     assert main([*argv, "--prompt-len", "uniform:9:2"]) == 2
     assert "prompt_len='uniform:9:2': give a length" in capsys.readouterr().err
+
+
+def test_the_fitted_simulator_follows_the_engine_within_a_loose_bound(engine):
+    """The issue's comparison, loosened for a shared 2-core machine (the benchmark holds the tight
+    one): the step model fitted to calibration runs (their own seeds), then the same requests on
+    the engine and in the simulator, at saturation and at about a third of it: saturation
+    throughput, TTFT and ITL P50 within a factor of 2 (on this machine, alone: 0.83-1.25 in five
+    runs, 1.53 once; CI runs another test file beside it); medians of three engine runs."""
+    from experiments.benchmarks.serving_engine_vs_sim import _bucket_sweep, _median, _metrics
+    from kvjax.serving.load import generate
+    from kvjax.serving.simulate import simulate
+
+    def load(seed, rate=None):
+        reqs = generate(24, rate or 1.0, "uniform:4:20", "uniform:4:10", seed)
+        for r in reqs if rate is None else ():
+            r.arrival_s = 0.0
+        return reqs
+
+    sat = _median([_metrics(report(engine.serve(load(1)))) for _ in range(3)])
+    rate = 0.3 * sat["throughput_tokens_per_s"] / 7  # requests/s: 7 output tokens a request
+    calib = [engine.serve(_bucket_sweep(engine.buckets, gap_s=0.005))]
+    calib += [engine.serve(load(seed)) for seed in (11, 12)]
+    calib += [engine.serve(load(seed, rate)) for seed in (13, 14)]
+    model, _ = FittedStepTime.fit([(s.batch, s.wall_s) for r in calib for s in r.measured],
+                                  engine.buckets)  # fmt: skip
+    sim_sat = _metrics(report(simulate(load(1), engine.scheduler(), model)))
+    ratio = sim_sat["throughput_tokens_per_s"] / sat["throughput_tokens_per_s"]
+    assert 0.5 < ratio < 2.0, ratio
+    eng = _median([_metrics(report(engine.serve(load(2, rate)))) for _ in range(3)])
+    sim = _metrics(report(simulate(load(2, rate), engine.scheduler(), model)))
+    for key in ("ttft_s_p50", "itl_s_p50"):
+        assert 0.5 < sim[key] / eng[key] < 2.0, (key, sim[key], eng[key])

@@ -15,10 +15,11 @@ core) and its speed moves between runs by tens of percent, so the runs are inter
    the compared runs (Poisson, seed 0: the same requests every round) at the three rates, and a
    saturation run (seed 1);
 4. `kvjax.serving.fitted.FittedStepTime` fitted (non-negative least squares) on the calibration
-   runs' measured steps only; each simulated step is the fitted mean times one calibration step's
-   measured/fitted ratio, drawn at random, over as many seeds as rounds;
+   runs' measured steps only; round k's speed is its own two calibration runs' measured time over
+   the fit's; round k's simulation runs the fit at that speed, each step times one calibration
+   step's measured/fitted ratio drawn at random (seed k);
 5. per rate (and at saturation), each engine metric's median over the rounds against the
-   simulated median, on the same requests (same arrivals and lengths).
+   simulated rounds' median, on the same requests (same arrivals and lengths).
 The bounds (issue 41): TTFT and ITL P50 within 15%, P90 within 25%, saturation throughput within
 15% (simulated / measured - 1). f32 on CPU (DESIGN.md). One JSON with every number, the command,
 the jax version, the backend and device, and the date.
@@ -134,11 +135,15 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
     # the fit and the engine's medians see the machine over the same minutes
     calib = [serve(_bucket_sweep(eng.buckets), "calibration over the buckets")[0]]
     engine_runs: dict[object, list[dict]] = {load: [] for load in (*LOADS, "saturation")}
+    round_calib: list[list] = []  # each round's own calibration runs: its speed (below)
     for k in range(rounds):
-        calib.append(serve(_requests(n, None, prompt, output, 101 + 2 * k),
-                           f"round {k + 1}: calibration at t = 0")[0])  # fmt: skip
-        calib.append(serve(_requests(n, rates[0.6], prompt, output, 102 + 2 * k),
-                           f"round {k + 1}: calibration at 60%")[0])  # fmt: skip
+        round_calib.append([
+            serve(_requests(n, None, prompt, output, 101 + 2 * k),
+                  f"round {k + 1}: calibration at t = 0")[0],
+            serve(_requests(n, rates[0.6], prompt, output, 102 + 2 * k),
+                  f"round {k + 1}: calibration at 60%")[0],
+        ])  # fmt: skip
+        calib += round_calib[-1]
         for load, rate in rates.items():
             rep = serve(_requests(n, rate, prompt, output, 0), f"round {k + 1}: {load:.0%}")[1]
             engine_runs[load].append(_metrics(rep))
@@ -149,16 +154,26 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
     log(f"  fit on {fit.steps} steps: median relative error {fit.median_relative_error:.1%}, "
         f"total {fit.total_relative_error:+.1%}")  # fmt: skip
 
-    def sim(rate, seed):
-        """The fitted mean times a calibration step's measured/fitted ratio, drawn (seeded)."""
-        model = FittedStepTime(mean_model.coefficients_s, eng.buckets, fit.spread, seed)
+    # the machine's speed in round k: its own calibration steps' measured time over the fit's
+    # (the speed drifts by tens of percent over minutes; the compared runs sit beside them)
+    speed = []
+    for runs in round_calib:
+        pairs = [(st.batch, st.wall_s) for r in runs for st in r.measured]
+        speed.append(sum(w for _, w in pairs) / sum(mean_model(b) for b, _ in pairs))
+    log("  each round's speed over the fit's: " + ", ".join(f"{x:.3f}" for x in speed))
+
+    def sim(rate, k):
+        """Round k: the fitted mean at the round's speed times a calibration step's
+        measured/fitted ratio, drawn (seeded by the round)."""
+        scaled = {name: c * speed[k] for name, c in mean_model.coefficients_s.items()}
+        model = FittedStepTime(scaled, eng.buckets, fit.spread, k)
         reqs = _requests(n, rate, prompt, output, 1 if rate is None else 0)
         return _metrics(report(simulate(reqs, eng.scheduler(), model)))
 
     points = []
     for load in (*LOADS, "saturation"):
         e = _median(engine_runs[load])
-        s = _median([sim(rates.get(load), seed) for seed in range(rounds)])
+        s = _median([sim(rates.get(load), k) for k in range(rounds)])
         rate = rates.get(load)
         points.append({"load": load, "rate_requests_per_s": rate,
                        # the rate over the rounds' own median saturation: the load it was
@@ -218,6 +233,7 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
             "latencies": sat["comparison"],
         },  # fmt: skip
         "fit": {
+            "round_speed_over_fit": speed,
             "steps": fit.steps,
             "coefficients_s": fit.coefficients_s,
             "median_relative_error": fit.median_relative_error,
@@ -274,3 +290,21 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def markdown(d: dict) -> str:
+    """The README's table of a result: per load, engine / simulated TTFT and ITL P50 and P90."""
+    lines = ["| load (of the rounds' saturation) | TTFT P50 | TTFT P90 | ITL P50 | ITL P90 |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for p in d["points"]:
+        e, s = p["engine"], p["simulated"]
+        cells = [f"{e[k] * 1e3:.2f} / {s[k] * 1e3:.2f} ms ({s[k] / e[k] - 1:+.0%})"
+                 for k in ("ttft_s_p50", "ttft_s_p90", "itl_s_p50", "itl_s_p90")]  # fmt: skip
+        rate, of = p["rate_requests_per_s"], p["load_of_rounds_saturation"]
+        load = f"{p['load']:.0%} ({rate:.1f}/s; {of:.0%})"
+        lines.append(f"| {load} | " + " | ".join(cells) + " |")
+    sat = d["saturation"]
+    lines.append(f"| saturation | {sat['engine_tokens_per_s']:,.0f} / "
+                 f"{sat['simulated_tokens_per_s']:,.0f} tokens/s "
+                 f"({sat['relative_error']:+.0%}) | | | |")  # fmt: skip
+    return "\n".join(lines)

@@ -29,6 +29,7 @@ arrival time (the end of the device work) is each token's time.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -225,8 +226,6 @@ class Engine:
     def serve(self, requests: list[Request], sched: Scheduler | None = None) -> EngineResult:
         """Every request from its arrival (seconds after the start) to its last token; `sched`
         a scheduler of its own (a smaller pool, say) instead of `scheduler()`."""
-        import jax
-
         pending = sorted(requests, key=lambda r: (r.arrival_s, r.id))
         if len({r.id for r in pending}) != len(pending):
             raise KvjaxError("request ids must be unique")
@@ -240,9 +239,20 @@ class Engine:
         seqs = {r.id: prompt_tokens(r, self.cfg.vocab_size, self.seed) for r in pending}
         outputs: dict[int, list[int]] = {r.id: [] for r in pending}
         occupant: dict[int, Request] = {}  # slot -> the request holding it
+        compiled = self.compilations
+        gc.collect()  # no collector pause inside a step (vLLM freezes its heap after start-up)
+        gc.disable()
+        try:
+            return self._loop(pending, sched, seqs, outputs, occupant, compiled)
+        finally:
+            gc.enable()
+
+    def _loop(self, pending, sched, seqs, outputs, occupant, compiled) -> EngineResult:
+        import jax
+
         measured: list[MeasuredStep] = []
         pages: list[tuple[float, int]] = []
-        compiled, i, done = self.compilations, 0, 0
+        i, done = 0, 0
         t0 = time.perf_counter()
         now = 0.0
         while done < len(pending):
