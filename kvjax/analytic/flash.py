@@ -113,12 +113,15 @@ DECODE_FORM_MAX_QUERIES = 16
 
 def _form(cfg: ModelConfig, wl: Workload) -> str:
     """The kernel a step runs: prefill's block loop, or flash-decoding over the cache for decode
-    and for an extend step's few queries (MLA's extend: always the block loop over keys and
-    values expanded from the latents, as its chunked prefill runs; `kvjax.analytic.mla`)."""
+    and for an extend step's few queries (MLA's: FlashMLA over the latent, as DeepSeek decodes
+    its multi-token-prediction queries; a longer MLA chunk: the block loop over keys and values
+    expanded from the latents, as its chunked prefill runs; `kvjax.analytic.mla`)."""
     if wl.phase == "prefill":
         return "prefill"
-    if wl.phase == EXTEND and (cfg.is_mla or wl.query_len > DECODE_FORM_MAX_QUERIES):
+    if wl.phase == EXTEND and wl.query_len > DECODE_FORM_MAX_QUERIES:
         return "prefill"
+    if wl.phase == EXTEND and cfg.is_mla and cfg.mla_decode != "absorbed":
+        return "prefill"  # naive MLA's extend expands the latents: MHA's block loop
     return "decode"
 
 

@@ -69,6 +69,10 @@ def mla_attention_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
     ]
     if wl.phase == "prefill":
         k += _prefill(cfg, wl, widen)
+    elif wl.phase == EXTEND and _absorbed_extend(cfg, wl):
+        # a few queries a sequence (MTP, a verify step): absorbed, each query a decode row; the
+        # fused kernel reads the latent once for all of them (`kvjax.analytic.flash`)
+        k += _decode_absorbed(cfg, Workload("decode", wl.batch * wl.query_len, wl.context), widen)
     elif wl.phase == EXTEND:
         k += _extend(cfg, wl, widen)
     elif cfg.mla_decode == "naive":
@@ -77,6 +81,15 @@ def mla_attention_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
         k += _decode_absorbed(cfg, wl, widen)
     k.append(_matmul(kernels.O_PROJ, M, N * W, D, w, a))
     return k
+
+
+def _absorbed_extend(cfg: ModelConfig, wl: Workload) -> bool:
+    """An extend step the fused kernel runs as FlashMLA's absorbed decode: at most
+    `flash.DECODE_FORM_MAX_QUERIES` queries a sequence; a longer chunk expands the latents."""
+    from kvjax.analytic.flash import DECODE_FORM_MAX_QUERIES
+
+    return (cfg.attention_kernel == "flash" and cfg.mla_decode == "absorbed"
+            and wl.query_len <= DECODE_FORM_MAX_QUERIES)  # fmt: skip
 
 
 def _write(cfg: ModelConfig, rows: int, decode: bool, B: int, a: int, kv: int) -> KernelCost:
