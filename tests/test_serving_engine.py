@@ -104,6 +104,20 @@ def test_the_fit_recovers_known_coefficients():
     no_16 = [b for b in batches if all(t <= 8 for t, _ in b)]
     with pytest.raises(KvjaxError, match="none has chunks_T16"):
         FittedStepTime.fit([(b, known(b)) for b in no_16], buckets)
+    # runs on a machine whose speed moved between them (1x, 1.5x, 0.8x): fitted over the runs,
+    # each divided by its speed, the shape comes back exact, and the speeds in its ratios
+    runs = [[(b, v * known(b)) for b in batches[i::3]] for i, v in enumerate((1.0, 1.5, 0.8))]
+    _, mixed = FittedStepTime.fit([s for run in runs for s in run], buckets)
+    assert max(abs(np.array(mixed.spread) - 1)) > 0.1  # one fit over them all: off by 10%+
+    shape, fit, speeds = FittedStepTime.fit_runs(runs, buckets)
+    assert np.array(speeds) / speeds[0] == pytest.approx([1.0, 1.5, 0.8], rel=1e-6)
+    assert fit.spread == pytest.approx([1.0] * len(batches), abs=1e-6)
+    for name in names:
+        assert shape.coefficients_s[name] * speeds[0] == pytest.approx(true[name], rel=1e-6)
+    slower = shape.scaled(speeds[1])
+    assert slower([(1, 9)]) == pytest.approx(1.5 * known([(1, 9)]), rel=1e-6)
+    with pytest.raises(KvjaxError, match="speed=0 must be > 0"):
+        shape.scaled(0)
 
 
 def test_cli_serve_json_and_refusals(capsys):

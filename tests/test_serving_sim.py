@@ -359,3 +359,28 @@ def test_disaggregation_by_hand_and_against_colocation():
     assert apart["requests_in"] == apart["requests_out"] == 100
     assert apart["itl_s"]["p99"] < 0.5 * together["itl_s"]["p99"]
     assert apart["slo"]["met"] >= together["slo"]["met"]
+
+
+def test_a_speed_trace_stretches_the_steps_that_start_inside_it():
+    """One request, 1 s steps; the machine twice as slow from t = 1.5 on: the steps starting at
+    0 and 1 take 1 s, those from 2 on 2 s (tokens at 1, 2, 4, 6). A trace built from measured
+    steps gives each window its measured / fitted time."""
+    from types import SimpleNamespace
+
+    from kvjax.serving.fitted import FittedStepTime, SpeedTrace, buckets_for, feature_names
+
+    r = Request(0, 0.0, 4, 4)
+    trace = SpeedTrace((0.0, 1.5), (1.0, 2.0))
+    simulate([r], Scheduler(PagePool(4, 16), 4, 64), one_second, trace)
+    assert r.token_times == [1.0, 2.0, 4.0, 6.0]
+    assert trace(-1.0) == 1.0 and trace(1.5) == 2.0
+    buckets = buckets_for(4)
+    model = FittedStepTime(dict.fromkeys(feature_names(buckets), 0.5), buckets)
+    # a decode step is step + decode + decodes = 1.5 s fitted; measured 1.5 s three times,
+    # then 3 s four times: windows of 3 (the last, of 1, joins the one before)
+    starts = [0.0, 1.5, 3.0, 4.5, 7.5, 10.5, 13.5]
+    steps = [SimpleNamespace(batch=((1, 9),), wall_s=1.5 if t < 4 else 3.0, start_s=t)
+             for t in starts]  # fmt: skip
+    assert model.speed_trace(steps, per_window=3) == SpeedTrace((0.0, 4.5), (1.0, 2.0))
+    with pytest.raises(KvjaxError, match="sorted"):
+        SpeedTrace((1.0, 0.0), (1.0, 1.0))

@@ -53,6 +53,7 @@ from kvjax.serving.simulate import SimulationResult
 class MeasuredStep:
     batch: tuple[tuple[int, int], ...]  # (tokens, context) per scheduled request
     wall_s: float  # schedule() to finish_step()'s end, device work included
+    start_s: float = 0.0  # when it began, seconds from the engine's start
 
 
 @dataclass
@@ -278,7 +279,8 @@ class Engine:
             for slot in [k for k, r in occupant.items() if r.id in finished]:
                 del occupant[slot]
             stop = time.perf_counter() - t0
-            measured.append(MeasuredStep(tuple((s.tokens, s.context) for s in batch), stop - now))
+            measured.append(MeasuredStep(tuple((s.tokens, s.context) for s in batch), stop - now,
+                                         now))  # fmt: skip
             done += len(finished)
             pages.append((stop, sched.pool.used_pages))
         in_system = sum(r.finish_s - r.arrival_s for r in pending)  # the integral, exactly

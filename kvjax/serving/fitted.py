@@ -18,6 +18,8 @@ The features are what the engine runs for a batch (each entry T new tokens reach
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -69,6 +71,25 @@ def features(batch, buckets: Sequence[int]) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class SpeedTrace:
+    """A machine's speed over time, piecewise constant: from `starts_s[i]` on (seconds from the
+    run's start), steps take `speeds[i]` times the fit's time; before the first start, the first
+    speed. `simulate(..., speed=trace)` runs a simulation on the machine the engine had."""
+
+    starts_s: tuple[float, ...]
+    speeds: tuple[float, ...]
+
+    def __post_init__(self):
+        if not self.starts_s or len(self.starts_s) != len(self.speeds):
+            raise KvjaxError("a speed trace needs one speed per start, at least one")
+        if list(self.starts_s) != sorted(self.starts_s) or not all(v > 0 for v in self.speeds):
+            raise KvjaxError("a speed trace's starts must be sorted and its speeds > 0")
+
+    def __call__(self, t: float) -> float:
+        return self.speeds[max(0, bisect.bisect_right(self.starts_s, t) - 1)]
+
+
+@dataclass(frozen=True)
 class FitReport:
     steps: int
     coefficients_s: dict[str, float]  # seconds per unit of each feature
@@ -102,8 +123,45 @@ class FittedStepTime:
             raise KvjaxError("spread must hold ratios > 0")
         self._rng = np.random.default_rng(seed)
 
+    def mean_s(self, batch) -> float:
+        """The fitted mean time of one step (no spread drawn)."""
+        return float(features(batch, self.buckets) @ self._w)
+
+    def speed(self, steps: Sequence[tuple[Sequence, float]]) -> float:
+        """The machine's speed over these measured (batch, seconds) steps, as the fit counts it:
+        their measured time over their fitted mean time (1: as fitted; 1.3: 30% slower)."""
+        fitted = sum(self.mean_s(b) for b, _ in steps)
+        if not fitted > 0:
+            raise KvjaxError(f"the fit gives these {len(steps)} steps no time: no speed")
+        return sum(float(s) for _, s in steps) / fitted
+
+    def speed_trace(self, steps: Sequence, per_window: int = 100) -> SpeedTrace:
+        """The machine's speed over an engine's run: its measured steps (`MeasuredStep`s, with
+        `start_s`) in consecutive windows of `per_window` steps (the last one merged into the
+        window before when shorter than half), each window's `speed`, from its first step's
+        start."""
+        if per_window < 1 or not steps:
+            raise KvjaxError(f"a speed trace needs steps and per_window >= 1 (got {per_window})")
+        cuts = list(range(0, len(steps), per_window))
+        if len(cuts) > 1 and len(steps) - cuts[-1] < per_window / 2:
+            cuts.pop()
+        bounds = [*cuts, len(steps)]
+        windows = [steps[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+        return SpeedTrace(
+            tuple(float(w[0].start_s) for w in windows),
+            tuple(self.speed([(s.batch, s.wall_s) for s in w]) for w in windows),
+        )
+
+    def scaled(self, speed: float, spread: Sequence[float] | None = None,
+               seed: int = 0) -> FittedStepTime:  # fmt: skip
+        """The same model on a machine `speed` times slower (every coefficient times it)."""
+        if not speed > 0:
+            raise KvjaxError(f"speed={speed!r} must be > 0")
+        return FittedStepTime({f: c * speed for f, c in self.coefficients_s.items()},
+                              self.buckets, spread, seed)  # fmt: skip
+
     def __call__(self, batch) -> float:
-        mean_s = float(features(batch, self.buckets) @ self._w)
+        mean_s = self.mean_s(batch)
         if self.spread is None:
             return mean_s
         return mean_s * float(self.spread[self._rng.integers(self.spread.size)])
@@ -150,3 +208,31 @@ class FittedStepTime:
             float(pred.sum() / y.sum() - 1), tuple((ratio / ratio.mean()).tolist()),
         )  # fmt: skip
         return model, report
+
+    @classmethod
+    def fit_runs(
+        cls, runs: Sequence[Sequence[tuple[Sequence, float]]], buckets: Sequence[int],
+        max_rounds: int = 200, tol: float = 1e-9,
+    ) -> tuple[FittedStepTime, FitReport, list[float]]:  # fmt: skip
+        """Fitted to several runs' steps on a machine whose speed moves between runs (a shared
+        VM: the hypervisor takes its cores for tens of seconds at a time): each run's steps
+        divided by that run's speed (`speed`, against the previous fit, relative to the first
+        run's), refitted, until the speeds move by less than `tol` (or `max_rounds`). The shape
+        (each feature's cost relative to the others) then comes from every run, and the spread
+        is each step's variation within its run. Returns the model at the median run's speed,
+        its report, and each run's speed against it."""
+        steps = [(b, s) for run in runs for b, s in run]
+        model, report = cls.fit(steps, buckets)
+        speeds = np.ones(len(runs))
+        for _ in range(max_rounds):
+            now = np.array([model.speed(run) for run in runs])  # the raw runs against the fit
+            moved, speeds = np.max(np.abs(now / now[0] - speeds)), now / now[0]
+            steps = [(b, s / v) for run, v in zip(runs, speeds, strict=True) for b, s in run]
+            model, report = cls.fit(steps, buckets)
+            if moved < tol:
+                break
+        # at the median run's speed (1: a typical run; the others' speeds against it)
+        typical = float(np.median(speeds))
+        model = model.scaled(typical)
+        report = dataclasses.replace(report, coefficients_s=dict(model.coefficients_s))
+        return model, report, [model.speed(run) for run in runs]

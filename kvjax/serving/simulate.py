@@ -34,9 +34,14 @@ class SimulationResult:
 
 
 def simulate(
-    requests: list[Request], scheduler: Scheduler, step_time: Callable[[list[Scheduled]], float]
+    requests: list[Request],
+    scheduler: Scheduler,
+    step_time: Callable[[list[Scheduled]], float],
+    speed: Callable[[float], float] | None = None,
 ) -> SimulationResult:
-    """Every request from its arrival to its last token (none lost, none served twice)."""
+    """Every request from its arrival to its last token (none lost, none served twice). `speed`,
+    a function of the time a step starts, multiplies the step's time: a machine whose speed moves
+    (`kvjax.serving.fitted.SpeedTrace`, measured on an engine's run)."""
     pending = sorted(requests, key=lambda r: (r.arrival_s, r.id))
     if len({r.id for r in pending}) != len(pending):
         raise KvjaxError("request ids must be unique")
@@ -58,7 +63,7 @@ def simulate(
             in_system += (nxt - now) * (i - done)
             now = nxt
             continue
-        dt = float(step_time(batch))
+        dt = float(step_time(batch)) * (1.0 if speed is None else float(speed(now)))
         if not dt > 0:
             raise KvjaxError(f"the step-time model gave {dt!r} s for a step of {len(batch)}")
         in_system += dt * (i - done)  # arrivals during the step join at its end (counted below)
