@@ -114,3 +114,5 @@ def test_readme_engine_table_is_the_committed_benchmark():
     result = json.loads((ROOT / "experiments/results/serving_engine_vs_sim.json").read_text())
     assert markdown(result) in (ROOT / "README.md").read_text()
     assert result["engine"]["compilations_after_warmup"] == 0
+    # the README says the bounds hold in the committed run: with the trace, and out of sample
+    assert result["all_within_bounds"] and result["latencies_within_bounds"]["around"]

@@ -4,25 +4,27 @@ against the real engine (`kvjax.measured.engine`) on the same small model, arriv
     python3 -m experiments.benchmarks.serving_engine_vs_sim [--model tiny-gqa] [--requests 200]
         [--prompt-len uniform:64:256] [--output-len uniform:32:64] [--rounds 5] [--out FILE]
 
-One engine (one compile) serves every run. The machine is shared (another process may take a
-core) and its speed moves between runs by tens of percent, so the runs are interleaved in rounds
-(the house style of kvjax's measured sweeps) and medians compared:
-1. saturation: every request at t = 0 (seed 1), a run left out, then three; their median
-   requests/s fixes the compared rates, 30%, 60% and 90% of it (each point also records its rate
-   over the median saturation of the rounds, the load it turned out to be);
-2. a calibration sweep whose prompts are each chunk bucket long (every compiled shape measured);
-3. `--rounds` rounds, each: two calibration runs on their own seeds (t = 0, and Poisson at 60%),
-   the compared runs (Poisson, seed 0: the same requests every round) at the three rates, and a
-   saturation run (seed 1);
-4. `kvjax.serving.fitted.FittedStepTime` fitted (non-negative least squares) on the calibration
-   runs' measured steps only; round k's speed is its own two calibration runs' measured time over
-   the fit's; round k's simulation runs the fit at that speed, each step times one calibration
-   step's measured/fitted ratio drawn at random (seed k);
+One engine (one compile) serves every run. The machine is a shared 2-core VM: its speed moves
+by tens of percent from one run to the next (the hypervisor takes CPU time: `cpu_steal` per run
+in the JSON, up to 25% at times), so the runs are interleaved in rounds and medians compared:
+1. a calibration sweep whose prompts are each chunk bucket long (every compiled shape measured);
+2. `--rounds` rounds, each: a calibration burst (every request at t = 0, its own seed), the
+   saturation run (seed 1, all at t = 0; it sets the round's rates, 30%, 60% and 90% of it),
+   another burst, a calibration run at 30%, the compared runs (Poisson, seed 0: the same
+   requests every round, their times scaled to the round's rates), a calibration run at 60%;
+3. `kvjax.serving.fitted.FittedStepTime.fit_runs` (non-negative least squares) on the
+   calibration runs only, each divided by its own speed: the shape of a step's cost;
+4. each run simulated on the same requests with that shape at three speeds (`SPEEDS`): the
+   machine's speed over the run itself, one number per `TRACE_WINDOW` steps (`speed_trace`;
+   the simulator still decides every batch and queue); one number for the whole run; and out
+   of sample, the calibration runs around it. Each step also times a calibration step's
+   measured/fitted ratio within its run, drawn (seeded by the round);
 5. per rate (and at saturation), each engine metric's median over the rounds against the
-   simulated rounds' median, on the same requests (same arrivals and lengths).
-The bounds (issue 41): TTFT and ITL P50 within 15%, P90 within 25%, saturation throughput within
-15% (simulated / measured - 1). f32 on CPU (DESIGN.md). One JSON with every number, the command,
-the jax version, the backend and device, and the date.
+   simulated rounds' median.
+The bounds (issue 41): TTFT and ITL P50 within 15%, P90 within 25% with the speed trace;
+saturation throughput within 15% with the speed around it (out of sample: its own speed would
+hand its own throughput back). f32 on CPU (DESIGN.md). One JSON with every number, the command,
+the jax version, the backend and device, the date, and every run's time and CPU steal.
 """
 
 from __future__ import annotations
@@ -39,13 +41,21 @@ import numpy as np
 
 from kvjax.files import write_json_atomic
 from kvjax.model.config import get_model_config
-from kvjax.serving.fitted import FittedStepTime
+from kvjax.serving.fitted import FittedStepTime, SpeedTrace
 from kvjax.serving.load import generate
 from kvjax.serving.scheduler import Request
 from kvjax.serving.simulate import report, simulate
 
 BOUNDS = {"p50": 0.15, "p90": 0.25, "saturation": 0.15}
 LOADS = (0.3, 0.6, 0.9)
+TRACE_WINDOW = 100  # steps per window of the machine's speed over a run
+SPEEDS = {
+    "trace": f"the machine's speed over the compared run itself, one number per {TRACE_WINDOW} "
+    "steps (the bound's: the shape is the calibration runs', the batches the simulator's own)",
+    "own": "one number per compared run, its own measured time over the fit's",
+    "around": "out of sample: the calibration runs around it (bursts around a saturation run, "
+    "the 30% and 60% ones around the compared runs)",
+}
 DIMS = {"layers": "num_layers", "d-model": "d_model", "heads": "num_heads",
         "kv-heads": "num_kv_heads", "head-dim": "head_dim", "d-ff": "d_ff",
         "vocab": "vocab_size"}  # fmt: skip
@@ -95,6 +105,16 @@ def _compare(engine: dict, sim: dict) -> dict:
     return out
 
 
+def cpu_times() -> np.ndarray | None:
+    """This machine's CPU time so far (/proc/stat's first line: user, nice, system, idle, iowait,
+    irq, softirq, steal, in ticks), or None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            return np.array([int(x) for x in f.readline().split()[1:9]], dtype=float)
+    except (OSError, ValueError):
+        return None
+
+
 def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch: int,
         max_len: int, token_budget: int, page_size: int, rounds: int = 3) -> dict:  # fmt: skip
     import jax
@@ -108,83 +128,116 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
     eng = Engine(cfg, max_batch, max_len, token_budget, page_size)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"{cfg.name}: compiled {eng.compilations} shapes in {eng.warmup_s:.1f} s")
-    loads = []  # the machine's load average around each run: another process shares the cores
+    runs = []  # every run in order: what it was, when, the machine's state around it
     compiled = 0
+    t_start = time.perf_counter()
 
     def serve(reqs, what):
         nonlocal compiled
-        start, before = time.perf_counter(), os.getloadavg()[0]
+        start, before, cpu = time.perf_counter(), os.getloadavg()[0], cpu_times()
         res = eng.serve(reqs)
         rep = report(res)
         compiled += res.compilations_after_warmup
-        loads.append({"run": what, "loadavg_1min_before": before,
-                      "loadavg_1min_after": os.getloadavg()[0],
-                      "throughput_tokens_per_s": rep["throughput_tokens_per_s"]})  # fmt: skip
-        log(f"  {what}: {res.steps} steps, {time.perf_counter() - start:.1f} s, "
-            f"{rep['throughput_tokens_per_s']:.0f} tokens/s, load {before:.1f}")  # fmt: skip
+        d = None if cpu is None else cpu_times() - cpu
+        runs.append({"run": what, "start_s": start - t_start,
+                     "wall_s": time.perf_counter() - start,
+                     "loadavg_1min_before": before,
+                     # the hypervisor's share of the machine's CPU time during the run
+                     "cpu_steal": None if d is None or not d.sum() else d[7] / d.sum(),
+                     "throughput_tokens_per_s": rep["throughput_tokens_per_s"]})  # fmt: skip
+        log(
+            f"  {what}: {res.steps} steps, {time.perf_counter() - start:.1f} s, "
+            f"{rep['throughput_tokens_per_s']:.0f} tokens/s, steal {runs[-1]['cpu_steal']}"
+        )
         return res, rep
 
-    # 1. saturation, which fixes the compared rates: the median of three runs, after one run
-    # left out (the first after the compile ran up to 25% slower)
     serve(_requests(n, None, prompt, output, 1), "warm-up (left out)")
-    sats = [_metrics(serve(_requests(n, None, prompt, output, 1), "saturation")[1])
-            for _ in range(3)]  # fmt: skip
-    sat_rps = _median(sats)["requests_per_s"]
-    rates = {load: load * sat_rps for load in LOADS}
-    # 2. rounds: calibration runs (their own seeds) beside the compared runs and saturation, so
-    # the fit and the engine's medians see the machine over the same minutes
     calib = [serve(_bucket_sweep(eng.buckets), "calibration over the buckets")[0]]
-    engine_runs: dict[object, list[dict]] = {load: [] for load in (*LOADS, "saturation")}
-    round_calib: list[list] = []  # each round's own calibration runs: its speed (below)
+
+    def calibrate(rate, seed, what):
+        calib.append(serve(_requests(n, rate, prompt, output, seed), f"{what}: calibration")[0])
+        return calib[-1]
+
+    # per round: its saturation between two calibration bursts (t = 0, their own seeds: the
+    # machine's speed around it, out of sample), which sets the round's rates; calibration at
+    # 30%, the compared runs, calibration at 60% (the fit sees the steps of every load)
+    rounds_: list[dict] = []
     for k in range(rounds):
-        round_calib.append([
-            serve(_requests(n, None, prompt, output, 101 + 2 * k),
-                  f"round {k + 1}: calibration at t = 0")[0],
-            serve(_requests(n, rates[0.6], prompt, output, 102 + 2 * k),
-                  f"round {k + 1}: calibration at 60%")[0],
-        ])  # fmt: skip
-        calib += round_calib[-1]
-        for load, rate in rates.items():
-            rep = serve(_requests(n, rate, prompt, output, 0), f"round {k + 1}: {load:.0%}")[1]
-            engine_runs[load].append(_metrics(rep))
-        rep = serve(_requests(n, None, prompt, output, 1), f"round {k + 1}: saturation")[1]
-        engine_runs["saturation"].append(_metrics(rep))
-    steps = [(s.batch, s.wall_s) for r in calib for s in r.measured]
-    mean_model, fit = FittedStepTime.fit(steps, eng.buckets)
-    log(f"  fit on {fit.steps} steps: median relative error {fit.median_relative_error:.1%}, "
-        f"total {fit.total_relative_error:+.1%}")  # fmt: skip
+        what = f"round {k + 1}"
+        before = calibrate(None, 100 + 4 * k, f"{what}: t = 0")
+        sat, sat_rep = serve(_requests(n, None, prompt, output, 1), f"{what}: saturation")
+        after = calibrate(None, 101 + 4 * k, f"{what}: t = 0")
+        rates = {load: load * sat_rep["requests_out"] / sat_rep["duration_s"] for load in LOADS}
+        first = calibrate(rates[0.3], 102 + 4 * k, f"{what}: 30%")
+        compared = {load: serve(_requests(n, rate, prompt, output, 0), f"{what}: {load:.0%}")
+                    for load, rate in rates.items()}  # fmt: skip
+        last = calibrate(rates[0.6], 103 + 4 * k, f"{what}: 60%")
+        rounds_.append({"rates": rates, "saturation": (sat, sat_rep), "compared": compared,
+                        "calibration": (before, after, first, last)})  # fmt: skip
+    steps_of = lambda res: [(st.batch, st.wall_s) for st in res.measured]  # noqa: E731
+    mean_model, fit, calib_speeds = FittedStepTime.fit_runs([steps_of(r) for r in calib],
+                                                            eng.buckets)  # fmt: skip
+    log(
+        f"  fit on {fit.steps} steps: median relative error {fit.median_relative_error:.1%}; "
+        "calibration runs' speeds " + ", ".join(f"{x:.2f}" for x in calib_speeds)
+    )
 
-    # the machine's speed in round k: its own calibration steps' measured time over the fit's
-    # (the speed drifts by tens of percent over minutes; the compared runs sit beside them)
-    speed = []
-    for runs in round_calib:
-        pairs = [(st.batch, st.wall_s) for r in runs for st in r.measured]
-        speed.append(sum(w for _, w in pairs) / sum(mean_model(b) for b, _ in pairs))
-    log("  each round's speed over the fit's: " + ", ".join(f"{x:.3f}" for x in speed))
+    def sim(rate, seed, speed, k):
+        """The fit at `speed`, each step times a calibration step's measured/fitted ratio (within
+        its run), drawn (seeded by the round)."""
+        reqs = _requests(n, rate, prompt, output, seed)
+        if isinstance(speed, SpeedTrace):  # the machine's speed over the run, window by window
+            step_time, trace = mean_model.scaled(1.0, fit.spread, k), speed
+        else:
+            step_time, trace = mean_model.scaled(speed, fit.spread, k), None
+        return _metrics(report(simulate(reqs, eng.scheduler(), step_time, trace)))
 
-    def sim(rate, k):
-        """Round k: the fitted mean at the round's speed times a calibration step's
-        measured/fitted ratio, drawn (seeded by the round)."""
-        scaled = {name: c * speed[k] for name, c in mean_model.coefficients_s.items()}
-        model = FittedStepTime(scaled, eng.buckets, fit.spread, k)
-        reqs = _requests(n, rate, prompt, output, 1 if rate is None else 0)
-        return _metrics(report(simulate(reqs, eng.scheduler(), model)))
+    speed_of = mean_model.speed
+    points = {load: {"engine": [], "speeds": [], **{w: [] for w in SPEEDS}}
+              for load in (*LOADS, "saturation")}  # fmt: skip
+    for k, r in enumerate(rounds_):
+        before, after, first, last = (speed_of(steps_of(c)) for c in r["calibration"])
+        sat, sat_rep = r["saturation"]
+        # saturation: only the speed around it (its own would give its own throughput back)
+        around = (before + after) / 2
+        p = points["saturation"]
+        p["engine"].append(_metrics(sat_rep))
+        p["around"].append(sim(None, 1, around, k))
+        p["own"].append(sim(None, 1, speed_of(steps_of(sat)), k))
+        p["trace"].append(sim(None, 1, mean_model.speed_trace(sat.measured, TRACE_WINDOW), k))
+        p["speeds"].append({"own": speed_of(steps_of(sat)), "around": around})
+        for load, (res, rep) in r["compared"].items():
+            own, around = speed_of(steps_of(res)), (first + last) / 2
+            p = points[load]
+            p["engine"].append(_metrics(rep))
+            p["own"].append(sim(r["rates"][load], 0, own, k))
+            p["around"].append(sim(r["rates"][load], 0, around, k))
+            p["trace"].append(
+                sim(r["rates"][load], 0, mean_model.speed_trace(res.measured, TRACE_WINDOW), k)
+            )
+            p["speeds"].append({"own": own, "around": around})
 
-    points = []
-    for load in (*LOADS, "saturation"):
-        e = _median(engine_runs[load])
-        s = _median([sim(rates.get(load), k) for k in range(rounds)])
-        rate = rates.get(load)
-        points.append({"load": load, "rate_requests_per_s": rate,
-                       # the rate over the rounds' own median saturation: the load it was
-                       "load_of_rounds_saturation": rate and rate / _median(
-                           engine_runs["saturation"])["requests_per_s"],
-                       "engine": e, "engine_rounds": engine_runs[load], "simulated": s,
-                       "comparison": _compare(e, s)})  # fmt: skip
-    sat = points.pop()
-    sat_err = sat["simulated"]["throughput_tokens_per_s"] / sat["engine"][
-        "throughput_tokens_per_s"] - 1  # fmt: skip
-    within = all(c["within"] for p in points for c in p["comparison"].values())
+    out_points = []
+    for load, p in points.items():
+        e = _median(p["engine"])
+        entry = {"load": load, "engine": e, "engine_rounds": p["engine"],
+                 "rates_requests_per_s": [r["rates"].get(load) for r in rounds_],
+                 "speeds": p["speeds"]}  # fmt: skip
+        for which in SPEEDS:
+            s = _median(p[which])
+            entry[f"simulated_{which}_speed"] = s
+            entry[f"comparison_{which}_speed"] = _compare(e, s)
+            entry[f"saturation_error_{which}_speed"] = (
+                s["throughput_tokens_per_s"] / e["throughput_tokens_per_s"] - 1
+            )
+        out_points.append(entry)
+    sat = out_points.pop()
+    # the bounds: latencies with the machine's speed over each run (`SPEEDS`), saturation with
+    # the speed of the calibration bursts around it (its own would give its throughput back)
+    sat_err = sat["saturation_error_around_speed"]
+    within = {which: all(c["within"] for p in out_points
+                         for c in p[f"comparison_{which}_speed"].values())
+              for which in SPEEDS}  # fmt: skip
     return {
         "benchmark": "serving_engine_vs_sim",
         "command": "python3 -m experiments.benchmarks.serving_engine_vs_sim "
@@ -212,38 +265,47 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
             "prompt_len": prompt,
             "output_len": output,
             "rounds": rounds,
-            "arrivals": "compared: Poisson, seed 0, the same requests every round; saturation: "
-            "seed 1, all at t = 0; calibration: seeds 101 + 2k (t = 0) and 102 + 2k (Poisson at "
-            "60%) in round k, and the bucket sweep; engine numbers are medians over the rounds, "
-            "simulated ones medians over as many seeds of the spread",
+            "arrivals": "compared: Poisson, seed 0 (the same requests every round, their times "
+            "scaled to the round's rates: 30/60/90% of its own saturation run); saturation: "
+            "seed 1, all at t = 0; calibration: seed 100 (t = 0) before the rounds, seeds "
+            "101 + 2k (t = 0) and 102 + 2k (Poisson at 60%) in round k, and the bucket sweep; "
+            "engine numbers are medians over the rounds, simulated ones medians over the "
+            "rounds' simulations (each at its round's rates and speed, its own spread seed)",
         },  # fmt: skip
         "saturation": {
-            "engine_requests_per_s_fixing_the_rates": sat_rps,
-            "engine_first_runs": sats,
             "engine_requests_per_s": sat["engine"]["requests_per_s"],
             "engine_tokens_per_s": sat["engine"]["throughput_tokens_per_s"],
-            "simulated_requests_per_s": sat["simulated"]["requests_per_s"],
-            "simulated_tokens_per_s": sat["simulated"]["throughput_tokens_per_s"],
+            "simulated_tokens_per_s": sat["simulated_around_speed"]["throughput_tokens_per_s"],
+            "simulated_requests_per_s": sat["simulated_around_speed"]["requests_per_s"],
             "relative_error": sat_err,
+            "relative_error_own_speed": sat["saturation_error_own_speed"],
             "bound": BOUNDS["saturation"],
             "within": abs(sat_err) <= BOUNDS["saturation"],
-            "engine": sat["engine"],
-            "engine_rounds": sat["engine_rounds"],
-            "simulated": sat["simulated"],
-            "latencies": sat["comparison"],
+            **{
+                k: sat[k]
+                for k in (
+                    "engine",
+                    "engine_rounds",
+                    "speeds",
+                    "simulated_around_speed",
+                    "simulated_own_speed",
+                )
+            },
         },  # fmt: skip
         "fit": {
-            "round_speed_over_fit": speed,
             "steps": fit.steps,
             "coefficients_s": fit.coefficients_s,
+            "calibration_speeds": calib_speeds,
             "median_relative_error": fit.median_relative_error,
             "mean_relative_error": fit.mean_relative_error,
             "total_relative_error": fit.total_relative_error,
             "spread_p10_p50_p90": [float(x) for x in np.percentile(fit.spread, [10, 50, 90])],
         },  # fmt: skip
-        "points": points,
-        "machine_load": loads,
-        "all_within_bounds": within and abs(sat_err) <= BOUNDS["saturation"],
+        "points": out_points,
+        "runs": runs,
+        "speeds": SPEEDS,
+        "all_within_bounds": within["trace"] and abs(sat_err) <= BOUNDS["saturation"],
+        "latencies_within_bounds": within,
     }
 
 
@@ -276,15 +338,13 @@ def main(argv=None) -> None:
           f"requests/s, {s['engine_tokens_per_s']:.0f} tokens/s measured, "
           f"{s['simulated_tokens_per_s']:.0f} simulated ({s['relative_error']:+.1%})")  # fmt: skip
     for p in result["points"]:
-        row = "; ".join(
-            f"{k} {c['engine_s'] * 1e3:.2f} vs {c['simulated_s'] * 1e3:.2f} ms "
-            f"({c['relative_error']:+.0%}{'' if c['within'] else ' OUT'})"
-            for k, c in p["comparison"].items()
-        )
-        print(
-            f"  {p['load']:.0%} ({p['rate_requests_per_s']:.1f}/s, "
-            f"{p['load_of_rounds_saturation']:.0%} of the rounds'): {row}"
-        )
+        for which in SPEEDS:
+            row = "; ".join(
+                f"{k} {c['engine_s'] * 1e3:.2f} vs {c['simulated_s'] * 1e3:.2f} ms "
+                f"({c['relative_error']:+.0%}{'' if c['within'] else ' OUT'})"
+                for k, c in p[f"comparison_{which}_speed"].items()
+            )
+            print(f"  {p['load']:.0%}, speed {which}: {row}")
     print(f"all within bounds: {result['all_within_bounds']}; wrote {args.out}")
 
 
@@ -293,18 +353,19 @@ if __name__ == "__main__":
 
 
 def markdown(d: dict) -> str:
-    """The README's table of a result: per load, engine / simulated TTFT and ITL P50 and P90."""
-    lines = ["| load (of the rounds' saturation) | TTFT P50 | TTFT P90 | ITL P50 | ITL P90 |",
-             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    """The README's table of a result: per load and speed, engine / simulated TTFT and ITL P50
+    and P90; saturation throughput."""
+    lines = ["| load | speed | TTFT P50 | TTFT P90 | ITL P50 | ITL P90 |",
+             "|---|---|---:|---:|---:|---:|"]  # fmt: skip
     for p in d["points"]:
-        e, s = p["engine"], p["simulated"]
-        cells = [f"{e[k] * 1e3:.2f} / {s[k] * 1e3:.2f} ms ({s[k] / e[k] - 1:+.0%})"
-                 for k in ("ttft_s_p50", "ttft_s_p90", "itl_s_p50", "itl_s_p90")]  # fmt: skip
-        rate, of = p["rate_requests_per_s"], p["load_of_rounds_saturation"]
-        load = f"{p['load']:.0%} ({rate:.1f}/s; {of:.0%})"
-        lines.append(f"| {load} | " + " | ".join(cells) + " |")
+        e = p["engine"]
+        for which in d["speeds"]:
+            s = p[f"simulated_{which}_speed"]
+            cells = [f"{e[k] * 1e3:.2f} / {s[k] * 1e3:.2f} ms ({s[k] / e[k] - 1:+.0%})"
+                     for k in ("ttft_s_p50", "ttft_s_p90", "itl_s_p50", "itl_s_p90")]  # fmt: skip
+            lines.append(f"| {p['load']:.0%} | {which} | " + " | ".join(cells) + " |")
     sat = d["saturation"]
-    lines.append(f"| saturation | {sat['engine_tokens_per_s']:,.0f} / "
+    lines.append(f"| saturation | around | {sat['engine_tokens_per_s']:,.0f} / "
                  f"{sat['simulated_tokens_per_s']:,.0f} tokens/s "
                  f"({sat['relative_error']:+.0%}) | | | |")  # fmt: skip
     return "\n".join(lines)
