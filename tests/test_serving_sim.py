@@ -133,7 +133,7 @@ def test_a_fused_mla_chunk_is_its_own_attention_and_latent_expansion():
     near, far = (model([Scheduled(r, 512, s)]) for s in (1024, 8192))
     assert far > near
     assert far - near == pytest.approx(
-        model._request_s(512, 8192) - model._request_s(512, 1024), rel=1e-12
+        model._request_s(512, 8192)[0] - model._request_s(512, 1024)[0], rel=1e-12
     )
 
 
@@ -321,7 +321,8 @@ def test_a_hybrid_is_served_with_whole_prefills_and_its_mixers_per_request():
     r = Request(0, 0.0, 32, 4)
     both = model([Scheduled(r, 1, 64), Scheduled(r, 32, 32)])
     assert both == pytest.approx(
-        model._shared(33, 2) + model._request_s(1, 64) + model._request_s(32, 32), rel=1e-12
+        model._shared(33, 2)[0] + model._request_s(1, 64)[0] + model._request_s(32, 32)[0],
+        rel=1e-12,
     )
     with pytest.raises(KvjaxError, match="extend"):
         model([Scheduled(r, 16, 48)])
@@ -384,3 +385,34 @@ def test_a_speed_trace_stretches_the_steps_that_start_inside_it():
     assert model.speed_trace(steps, per_window=3) == SpeedTrace((0.0, 4.5), (1.0, 2.0))
     with pytest.raises(KvjaxError, match="sorted"):
         SpeedTrace((1.0, 0.0), (1.0, 1.0))
+
+
+def test_predicted_step_time_is_the_published_steps_fit():
+    """`--step-time predicted`: a batch of B decodes at S is `frontier --predict`'s step (the
+    corpus's `step` fit on `engine_step_cost`, fused attention), computed through
+    `kvjax.predict.apply`; a prompt chunk's share adds its own FLOPs and bytes."""
+    from types import SimpleNamespace
+
+    from kvjax.analytic import Workload
+    from kvjax.predict.apply import engine_step_cost, predict_step_s
+    from kvjax.serving.step_time import ClosedFormStepTime, PredictedStepTime
+
+    cfg, chip = get_model_config("llama-3-8b"), get_chip("h100-sxm")
+    step = PredictedStepTime(cfg, chip)
+    assert step.cfg.attention_kernel == "flash"
+    for b, s in ((1, 1024), (32, 4096)):
+        cost = engine_step_cost(cfg, Workload("decode", b, s), chip)
+        want = predict_step_s(cost.flops, cost.bytes, chip, cfg.compute_dtype)["predicted_s"]
+        assert step([SimpleNamespace(tokens=1, context=s)] * b) == pytest.approx(want, rel=1e-9)
+    bound = ClosedFormStepTime(cfg.replace(attention_kernel="flash"), chip)
+    decode, mixed = (
+        [SimpleNamespace(tokens=1, context=4096)],
+        [SimpleNamespace(tokens=1, context=4096), SimpleNamespace(tokens=512, context=1024)],
+    )
+    assert bound.step_cost(mixed)[1] > bound.step_cost(decode)[1]
+    assert step(mixed) > step(decode)  # the chunk's FLOPs and bytes, in the same fit
+    # the README's: a 2,048-token chunk beside 16 decodes at 8k, over the 50 ms ITL SLO
+    big = [SimpleNamespace(tokens=2048, context=4096)] + [
+        SimpleNamespace(tokens=1, context=8192)
+    ] * 16
+    assert step(big) == pytest.approx(0.075, abs=0.0005) and bound(big) < 0.05

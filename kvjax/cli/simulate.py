@@ -18,6 +18,11 @@ from kvjax.cli.args import (
 )
 from kvjax.errors import KvjaxError
 
+STEP_TIMES = {
+    "bound": "closed form (sum of kernel bounds)",
+    "predicted": "predicted (the published engine steps' fit, fused attention)",
+}
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -38,6 +43,13 @@ def add_parser(sub) -> None:
         help="share of the chip's memory the engine takes (default 0.9)",
     )
     s.add_argument("--no-prefix-caching", action="store_true")
+    s.add_argument(
+        "--step-time",
+        choices=sorted(STEP_TIMES),
+        default="bound",
+        help="bound: the sum of the closed form's kernel bounds (default); predicted: the "
+        "published-measurements fit of an engine's step (fused attention; `calc --predict`)",
+    )
     c = p.add_argument_group("cost and disaggregation")
     c.add_argument(
         "--price-per-chip-hour",
@@ -163,7 +175,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.serving.pages import PagePool
     from kvjax.serving.scheduler import Scheduler
     from kvjax.serving.simulate import report, simulate
-    from kvjax.serving.step_time import ClosedFormStepTime
+    from kvjax.serving.step_time import ClosedFormStepTime, PredictedStepTime
 
     cfg = resolve_model(args)
     chip = resolve_chip(args, cfg)
@@ -178,7 +190,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     sched = Scheduler(PagePool(pool.pages, pool.page_size), args.max_batch, budget,
                       prefix_caching=not (args.no_prefix_caching or whole),
                       chunked_prefill=not whole)  # fmt: skip
-    step = ClosedFormStepTime(cfg, chip)
+    step = (PredictedStepTime if args.step_time == "predicted" else ClosedFormStepTime)(cfg, chip)
     chips = 1
     if args.disaggregate:
         link = args.link_gb_per_s * 1e9 if args.link_gb_per_s else chip.interconnect_bytes_per_s
@@ -204,7 +216,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
         activation_bytes=pool.activation_bytes, reserve_bytes=pool.reserve_bytes,
         slot_bytes_per_request=pool.slot_bytes, token_budget=budget,
         chunked_prefill=not whole, whole_prefill_reason=whole,
-        step_time="closed form (sum of kernel bounds)",
+        step_time=STEP_TIMES[args.step_time],
     )  # fmt: skip
     return out
 

@@ -54,27 +54,60 @@ class ClosedFormStepTime:
         self._shared = lru_cache(maxsize=None)(self._shared_s)
         self._request = lru_cache(maxsize=1 << 16)(self._request_s)
 
-    def _bound(self, kernels_, keep) -> float:
-        return sum(roofline.bound_time_s(k.flops, k.bytes, self.peak, self.bw)
-                   for n, k in kernels_.items() if keep(n))  # fmt: skip
+    def _cost(self, kernels_, keep) -> tuple[float, float, float]:
+        """(sum of the kept kernels' bounds, their FLOPs, their bytes)."""
+        kept = [k for n, k in kernels_.items() if keep(n)]
+        return (sum(roofline.bound_time_s(k.flops, k.bytes, self.peak, self.bw) for k in kept),
+                sum(k.flops for k in kept), sum(k.bytes for k in kept))  # fmt: skip
 
-    def _shared_s(self, tokens: int, rows: int) -> float:
+    def _shared_s(self, tokens: int, rows: int) -> tuple[float, float, float]:
         """The context-free kernels over `tokens`, the LM head over `rows` sampled positions."""
         body = step_kernels(self.cfg, Workload("decode", tokens, 1), self.chip)
         head = step_kernels(self.cfg, Workload("decode", rows, 1), self.chip)
-        return self._bound(body, lambda n: n in self.shared and n not in LOGITS) + self._bound(
-            head, lambda n: n in self.shared and n in LOGITS
-        )
+        a = self._cost(body, lambda n: n in self.shared and n not in LOGITS)
+        b = self._cost(head, lambda n: n in self.shared and n in LOGITS)
+        return tuple(x + y for x, y in zip(a, b, strict=True))
 
-    def _request_s(self, tokens: int, context: int) -> float:
+    def _request_s(self, tokens: int, context: int) -> tuple[float, float, float]:
         try:
             ks = step_kernels(self.cfg, workload_of(tokens, context), self.chip)
         except KvjaxError as exc:
             raise KvjaxError(
                 f"{self.cfg.name}: a step of {tokens} tokens at {context}: {exc}"
             ) from None
-        return self._bound(ks, lambda n: n not in self.shared)
+        return self._cost(ks, lambda n: n not in self.shared)
+
+    def step_cost(self, batch) -> tuple[float, float, float]:
+        """The batch's (sum of kernel bounds in seconds, FLOPs, bytes), split as above."""
+        parts = [self._shared(sum(s.tokens for s in batch), len(batch)),
+                 *(self._request(s.tokens, s.context) for s in batch)]  # fmt: skip
+        return tuple(sum(p[i] for p in parts) for i in range(3))
 
     def __call__(self, batch) -> float:
-        m = sum(s.tokens for s in batch)
-        return self._shared(m, len(batch)) + sum(self._request(s.tokens, s.context) for s in batch)
+        return self.step_cost(batch)[0]
+
+
+class PredictedStepTime(ClosedFormStepTime):
+    """What a compiled engine's step is predicted to take (`kvjax.predict`): the corpus's `step`
+    class, fitted on published engine steps, t = t0 + max(F / (e_c P), Q / (e_b BW)) over the
+    step's FLOPs F and bytes Q as `ClosedFormStepTime` splits a mixed batch, on the step as
+    those engines run it (fused attention; as configured where the closed form has no fused
+    form, as `kvjax.predict.apply.engine_step_cost`). `frontier --predict`'s step prediction."""
+
+    def __init__(self, cfg: ModelConfig, chip: ChipSpec):
+        from kvjax.predict.validate import corpus_fits
+
+        fused = cfg.replace(attention_kernel="flash")
+        try:
+            for tokens, context in ((1, 64), (32, 96), (64, 64)):
+                step_kernels(fused, workload_of(tokens, context), chip)
+        except KvjaxError:
+            fused = cfg
+        super().__init__(fused, chip)
+        self.fit = corpus_fits()["step"]
+
+    def __call__(self, batch) -> float:
+        _, flops, nbytes = self.step_cost(batch)
+        f = self.fit
+        return f.t0_s + max(flops / (f.compute_efficiency * self.peak),
+                            nbytes / (f.bandwidth_efficiency * self.bw))  # fmt: skip
