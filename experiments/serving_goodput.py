@@ -1,7 +1,8 @@
 """Goodput under load (issue 41): requests arriving at a rate, served by kvjax's scheduler
 (`kvjax.serving`: token budget, chunked prefill, paged KV with prefix caching and preemption by
-recompute) on a chip whose steps take the closed form's bound, for each attention variant of
-the model (MHA, GQA, MQA, MLA) at the point's KV dtype.
+recompute) on a chip whose steps take the closed form's bound (or, with `options.step_time:
+predicted`, what the published engine steps' fit predicts: `kvjax.serving.step_time`), for each
+attention variant of the model (MHA, GQA, MQA, MLA) at the point's KV dtype.
 
 `options.prefix_len` tokens of a shared system prompt begin a fraction `options.prefix_share` of
 the prompts (their pages found in the prefix cache; the other prompts have as many tokens of their
@@ -34,7 +35,13 @@ from kvjax.serving.memory import kv_pool
 from kvjax.serving.pages import PagePool
 from kvjax.serving.scheduler import Scheduler
 from kvjax.serving.simulate import report, simulate
-from kvjax.serving.step_time import ClosedFormStepTime
+from kvjax.serving.step_time import ClosedFormStepTime, PredictedStepTime
+
+# each step as long as the closed form's bound, or as the published engine steps' fit predicts
+STEP_TIMES = {
+    "bound": (ClosedFormStepTime, "closed form (simulated)"),
+    "predicted": (PredictedStepTime, "predicted from published measurements (simulated)"),
+}
 
 OPTIONS = {
     "rates": o.list_of(o.POSITIVE),
@@ -56,6 +63,8 @@ OPTIONS = {
     "price_per_chip_hour": o.POSITIVE,
     "variants": o.BOOLEAN,
     "seed": o.NONNEGATIVE_INT,
+    "figure": o.BOOLEAN,
+    "step_time": Option(lambda v: v in STEP_TIMES, f"one of {sorted(STEP_TIMES)}"),
 }
 QUALITY = Path(__file__).resolve().parent / "results" / "quality_differences.csv"
 QUALITY_HEADS = 8  # the quality model's query heads
@@ -66,7 +75,7 @@ def run_point(point) -> list[dict]:
     opt = {"rates": [0.5, 1, 2, 4], "requests": 200, "prompt_len": 8192, "output_len": 256,
            "slo_ttft_s": 2.0, "slo_itl_s": 0.05, "attainment": 0.9, "knee_rtol": 0.02,
            "max_batch": 256, "token_budget": 2048, "page_size": 16, "price_per_chip_hour": None,
-           "prefix_len": 0, "prefix_share": 0.0,
+           "prefix_len": 0, "prefix_share": 0.0, "step_time": "bound", "figure": True,
            "variants": True, "seed": 0, **point.options}  # fmt: skip
     if opt["variants"]:
         curves = [(label, v) for label, _, v, _ in variant_configs(cfg) if v is not None]
@@ -81,9 +90,11 @@ def run_point(point) -> list[dict]:
             "chip": chip.name, "prompt_len": opt["prompt_len"], "output_len": opt["output_len"],
             "requests": opt["requests"], "slo_ttft_s": opt["slo_ttft_s"],
             "slo_itl_s": opt["slo_itl_s"], "page_size": opt["page_size"],
+            "token_budget": opt["token_budget"],
             "prefix_len": opt["prefix_len"], "prefix_share": opt["prefix_share"],
             "variants_compared": bool(opt["variants"]),
-            "source": "closed form (simulated)",
+            "in_goodput_figure": bool(opt["figure"]),
+            "source": STEP_TIMES[opt["step_time"]][1],
             **quality_cost(variant),
         }  # fmt: skip
         for rate in opt["rates"]:
@@ -94,7 +105,7 @@ def run_point(point) -> list[dict]:
 
 
 def _runner(cfg, chip, opt):
-    step = ClosedFormStepTime(cfg, chip)
+    step = STEP_TIMES[opt.get("step_time", "bound")][0](cfg, chip)
     longest = opt["prompt_len"] + opt.get("prefix_len", 0) + opt["output_len"]
     pool = kv_pool(cfg, chip, opt["page_size"], opt["token_budget"], longest)
 

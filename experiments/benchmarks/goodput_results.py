@@ -1,6 +1,8 @@
 """Export a `configs/serving_goodput.yaml` run (`experiments/serving_goodput.py`) to
-`experiments/results/serving_goodput.csv` and print the README's goodput table from it:
-`python3 -m experiments.benchmarks.goodput_results runs/serving_goodput/<run>`."""
+`experiments/results/serving_goodput.csv` (or the CSV given second: a
+`configs/serving_goodput_predicted.yaml` run to `serving_goodput_predicted.csv`) and print the
+README's goodput table from it:
+`python3 -m experiments.benchmarks.goodput_results runs/serving_goodput/<run> [CSV]`."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from kvjax.files import write_text_atomic
 from kvjax.runs.records import load_records
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "serving_goodput.csv"
+PREDICTED = OUT.with_name("serving_goodput_predicted.csv")  # configs/serving_goodput_predicted
 ORDER = {"MHA": 0, "GQA": 1, "MQA": 2, "MLA": 3}
 
 
@@ -45,12 +48,27 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def knees(df: pd.DataFrame, source: str | None = None) -> str:
+    """The knees in a line: 'MHA 0.81, GQA 3.67, ... (bf16); ... (fp8)', of one step time's
+    records (their `source`) where given."""
+    k = df[df.knee.astype(bool) & ((df.source == source) if source else True)]
+    parts = []
+    for kv in ("bf16", "fp8"):
+        rows = k[k.kv_dtype == kv].copy()
+        rows["order"] = [ORDER.get(str(v).split()[0], 9) for v in rows.variant]
+        parts.append(", ".join(f"{str(r.variant).split()[0]} {r.rate_requests_per_s:.2f}"
+                               for _, r in rows.sort_values("order").iterrows())
+                     + f" ({kv})")  # fmt: skip
+    return "; ".join(parts)
+
+
 def main(argv: list[str]) -> int:
     df = load_records(argv[0])
     df = df[df.experiment == "serving_goodput"].drop(columns=["experiment"])
     keep = [c for c in df.columns if c not in ("run_name", "run_id", "point")]
-    write_text_atomic(OUT, df[keep].to_csv(index=False))
-    print(markdown(pd.read_csv(OUT)))
+    out = Path(argv[1]) if len(argv) > 1 else OUT
+    write_text_atomic(out, df[keep].to_csv(index=False))
+    print(markdown(pd.read_csv(out)))
     return 0
 
 

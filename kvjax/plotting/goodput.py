@@ -31,6 +31,8 @@ def goodput(records: pd.DataFrame, fig) -> bool | None:
     df = records[records.experiment == "serving_goodput"]
     if "variants_compared" in df:  # the variants' comparison (a prefix sweep is one variant's)
         df = df[df.variants_compared.fillna(True).astype(bool)]
+    if "in_goodput_figure" in df:  # configs/serving_goodput_predicted.yaml's are not drawn
+        df = df[df.in_goodput_figure.fillna(True).astype(bool)]
     if df.empty:
         return False
     df = df.assign(knee=df.knee.astype(bool))
