@@ -120,7 +120,7 @@ def test_the_fit_recovers_known_coefficients():
         shape.scaled(0)
 
 
-def test_cli_serve_json_and_refusals(capsys):
+def test_cli_serve_json_and_refusals(capsys, tmp_path):
     from kvjax.cli import main
 
     argv = ["serve", "--model", "tiny-gqa", "--rate", "200", "--requests", "4",
@@ -136,6 +136,27 @@ def test_cli_serve_json_and_refusals(capsys):
         assert key in out, key
     assert out["compilations_after_warmup"] == 0 and out["prefix_caching"] is False
     assert out["max_len"] == 16 and out["kv_pool_tokens"] == 2 * 16  # 12 + 3 - 1 in 1 page
+    # the steps saved (a sweep over the buckets, then the run) and the simulator on that engine
+    steps = tmp_path / "steps.json"
+    assert main([*argv, "--json", "--save-steps", str(steps)]) == 0
+    served = json.loads(capsys.readouterr().out)
+    saved = json.loads(steps.read_text())
+    assert len(saved["runs"]) == 2 and len(saved["runs"][1]) == served["steps"]
+    assert saved["buckets"] == [2, 4, 8] and saved["kv_pool_tokens"] == 32
+    sim = ["simulate", *argv[1:], "--step-time", "fitted", "--steps", str(steps)]
+    assert main([*sim, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["requests_in"] == got["requests_out"] == 4 and got["kv_pool_tokens"] == 32
+    assert got["step_time"].startswith("fitted") and got["fit"]["steps"] > served["steps"]
+    for bad, message in (
+        ([], "--step-time fitted and --steps JSON go together"),
+        (["--model", "tiny-mqa"], "measured on 'tiny-gqa', not 'tiny-mqa'"),
+    ):
+        assert main([*sim[:-2], *bad] if not bad else [*sim, *bad]) == 2
+        assert message in capsys.readouterr().err
+    steps.write_text('{"format": "kvjax serve steps, v1", "model": "tiny-gqa"}')
+    assert main(sim) == 2
+    assert "missing device, max_batch" in capsys.readouterr().err
     # a request that can never fit: one line, exit 2, before the model is built
     assert main([*argv, "--max-len", "10"]) == 2
     err = capsys.readouterr().err.strip()
@@ -154,7 +175,8 @@ def test_the_fitted_simulator_follows_the_engine_within_a_loose_bound(engine):
     and sampling. Saturation throughput, and TTFT and ITL P50 at about a third of it, within a
     factor of 3: alone on this machine the ratios were 1.24-1.44 (throughput), 0.60-0.81 (TTFT)
     and 0.84-0.98 (ITL) in six runs; the in-sample fit under-predicts the saturated steps."""
-    from experiments.benchmarks.serving_engine_vs_sim import _bucket_sweep, _metrics
+    from experiments.benchmarks.serving_engine_vs_sim import _metrics
+    from kvjax.serving.fitted import bucket_sweep
     from kvjax.serving.load import generate
     from kvjax.serving.simulate import simulate
 
@@ -168,7 +190,7 @@ def test_the_fitted_simulator_follows_the_engine_within_a_loose_bound(engine):
     rate = 0.3 * report(sat)["throughput_tokens_per_s"] / 7  # requests/s: 7 output tokens each
     low = engine.serve(load(2, rate))
     more = [
-        engine.serve(_bucket_sweep(engine.buckets, gap_s=0.005)),
+        engine.serve(bucket_sweep(engine.buckets, gap_s=0.005)),
         engine.serve(load(11)),
         engine.serve(load(12, rate)),
     ]  # every feature's steps

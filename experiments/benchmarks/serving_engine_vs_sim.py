@@ -41,9 +41,8 @@ import numpy as np
 
 from kvjax.files import write_json_atomic
 from kvjax.model.config import get_model_config
-from kvjax.serving.fitted import FittedStepTime, SpeedTrace
+from kvjax.serving.fitted import FittedStepTime, SpeedTrace, bucket_sweep
 from kvjax.serving.load import generate
-from kvjax.serving.scheduler import Request
 from kvjax.serving.simulate import report, simulate
 
 BOUNDS = {"p50": 0.15, "p90": 0.25, "saturation": 0.15}
@@ -67,14 +66,6 @@ def _requests(n, rate, prompt, output, seed):
         for r in reqs:
             r.arrival_s = 0.0
     return reqs
-
-
-def _bucket_sweep(buckets, output_len: int = 8, each: int = 3, gap_s: float = 0.05):
-    """Calibration that reaches every compiled chunk shape: `each` requests whose prompt is
-    exactly a bucket long (one chunk of that bucket when it is admitted), `gap_s` apart, so
-    some chunks run beside the decodes of the requests before them."""
-    lens = [b for b in buckets for _ in range(each)]
-    return [Request(i, i * gap_s, p, output_len) for i, p in enumerate(lens)]
 
 
 METRICS = ("ttft_s", "itl_s")
@@ -152,7 +143,7 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
         return res, rep
 
     serve(_requests(n, None, prompt, output, 1), "warm-up (left out)")
-    calib = [serve(_bucket_sweep(eng.buckets), "calibration over the buckets")[0]]
+    calib = [serve(bucket_sweep(eng.buckets), "calibration over the buckets")[0]]
 
     def calibrate(rate, seed, what):
         calib.append(serve(_requests(n, rate, prompt, output, seed), f"{what}: calibration")[0])

@@ -39,6 +39,13 @@ def add_parser(sub) -> None:
         default=None,
         help="the scheduler's pool, if smaller than the slots' --max-batch x --max-len",
     )
+    p.add_argument(
+        "--save-steps",
+        default=None,
+        metavar="JSON",
+        help="write the measured steps (and the engine's limits) for `kvjax simulate "
+        "--step-time fitted --steps JSON`",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -67,7 +74,22 @@ def serve_report(args: argparse.Namespace) -> dict[str, Any]:
     check_requests(requests, max_len, Scheduler(PagePool(pages, P), args.max_batch, 1))
     engine = Engine(cfg, args.max_batch, max_len, args.token_budget, P, args.kv_pool_tokens,
                     seed=args.seed)  # fmt: skip
+    # with --save-steps, first a calibration over the chunk buckets, so that a fit to the saved
+    # steps has every bucket (a served run alone rarely does)
+    calibration = None
+    if args.save_steps:
+        from kvjax.serving.fitted import bucket_sweep
+
+        calibration = engine.serve(bucket_sweep(engine.buckets, max_len=max_len))
     result = engine.serve(requests)
+    if args.save_steps:
+        from kvjax.serving.fitted import save_steps
+
+        save_steps(args.save_steps, {
+            "model": cfg.name, "device": device_name(), "max_batch": args.max_batch,
+            "token_budget": args.token_budget, "page_size": P,
+            "kv_pool_tokens": engine.pool_pages * P, "buckets": list(engine.buckets)},
+            [calibration.measured, result.measured])  # fmt: skip
     out = report(result, args.slo_ttft, args.slo_itl)
     out.update(
         model=cfg.name, chip=device_name(), device=device_name(), backend=jax.default_backend(),

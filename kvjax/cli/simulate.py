@@ -21,6 +21,7 @@ from kvjax.errors import KvjaxError
 STEP_TIMES = {
     "bound": "closed form (sum of kernel bounds)",
     "predicted": "predicted (the published engine steps' fit, fused attention)",
+    "fitted": "fitted to the steps `kvjax serve` measured",
 }
 
 
@@ -48,7 +49,14 @@ def add_parser(sub) -> None:
         choices=sorted(STEP_TIMES),
         default="bound",
         help="bound: the sum of the closed form's kernel bounds (default); predicted: the "
-        "published-measurements fit of an engine's step (fused attention; `calc --predict`)",
+        "published-measurements fit of an engine's step (fused attention; `calc --predict`); "
+        "fitted: fitted to the steps of --steps, on that engine (its slots, budget and pool)",
+    )
+    s.add_argument(
+        "--steps",
+        default=None,
+        metavar="JSON",
+        help="the measured steps of `kvjax serve --save-steps JSON`, for --step-time fitted",
     )
     c = p.add_argument_group("cost and disaggregation")
     c.add_argument(
@@ -178,8 +186,12 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.serving.step_time import ClosedFormStepTime, PredictedStepTime
 
     cfg = resolve_model(args)
-    chip = resolve_chip(args, cfg)
+    if (args.step_time == "fitted") != (args.steps is not None):
+        raise KvjaxError("--step-time fitted and --steps JSON go together (one without the other)")
     requests = load_requests(args)
+    if args.steps is not None:
+        return fitted_report(args, cfg, requests)
+    chip = resolve_chip(args, cfg)
     longest = max(r.prompt_len + r.output_len for r in requests)
     # no closed-form extend for sliding-window or state layers: prompts prefilled whole (the
     # budget raised to the longest request, as an engine without chunked prefill runs)
@@ -217,6 +229,41 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
         slot_bytes_per_request=pool.slot_bytes, token_budget=budget,
         chunked_prefill=not whole, whole_prefill_reason=whole,
         step_time=STEP_TIMES[args.step_time],
+    )  # fmt: skip
+    return out
+
+
+def fitted_report(args: argparse.Namespace, cfg, requests) -> dict[str, Any]:
+    """The simulator on the engine that measured `--steps`: its slots, token budget, pool and
+    chunk buckets, no prefix caching (the engine has none); each step the fit's mean at the
+    served run's speed times one measured/fitted ratio drawn (seeded by --seed)."""
+    from kvjax.serving.fitted import FittedStepTime, load_steps
+    from kvjax.serving.pages import PagePool
+    from kvjax.serving.scheduler import Scheduler
+    from kvjax.serving.simulate import report, simulate
+
+    engine, runs = load_steps(args.steps)
+    if engine["model"] != cfg.name:
+        raise KvjaxError(f"--steps {args.steps} were measured on {engine['model']!r}, not "
+                         f"{cfg.name!r}: give --model {engine['model']}")  # fmt: skip
+    if args.disaggregate:
+        raise KvjaxError("--disaggregate needs a chip (--step-time bound or predicted)")
+    page = engine["page_size"]
+    sched = Scheduler(PagePool(engine["kv_pool_tokens"] // page, page), engine["max_batch"],
+                      engine["token_budget"], prefix_caching=False)  # fmt: skip
+    # one shape over the saved runs (each at its own speed), at the served run's (the last) speed
+    mean, fit, speeds = FittedStepTime.fit_runs(runs, engine["buckets"])
+    step = mean.scaled(speeds[-1], fit.spread, args.seed)
+    out = report(simulate(requests, sched, step), args.slo_ttft, args.slo_itl)
+    out.update(
+        model=cfg.name, chip=engine["device"], disaggregated=False,
+        rate_requests_per_s=args.rate if not args.trace else None,
+        kv_pool_tokens=engine["kv_pool_tokens"] // page * page,
+        kv_pool_pages=engine["kv_pool_tokens"] // page, page_size=page,
+        max_batch=engine["max_batch"], token_budget=engine["token_budget"],
+        chunked_prefill=True, whole_prefill_reason=None, step_time=STEP_TIMES["fitted"],
+        fit={"steps": fit.steps, "coefficients_s": fit.coefficients_s,
+             "median_relative_error": fit.median_relative_error},
     )  # fmt: skip
     return out
 

@@ -48,6 +48,20 @@ def bucket_of(tokens: int, buckets: Sequence[int]) -> int:
     raise KvjaxError(f"a chunk of {tokens} tokens exceeds the largest bucket ({max(buckets)})")
 
 
+def bucket_sweep(buckets, output_len: int = 8, each: int = 3, gap_s: float = 0.05,
+                 max_len: int | None = None) -> list:  # fmt: skip
+    """Calibration requests that reach every compiled chunk shape: `each` requests whose prompt
+    is exactly a bucket long (one chunk of that bucket when it is admitted), `gap_s` apart, so
+    some chunks run beside the decodes of the requests before them; their outputs cut short
+    where a slot of `max_len` positions would not hold them."""
+    from kvjax.serving.scheduler import Request
+
+    lens = [b for b in buckets for _ in range(each)]
+    out = [output_len if max_len is None else max(1, min(output_len, max_len - p + 1))
+           for p in lens]  # fmt: skip
+    return [Request(i, i * gap_s, p, o) for i, (p, o) in enumerate(zip(lens, out, strict=True))]
+
+
 def _pairs(batch) -> list[tuple[int, int]]:
     """(tokens, context) per entry, from `Scheduled` entries or from pairs already."""
     return [(s.tokens, s.context) if hasattr(s, "tokens") else (int(s[0]), int(s[1]))
@@ -236,3 +250,55 @@ class FittedStepTime:
         model = model.scaled(typical)
         report = dataclasses.replace(report, coefficients_s=dict(model.coefficients_s))
         return model, report, [model.speed(run) for run in runs]
+
+
+STEPS_FORMAT = "kvjax serve steps, v1"
+ENGINE_KEYS = ("model", "device", "max_batch", "token_budget", "page_size", "kv_pool_tokens",
+               "buckets")  # fmt: skip
+
+
+def save_steps(path, engine: dict, runs: Sequence[Sequence]) -> None:
+    """An engine's measured runs (each a list of `MeasuredStep`s; the last the one served) and
+    its limits (`ENGINE_KEYS`), as JSON (atomically): `kvjax serve --save-steps`, read back by
+    `load_steps`."""
+    from kvjax.files import write_json_atomic
+
+    out = [[[[list(e) for e in s.batch], s.wall_s, s.start_s] for s in run] for run in runs]
+    write_json_atomic(path, {"format": STEPS_FORMAT, **{k: engine[k] for k in ENGINE_KEYS},
+                             "runs": out})  # fmt: skip
+
+
+def load_steps(path) -> tuple[dict, list[list[tuple[tuple, float]]]]:
+    """(the engine's limits, its runs of (batch, seconds) steps) of a `save_steps` file; a file
+    that is not one is named with what it lacks."""
+    import json
+    from pathlib import Path
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise KvjaxError(
+            f"{path}: not a steps file of `kvjax serve --save-steps` ({exc})"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != STEPS_FORMAT:
+        raise KvjaxError(f"{path}: not a steps file of `kvjax serve --save-steps` "
+                         f"(format {STEPS_FORMAT!r} expected)")  # fmt: skip
+    missing = [k for k in (*ENGINE_KEYS, "runs") if k not in data]
+    if missing:
+        raise KvjaxError(f"{path}: missing {', '.join(missing)}")
+    runs = []
+    for r, run in enumerate(data["runs"]):
+        steps = []
+        for i, row in enumerate(run):
+            try:
+                batch, wall_s = tuple((int(t), int(c)) for t, c in row[0]), float(row[1])
+            except (TypeError, ValueError, IndexError):
+                raise KvjaxError(f"{path}: run {r} step {i} is not [[[tokens, context], ...], "
+                                 "seconds, start]") from None  # fmt: skip
+            if not batch or not wall_s > 0:
+                raise KvjaxError(f"{path}: run {r} step {i} has no entry or no time ({wall_s} s)")
+            steps.append((batch, wall_s))
+        runs.append(steps)
+    if not runs or not runs[-1]:
+        raise KvjaxError(f"{path}: no steps")
+    return {k: data[k] for k in ENGINE_KEYS}, runs
