@@ -107,6 +107,19 @@ def test_decode_intensity_is_h_over_hkv(k):
     assert att.kv_bytes == 2 * (1 << 20) * k * 128 * 2  # the cache read once for all G heads
 
 
+def test_a_fused_decode_reads_a_1_byte_caches_scales_with_it():
+    """int8 with token_head scales: each cached K and V row of H = 128 one-byte elements and its
+    f32 scale, per KV head, per position (what the unfused decode's scores read, and the
+    cache's own size per token); fp8's per-tensor scales add nothing per position."""
+    for kv, per_row in (("int8", 128 + 4), ("fp8", 128)):
+        cfg = get_model_config("llama-3-8b", attention_kernel="flash", kv_dtype=kv)
+        att = step.layer_kernels(cfg, Workload("decode", 2, 4096))[kernels.ATTENTION]
+        assert att.kv_bytes == 2 * 4096 * 8 * 2 * per_row
+        unfused = step.layer_kernels(cfg.replace(attention_kernel="xla"),
+                                     Workload("decode", 2, 4097))[kernels.SCORES]  # fmt: skip
+        assert unfused.kv_bytes == 2 * 4096 * 8 * per_row  # K only: the scores' half
+
+
 def test_flash_decoding_splits_and_combine():
     cfg = get_model_config("llama-3-8b", attention_kernel="flash")
     wl = Workload("decode", 1, 8192)

@@ -355,7 +355,10 @@ def flash_attention_cost(
         )  # fmt: skip
         return FlashCost(attention + _sinks(cfg, B * T * N), None, flash, exact, computed)
     positions = attended_positions(cfg, wl, sliding)
-    cache = B * Kh * positions * shape.kv_bytes_per_position  # read once for all G heads
+    # read once for all G heads, with a 1-byte cache's per-row scales (token_head, group), as
+    # the extend above and the unfused decode read them
+    per_position = shape.kv_bytes_per_position + (0 if cfg.is_mla else 2 * scale_bytes_per_row(cfg))
+    cache = B * Kh * positions * per_position
     partials = B * T * N * flash.splits * (Hv + 2) * SCORE_BYTES if flash.splits > 1 else 0
     # Flash-decoding's partials go to the combine kernel through the L2 when they fit in half
     # of it: HBM sees neither their write nor their read.
