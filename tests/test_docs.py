@@ -125,3 +125,12 @@ def test_readme_engine_table_is_the_committed_benchmark():
     assert result["engine"]["compilations_after_warmup"] == 0
     # the README says the bounds hold in the committed run: with the trace, and out of sample
     assert result["all_within_bounds"] and result["latencies_within_bounds"]["around"]
+    # and in the two earlier runs of the protocol with the trace, not out of sample
+    earlier = ROOT / "experiments/results/serving_engine_vs_sim_earlier"
+    for name in ("2026-12-02T21-24", "2026-12-02T21-30"):
+        run = json.loads((earlier / f"{name}.json").read_text())
+        for which, holds in (("trace", True), ("around", False)):
+            within = [c["within"] for p in run["points"]
+                      for c in p[f"comparison_{which}_speed"].values()]  # fmt: skip
+            assert all(within) is holds, (name, which)
+        assert abs(run["saturation"]["relative_error"]) <= 0.15
