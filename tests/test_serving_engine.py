@@ -154,6 +154,22 @@ def test_cli_serve_json_and_refusals(capsys, tmp_path):
     ):
         assert main([*sim[:-2], *bad] if not bad else [*sim, *bad]) == 2
         assert message in capsys.readouterr().err
+    # the simulated served load, within a loose factor of the engine's own (4 requests)
+    for key in ("ttft_s", "itl_s"):
+        assert 1 / 3 < got[key]["p50"] / served[key]["p50"] < 3, key
+    # a request the engine's slot (max_len 16) cannot hold is refused as `serve` refuses it
+    assert main([*sim, "--prompt-len", "14", "--output-len", "8"]) == 2
+    assert "a slot holds max_len=16" in capsys.readouterr().err
+    good = json.loads(steps.read_text())
+    for change, message in (({"page_size": 0}, "page_size=0 must be a positive integer"),
+                            ({"buckets": []}, "buckets=[] must be increasing"),
+                            ({"runs": None}, "runs must be a list of runs"),
+                            ({"runs": [[{"a": 1}]]}, "run 0 step 0 is not"),
+                            ({"max_len": 4}, "largest bucket 8 is not min")):  # fmt: skip
+        steps.write_text(json.dumps({**good, **change}))
+        assert main(sim) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and str(steps) in err and message in err
     steps.write_text('{"format": "kvjax serve steps, v1", "model": "tiny-gqa"}')
     assert main(sim) == 2
     assert "missing device, max_batch" in capsys.readouterr().err

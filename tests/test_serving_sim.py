@@ -397,7 +397,16 @@ def test_predicted_step_time_is_the_published_steps_fit():
     from kvjax.predict.apply import engine_step_cost, predict_step_s
     from kvjax.serving.step_time import ClosedFormStepTime, PredictedStepTime
 
-    cfg, chip = get_model_config("llama-3-8b"), get_chip("h100-sxm")
+    chip = get_chip("h100-sxm")
+    # windowed (mistral), sinks and windows (gpt-oss), a hybrid: fused decode all the same
+    for name in ("mistral-7b", "gpt-oss-20b", "tiny-falcon-h1"):
+        model = get_model_config(name)
+        other = PredictedStepTime(model, chip)
+        cost = engine_step_cost(model, Workload("decode", 32, 8192), chip)
+        want = predict_step_s(cost.flops, cost.bytes, chip, model.compute_dtype)["predicted_s"]
+        got = other([SimpleNamespace(tokens=1, context=8192)] * 32)
+        assert other.fused and got == pytest.approx(want, rel=1e-3), name
+    cfg = get_model_config("llama-3-8b")
     step = PredictedStepTime(cfg, chip)
     assert step.cfg.attention_kernel == "flash"
     for b, s in ((1, 1024), (32, 4096)):

@@ -1,6 +1,8 @@
 """`kvjax simulate`: requests arriving at a rate, served by kvjax's scheduler on a chip whose step
-times are the closed form's bounds (`kvjax.serving`): per-request TTFT, ITL and end-to-end times,
-throughput, goodput under an SLO, preemptions, the KV pool in pages and tokens."""
+times are the closed form's bounds, or their prediction from published measurements, or on the
+engine of a `kvjax serve --save-steps` file with step times fitted to its steps
+(`kvjax.serving`): per-request TTFT, ITL and end-to-end times, throughput, goodput under an SLO,
+preemptions, the KV pool in pages and tokens."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ STEP_TIMES = {
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "simulate",
-        help="requests under load on a chip: TTFT, ITL, goodput (closed-form step times)",
+        help="requests under load on a chip: TTFT, ITL, goodput (bound, predicted or fitted)",
         description="A discrete-event simulation of serving: Poisson (or gamma) arrivals, a "
         "vLLM-v1-style scheduler (token budget, chunked prefill, paged KV with prefix caching "
         "and preemption by recompute), each step as long as the closed form's bound on the chip.",
@@ -50,7 +52,8 @@ def add_parser(sub) -> None:
         default="bound",
         help="bound: the sum of the closed form's kernel bounds (default); predicted: the "
         "published-measurements fit of an engine's step (fused attention; `calc --predict`); "
-        "fitted: fitted to the steps of --steps, on that engine (its slots, budget and pool)",
+        "fitted: fitted to the steps of --steps, on that engine (its slots, max_len, budget and "
+        "pool; --chip, --max-batch, --token-budget, --page-size, --memory-utilization unused)",
     )
     s.add_argument(
         "--steps",
@@ -237,6 +240,7 @@ def fitted_report(args: argparse.Namespace, cfg, requests) -> dict[str, Any]:
     """The simulator on the engine that measured `--steps`: its slots, token budget, pool and
     chunk buckets, no prefix caching (the engine has none); each step the fit's mean at the
     served run's speed times one measured/fitted ratio drawn (seeded by --seed)."""
+    from kvjax.measured.engine import check_requests
     from kvjax.serving.fitted import FittedStepTime, load_steps
     from kvjax.serving.pages import PagePool
     from kvjax.serving.scheduler import Scheduler
@@ -251,6 +255,7 @@ def fitted_report(args: argparse.Namespace, cfg, requests) -> dict[str, Any]:
     page = engine["page_size"]
     sched = Scheduler(PagePool(engine["kv_pool_tokens"] // page, page), engine["max_batch"],
                       engine["token_budget"], prefix_caching=False)  # fmt: skip
+    check_requests(requests, engine["max_len"], sched)  # what the engine would refuse
     # one shape over the saved runs (each at its own speed), at the served run's (the last) speed
     mean, fit, speeds = FittedStepTime.fit_runs(runs, engine["buckets"])
     step = mean.scaled(speeds[-1], fit.spread, args.seed)

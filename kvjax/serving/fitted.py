@@ -253,8 +253,9 @@ class FittedStepTime:
 
 
 STEPS_FORMAT = "kvjax serve steps, v1"
-ENGINE_KEYS = ("model", "device", "max_batch", "token_budget", "page_size", "kv_pool_tokens",
-               "buckets")  # fmt: skip
+ENGINE_KEYS = ("model", "device", "max_batch", "max_len", "token_budget", "page_size",
+               "kv_pool_tokens", "buckets")  # fmt: skip
+POSITIVE_KEYS = ("max_batch", "max_len", "token_budget", "page_size", "kv_pool_tokens")
 
 
 def save_steps(path, engine: dict, runs: Sequence[Sequence]) -> None:
@@ -286,19 +287,42 @@ def load_steps(path) -> tuple[dict, list[list[tuple[tuple, float]]]]:
     missing = [k for k in (*ENGINE_KEYS, "runs") if k not in data]
     if missing:
         raise KvjaxError(f"{path}: missing {', '.join(missing)}")
+    for k in POSITIVE_KEYS:
+        v = data[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise KvjaxError(f"{path}: {k}={v!r} must be a positive integer")
+    b = data["buckets"]
+    if (
+        not isinstance(b, list)
+        or not b
+        or b != sorted(set(b))
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in b)
+    ):
+        raise KvjaxError(f"{path}: buckets={b!r} must be increasing positive integers")
+    if b[-1] != min(data["token_budget"], data["max_len"]):
+        raise KvjaxError(f"{path}: the largest bucket {b[-1]} is not min(token_budget, max_len)"
+                         f" = {min(data['token_budget'], data['max_len'])}")  # fmt: skip
+    if data["kv_pool_tokens"] < data["page_size"]:
+        raise KvjaxError(f"{path}: kv_pool_tokens={data['kv_pool_tokens']} holds no page of "
+                         f"{data['page_size']}")  # fmt: skip
+    if not isinstance(data["runs"], list) or not all(isinstance(r, list) for r in data["runs"]):
+        raise KvjaxError(f"{path}: runs must be a list of runs, each a list of steps")
     runs = []
     for r, run in enumerate(data["runs"]):
         steps = []
         for i, row in enumerate(run):
             try:
                 batch, wall_s = tuple((int(t), int(c)) for t, c in row[0]), float(row[1])
-            except (TypeError, ValueError, IndexError):
+            except (TypeError, ValueError, IndexError, KeyError):
                 raise KvjaxError(f"{path}: run {r} step {i} is not [[[tokens, context], ...], "
                                  "seconds, start]") from None  # fmt: skip
-            if not batch or not wall_s > 0:
-                raise KvjaxError(f"{path}: run {r} step {i} has no entry or no time ({wall_s} s)")
+            if not batch or not wall_s > 0 or any(t < 1 or t > b[-1] for t, _ in batch):
+                raise KvjaxError(f"{path}: run {r} step {i} has no entry, no time ({wall_s} s) "
+                                 f"or a chunk outside the buckets")  # fmt: skip
             steps.append((batch, wall_s))
+        if not steps:
+            raise KvjaxError(f"{path}: run {r} has no steps")
         runs.append(steps)
-    if not runs or not runs[-1]:
-        raise KvjaxError(f"{path}: no steps")
+    if not runs:
+        raise KvjaxError(f"{path}: no runs")
     return {k: data[k] for k in ENGINE_KEYS}, runs

@@ -91,20 +91,35 @@ class PredictedStepTime(ClosedFormStepTime):
     """What a compiled engine's step is predicted to take (`kvjax.predict`): the corpus's `step`
     class, fitted on published engine steps, t = t0 + max(F / (e_c P), Q / (e_b BW)) over the
     step's FLOPs F and bytes Q as `ClosedFormStepTime` splits a mixed batch, on the step as
-    those engines run it (fused attention; as configured where the closed form has no fused
-    form, as `kvjax.predict.apply.engine_step_cost`). `frontier --predict`'s step prediction."""
+    those engines run it: fused attention, and a request's share as configured where the closed
+    form has no fused form for it (as `kvjax.predict.apply.engine_step_cost`). For a batch of
+    decodes, `frontier --predict`'s step prediction."""
 
     def __init__(self, cfg: ModelConfig, chip: ChipSpec):
         from kvjax.predict.validate import corpus_fits
 
+        self.configured = cfg
         fused = cfg.replace(attention_kernel="flash")
         try:
-            for tokens, context in ((1, 64), (32, 96), (64, 64)):
-                step_kernels(fused, workload_of(tokens, context), chip)
+            step_kernels(fused, workload_of(1, 64), chip)
         except KvjaxError:
             fused = cfg
         super().__init__(fused, chip)
+        self.fused = fused.attention_kernel == "flash"
+        self._unfused: ClosedFormStepTime | None = None
         self.fit = corpus_fits()["step"]
+
+    def _request_s(self, tokens: int, context: int) -> tuple[float, float, float]:
+        try:
+            return super()._request_s(tokens, context)
+        except KvjaxError:
+            if not self.fused:
+                raise
+        # no fused form for this share: as configured (a refusal there is named as above)
+        if self._unfused is None:
+            self._unfused = ClosedFormStepTime(self.configured, self.chip)
+            self._unfused.shared = self.shared
+        return self._unfused._request_s(tokens, context)
 
     def __call__(self, batch) -> float:
         _, flops, nbytes = self.step_cost(batch)
