@@ -123,14 +123,16 @@ def test_readme_engine_table_is_the_committed_benchmark():
     result = json.loads((ROOT / "experiments/results/serving_engine_vs_sim.json").read_text())
     assert markdown(result) in (ROOT / "README.md").read_text()
     assert result["engine"]["compilations_after_warmup"] == 0
-    # the README says the bounds hold in the committed run: with the trace, and out of sample
-    assert result["all_within_bounds"] and result["latencies_within_bounds"]["around"]
-    # and in the two earlier runs of the protocol with the trace, not out of sample
+    # the README's account: the bounds hold with the trace in this run and the three earlier
+    # runs of the protocol; out of sample, in the 21:34 run only
     earlier = ROOT / "experiments/results/serving_engine_vs_sim_earlier"
-    for name in ("2026-12-02T21-24", "2026-12-02T21-30"):
-        run = json.loads((earlier / f"{name}.json").read_text())
-        for which, holds in (("trace", True), ("around", False)):
+    runs = {"committed": result, **{name: json.loads((earlier / f"{name}.json").read_text())
+                                    for name in ("2026-12-02T21-24", "2026-12-02T21-30",
+                                                 "2026-12-02T21-34")}}  # fmt: skip
+    assert result["all_within_bounds"]
+    for name, run in runs.items():
+        for which in ("trace", "around"):
             within = [c["within"] for p in run["points"]
                       for c in p[f"comparison_{which}_speed"].values()]  # fmt: skip
-            assert all(within) is holds, (name, which)
+            assert all(within) is (which == "trace" or name == "2026-12-02T21-34"), (name, which)
         assert abs(run["saturation"]["relative_error"]) <= 0.15

@@ -66,9 +66,21 @@ def main(argv: list[str]) -> int:
     df = load_records(argv[0])
     df = df[df.experiment == "serving_goodput"].drop(columns=["experiment"])
     keep = [c for c in df.columns if c not in ("run_name", "run_id", "point")]
+    sources = sorted(set(df.source))
     out = Path(argv[1]) if len(argv) > 1 else OUT
+    if out == OUT and sources != ["closed form (simulated)"]:
+        print(
+            f"{argv[0]} holds {sources}: give its CSV (serving_goodput.csv is the closed "
+            f"form's table; {PREDICTED.name} the predicted config's)",
+            file=sys.stderr,
+        )
+        return 2
     write_text_atomic(out, df[keep].to_csv(index=False))
-    print(markdown(pd.read_csv(out)))
+    df = pd.read_csv(out)
+    if len(sources) == 1:
+        print(markdown(df))
+    for source in sources:
+        print(f"knees, {source}: {knees(df, source)}")
     return 0
 
 

@@ -49,9 +49,10 @@ BOUNDS = {"p50": 0.15, "p90": 0.25, "saturation": 0.15}
 LOADS = (0.3, 0.6, 0.9)
 TRACE_WINDOW = 100  # steps per window of the machine's speed over a run
 SPEEDS = {
-    "trace": f"the machine's speed over the compared run itself, one number per {TRACE_WINDOW} "
-    "steps (the bound's: the shape is the calibration runs', the batches the simulator's own)",
-    "own": "one number per compared run, its own measured time over the fit's",
+    "trace": f"in sample: the machine's speed over the compared run itself, one number per "
+    f"{TRACE_WINDOW} steps (the bound's: the shape is the calibration runs', the batches and "
+    "queues the simulator's own; the trace also absorbs the shape's error at the run's mix)",
+    "own": "in sample: one number per compared run, its own measured time over the fit's",
     "around": "out of sample: the calibration runs around it (bursts around a saturation run, "
     "the 30% and 60% ones around the compared runs)",
 }
@@ -173,12 +174,17 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
         "calibration runs' speeds " + ", ".join(f"{x:.2f}" for x in calib_speeds)
     )
 
+    # with a trace, the steps' spread within windows of the calibration runs (the run-level
+    # spread holds the drift inside a run that the trace applies already)
+    window_spread = mean_model.window_spread([c.measured for c in calib], TRACE_WINDOW)
+
     def sim(rate, seed, speed, k):
-        """The fit at `speed`, each step times a calibration step's measured/fitted ratio (within
-        its run), drawn (seeded by the round)."""
+        """The fit at `speed` (or over a speed trace), each step times a calibration step's
+        measured/fitted ratio (within its run, or its window with a trace), drawn (seeded by the
+        round)."""
         reqs = _requests(n, rate, prompt, output, seed)
         if isinstance(speed, SpeedTrace):  # the machine's speed over the run, window by window
-            step_time, trace = mean_model.scaled(1.0, fit.spread, k), speed
+            step_time, trace = mean_model.scaled(1.0, window_spread, k), speed
         else:
             step_time, trace = mean_model.scaled(speed, fit.spread, k), None
         return _metrics(report(simulate(reqs, eng.scheduler(), step_time, trace)))
@@ -258,8 +264,9 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
             "rounds": rounds,
             "arrivals": "compared: Poisson, seed 0 (the same requests every round, their times "
             "scaled to the round's rates: 30/60/90% of its own saturation run); saturation: "
-            "seed 1, all at t = 0; calibration: seed 100 (t = 0) before the rounds, seeds "
-            "101 + 2k (t = 0) and 102 + 2k (Poisson at 60%) in round k, and the bucket sweep; "
+            "seed 1, all at t = 0; calibration: the bucket sweep first, then in round k bursts "
+            "at t = 0 of seeds 100 + 4k and 101 + 4k around the saturation run, Poisson at 30% "
+            "(seed 102 + 4k) before the compared runs and at 60% (seed 103 + 4k) after them; "
             "engine numbers are medians over the rounds, simulated ones medians over the "
             "rounds' simulations (each at its round's rates and speed, its own spread seed)",
         },  # fmt: skip
@@ -291,6 +298,9 @@ def run(model: str, overrides: dict, n: int, prompt: str, output: str, max_batch
             "mean_relative_error": fit.mean_relative_error,
             "total_relative_error": fit.total_relative_error,
             "spread_p10_p50_p90": [float(x) for x in np.percentile(fit.spread, [10, 50, 90])],
+            "window_spread_p10_p50_p90": [
+                float(x) for x in np.percentile(window_spread, [10, 50, 90])
+            ],
         },  # fmt: skip
         "points": out_points,
         "runs": runs,

@@ -166,6 +166,19 @@ class FittedStepTime:
             tuple(self.speed([(s.batch, s.wall_s) for s in w]) for w in windows),
         )
 
+    def window_spread(self, runs: Sequence[Sequence], per_window: int) -> tuple[float, ...]:
+        """Each step's measured time over the fit's at its window's speed (`speed_trace` of its
+        run, `MeasuredStep`s), over their mean: the variation left within windows, what a
+        simulation given a speed trace draws (the fit's own spread, within whole runs, holds
+        the drift inside a run that the trace already applies)."""
+        ratios = []
+        for steps in runs:
+            trace = self.speed_trace(steps, per_window)
+            ratios += [s.wall_s / (self.mean_s(s.batch) * trace(s.start_s))
+                       for s in steps if self.mean_s(s.batch) > 0]  # fmt: skip
+        r = np.array(ratios)
+        return tuple((r / r.mean()).tolist())
+
     def scaled(self, speed: float, spread: Sequence[float] | None = None,
                seed: int = 0) -> FittedStepTime:  # fmt: skip
         """The same model on a machine `speed` times slower (every coefficient times it)."""
