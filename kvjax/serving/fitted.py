@@ -244,10 +244,10 @@ class FittedStepTime:
         """Fitted to several runs' steps on a machine whose speed moves between runs (a shared
         VM: the hypervisor takes its cores for tens of seconds at a time): each run's steps
         divided by that run's speed (`speed`, against the previous fit, relative to the first
-        run's), refitted, until the speeds move by less than `tol` (or `max_rounds`). The shape
-        (each feature's cost relative to the others) then comes from every run, and the spread
-        is each step's variation within its run. Returns the model at the median run's speed,
-        its report, and each run's speed against it."""
+        run's), refitted, until the speeds move by less than `tol` (refused if they still move
+        after `max_rounds`). The shape (each feature's cost relative to the others) then comes
+        from every run, and the spread is each step's variation within its run. Returns the
+        model at the median run's speed, its report, and each run's speed against it."""
         steps = [(b, s) for run in runs for b, s in run]
         model, report = cls.fit(steps, buckets)
         speeds = np.ones(len(runs))
@@ -258,6 +258,12 @@ class FittedStepTime:
             model, report = cls.fit(steps, buckets)
             if moved < tol:
                 break
+        else:  # a silently unconverged fit would put the runs' disagreement in the shape
+            raise KvjaxError(
+                f"fit_runs: the runs' speeds still moved by {moved:.3g} after max_rounds="
+                f"{max_rounds} rounds (tol={tol:g}); the runs differ by more than a speed each "
+                "(a different model, device or load): fit them apart, or raise max_rounds"
+            )
         # at the median run's speed (1: a typical run; the others' speeds against it)
         typical = float(np.median(speeds))
         model = model.scaled(typical)
