@@ -8,7 +8,10 @@ M = sum T tokens, the LM head once over the step's requests (an engine takes log
 it samples, the last position of each: vLLM's `logits_indices`), and the attention kernels
 (those whose cost does depend on the context) per request at its own T and S (decode, prefill
 from 0, or an extend of a prefill chunk: `kvjax.analytic.flash` runs a chunk of more than
-`DECODE_FORM_MAX_QUERIES` tokens as prefill's block loop over the cache).
+`DECODE_FORM_MAX_QUERIES` tokens as prefill's block loop over the cache). A decode's share is
+planned with the step's other decodes, as one batched kernel plans them (flash-decoding's splits
+fill the cores over the whole batch: a decode planned alone would split its cache B times finer,
+and its partials would spill out of the L2): the cost of the step's D decodes all at its S, over D.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from kvjax.model.config import ModelConfig
 LOGITS = {kernels.LM_HEAD, kernels.LOGIT_SCALE, kernels.LOGIT_SOFTCAP}  # at sampled rows only
 
 
-def workload_of(tokens: int, context: int) -> Workload:
-    """One request's share of a step: T new tokens reaching S positions."""
+def workload_of(tokens: int, context: int, decodes: int = 1) -> Workload:
+    """One request's share of a step: T new tokens reaching S positions (a decode among the
+    step's `decodes`: that many at S)."""
     if tokens == 1:
-        return Workload("decode", 1, context)
+        return Workload("decode", decodes, context)
     if tokens == context:
         return Workload("prefill", 1, context)
     return Workload(EXTEND, 1, context, new_tokens=tokens)
@@ -68,19 +72,23 @@ class ClosedFormStepTime:
         b = self._cost(head, lambda n: n in self.shared and n in LOGITS)
         return tuple(x + y for x, y in zip(a, b, strict=True))
 
-    def _request_s(self, tokens: int, context: int) -> tuple[float, float, float]:
+    def _request_s(self, tokens: int, context: int, decodes: int = 1) -> tuple[float, float, float]:
+        """A request's share: T tokens at S, or a decode's 1/D of the step's D decodes at S."""
         try:
-            ks = step_kernels(self.cfg, workload_of(tokens, context), self.chip)
+            ks = step_kernels(self.cfg, workload_of(tokens, context, decodes), self.chip)
         except KvjaxError as exc:
             raise KvjaxError(
                 f"{self.cfg.name}: a step of {tokens} tokens at {context}: {exc}"
             ) from None
-        return self._cost(ks, lambda n: n not in self.shared)
+        n = decodes if tokens == 1 else 1
+        return tuple(x / n for x in self._cost(ks, lambda name: name not in self.shared))
 
     def step_cost(self, batch) -> tuple[float, float, float]:
         """The batch's (sum of kernel bounds in seconds, FLOPs, bytes), split as above."""
+        d = sum(s.tokens == 1 for s in batch)
         parts = [self._shared(sum(s.tokens for s in batch), len(batch)),
-                 *(self._request(s.tokens, s.context) for s in batch)]  # fmt: skip
+                 *(self._request(s.tokens, s.context, d if s.tokens == 1 else 1)
+                   for s in batch)]  # fmt: skip
         return tuple(sum(p[i] for p in parts) for i in range(3))
 
     def __call__(self, batch) -> float:
@@ -109,9 +117,9 @@ class PredictedStepTime(ClosedFormStepTime):
         self._unfused: ClosedFormStepTime | None = None
         self.fit = corpus_fits()["step"]
 
-    def _request_s(self, tokens: int, context: int) -> tuple[float, float, float]:
+    def _request_s(self, tokens: int, context: int, decodes: int = 1) -> tuple[float, float, float]:
         try:
-            return super()._request_s(tokens, context)
+            return super()._request_s(tokens, context, decodes)
         except KvjaxError:
             if not self.fused:
                 raise
@@ -119,7 +127,7 @@ class PredictedStepTime(ClosedFormStepTime):
         if self._unfused is None:
             self._unfused = ClosedFormStepTime(self.configured, self.chip)
             self._unfused.shared = self.shared
-        return self._unfused._request_s(tokens, context)
+        return self._unfused._request_s(tokens, context, decodes)
 
     def __call__(self, batch) -> float:
         _, flops, nbytes = self.step_cost(batch)
