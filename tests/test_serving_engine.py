@@ -116,6 +116,8 @@ def test_the_fit_recovers_known_coefficients():
         assert shape.coefficients_s[name] * speeds[0] == pytest.approx(true[name], rel=1e-6)
     with pytest.raises(KvjaxError, match=r"speeds still moved by .* after max_rounds=1 rounds"):
         FittedStepTime.fit_runs(runs, buckets, max_rounds=1)
+    with pytest.raises(KvjaxError, match="max_rounds=0 must be an integer >= 1"):
+        FittedStepTime.fit_runs(runs, buckets, max_rounds=0)
     slower = shape.scaled(speeds[1])
     assert slower([(1, 9)]) == pytest.approx(1.5 * known([(1, 9)]), rel=1e-6)
     with pytest.raises(KvjaxError, match="speed=0 must be > 0"):

@@ -248,6 +248,8 @@ class FittedStepTime:
         after `max_rounds`). The shape (each feature's cost relative to the others) then comes
         from every run, and the spread is each step's variation within its run. Returns the
         model at the median run's speed, its report, and each run's speed against it."""
+        if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
+            raise KvjaxError(f"max_rounds={max_rounds!r} must be an integer >= 1")
         steps = [(b, s) for run in runs for b, s in run]
         model, report = cls.fit(steps, buckets)
         speeds = np.ones(len(runs))
