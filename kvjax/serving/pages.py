@@ -31,7 +31,10 @@ class PagePool:
         self.cached: dict[object, int] = {}  # hash -> page
         # free pages, the cached ones least recently freed first, then never-used ones
         self.free: OrderedDict[int, None] = OrderedDict((p, None) for p in range(num_pages))
-        self.hits = self.lookups = 0  # prompt pages found in the cache / looked up
+        # prompt pages found in the cache / looked up, once per admitted request (first
+        # admissions; re-admissions after a preemption apart, as vLLM's PrefixCacheStats)
+        self.hits = self.lookups = 0
+        self.preempted_hits = self.preempted_lookups = 0
 
     @property
     def free_pages(self) -> int:
@@ -53,6 +56,15 @@ class PagePool:
                 break
             out.append(page)
         return out
+
+    def count_lookup(self, pages: int, hits: int, resumed: bool = False) -> None:
+        """An admitted request looked up `pages` prompt pages and found `hits` of them."""
+        if resumed:
+            self.preempted_lookups += pages
+            self.preempted_hits += hits
+        else:
+            self.lookups += pages
+            self.hits += hits
 
     def take(self, pages: list[int]) -> None:
         """Hold cached pages (a prefix hit): each one more reference, out of the free list."""

@@ -6,9 +6,17 @@ decode takes one token, a prompt still being prefilled takes what remains of it 
 budget (chunked prefill). Each needs pages for its new tokens; when the pool has none, the
 request admitted last is preempted (its pages freed; it goes back to the front of the queue and
 recomputes its prompt and the tokens it had generated, as vLLM's preemption by recompute) until
-the pages fit or the request itself is the one preempted. Then waiting requests are admitted in
-arrival order (FCFS: the first that does not fit stops admission) while the budget, the batch
-limit and the pool allow, each starting from the pages its prompt finds in the prefix cache.
+the pages fit or the request itself is the one preempted. Then, unless this step preempted,
+waiting requests are admitted in arrival order (FCFS: the first that does not fit stops
+admission) while the budget, the batch limit and the pool allow, each starting from the pages its
+prompt finds in the prefix cache. A step that preempted admits nothing (vLLM v1's `schedule`:
+`if not preempted_reqs`): the pages it freed are for the running requests' next tokens; admitting
+the request just preempted (or the one behind it) into them would preempt it again a step later.
+
+Prefix-cache lookups and hits are counted once per admission that succeeds (vLLM v1 records them
+after `allocate_slots`), not per attempt: a request that waits and retries is counted once. A
+re-admission after a preemption is counted apart (`pool.preempted_lookups`/`preempted_hits`, as
+vLLM's `PrefixCacheStats` keeps `preempted_*`), so the hit rate is that of the first admissions.
 
 A request's tokens: its prompt, then what it generated. `computed` of them have their KV in the
 pool; a step computes the next ones, and when all it knows are computed it samples one more (the
@@ -139,6 +147,7 @@ class Scheduler:
     def schedule(self) -> list[Scheduled]:
         """The next step's batch (empty when nothing can run)."""
         budget, out = self.token_budget, []
+        preempted = self.preemptions
         for r in list(self.running):
             if r not in self.running:  # preempted below for an earlier request
                 continue
@@ -153,6 +162,8 @@ class Scheduler:
             if r in self.running:
                 out.append(Scheduled(r, tokens, r.computed + tokens))
                 budget -= tokens
+        if self.preemptions != preempted:  # vLLM v1: no admission in a step that preempted
+            return out
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:
             r = self.waiting[0]
             if not self.chunked_prefill and r.known > budget:
@@ -174,8 +185,6 @@ class Scheduler:
             full = (r.prompt_len - 1) // self.pool.page_size
             hashes = [r.page_hash(i, self.pool.page_size) for i in range(full)]
             hit = self.pool.cached_prefix(hashes)
-            self.pool.lookups += len(hashes)
-            self.pool.hits += len(hit)
         self.pool.take(hit)
         r.pages, r.computed = list(hit), max(len(hit) * self.pool.page_size, r.transferred)
         tokens = min(r.known - r.computed, budget)
@@ -184,6 +193,8 @@ class Scheduler:
             r.pages, r.computed = [], 0
             return False
         r.cached_tokens += len(hit) * self.pool.page_size
+        if self.prefix_caching:  # counted once the admission holds (not per attempt)
+            self.pool.count_lookup(full, len(hit), resumed=r.preemptions > 0)
         return True
 
     def finish_step(self, batch: list[Scheduled], now_s: float) -> list[Request]:
