@@ -74,15 +74,14 @@ def serve_report(args: argparse.Namespace) -> dict[str, Any]:
     check_requests(requests, max_len, Scheduler(PagePool(pages, P), args.max_batch, 1))
     engine = Engine(cfg, args.max_batch, max_len, args.token_budget, P, args.kv_pool_tokens,
                     seed=args.seed)  # fmt: skip
-    # with --save-steps, first a calibration over the chunk buckets (after one left out), so that
-    # a fit to the saved steps has every bucket (a served run alone rarely does)
+    # with --save-steps, first the calibration (after one left out: the first serve after the
+    # compile has outliers of 50 ms): on the step clock, so every coefficient of the step model
+    # is determined by its batches, however fast or busy the machine (a served run alone rarely
+    # holds them all, and which it holds depends on the machine's speed)
     calibration = None
     if args.save_steps:
-        from kvjax.serving.fitted import bucket_sweep
-
-        sweep = bucket_sweep(engine.buckets, max_len=max_len)
-        engine.serve(sweep)  # left out: the first serve after the compile has outliers (50 ms)
-        calibration = engine.serve(bucket_sweep(engine.buckets, max_len=max_len))
+        engine.calibrate()
+        calibration = engine.calibrate()
     result = engine.serve(requests)
     if args.save_steps:
         from kvjax.serving.fitted import save_steps
@@ -91,7 +90,8 @@ def serve_report(args: argparse.Namespace) -> dict[str, Any]:
             "model": cfg.name, "device": device_name(), "max_batch": args.max_batch,
             "max_len": max_len,
             "token_budget": args.token_budget, "page_size": P,
-            "kv_pool_tokens": engine.pool_pages * P, "buckets": list(engine.buckets)},
+            "kv_pool_tokens": engine.pool_pages * P, "buckets": list(engine.buckets),
+            "features": list(engine.features), "calibration_runs": 1},
             [calibration.measured, result.measured])  # fmt: skip
     out = report(result, args.slo_ttft, args.slo_itl)
     out.update(

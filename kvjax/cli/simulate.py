@@ -238,8 +238,11 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
 
 def fitted_report(args: argparse.Namespace, cfg, requests) -> dict[str, Any]:
     """The simulator on the engine that measured `--steps`: its slots, token budget, pool and
-    chunk buckets, no prefix caching (the engine has none); each step the fit's mean at the
-    served run's speed times one measured/fitted ratio drawn (seeded by --seed)."""
+    chunk buckets, no prefix caching (the engine has none); each step the mean of the fit to the
+    calibration runs (their shape, at their median speed) times one of their measured/fitted
+    ratios drawn (seeded by --seed). The served run is left out of the fit: its speed against
+    the fit is reported (`fit.served_speed`), so a simulation of the served load is an out of
+    sample prediction of it."""
     from kvjax.measured.engine import check_requests
     from kvjax.serving.fitted import FittedStepTime, load_steps
     from kvjax.serving.pages import PagePool
@@ -256,9 +259,14 @@ def fitted_report(args: argparse.Namespace, cfg, requests) -> dict[str, Any]:
     sched = Scheduler(PagePool(engine["kv_pool_tokens"] // page, page), engine["max_batch"],
                       engine["token_budget"], prefix_caching=False)  # fmt: skip
     check_requests(requests, engine["max_len"], sched)  # what the engine would refuse
-    # one shape over the saved runs (each at its own speed), at the served run's (the last) speed
-    mean, fit, speeds = FittedStepTime.fit_runs(runs, engine["buckets"])
-    step = mean.scaled(speeds[-1], fit.spread, args.seed)
+    # one shape over the calibration runs (each at its own speed: the machine's moves between
+    # runs), at their median speed; the served runs (after them) left out
+    calib, served = runs[: engine["calibration_runs"]], runs[engine["calibration_runs"] :]
+    try:
+        mean, fit, _ = FittedStepTime.fit_runs(calib, engine["buckets"], names=engine["features"])
+    except KvjaxError as exc:  # a hand-made file: named, with what its steps lack
+        raise KvjaxError(f"--steps {args.steps}: its calibration runs: {exc}") from None
+    step = mean.scaled(1.0, fit.spread, args.seed)
     out = report(simulate(requests, sched, step), args.slo_ttft, args.slo_itl)
     out.update(
         model=cfg.name, chip=engine["device"], disaggregated=False,
@@ -268,7 +276,10 @@ def fitted_report(args: argparse.Namespace, cfg, requests) -> dict[str, Any]:
         max_batch=engine["max_batch"], token_budget=engine["token_budget"],
         chunked_prefill=True, whole_prefill_reason=None, step_time=STEP_TIMES["fitted"],
         fit={"steps": fit.steps, "coefficients_s": fit.coefficients_s,
-             "median_relative_error": fit.median_relative_error},
+             "median_relative_error": fit.median_relative_error,
+             "calibration_runs": len(calib),
+             # measured / fitted time of each served run left out of the fit (1: as fitted)
+             "served_speed": [mean.speed(run) for run in served]},
     )  # fmt: skip
     return out
 
@@ -287,6 +298,12 @@ def print_simulation(r: dict[str, Any]) -> None:
     if r.get("slot_bytes_per_request"):
         con.print(f"  each running request also holds {r['slot_bytes_per_request']:,} B of "
                   "sliding windows and states (reserved for --max-batch requests)")  # fmt: skip
+    fit = r.get("fit")
+    if fit:
+        served = ", ".join(f"{v:.2f}x" for v in fit["served_speed"]) or "none saved"
+        con.print(f"  fitted to {fit['steps']:,} steps of {fit['calibration_runs']} calibration "
+                  f"run(s) (median step error {fit['median_relative_error']:.1%}); the served "
+                  f"run, left out, ran at {served} the fit's time")  # fmt: skip
     if r.get("whole_prefill_reason"):
         con.print(f"  prompts prefilled whole (token budget {r['token_budget']:,}), no prefix "
                   f"cache: {r['whole_prefill_reason']}")  # fmt: skip

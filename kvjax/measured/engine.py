@@ -221,12 +221,40 @@ class Engine:
         return Scheduler(PagePool(self.pool_pages, self.page_size), self.max_batch,
                          self.token_budget, prefix_caching=False)  # fmt: skip
 
+    def calibration(self) -> list[Request]:
+        """This engine's calibration requests (`kvjax.serving.calibrate.plan`), on the step
+        clock."""
+        from kvjax.serving.calibrate import plan
+
+        return plan(self.buckets, self.max_batch, self.max_len, self.token_budget,
+                    self.pool_pages, self.page_size)  # fmt: skip
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The step model's features its calibration determines (all of them unless the limits
+        merge some: `kvjax.serving.calibrate.identifiable`), from the scheduler alone."""
+        from kvjax.serving.calibrate import batches, identifiable
+
+        return identifiable(batches(self.calibration(), self.scheduler()), self.buckets)
+
+    def calibrate(self) -> EngineResult:
+        """The calibration served on the step clock: the same batches at any speed of the
+        machine, every feature of `features` determined by them."""
+        return self.serve(self.calibration(), clock="steps")
+
     def check(self, requests: list[Request], sched: Scheduler) -> None:
         check_requests(requests, self.max_len, sched)
 
-    def serve(self, requests: list[Request], sched: Scheduler | None = None) -> EngineResult:
+    def serve(self, requests: list[Request], sched: Scheduler | None = None,
+              clock: str = "wall") -> EngineResult:  # fmt: skip
         """Every request from its arrival (seconds after the start) to its last token; `sched`
-        a scheduler of its own (a smaller pool, say) instead of `scheduler()`."""
+        a scheduler of its own (a smaller pool, say) instead of `scheduler()`. With
+        `clock="steps"` a request's `arrival_s` counts steps instead (it joins before the step of
+        that number is scheduled; when nothing runs, the clock jumps to the next arrival), so the
+        batches are the scheduler's alone, the same at any speed of the machine
+        (`kvjax.serving.calibrate`); steps and tokens are still timed on the wall clock."""
+        if clock not in ("wall", "steps"):
+            raise KvjaxError(f"clock={clock!r}; allowed: wall, steps")
         pending = sorted(requests, key=lambda r: (r.arrival_s, r.id))
         if len({r.id for r in pending}) != len(pending):
             raise KvjaxError("request ids must be unique")
@@ -244,29 +272,34 @@ class Engine:
         gc.collect()  # no collector pause inside a step (vLLM freezes its heap after start-up)
         gc.disable()
         try:
-            return self._loop(pending, sched, seqs, outputs, occupant, compiled)
+            return self._loop(pending, sched, seqs, outputs, occupant, compiled, clock)
         finally:
             gc.enable()
 
-    def _loop(self, pending, sched, seqs, outputs, occupant, compiled) -> EngineResult:
+    def _loop(self, pending, sched, seqs, outputs, occupant, compiled, clock) -> EngineResult:
         import jax
 
         measured: list[MeasuredStep] = []
         pages: list[tuple[float, int]] = []
         i, done = 0, 0
         t0 = time.perf_counter()
-        now = 0.0
+        now, step_clock = 0.0, 0.0  # the wall clock, and (clock="steps") the step clock
         while done < len(pending):
             now = time.perf_counter() - t0
-            while i < len(pending) and pending[i].arrival_s <= now:
+            arrived = now if clock == "wall" else step_clock
+            while i < len(pending) and pending[i].arrival_s <= arrived:
                 sched.add(pending[i])
                 i += 1
             batch = sched.schedule()
             if not batch:
                 if i == len(pending):
                     raise KvjaxError(f"{len(sched.waiting)} requests wait and none can run")
-                time.sleep(max(0.0, pending[i].arrival_s - (time.perf_counter() - t0)))
+                if clock == "steps":
+                    step_clock = pending[i].arrival_s
+                else:
+                    time.sleep(max(0.0, pending[i].arrival_s - (time.perf_counter() - t0)))
                 continue
+            step_clock += 1
             self._seat(sched, batch, occupant)
             sampled = jax.device_get(self._run(batch, occupant, seqs))  # waits for the device
             end = time.perf_counter() - t0

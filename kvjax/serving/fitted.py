@@ -122,15 +122,22 @@ class FittedStepTime:
     as the engine's does. Without it, every step takes the fit's mean time."""
 
     def __init__(self, coefficients_s: dict[str, float], buckets: Sequence[int],
-                 spread: Sequence[float] | None = None, seed: int = 0):  # fmt: skip
-        names = feature_names(buckets)
+                 spread: Sequence[float] | None = None, seed: int = 0,
+                 names: Sequence[str] | None = None):  # fmt: skip
+        full = feature_names(buckets)
+        names = full if names is None else tuple(names)
+        unknown = [f for f in names if f not in full]
+        if unknown:
+            raise KvjaxError(f"features {unknown} unknown; allowed: {list(full)}")
         missing = [f for f in names if f not in coefficients_s]
         if missing:
             raise KvjaxError(f"coefficients for {missing} missing; expected {list(names)}")
         if any(not coefficients_s[f] >= 0 for f in names):
             raise KvjaxError(f"coefficients must be >= 0, got {coefficients_s}")
+        self.names = names
         self.coefficients_s = {f: float(coefficients_s[f]) for f in names}
         self.buckets = tuple(buckets)
+        self._cols = [full.index(f) for f in names]
         self._w = np.array([self.coefficients_s[f] for f in names])
         self.spread = None if spread is None else np.asarray(spread, dtype=float)
         if self.spread is not None and not (self.spread.size and np.all(self.spread > 0)):
@@ -139,7 +146,7 @@ class FittedStepTime:
 
     def mean_s(self, batch) -> float:
         """The fitted mean time of one step (no spread drawn)."""
-        return float(features(batch, self.buckets) @ self._w)
+        return float(features(batch, self.buckets)[self._cols] @ self._w)
 
     def speed(self, steps: Sequence[tuple[Sequence, float]]) -> float:
         """The machine's speed over these measured (batch, seconds) steps, as the fit counts it:
@@ -185,7 +192,7 @@ class FittedStepTime:
         if not speed > 0:
             raise KvjaxError(f"speed={speed!r} must be > 0")
         return FittedStepTime({f: c * speed for f, c in self.coefficients_s.items()},
-                              self.buckets, spread, seed)  # fmt: skip
+                              self.buckets, spread, seed, self.names)  # fmt: skip
 
     def __call__(self, batch) -> float:
         mean_s = self.mean_s(batch)
@@ -195,21 +202,28 @@ class FittedStepTime:
 
     @classmethod
     def fit(
-        cls, steps: Sequence[tuple[Sequence, float]], buckets: Sequence[int]
-    ) -> tuple[FittedStepTime, FitReport]:
+        cls, steps: Sequence[tuple[Sequence, float]], buckets: Sequence[int],
+        names: Sequence[str] | None = None,
+    ) -> tuple[FittedStepTime, FitReport]:  # fmt: skip
         """Fitted to (batch, measured seconds) pairs: a batch as `Scheduled` entries or
-        (tokens, context) pairs (`kvjax.measured.engine.MeasuredStep`'s `batch`, `wall_s`).
-        Refused with too few steps, or steps that leave a feature undetermined."""
+        (tokens, context) pairs (`kvjax.measured.engine.MeasuredStep`'s `batch`, `wall_s`), on
+        `names` (all of `feature_names(buckets)` by default; fewer where an engine's limits merge
+        some, `kvjax.serving.calibrate.identifiable`). Refused with too few steps, or steps that
+        leave a feature undetermined."""
         from scipy.optimize import nnls
 
-        names = feature_names(buckets)
+        full = feature_names(buckets)
+        names = full if names is None else tuple(names)
+        unknown = [n for n in names if n not in full]
+        if unknown:
+            raise KvjaxError(f"features {unknown} unknown; allowed: {list(full)}")
         need = MIN_STEPS_PER_FEATURE * len(names)
         if len(steps) < need:
             raise KvjaxError(
                 f"fitting {len(names)} coefficients ({', '.join(names)}) needs at least "
                 f"{need} measured steps; got {len(steps)}"
             )
-        X = np.stack([features(b, buckets) for b, _ in steps])
+        X = np.stack([features(b, buckets) for b, _ in steps])[:, [full.index(n) for n in names]]
         y = np.array([float(s) for _, s in steps])
         if not np.all(y > 0):
             raise KvjaxError("measured step times must be > 0 s")
@@ -224,7 +238,7 @@ class FittedStepTime:
         # plain least squares in seconds: the fitted busy time matches the measured one (a
         # queue near saturation moves with the total, more than with any one step)
         w, _ = nnls(X, y)
-        model = cls(dict(zip(names, w.tolist(), strict=True)), buckets)
+        model = cls(dict(zip(names, w.tolist(), strict=True)), buckets, names=names)
         pred = X @ w
         rel = np.abs(pred - y) / y
         # the spread keeps the mean: drawn ratios of mean 1 leave the expected busy time the
@@ -239,7 +253,7 @@ class FittedStepTime:
     @classmethod
     def fit_runs(
         cls, runs: Sequence[Sequence[tuple[Sequence, float]]], buckets: Sequence[int],
-        max_rounds: int = 200, tol: float = 1e-9,
+        max_rounds: int = 200, tol: float = 1e-9, names: Sequence[str] | None = None,
     ) -> tuple[FittedStepTime, FitReport, list[float]]:  # fmt: skip
         """Fitted to several runs' steps on a machine whose speed moves between runs (a shared
         VM: the hypervisor takes its cores for tens of seconds at a time): each run's steps
@@ -251,13 +265,13 @@ class FittedStepTime:
         if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
             raise KvjaxError(f"max_rounds={max_rounds!r} must be an integer >= 1")
         steps = [(b, s) for run in runs for b, s in run]
-        model, report = cls.fit(steps, buckets)
+        model, report = cls.fit(steps, buckets, names)
         speeds = np.ones(len(runs))
         for _ in range(max_rounds):
             now = np.array([model.speed(run) for run in runs])  # the raw runs against the fit
             moved, speeds = np.max(np.abs(now / now[0] - speeds)), now / now[0]
             steps = [(b, s / v) for run, v in zip(runs, speeds, strict=True) for b, s in run]
-            model, report = cls.fit(steps, buckets)
+            model, report = cls.fit(steps, buckets, names)
             if moved < tol:
                 break
         else:  # a silently unconverged fit would put the runs' disagreement in the shape
@@ -277,22 +291,27 @@ STEPS_FORMAT = "kvjax serve steps, v1"
 ENGINE_KEYS = ("model", "device", "max_batch", "max_len", "token_budget", "page_size",
                "kv_pool_tokens", "buckets")  # fmt: skip
 POSITIVE_KEYS = ("max_batch", "max_len", "token_budget", "page_size", "kv_pool_tokens")
+# written since the calibration on the step clock; a file without them: every feature, and
+# every run but the last a calibration run
+OPTIONAL_KEYS = ("features", "calibration_runs")
 
 
 def save_steps(path, engine: dict, runs: Sequence[Sequence]) -> None:
-    """An engine's measured runs (each a list of `MeasuredStep`s; the last the one served) and
-    its limits (`ENGINE_KEYS`), as JSON (atomically): `kvjax serve --save-steps`, read back by
-    `load_steps`."""
+    """An engine's measured runs (each a list of `MeasuredStep`s: its `calibration_runs` first,
+    the served one last) and its limits (`ENGINE_KEYS`, the fitted `features`), as JSON
+    (atomically): `kvjax serve --save-steps`, read back by `load_steps`."""
     from kvjax.files import write_json_atomic
 
     out = [[[[list(e) for e in s.batch], s.wall_s, s.start_s] for s in run] for run in runs]
-    write_json_atomic(path, {"format": STEPS_FORMAT, **{k: engine[k] for k in ENGINE_KEYS},
+    keys = [*ENGINE_KEYS, *(k for k in OPTIONAL_KEYS if k in engine)]
+    write_json_atomic(path, {"format": STEPS_FORMAT, **{k: engine[k] for k in keys},
                              "runs": out})  # fmt: skip
 
 
 def load_steps(path) -> tuple[dict, list[list[tuple[tuple, float]]]]:
-    """(the engine's limits, its runs of (batch, seconds) steps) of a `save_steps` file; a file
-    that is not one is named with what it lacks."""
+    """(the engine's limits with its `features` and `calibration_runs`, its runs of (batch,
+    seconds) steps) of a `save_steps` file; a file that is not one is named with what it
+    lacks."""
     import json
     from pathlib import Path
 
@@ -346,4 +365,13 @@ def load_steps(path) -> tuple[dict, list[list[tuple[tuple, float]]]]:
         runs.append(steps)
     if not runs:
         raise KvjaxError(f"{path}: no runs")
-    return {k: data[k] for k in ENGINE_KEYS}, runs
+    full = feature_names(b)
+    names = data.get("features", list(full))
+    if not isinstance(names, list) or not names or any(n not in full for n in names):
+        raise KvjaxError(f"{path}: features={names!r} must be a list of {list(full)}")
+    calib = data.get("calibration_runs", max(1, len(runs) - 1))
+    if isinstance(calib, bool) or not isinstance(calib, int) or not 1 <= calib <= len(runs):
+        raise KvjaxError(f"{path}: calibration_runs={calib!r} must be an integer in 1.."
+                         f"{len(runs)} (the runs)")  # fmt: skip
+    return {**{k: data[k] for k in ENGINE_KEYS}, "features": tuple(names),
+            "calibration_runs": calib}, runs  # fmt: skip
