@@ -1,7 +1,8 @@
 """Eight simulated CPU devices for the sharded-model tests (tests/test_nn_sharding.py).
 
 Set before jax is first imported (conftest is imported before the test modules). Single-device
-code is unaffected: jit runs on the first device unless arrays say otherwise.
+code is unaffected: jit runs on the first device unless arrays say otherwise. Hypothesis runs
+without a deadline (below).
 """
 
 from kvjax.devices import request_host_devices
@@ -10,7 +11,13 @@ request_host_devices(8)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 from support import require  # noqa: E402
+
+# No per-example deadline: hypothesis's default (200 ms) fails an example that a busy machine
+# runs slowly; what the tests check does not depend on the machine's speed.
+settings.register_profile("kvjax", deadline=None)
+settings.load_profile("kvjax")
 
 
 @pytest.fixture(scope="module")

@@ -44,8 +44,8 @@ def test_ceilings_are_positive_and_cached(empty_cache_home):
     cache_home = empty_cache_home
     first = load_or_measure_ceilings(quick=True)
     assert ceilings_cache_path().exists() and str(cache_home) in str(ceilings_cache_path())
-    assert first.peak("f32") > 1e9 and first.peak("bf16") > 1e9
-    assert first.bandwidth_bytes_per_s > 1e9 and first.date
+    assert first.peak("f32") > 0 and first.peak("bf16") > 0  # how high depends on the machine
+    assert first.bandwidth_bytes_per_s > 0 and first.date
     by_kernel = first.extra["bandwidth_bytes_per_s_by_kernel"]
     assert set(by_kernel) == {"read", "gemv", "copy", "triad"}
     assert first.bandwidth_bytes_per_s == max(by_kernel["read"], by_kernel["gemv"])  # best read

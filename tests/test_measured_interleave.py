@@ -11,7 +11,7 @@ def test_points_are_timed_in_turns_with_the_bandwidth_per_round():
     points = [(cfg.replace(num_kv_heads=k), Workload("decode", 1, 32)) for k in (1, 3)]
     result = time_interleaved(points, rounds=3, budget_s=0.06)
     assert len(result.bandwidth_rounds_bytes_per_s) == 3
-    assert all(b > 1e8 for b in result.bandwidth_rounds_bytes_per_s)
+    assert all(b > 0 for b in result.bandwidth_rounds_bytes_per_s)
     assert len(result.points) == 2
     for t in result.points:
         assert t.runs >= 9 and t.median_s > 0 and t.iqr_s >= 0  # at least 3 steps a round

@@ -77,7 +77,7 @@ def test_report_places_rows_and_counts_coverage(decode_profile):
     assert sum(r["median_s"] for r in rows) == pytest.approx(
         rep["coverage"] * rep["step"]["median_s"]
     )
-    assert 0 < rep["coverage"] < 2  # ops on two threads may overlap
+    assert rep["coverage"] > 0  # its ops' share of the step (two threads' ops may overlap)
     for r in rows:
         assert r["fraction_of_bound"] == pytest.approx(r["bound_s"] / r["median_s"])
     step = analytic.step_cost(prof.cfg, prof.workload)
