@@ -28,7 +28,7 @@ OPTIONS = {
     "eval_batches": o.POSITIVE_INT,
     "checkpoint_every": o.NONNEGATIVE_INT,
     "seed": o.NONNEGATIVE_INT,
-    "eval_kv_dtypes": o.list_of(o.one_of("int8", "fp8", "int4", "int2")),
+    "eval_kv_dtypes": o.list_of(o.dtype_of("int8", "fp8", "int4", "int2")),
 }
 
 
@@ -95,10 +95,10 @@ def run_point(point) -> list[dict]:
          "val_loss": last["val_loss"], "val_accuracy": last["val_accuracy"], "history": history}
     ]  # fmt: skip
     for kv in point.options.get("eval_kv_dtypes", []):  # the same model, a quantized cache
-        quantized = cfg.replace(kv_dtype=kv, kv_scales="auto")
-        q = evaluate(model, val, tc, kv_dtype=kv)
+        quantized = cfg.replace(kv_dtype=kv, kv_scales="auto")  # kv by its canonical name
+        q = evaluate(model, val, tc, kv_dtype=quantized.kv_dtype)
         records.append(
-            {**base, "eval_kv_dtype": kv, "kv_scales": quantized.kv_scale_kind,
+            {**base, "eval_kv_dtype": quantized.kv_dtype, "kv_scales": quantized.kv_scale_kind,
              "kv_bytes_per_token": analytic.kv_bytes_per_token(quantized), **q}
         )  # fmt: skip
     return records

@@ -22,7 +22,7 @@ from kvjax.runs.config import resolve
 OPTIONS = {
     "link_latency_s": o.NONNEGATIVE,
     "trace_up_to_tp": o.NONNEGATIVE_INT,
-    "trace_dtype": o.one_of("f32", "bf16", "f16"),
+    "trace_dtype": o.dtype_of("f32", "bf16", "f16"),
     "devices_per_host": o.POSITIVE_INT,
 }
 

@@ -25,6 +25,7 @@ import jax
 
 from kvjax import analytic, kernels
 from kvjax.analytic import Workload
+from kvjax.cli.args import dtype_name
 from kvjax.measured.bench import place
 from kvjax.measured.ceilings import ReadCeiling, in_run_ceilings, load_or_measure_ceilings
 from kvjax.measured.kernels import input_sets, kernel_benches
@@ -135,7 +136,7 @@ def run_mla(
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="f32")
+    parser.add_argument("--dtype", type=dtype_name, default="f32", help="f32, bf16, ... (or alias)")
     parser.add_argument("--context", type=int, default=None, help="default 32768 (MLA: 16384)")
     parser.add_argument("--budget-s", type=float, default=2.0)
     parser.add_argument("--mla", action="store_true", help="MLA absorbed, over kv_lora_rank")

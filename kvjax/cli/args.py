@@ -12,13 +12,12 @@ from typing import Any
 
 from kvjax.analytic import PHASES, Workload
 from kvjax.analytic.costs import EXTEND
+from kvjax.dtypes import allowed_dtypes, dtype_refusal
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, chip_from_numbers, get_chip
 from kvjax.model.config import (
-    DTYPE_BYTES,
     KV_SCALES,
     MLA_FORMS,
-    PACKED_KV_BYTES,
     ModelConfig,
     canonical_dtype,
     get_model_config,
@@ -79,12 +78,13 @@ def in_range(low: float, high: float, unit: str):
 
 
 def dtype_name(text: str, packed: bool = False) -> str:
+    """A dtype flag's value, canonical ('fp16' -> 'f16'); refused with the names and aliases."""
     try:
         return canonical_dtype(text, packed=packed)
     except KvjaxError:
-        allowed = [*DTYPE_BYTES, *(PACKED_KV_BYTES if packed else ())]
+        allowed = allowed_dtypes(packed)
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a dtype; allowed: {', '.join(allowed)}"
+            f"{text!r} is not a dtype{dtype_refusal(text, allowed)}"
         ) from None
 
 

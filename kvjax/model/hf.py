@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kvjax.dtypes import canonical_dtype
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
 from kvjax.model.hf_fields import (
@@ -351,9 +352,10 @@ def from_hf_config(path: str | Path, **overrides: Any) -> ModelConfig:
         fields.update(_granite_fields(f))
     if model_type == "gpt_oss":
         fields.update(_gpt_oss_fields(f, data, fields))
-    dtype = f.text("torch_dtype") or f.text("dtype")
-    if dtype:
-        fields["weight_dtype"] = fields["kv_dtype"] = dtype
+    key = "torch_dtype" if f.text("torch_dtype") else "dtype"  # newer transformers: dtype
+    if (dtype := f.text(key)) and not {"weight_dtype", "kv_dtype"} <= set(overrides):
+        # canonical ('bfloat16' -> 'bf16'), refused naming the file's key
+        fields["weight_dtype"] = fields["kv_dtype"] = canonical_dtype(dtype, f"{where}: {key}")
     if (value := f.number("rms_norm_eps")) is not None:
         fields["norm_eps"] = value
     if model_type == "gpt_oss" and data.get("rope_scaling") is None:

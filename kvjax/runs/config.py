@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from kvjax.analytic import Workload, parallel
 from kvjax.devices import batch_per_replica
+from kvjax.dtypes import canonical_dtype
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, get_chip
 from kvjax.model.config import ModelConfig, get_model_config
@@ -160,6 +161,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
             OmegaConf.update(OmegaConf.structured(ExperimentConfig), key, cfg.sweep[key][0])
         except OmegaConfBaseException as exc:
             raise _error(f"{source} (sweep.{key})", exc) from None
+    _canonical_dtypes(cfg, source)
     # every point must build a valid model / workload / chip: checked before anything runs
     for point in expand(cfg):
         try:
@@ -167,6 +169,22 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         except KvjaxError as exc:
             raise KvjaxError(f"{source}: {exc}") from None
     return cfg
+
+
+# The model's dtype fields (True: the packed 4/2-bit KV dtypes allowed too).
+_DTYPE_FIELDS = {"weight_dtype": False, "kv_dtype": True, "state_dtype": False}
+
+
+def _canonical_dtypes(cfg: DictConfig, source: str) -> None:
+    """The model's dtypes, given or swept, stored by their canonical names ('fp16' -> 'f16'):
+    the run's config, its point keys and records read alike however the file spelled them."""
+    for name, packed in _DTYPE_FIELDS.items():
+        if cfg.model[name] is not None:
+            cfg.model[name] = canonical_dtype(cfg.model[name], f"{source}: model.{name}", packed)
+        key = f"model.{name}"
+        if key in cfg.sweep:
+            swept = f"{source}: sweep.{key}"
+            cfg.sweep[key] = [canonical_dtype(v, swept, packed) for v in cfg.sweep[key]]
 
 
 def expand(cfg: DictConfig) -> list[DictConfig]:

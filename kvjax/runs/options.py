@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvjax.dtypes import dtype_choices, dtype_key
 from kvjax.errors import KvjaxError
 
 
@@ -37,6 +38,14 @@ BOOLEAN = Option(lambda v: isinstance(v, bool), "true or false")
 
 def one_of(*allowed: str) -> Option:
     return Option(lambda v: v in allowed, f"one of: {', '.join(allowed)}")
+
+
+def dtype_of(*allowed: str) -> Option:
+    """A dtype name among `allowed`, or an alias of one ('fp16' for f16; `kvjax.dtypes`)."""
+    return Option(
+        lambda v: isinstance(v, str) and dtype_key(v) in allowed,
+        f"one of: {dtype_choices(allowed)}",
+    )
 
 
 def list_of(item: Option) -> Option:
