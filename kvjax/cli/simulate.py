@@ -327,9 +327,14 @@ def print_simulation(r: dict[str, Any]) -> None:
         )
     slo = r["slo"]
     hit = "-" if r["prefix_hit_rate"] is None else f"{r['prefix_hit_rate']:.1%}"
+    limits = [
+        f"{name} <= {v} s"
+        for name, v in (("TTFT", slo["ttft_s"]), ("ITL P99", slo["itl_p99_s"]))
+        if v is not None
+    ]
+    met = f"{slo['met']} met " + ", ".join(limits) if limits else "no SLO given"
     con.print(
         f"  throughput {r['throughput_tokens_per_s']:,.0f} tokens/s; goodput "
-        f"{r['goodput_requests_per_s']:.3g} requests/s ({slo['met']} met TTFT <= "
-        f"{slo['ttft_s']} s, ITL P99 <= {slo['itl_p99_s']} s); {r['preemptions']} preemptions; "
+        f"{r['goodput_requests_per_s']:.3g} requests/s ({met}); {r['preemptions']} preemptions; "
         f"peak {r['peak_pages_in_use']:,} pages; prefix hit rate {hit}"
     )

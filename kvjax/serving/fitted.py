@@ -48,20 +48,6 @@ def bucket_of(tokens: int, buckets: Sequence[int]) -> int:
     raise KvjaxError(f"a chunk of {tokens} tokens exceeds the largest bucket ({max(buckets)})")
 
 
-def bucket_sweep(buckets, output_len: int = 8, each: int = 3, gap_s: float = 0.05,
-                 max_len: int | None = None) -> list:  # fmt: skip
-    """Calibration requests that reach every compiled chunk shape: `each` requests whose prompt
-    is exactly a bucket long (one chunk of that bucket when it is admitted), `gap_s` apart, so
-    some chunks run beside the decodes of the requests before them; their outputs cut short
-    where a slot of `max_len` positions would not hold them."""
-    from kvjax.serving.scheduler import Request
-
-    lens = [b for b in buckets for _ in range(each)]
-    out = [output_len if max_len is None else max(1, min(output_len, max_len - p + 1))
-           for p in lens]  # fmt: skip
-    return [Request(i, i * gap_s, p, o) for i, (p, o) in enumerate(zip(lens, out, strict=True))]
-
-
 def _pairs(batch) -> list[tuple[int, int]]:
     """(tokens, context) per entry, from `Scheduled` entries or from pairs already."""
     return [(s.tokens, s.context) if hasattr(s, "tokens") else (int(s[0]), int(s[1]))
