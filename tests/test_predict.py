@@ -16,6 +16,8 @@ from kvjax.predict.bounds import closed_form
 from kvjax.predict.corpus import COLUMNS, read_corpus, read_csv
 from kvjax.predict.validate import validate
 
+CORPUS = Path(__file__).parents[1] / "experiments/published"
+
 
 def _run(argv):
     out, err = io.StringIO(), io.StringIO()
@@ -73,26 +75,90 @@ def test_gemm_row_closed_form_by_hand(report):
 
 
 def test_leave_one_source_out_error_and_coverage_are_validate_md(report):
-    """The held-out error and coverage that experiments/published/VALIDATE.md states, per class
-    and over every held-out row, are what `validate` gives (the rows recounted here by hand)."""
+    """The held-out error, coverage and interval width that experiments/published/VALIDATE.md
+    states, per class and over every held-out row, are what `validate` gives (the rows recounted
+    here by hand); held out by source group, 12 groups."""
     text = (Path(__file__).parents[1] / "experiments/published/VALIDATE.md").read_text()
     table = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 9 and cells[-3].endswith("%") and cells[-2].endswith("%"):
+        if len(cells) == 10 and cells[6].endswith("%") and cells[7].endswith("%"):
             table[cells[0]] = cells
-    held = [r for r in report["rows"] if r["held_out_predicted_s"] is not None]
+    held = [r for r in report["rows"] if r["held_out_covered"] is not None]
     err = np.median([abs(r["held_out_predicted_s"] / r["measured_s"] - 1) for r in held])
     coverage = np.mean([r["held_out_covered"] for r in held])
     row = table["all held-out rows"]
-    assert (int(row[4]), row[6], row[7]) == (len(held), f"{err:.1%}", f"{coverage:.0%}")
+    groups = report["summary"]["source_groups"]
+    assert (int(row[4]), int(row[5]), row[6], row[7]) == (
+        len(held), groups, f"{err:.1%}", f"{coverage:.0%}")  # fmt: skip
+    assert groups == len({r["source_group"] for r in report["rows"]}) == 12
     for cls in ("attention_prefill", "attention_decode", "matmul", "step"):
         c, row = report["classes"][cls], table[cls]
         counts = (c["rows"], c["above_bound"], c["fitted_rows"], c["sources"])
         assert tuple(int(row[i]) for i in (1, 2, 4, 5)) == counts, cls
-        stated = (f"{c['loso_median_abs_error']:.1%}", f"{c['loso_coverage_80']:.0%}")
-        assert (row[6], row[7]) == stated, cls
+        stated = (f"{c['loso_median_abs_error']:.1%}", f"{c['loso_coverage_80']:.0%}",
+                  f"{c['interval_80_median_width']:.0%}")  # fmt: skip
+        assert (row[6], row[7], row[8]) == stated, cls
         assert c["sources"] >= 3
+
+
+def test_every_corpus_row_is_predicted_held_out_and_a_new_csv_by_the_whole_corpus(report, tmp_path):
+    """Issue 49: a corpus row's prediction never saw its source group (`predicted_s` is
+    `held_out_predicted_s`, and it says which group it left out); the same rows in a user's CSV
+    (a new source) are predicted by the fit on the whole corpus, and say so."""
+    rows = report["rows"]
+    assert all(r["predicted_s"] == r["held_out_predicted_s"] is not None for r in rows)
+    for r in rows:
+        assert r["prediction_from"] == (
+            f"held out: fitted without the source group {r['source_group']!r}"
+        )
+    # DeepGEMM's README, issues and PRs are one group: no fit that predicts one saw another
+    deepgemm = {r["source"].split(";")[0] for r in rows if r["source_group"] ==
+                "deepseek-ai/DeepGEMM"}  # fmt: skip
+    assert len(deepgemm) == 6
+    mine = tmp_path / "mine.csv"
+    mine.write_text((CORPUS / "matmul.csv").read_text())
+    theirs = validate(read_csv(mine))["rows"]
+    from kvjax.predict.validate import corpus_fits, features
+
+    whole = corpus_fits()["matmul"]
+    for r, got in zip(read_csv(mine), theirs, strict=True):
+        assert got["prediction_from"] == "the committed corpus's fit (every group)"
+        assert got["held_out_predicted_s"] is None
+        want = whole.interval([features(closed_form(r))])
+        assert (got["predicted_s"], got["predicted_lo_s"], got["predicted_hi_s"]) == tuple(
+            float(x[0]) for x in want)  # fmt: skip
+
+
+def test_nested_interval_by_hand():
+    """Three sources a, b, c: a's interval comes from b's rows predicted by the fit on c alone
+    and c's rows predicted by the fit on b alone (neither fit saw a); its prediction from the
+    fit on b and c."""
+    rng = np.random.default_rng(2)
+    xs = [model.Features(10 ** rng.uniform(9, 12), 10 ** rng.uniform(6, 9), 1e15, 3e12)
+          for _ in range(60)]  # fmt: skip
+    y = model.Fit(1e-6, 0.6, 0.7).predict(xs) * np.exp(rng.normal(0, 0.1, 60))
+    src = np.array(["a", "b", "c"] * 20)
+    v = model.leave_one_source_out(xs, y, list(src))
+
+    def on(*names):
+        keep = np.isin(src, names)
+        return model.fit([x for x, k in zip(xs, keep, strict=True) if k], y[keep])
+
+    def resid(m, name):
+        sel = src == name
+        return np.log(y[sel] / m.predict([x for x, k in zip(xs, sel, strict=True) if k]))
+
+    calib = np.sort(np.concatenate([resid(on("c"), "b"), resid(on("b"), "c")]))
+    n, k = len(calib), int(np.ceil((len(calib) + 1) * 0.9))
+    held = v.held_fits["a"]
+    assert (held.lo, held.hi) == (calib[n - k], calib[k - 1])
+    assert held.rows_held == 20 and held.rows == 40
+    sel = src == "a"
+    want = on("b", "c").predict([x for x, k in zip(xs, sel, strict=True) if k])
+    assert np.allclose(v.held_out[sel], want, rtol=0)
+    inside = (resid(on("b", "c"), "a") >= held.lo) & (resid(on("b", "c"), "a") <= held.hi)
+    assert np.array_equal(v.covered[sel], inside)
 
 
 def test_fit_recovers_parameters_and_never_predicts_below_the_bound():

@@ -81,7 +81,7 @@ def analyse(points: list[dict], peak_flops_per_s: float, bandwidth_bytes_per_s: 
         summary[cls] = {
             "points": len(ps), "groups": len(v.sources),
             "loso_median_abs_error": v.median_abs_error, "loso_coverage_80": v.coverage,
-            "fit": v.fit.to_dict(),
+            "interval_80_median_width": v.median_interval_width, "fit": v.fit.to_dict(),
         }  # fmt: skip
     return summary
 

@@ -2,8 +2,11 @@
 
 Every column is optional where the row's kind does not use it (`REQUIRED`); a column may be
 absent from a file altogether. A malformed row raises one `KvjaxError` naming the file, its line
-and the column. Rows whose `source` agree up to the first ';' are one source (a publication or a
-repository) for leave-one-source-out; what follows the ';' locates the number in it.
+and the column. Rows whose `source` agree up to the first ';' are one citation (a publication, a
+README, a pull request); what follows the ';' locates the number in it. Citations that measured
+the same implementation or came from the same team are one `source_group` (a repository or an
+organisation: DeepGEMM's README, pull requests and issues are one group), the unit a prediction
+is held out by; a row without one is a group of its own citation.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from kvjax.hardware import CHIPS
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "published"
 
 COLUMNS = (
-    "source", "chip", "dtype", "kernel", "implementation", "batch", "seq_q", "seq_kv",
-    "num_heads", "num_kv_heads", "head_dim", "causal", "latent_dim", "rope_dim", "m", "n", "k",
-    "model", "context", "measured_s", "convention", "confidence",
+    "source", "source_group", "chip", "dtype", "kernel", "implementation", "batch", "seq_q",
+    "seq_kv", "num_heads", "num_kv_heads", "head_dim", "causal", "latent_dim", "rope_dim", "m", "n",
+    "k", "model", "context", "measured_s", "convention", "confidence",
 )  # fmt: skip
 OPTIONAL = ("num_chips", "kv_dtype", "flag_reason")  # extra columns kvjax reads where present
 KERNELS = ("attention_prefill", "attention_decode", "matmul", "decode_step", "prefill_step")
@@ -66,8 +69,14 @@ class Row:
 
     @property
     def source_key(self) -> str:
-        """The publication or repository: the source up to its first ';'."""
+        """The citation: the source up to its first ';'."""
         return self.values["source"].split(";")[0].strip()
+
+    @property
+    def group(self) -> str:
+        """The independent source a prediction is held out by: `source_group`, or the
+        citation where the row names none."""
+        return self.values.get("source_group") or self.source_key
 
 
 def _bad(path: str, line: int, column: str, message: str) -> KvjaxError:

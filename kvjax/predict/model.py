@@ -15,9 +15,9 @@ each efficiency towards 1 (a class whose rows are all memory-bound says nothing 
 rows that are the fastest published measurement of their shape (what the best implementation
 of the class reaches: FlashAttention-3 or cuDNN, FlashMLA or FlashInfer, cuBLAS or DeepGEMM, a
 compiled engine); slower baselines stay in the corpus for the bound check only. Intervals are
-split-conformal on leave-one-source-out residuals: the finite-sample 10th and 90th percentile
-order statistics of log(measured / predicted) of the other sources' held-out rows (80%
-intervals). Pure numpy.
+split-conformal on leave-one-source-out residuals, nested: a source's 80% interval is the
+finite-sample 10th and 90th percentile order statistics of log(measured / predicted) of the other
+sources' rows, each predicted by a fit that saw neither them nor that source. Pure numpy.
 """
 
 from __future__ import annotations
@@ -131,12 +131,17 @@ def _around(grid: np.ndarray, i: int, log: bool = False, hi: float | None = None
 
 @dataclass(frozen=True)
 class Validation:
-    """Leave-one-source-out: each row predicted by a fit that never saw its source."""
+    """Leave-one-source-out: each row predicted by a fit that never saw its source (a source
+    group: `kvjax.predict.corpus.Row.group`), inside an interval calibrated on residuals that
+    never saw it either (nested)."""
 
-    fit: Fit  # on every source, with the conformal quantiles
-    held_out: np.ndarray  # the held-out prediction of each row (nan: a source alone)
-    covered: np.ndarray  # inside the interval built from the other sources' residuals
+    fit: Fit  # on every source, its interval from every source's held-out residuals
+    held_out: np.ndarray  # the held-out prediction of each row (nan: no fit without its source)
+    covered: np.ndarray  # inside its nested interval
     sources: list[str]
+    ratio: np.ndarray = None  # predicted / measured, held out
+    # per source: the fit on the other sources, with its nested interval ends (lo, hi)
+    held_fits: dict = None
 
     @property
     def median_abs_error(self) -> float:
@@ -146,7 +151,13 @@ class Validation:
     def coverage(self) -> float:
         return float(np.mean(self.covered[~np.isnan(self.held_out)]))
 
-    ratio: np.ndarray = None  # predicted / measured, held out
+    @property
+    def median_interval_width(self) -> float:
+        """The 80% interval's median width over the held-out rows, as a fraction of the
+        prediction: (hi - lo) / predicted."""
+        widths = [math.exp(f.hi) - math.exp(f.lo) for f in self.held_fits.values()
+                  for _ in range(f.rows_held)]  # fmt: skip
+        return float(np.median(widths)) if widths else float("nan")
 
 
 def _conformal(resid: np.ndarray, a: float) -> tuple[float, float]:
@@ -158,30 +169,68 @@ def _conformal(resid: np.ndarray, a: float) -> tuple[float, float]:
     return float(r[n - k]), float(r[k - 1])
 
 
+@dataclass(frozen=True)
+class HeldFit(Fit):
+    """A fit without one source, its interval ends nested (from residuals of fits that left
+    that source out too); `rows_held`: the source's rows it predicts."""
+
+    rows_held: int = 0
+
+
 def leave_one_source_out(
     xs: Sequence[Features], measured_s: Sequence[float], sources: Sequence[str]
 ) -> Validation:
-    """Fit once per source on the others; the held-out residuals set the 80% interval."""
+    """Fit once per source on the others: each row's held-out prediction. Its 80% interval is
+    nested split-conformal: for source g, the residuals of every other source h predicted by a
+    fit on neither g nor h (so no residual that calibrates g's interval came from a fit that saw
+    g). The whole fit (for a source not in these rows) takes its interval from every source's
+    held-out residuals."""
     y = np.asarray(measured_s, float)
     src = np.asarray(sources)
     names = sorted(set(sources))
     if len(names) < 2:
         raise KvjaxError(f"leave-one-source-out needs 2 sources or more, got {names}")
+
+    def fitted_without(*left: str) -> Fit | None:
+        keep = ~np.isin(src, left)
+        if keep.sum() < 2:
+            return None
+        return fit([x for x, k in zip(xs, keep, strict=True) if k], y[keep])
+
+    def predict(model: Fit, name: str) -> np.ndarray:
+        return model.predict([x for x, s in zip(xs, src, strict=True) if s == name])
+
     held = np.full(len(y), np.nan)
-    for name in names:
-        out = src == name
-        train = [x for x, o in zip(xs, out, strict=True) if not o]
-        model = fit(train, y[~out])
-        held[out] = model.predict([x for x, o in zip(xs, out, strict=True) if o])
+    alone = {name: fitted_without(name) for name in names}
+    for name, model in alone.items():
+        if model is not None:
+            held[src == name] = predict(model, name)
     resid = np.log(y / held)
+    # residuals of h from a fit on neither g nor h, per unordered pair
+    pair: dict[frozenset, Fit | None] = {}
     a = (1 - LEVEL) / 2
     covered = np.zeros(len(y), bool)
-    for name in names:  # each source's interval from the other sources' residuals
-        out = src == name
-        lo, hi = _conformal(resid[~out], a)
+    held_fits = {}
+    for g in names:
+        calib = []
+        for h in names:
+            if h == g:
+                continue
+            key = frozenset((g, h))
+            if key not in pair:
+                pair[key] = fitted_without(g, h)
+            if pair[key] is not None:
+                calib.append(np.log(y[src == h] / predict(pair[key], h)))
+        model = alone[g]
+        if model is None or not calib:
+            continue
+        lo, hi = _conformal(np.concatenate(calib), a)
+        out = src == g
         covered[out] = (resid[out] >= lo) & (resid[out] <= hi)
-    lo, hi = _conformal(resid, a)
+        held_fits[g] = HeldFit(model.t0_s, model.compute_efficiency, model.bandwidth_efficiency,
+                               lo, hi, model.rows, len(names) - 1, int(out.sum()))  # fmt: skip
+    lo, hi = _conformal(resid[~np.isnan(resid)], a)
     full = fit(xs, y)
     full = Fit(full.t0_s, full.compute_efficiency, full.bandwidth_efficiency, float(lo),
                float(hi), len(y), len(names))  # fmt: skip
-    return Validation(full, held, covered, names, ratio=held / y)
+    return Validation(full, held, covered, names, ratio=held / y, held_fits=held_fits)

@@ -2,9 +2,12 @@
 
 `validate(rows)` is `kvjax validate`'s report: per row the closed form for its exact shape
 (`bounds.closed_form`), the bound on its chip, `fraction_of_bound` = bound / measured (above 1:
-the measurement beats the bound, which falsifies it), and the prediction with its interval from
-a model that never saw the row's source; per kernel class the distribution of the fraction and
-the leave-one-source-out error.
+the measurement beats the bound, which falsifies it), and the prediction with its 80% interval:
+for a row of the committed corpus, from the fit that left the row's source group out (its
+interval nested: `model.leave_one_source_out`), so `predicted_s` is `held_out_predicted_s`; for
+a row of any other CSV (a new source), from the fit on the whole corpus. Each row says which
+(`prediction_from`). Per kernel class: the distribution of the fraction and the held-out error,
+coverage and interval width over the corpus's source groups.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from kvjax.predict import bounds, model
-from kvjax.predict.corpus import COLUMNS, OPTIONAL, Row, read_corpus
+from kvjax.predict.corpus import COLUMNS, CORPUS_DIR, OPTIONAL, Row, read_corpus
 
 _SHAPE = ("chip", "dtype", "kernel", "batch", "seq_q", "seq_kv", "num_heads", "num_kv_heads",
           "head_dim", "causal", "latent_dim", "rope_dim", "m", "n", "k", "model", "context",
@@ -40,7 +43,8 @@ def best_of_each_shape(rows: list[Row]) -> list[bool]:
 
 
 def fit_classes(rows: list[Row], closed: list[bounds.Closed]) -> dict[str, model.Validation]:
-    """Per class, the model fitted on the fastest rows, validated leaving one source out."""
+    """Per class, the model fitted on the fastest rows, validated leaving one source group out
+    (`Row.group`)."""
     best = best_of_each_shape(rows)
     groups: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(rows):
@@ -48,16 +52,23 @@ def fit_classes(rows: list[Row], closed: list[bounds.Closed]) -> dict[str, model
             groups[model.kernel_class(r.kernel)].append(i)
     out = {}
     for cls, idx in groups.items():
-        by_source = defaultdict(int)
+        by_group = defaultdict(int)
         for i in idx:
-            by_source[rows[i].source_key] += 1
-        if len(by_source) < 2 or len(idx) - max(by_source.values()) < 2:
-            continue  # too few rows to hold a source out (the committed corpus's fit applies)
+            by_group[rows[i].group] += 1
+        if len(by_group) < 2 or len(idx) - max(by_group.values()) < 2:
+            continue  # too few rows to hold a group out
         out[cls] = model.leave_one_source_out(
             [features(closed[i]) for i in idx], [rows[i].measured_s for i in idx],
-            [rows[i].source_key for i in idx],
+            [rows[i].group for i in idx],
         )  # fmt: skip
     return out
+
+
+def in_corpus(row: Row) -> bool:
+    """A row of the committed corpus (experiments/published/), not of a user's CSV."""
+    from pathlib import Path
+
+    return Path(row.path).resolve().parent == CORPUS_DIR.resolve()
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,24 +82,31 @@ def corpus_fits() -> dict[str, model.Fit]:
 
 def validate(rows: list[Row]) -> dict[str, Any]:
     closed = [bounds.closed_form(r) for r in rows]
-    fits = fit_classes(rows, closed)
+    corpus = [in_corpus(r) for r in rows]
+    ours = [i for i, c in enumerate(corpus) if c]
+    fits = fit_classes([rows[i] for i in ours], [closed[i] for i in ours]) if ours else {}
     best = best_of_each_shape(rows)
-    held: dict[int, tuple[float, bool]] = {}
+    held: dict[int, bool] = {}  # a fitted (fastest) corpus row: inside its held-out interval
     for cls, v in fits.items():
-        idx = [i for i, r in enumerate(rows) if best[i] and model.kernel_class(r.kernel) == cls]
+        idx = [i for i in ours if best[i] and model.kernel_class(rows[i].kernel) == cls]
         for j, i in enumerate(idx):
-            held[i] = (float(v.held_out[j]), bool(v.covered[j]))
+            if not np.isnan(v.held_out[j]):
+                held[i] = bool(v.covered[j])
     out_rows = []
-    fallback = None
+    whole = None
     for i, (r, c) in enumerate(zip(rows, closed, strict=True)):
-        fitted = fits.get(model.kernel_class(r.kernel))
+        v = fits.get(model.kernel_class(r.kernel)) if corpus[i] else None
+        fitted = v.held_fits.get(r.group) if v is not None else None
         if fitted is not None:
-            fitted = fitted.fit
-        else:  # a class these rows cannot fit alone: the committed corpus's model predicts it
-            fallback = fallback if fallback is not None else corpus_fits()
-            fitted = fallback.get(model.kernel_class(r.kernel))
+            source = f"held out: fitted without the source group {r.group!r}"
+        else:  # a new source's row (or a group no fit can leave out): the whole corpus's fit
+            whole = whole if whole is not None else corpus_fits()
+            fitted = whole.get(model.kernel_class(r.kernel))
+            source = "the committed corpus's fit (every group)" if fitted is not None else None
+            if corpus[i] and fitted is not None:
+                source += ", in sample"
         record = {k: r.values.get(k) for k in (*COLUMNS, *OPTIONAL)}
-        record.update(file=r.path, line=r.line)
+        record.update(file=r.path, line=r.line, source_group=r.group)
         fraction = c.bound_s / r.measured_s
         record.update(
             closed_flops=c.flops, closed_bytes=c.bytes, closed_intensity=c.intensity,
@@ -102,9 +120,10 @@ def validate(rows: list[Row]) -> dict[str, Any]:
             record.update(predicted_s=p, predicted_lo_s=lo, predicted_hi_s=hi)
         else:
             record.update(predicted_s=None, predicted_lo_s=None, predicted_hi_s=None)
-        h = held.get(i)
-        record.update(held_out_predicted_s=h[0] if h else None,
-                      held_out_covered=h[1] if h else None)  # fmt: skip
+        held_out = source is not None and source.startswith("held out")
+        record.update(prediction_from=source,
+                      held_out_predicted_s=record["predicted_s"] if held_out else None,
+                      held_out_covered=held.get(i))  # fmt: skip
         out_rows.append(record)
     classes = {}
     for cls in model.CLASSES:
@@ -123,6 +142,7 @@ def validate(rows: list[Row]) -> dict[str, Any]:
             entry.update(
                 fit=v.fit.to_dict(), fitted_rows=v.fit.rows, sources=v.fit.sources,
                 loso_median_abs_error=v.median_abs_error, loso_coverage_80=v.coverage,
+                interval_80_median_width=v.median_interval_width,
             )  # fmt: skip
         classes[cls] = entry
     return {
@@ -131,6 +151,7 @@ def validate(rows: list[Row]) -> dict[str, Any]:
         "summary": {
             "rows": len(rows),
             "sources": len({r.source_key for r in rows}),
+            "source_groups": len({r.group for r in rows}),
             "above_bound": sum(rec["above_bound"] for rec in out_rows),
         },
     }
