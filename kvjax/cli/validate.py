@@ -9,14 +9,17 @@ from kvjax.cli.args import emit
 from kvjax.cli.render_common import console
 
 DESCRIPTION = """\
-Each CSV row is one published measurement (columns: source, chip, dtype, kernel,
+Each CSV row is one published measurement (columns: source, source_group, chip, dtype, kernel,
 implementation, batch, seq_q, seq_kv, num_heads, num_kv_heads, head_dim, causal, latent_dim,
 rope_dim, m, n, k, model, context, measured_s, convention, confidence; optional num_chips,
 kv_dtype, flag_reason). For each row: kvjax's closed form for that exact shape, the bound on
 the chip's spec, fraction_of_bound = bound / measured (above 1: the measurement beats the
-bound, which is then wrong), and the time an efficiency model fitted on the corpus predicts
-with its 80% interval; per kernel class the distribution of the fraction and the model's
-leave-one-source-out error. Without a CSV: the committed corpus (experiments/published/)."""
+bound, which is then wrong), and the time an efficiency model predicts with its 80% interval:
+for a row of the committed corpus, the fit that left the row's source group out (nested
+interval); for a row of another CSV (a new source), the fit on the whole corpus (each row's
+prediction_from says which); per kernel class the distribution of the fraction and the model's
+leave-one-group-out error, coverage and interval width. Without a CSV: the committed corpus
+(experiments/published/)."""
 
 
 def add_parser(sub) -> None:
@@ -50,10 +53,8 @@ def print_validate(report: dict[str, Any]) -> None:
         f"{s['rows']} measurements from {s['sources']} sources; {s['above_bound']} faster than "
         "their bound (fraction_of_bound = bound / measured > 1)"
     )
-    t = Table(
-        title="per kernel class: bound / measured, and the model's leave-one-source-out error"
-    )
-    for col in ("class", "rows", "above", "min", "median", "max", "fitted", "sources",
+    t = Table(title="per kernel class: bound / measured, and the model's leave-one-group-out error")
+    for col in ("class", "rows", "above", "min", "median", "max", "fitted", "groups",
                 "median |pred/meas - 1|", "80% coverage"):  # fmt: skip
         t.add_column(col, justify="left" if col == "class" else "right")
     for cls, e in report["classes"].items():
