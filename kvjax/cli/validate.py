@@ -50,7 +50,8 @@ def print_validate(report: dict[str, Any]) -> None:
     con = console()
     s = report["summary"]
     con.print(
-        f"{s['rows']} measurements from {s['sources']} sources; {s['above_bound']} faster than "
+        f"{s['rows']} measurements from {s['sources']} sources in {s['source_groups']} groups; "
+        f"{s['above_bound']} faster than "
         "their bound (fraction_of_bound = bound / measured > 1)"
     )
     t = Table(title="per kernel class: bound / measured, and the model's leave-one-group-out error")
