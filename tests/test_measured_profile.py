@@ -117,13 +117,14 @@ def test_cli_profile_json_names_every_kernel(tmp_path, capsys, monkeypatch):
 
     load_or_measure_ceilings(quick=True)
     cfg = get_model_config("tiny-gqa")
-    for phase, context in (("decode", 8192), ("prefill", 32)):  # the CLI's B=1 default
+    # the CLI's B=1 default; two h_kv in decode, one in prefill (each point is a profiled run)
+    for phase, context, heads in (("decode", 8192, [1, 3]), ("prefill", 32, [3])):
         argv = ["profile", "--model", "tiny-gqa", "--phase", phase, "--context", str(context),
-                "--kv-heads", "1,3", "--steps", "3", "--trace-dir", str(tmp_path / phase),
-                "--json"]  # fmt: skip
+                "--kv-heads", ",".join(map(str, heads)), "--steps", "3",
+                "--trace-dir", str(tmp_path / phase), "--json"]  # fmt: skip
         assert main(argv) == 0
         report = json.loads(capsys.readouterr().out)
-        assert [p["model"]["num_kv_heads"] for p in report["points"]] == [1, 3]
+        assert [p["model"]["num_kv_heads"] for p in report["points"]] == heads
         wanted = set(analytic.step_kernels(cfg, Workload(phase, 1, context)))
         for point in report["points"]:
             named = {m for r in point["rows"] for m in r["members"]}
