@@ -7,6 +7,17 @@ import os
 
 import pytest
 
+# the XLA flag the tests compile with (tests/conftest.py)
+UNOPTIMISED = "--xla_backend_optimization_level=0"
+
+
+def optimised_env() -> dict[str, str]:
+    """This process's environment for a child that should run optimised code (a benchmark run
+    whole): XLA_FLAGS without the tests' `UNOPTIMISED`, the simulated devices kept."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if f != UNOPTIMISED)
+    return env
+
 
 def require(condition: bool, reason: str) -> None:
     if condition:
