@@ -372,3 +372,98 @@ def test_chunked_waves_read_each_chunk_once_when_a_wave_spans_chunks():
     assert got == 4 * flash.block_pairs(8192, 8192, math.gcd(rows, 8192), 128)[1]
     big = dataclasses.replace(tiles, cores=1000)  # a wave of more rows than a chunk
     assert flash.hbm_kv_positions(S, S, big, G, cfg.num_kv_heads, 512, chunk=8192)[0] == S
+
+
+def _brute_union(T, S, window=0, sinks=0, chunk=0):
+    """Key positions some query attends, by enumeration."""
+
+    def allowed(p, j):
+        if chunk:
+            return p // chunk * chunk <= j <= p
+        return j <= p and (not window or p - j < window or j < sinks)
+
+    return sum(any(allowed(S - T + i, j) for i in range(T)) for j in range(S))
+
+
+def test_the_bound_of_a_causal_a_windowed_and_a_chunked_layer_by_hand():
+    """Issue 49's bound, derived by hand: exact pairs at 4 H FLOPs a query head, Q, K, V, O once.
+    Causal Llama-3-8B prefill at 8k; Mistral's 4096 window over a 16k prefill (the band from 0);
+    a 1024-query chunk of a chunked prefill at 9k in a Llama 4 chunked layer (C = 8192: the
+    chunk starts at 8192, so 9216 - 8192 keys)."""
+    a, H = 2, 128
+    cfg = get_model_config("llama-3-8b", attention_kernel="flash")
+    N, K = cfg.num_heads, cfg.num_kv_heads
+    c = flash.compulsory_cost(cfg, Workload("prefill", 2, 8192))
+    assert c.flops == N * 2 * (8192 * 8193 // 2) * 4 * H
+    assert c.bytes == 2 * 8192 * (2 * N * H + 2 * K * H) * a  # Q, O; K, V
+    cfg = get_model_config("mistral-7b", attention_kernel="flash")
+    W, N, K = cfg.sliding_window, cfg.num_heads, cfg.num_kv_heads
+    c = flash.compulsory_cost(cfg, Workload("prefill", 1, 16384), sliding=True)
+    pairs = sum(range(1, W + 1)) + (16384 - W) * W  # p + 1 keys up to W, then W each
+    assert c.flops == N * pairs * 4 * H
+    assert c.bytes == 16384 * (2 * N * H + 2 * K * H) * a
+    cfg = get_model_config("llama-3-8b", attention_kernel="flash", sliding_window=8192,
+                           layer_pattern="L", chunked_attention=True)  # fmt: skip
+    wl = Workload("extend", 1, 9216, new_tokens=1024)
+    c = flash.compulsory_cost(cfg, wl, sliding=True)
+    pairs = sum(p - 8192 + 1 for p in range(8192, 9216))  # each query its own chunk's keys
+    assert c.flops == cfg.num_heads * pairs * 4 * H
+    assert c.kv_bytes == (9216 - 8192) * 2 * cfg.num_kv_heads * H * a  # the cache as stored
+    assert c.bytes == c.kv_bytes + 1024 * 2 * cfg.num_heads * H * a
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    S=st.integers(1, 40_000), t=st.floats(0, 1), batch=st.integers(1, 8),
+    heads=st.sampled_from([(8, 8), (32, 8), (64, 1), (16, 2)]), H=st.sampled_from([64, 128, 256]),
+    window=st.sampled_from([0, 1, 100, 4096]), sinks=st.sampled_from([0, 4]),
+    chunked=st.booleans(), causal=st.booleans(), mla=st.sampled_from(["", "absorbed", "naive"]),
+    kv=st.sampled_from(["bf16", "int8", "fp8"]), chip=st.sampled_from(["h100-sxm", "tpu-v5e",
+                                                                       "a100-80gb"]),
+)  # fmt: skip
+def test_the_bound_never_exceeds_the_implementation_model(
+    S, t, batch, heads, H, window, sinks, chunked, causal, mla, kv, chip
+):
+    """For random shapes (prefill, extend in either kernel form, decode; GQA or MLA; windows,
+    sinks, chunks; causal or not; 1-byte caches) and chips: exact FLOPs <= the plan's FLOPs and
+    compulsory bytes <= the plan's bytes, so the bound <= any time the model predicts; the key
+    union equals enumeration on small shapes."""
+    T = max(1, int(t * S))
+    if mla:  # an MLA cache in bf16 or fp8 (no scales for the latent)
+        kv = "fp8" if kv == "int8" else kv
+        cfg = get_model_config("deepseek-v3", num_layers=1, first_dense_layers=0,
+                               attention_kernel="flash", mla_decode=mla, kv_dtype=kv,
+                               kv_scales="none")  # fmt: skip
+        window = 0
+    else:
+        N, K = heads
+        cfg = get_model_config("llama-3-8b", num_heads=N, num_kv_heads=K, head_dim=H,
+                               d_model=N * H, attention_kernel="flash", kv_dtype=kv,
+                               sliding_window=window,
+            layer_pattern="L" if window else "G",
+                               chunked_attention=bool(window and chunked),
+                               sink_tokens=sinks if window and not chunked else 0)  # fmt: skip
+    if window:
+        causal = True  # a window (or chunk) is a causal mask
+    wl = Workload("prefill", batch, S) if T == S else Workload("extend", batch, S, new_tokens=T)
+    if T == 1 and S > 1:
+        wl = Workload("decode", batch, S)
+    plan = flash.plan_for_chip(cfg, wl, hardware.get_chip(chip))
+    sliding = bool(window)
+    if (
+        sliding
+        and cfg.chunked_attention
+        and flash._form(cfg, wl) == "prefill"
+        and (window % plan.block_q or window % plan.block_k or (S - T) % plan.block_q)
+    ):
+        return  # no tiling of this chunk: the plan refuses it (tested above)
+    model = flash.flash_attention_cost(cfg, wl, plan, sliding=sliding, causal=causal)
+    bound = flash.compulsory_cost(cfg, wl, sliding=sliding, causal=causal)
+    assert bound.flops <= sum(k.flops for k in model.kernels())
+    assert bound.bytes <= sum(k.bytes for k in model.kernels()) * (1 + 1e-12)
+    if T <= 60 and S <= 200:
+        w = cfg.sliding_window if sliding else 0
+        c = w if w and cfg.chunked_attention else 0
+        w, s = (0, 0) if c else (w, cfg.sink_tokens if w else 0)
+        want = _brute_union(T, S, w, s, c) if causal else S
+        assert flash.key_union(T, S, w, s, c, causal) == want

@@ -1,10 +1,14 @@
 """kvjax's closed form for a corpus row's exact shape, and its bound on the row's chip.
 
-- `attention_prefill`: the fused kernel (`kvjax.analytic.flash`), tiled and cached as the chip
-  sizes it; causal or not. In fp8 (FlashAttention-3's and cuDNN's fp8 forward) Q, K and V are
-  read in one byte and O written in bf16.
-- `attention_decode`: flash-decoding over a GQA cache, or MLA's absorbed latent (one KV head of
-  latent + rope key features, the latent also the values: FlashMLA); seq_q queries a sequence.
+- `attention_prefill`: the bound counts the exact causal (or full) pairs and Q, K, V and O
+  once (`flash.compulsory_cost`); the implementation model the fused kernel
+  (`kvjax.analytic.flash`), tiled and cached as the chip sizes it; causal or not. In fp8
+  (FlashAttention-3's and cuDNN's fp8 forward) Q, K and V are read in one byte and O written in
+  bf16.
+- `attention_decode`: the bound the exact pairs and Q, the cache and O once; the model
+  flash-decoding over a GQA cache (its splits' partials, its 64-row MMA tiles), or MLA's
+  absorbed latent (one KV head of latent + rope key features, the latent also the values:
+  FlashMLA); seq_q queries a sequence.
 - `matmul`: one GEMM C[m, n] = A[m, k] B[k, n], 2mnk FLOPs, A and B read once and C written
   once (fp8 and int8 GEMMs write bf16); `batch` groups (MoE's grouped GEMMs) each with its own B.
 - `decode_step` / `prefill_step`: the whole step of a preset (fused attention, as compiled
@@ -34,7 +38,9 @@ MMA_ROWS = 64  # the rows of one tensor-core tile a decode kernel packs its quer
 
 @dataclass(frozen=True)
 class Closed:
-    """A row's closed form on its chip: FLOPs, HBM bytes, the roofs, the work units (tiles)."""
+    """A row's closed form on its chip: the bound's FLOPs and bytes (what any implementation
+    does), the implementation model's (one plan's tiles, re-reads and partials: `flops`,
+    `bytes`, what `kvjax.predict.model` is fitted on), the roofs, the work units (tiles)."""
 
     flops: float
     bytes: float
@@ -43,14 +49,33 @@ class Closed:
     tiles: float  # programs the kernel launches (0: not a single kernel)
     cores: int
     tile_flops: float = 0.0  # FLOPs the tiles compute, padded rows included (0: = flops)
+    bound_flops: float = 0.0  # exact FLOPs (0: = flops, a GEMM's or a step's count)
+    bound_bytes: float = 0.0  # compulsory HBM bytes (0: = bytes)
+
+    @property
+    def floor_flops(self) -> float:
+        return self.bound_flops or self.flops
+
+    @property
+    def floor_bytes(self) -> float:
+        return self.bound_bytes or self.bytes
 
     @property
     def bound_s(self) -> float:
-        return max(self.flops / self.peak_flops_per_s, self.bytes / self.bandwidth_bytes_per_s)
+        """max(exact FLOPs / peak, compulsory bytes / bandwidth): no kernel beats it."""
+        return max(self.floor_flops / self.peak_flops_per_s,
+                   self.floor_bytes / self.bandwidth_bytes_per_s)  # fmt: skip
+
+    @property
+    def bound_side(self) -> str:
+        compute = self.floor_flops / self.peak_flops_per_s
+        return "compute" if compute >= self.floor_bytes / self.bandwidth_bytes_per_s else "memory"
 
     @property
     def intensity(self) -> float:
-        return self.flops / self.bytes
+        """The bound's intensity (exact FLOPs over compulsory bytes): where the roofline places
+        the kernel."""
+        return self.floor_flops / self.floor_bytes
 
 
 def _peak(chip: ChipSpec, dtype: str, row: Row) -> float:
@@ -102,13 +127,16 @@ def closed_form(row: Row) -> Closed:
         tiles = flash.plan_for_chip(cfg, wl, chip)
         causal = True if row.causal is None else row.causal
         cost = flash.flash_attention_cost(cfg, wl, tiles, causal=causal)
+        floor = flash.compulsory_cost(cfg, wl, causal=causal)
         flops = sum(k.flops for k in cost.kernels())
         nbytes = sum(k.bytes for k in cost.kernels())
+        floor_bytes = floor.bytes
         if kind == "attention_prefill" and DTYPE_BYTES[dtype] < 2:
-            # Q, K, V in fp8, O in bf16: the count above read them in bf16
+            # Q, K, V in fp8, O in bf16: the counts above read them in bf16
             a = DTYPE_BYTES[cfg.compute_dtype]
             o = row.batch * T * cfg.num_heads * cfg.head_dim * a
             nbytes = (nbytes - o) * DTYPE_BYTES[dtype] / a + o
+            floor_bytes = (floor_bytes - o) * DTYPE_BYTES[dtype] / a + o
         shape = flash.attention_shape(cfg, "prefill" if kind == "attention_prefill" else "decode")
         if kind == "attention_prefill":
             programs = row.batch * shape.query_heads * math.ceil(T / tiles.block_q)
@@ -119,7 +147,8 @@ def closed_form(row: Row) -> Closed:
             # FlashMLA's block): 16 heads x 1..4 queries cost what 64 rows cost
             rows = shape.query_heads // shape.kv_heads * T
             padded = flops * math.ceil(rows / MMA_ROWS) * MMA_ROWS / rows
-        return Closed(flops, nbytes, peak, bw, programs, chip.num_cores or 1, padded)
+        return Closed(flops, nbytes, peak, bw, programs, chip.num_cores or 1, padded,
+                      floor.flops, floor_bytes)  # fmt: skip
     if kind == "matmul":
         groups = row.batch or 1
         a = DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else 0.5

@@ -1,10 +1,14 @@
 """Every corpus row against its bound, and the efficiency model fitted on the corpus.
 
 `validate(rows)` is `kvjax validate`'s report: per row the closed form for its exact shape
-(`bounds.closed_form`), the bound on its chip, `fraction_of_bound` = bound / measured (above 1:
-the measurement beats the bound, which falsifies it), and the prediction with its 80% interval:
-for a row of the committed corpus, from the fit that left the row's source group out (its
-interval nested: `model.leave_one_source_out`), so `predicted_s` is `held_out_predicted_s`; for
+(`bounds.closed_form`): the bound on its chip (`bound_flops`, `bound_bytes`: exact FLOPs and
+compulsory bytes, what any implementation does; `bound_s` their max over the roofs),
+`fraction_of_bound` = bound / measured (above 1: the measurement beats the bound, which
+falsifies it), the implementation model's counts (`closed_flops`, `closed_bytes`: one plan's
+tiles, re-reads and partials, what the prediction is fitted on), and the prediction with its
+80% interval (its lower edge no lower than the bound): for a row of the committed corpus,
+from the fit that left the row's source group out (its interval nested:
+`model.leave_one_source_out`), so `predicted_s` is `held_out_predicted_s`; for
 a row of any other CSV (a new source), from the fit on the whole corpus. Each row says which
 (`prediction_from`). Per kernel class: the distribution of the fraction and the held-out error,
 coverage and interval width over the corpus's source groups.
@@ -109,14 +113,15 @@ def validate(rows: list[Row]) -> dict[str, Any]:
         record.update(file=r.path, line=r.line, source_group=r.group)
         fraction = c.bound_s / r.measured_s
         record.update(
-            closed_flops=c.flops, closed_bytes=c.bytes, closed_intensity=c.intensity,
+            bound_flops=c.floor_flops, bound_bytes=c.floor_bytes, bound_intensity=c.intensity,
+            closed_flops=c.flops, closed_bytes=c.bytes, closed_intensity=c.flops / c.bytes,
             peak_flops_per_s=c.peak_flops_per_s, bandwidth_bytes_per_s=c.bandwidth_bytes_per_s,
-            bound_s=c.bound_s, bound_side="compute" if c.flops / c.peak_flops_per_s
-            >= c.bytes / c.bandwidth_bytes_per_s else "memory",
+            bound_s=c.bound_s, bound_side=c.bound_side,
             fraction_of_bound=fraction, above_bound=bool(fraction > 1.0), best_of_shape=best[i],
         )  # fmt: skip
         if fitted is not None:
             p, lo, hi = (float(x[0]) for x in fitted.interval([features(c)]))
+            lo = max(lo, c.bound_s)  # no implementation beats the bound
             record.update(predicted_s=p, predicted_lo_s=lo, predicted_hi_s=hi)
         else:
             record.update(predicted_s=None, predicted_lo_s=None, predicted_hi_s=None)
