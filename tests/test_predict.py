@@ -64,8 +64,7 @@ def test_fused_attention_rows_are_bounded_by_exact_flops_and_compulsory_bytes(re
     bandwidth), derived here by hand for FA3's causal 8k row (T(T+1)/2 pairs a head, Q, K, V,
     O once) and a non-causal one, and the bound never exceeds the implementation model's counts
     or its prediction (whose interval starts at the bound); 0 rows above it."""
-    rows = [r for r in report["rows"] if r["kernel"].startswith("attention")]
-    for r in rows:
+    for r in report["rows"]:  # every row: attention, GEMMs and whole steps
         assert r["bound_s"] == pytest.approx(
             max(
                 r["bound_flops"] / r["peak_flops_per_s"],
@@ -75,6 +74,7 @@ def test_fused_attention_rows_are_bounded_by_exact_flops_and_compulsory_bytes(re
         assert r["bound_flops"] <= r["closed_flops"] and r["bound_bytes"] <= r["closed_bytes"]
         assert r["bound_s"] <= r["predicted_lo_s"] <= r["predicted_s"]
     assert not any(r["above_bound"] for r in report["rows"])
+    rows = [r for r in report["rows"] if r["kernel"].startswith("attention")]
     B, S, N, H = 2, 8192, 16, 128
     for causal, pairs in ((True, S * (S + 1) // 2), (False, S * S)):
         (row,) = [r for r in rows if r["implementation"] == "FlashAttention-3"
@@ -87,6 +87,30 @@ def test_fused_attention_rows_are_bounded_by_exact_flops_and_compulsory_bytes(re
     # the 1.5x block-causal FLOPs and 2.67x per-wave bytes are the model's, not the bound's
     assert min(r["bound_flops"] / r["closed_flops"] for r in rows) < 0.7
     assert min(r["bound_bytes"] / r["closed_bytes"] for r in rows) < 0.4
+
+
+def test_a_decode_step_row_is_bounded_by_weights_and_the_seed_cache(report):
+    """A whole decode step's bound: the weights once and the seed's KV cache 2 L h_kv d_h S B
+    bytes read once (the S positions attended), plus the B new rows written; the activations
+    between kernels are the engine's fusion, not the bound's."""
+    from kvjax import get_chip, get_model_config
+    from kvjax.analytic.costs import Workload
+    from kvjax.analytic.step import step_cost
+
+    rows = [r for r in report["rows"] if r["kernel"] == "decode_step"
+            and r["model"] == "llama-2-7b" and r["dtype"] == "bf16"]  # fmt: skip
+    assert rows
+    for r in rows:
+        cfg = get_model_config("llama-2-7b", kv_dtype=r["kv_dtype"] or "bf16",
+                               attention_kernel="flash")  # fmt: skip
+        L, K, H, B, S = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, r["batch"], r["context"]
+        b = cfg.kv_bytes_per_element
+        wl = Workload("decode", B, S)
+        weights = step_cost(cfg, wl, get_chip(r["chip"])).weight_bytes
+        assert r["bound_bytes"] == pytest.approx(
+            weights + 2 * L * K * H * S * B * b + 2 * L * K * H * B * b, rel=1e-12
+        )
+        assert r["bound_bytes"] < r["closed_bytes"]
 
 
 def test_gemm_row_closed_form_by_hand(report):

@@ -11,9 +11,12 @@
   FlashMLA); seq_q queries a sequence.
 - `matmul`: one GEMM C[m, n] = A[m, k] B[k, n], 2mnk FLOPs, A and B read once and C written
   once (fp8 and int8 GEMMs write bf16); `batch` groups (MoE's grouped GEMMs) each with its own B.
-- `decode_step` / `prefill_step`: the whole step of a preset (fused attention, as compiled
-  engines run it), weights in the row's dtype (int8/int4: weight-only, computed in bf16), the
-  cache in `kv_dtype` (bf16 when the column is absent or empty).
+- `decode_step` / `prefill_step`: the bound the step's FLOPs with the attention's exact pairs,
+  the weights, the cache's attended keys read once and the new rows written once
+  (`step_floor`); the model the whole step of a preset (fused attention, as compiled engines
+  run it, every kernel's activations through HBM), weights in the row's dtype (int8/int4:
+  weight-only, computed in bf16), the cache in `kv_dtype` (bf16 when the column is absent or
+  empty).
 A row over `num_chips` chips is bounded by their aggregate roof (the step's FLOPs and bytes
 spread evenly, collectives free): lower than any real split, so still a bound.
 """
@@ -164,7 +167,37 @@ def closed_form(row: Row) -> Closed:
         row.model, weight_dtype=weight, kv_dtype=row.kv_dtype or "bf16", attention_kernel="flash"
     )  # fmt: skip
     phase = "decode" if kind == "decode_step" else "prefill"
-    cost = step_cost(cfg, Workload(phase, row.batch, row.context), chip)
+    wl = Workload(phase, row.batch, row.context)
+    cost = step_cost(cfg, wl, chip)
     nbytes = cost.bytes - (cost.weight_bytes / 2 if dtype == "int4" else 0)  # half of int8's
     peak = _peak(chip, cfg.compute_dtype, row) * chips
-    return Closed(cost.flops, nbytes, peak, bw, 0, chip.num_cores or 1)
+    floor_flops, floor_bytes = step_floor(cfg, wl, chip)
+    weights = cost.weight_bytes / 2 if dtype == "int4" else cost.weight_bytes
+    floor_bytes += weights
+    return Closed(cost.flops, nbytes, peak, bw, 0, chip.num_cores or 1,
+                  bound_flops=floor_flops, bound_bytes=floor_bytes)  # fmt: skip
+
+
+def step_floor(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> tuple[float, float]:
+    """A step's bound for any implementation, weights aside (the caller adds them in the dtype
+    they are stored): the FLOPs of every kernel with the attention's exact pairs in place of a
+    plan's tiles (and no split combine), and the bytes no engine avoids: the cache's keys some
+    query attends read once (`flash.compulsory_cost`) and the new rows written once. The
+    activations between kernels are left out: what reaches HBM between them is the engine's
+    fusion, the implementation's choice."""
+    from collections import Counter
+
+    from kvjax import kernels
+    from kvjax.analytic.step import step_kernels
+
+    ks = step_kernels(cfg, wl, chip)
+    fused = (kernels.ATTENTION, kernels.ATTN_COMBINE)
+    flops = sum(k.flops for name, k in ks.items() if name not in fused)
+    nbytes = ks[kernels.KV_WRITE].kv_bytes if kernels.KV_WRITE in ks else 0.0
+    kinds = Counter((cfg.layer_is_sliding(i), cfg.layer_kind(i)) for i in range(cfg.num_layers))
+    for (sliding, letter), count in kinds.items():
+        if letter in "AH":  # a layer with attention (H: beside Mamba-2's heads)
+            c = flash.compulsory_cost(cfg, wl, sliding=sliding)
+            flops += count * c.flops
+            nbytes += count * c.kv_bytes
+    return flops, nbytes
