@@ -317,7 +317,15 @@ def test_published_roofline_figure(tmp_path):
 
     records = pd.DataFrame(run_point(None)).assign(experiment="published_roofline")
     assert (records.measured_flops_per_s <= records.bound_flops_per_s * (1 + 1e-9)).all()
-    assert "published_roofline.png" in {p.name for p in make_figures(records, tmp_path)}
+    written = {p.name for p in make_figures(records, tmp_path)}
+    assert {"published_roofline.png", "published_residuals.png"} <= written
+    # VALIDATE.md's residuals of the fastest fused prefills by head dimension (held out)
+    best = records[records.best_of_shape & (records.kernel == "attention_prefill")]
+    residual = best.held_out_predicted_s / best.measured_s - 1
+    by_head = residual.groupby(best.head_dim).median()
+    text = (CORPUS / "VALIDATE.md").read_text()
+    stated = ", ".join(f"{by_head[h]:+.1%} at {int(h)}" for h in (64, 128, 256))
+    assert stated in text, stated
 
 
 def test_every_corpus_row_has_a_closed_form():

@@ -54,3 +54,53 @@ def published_roofline(records: pd.DataFrame, fig) -> bool | None:
     fig.suptitle(f"{len(df)} published measurements under kvjax's roofs; "
                  f"{int(df.above_bound.sum())} above their bound", fontsize=7)  # fmt: skip
     return None
+
+
+def published_residuals(records: pd.DataFrame, fig) -> bool | None:
+    """Issue 49's check of the implementation model: each row's held-out residual
+    log2(predicted / measured) (the fit that never saw the row's source group) against the head
+    dimension and S (fused prefill), the implementation (fused attention) and the source group
+    (every class). Structure left in these panels is what the model absorbs instead of explains."""
+    import seaborn as sns
+
+    df = records[records.experiment == "published_roofline"]
+    if df.empty or "seq_kv" not in df:
+        return False
+    # the fastest measurement of each shape: what the model predicts (slower implementations of
+    # a shape, PyTorch's eager attention say, sit far below it by design)
+    df = df[df.held_out_predicted_s.notna() & df.best_of_shape.astype(bool)].copy()
+    df["residual"] = np.log2(df.held_out_predicted_s.astype(float) / df.measured_s)
+    pre = df[df.kernel == "attention_prefill"]
+    att = df[df.kernel.str.startswith("attention")]
+    axes = fig.subplots(1, 4)
+    colors = dict(zip(MARKERS, sns.color_palette("colorblind", len(MARKERS)), strict=True))
+    pre = pre.assign(mask=np.where(pre.causal.astype(bool), "causal", "not causal"),
+                     head=pre.head_dim.astype(int))  # fmt: skip
+    masks = dict(zip(("causal", "not causal"), sns.color_palette("deep", 2), strict=True))
+    sns.stripplot(data=pre, x="head", y="residual", hue="mask", ax=axes[0], size=2.5,
+                  jitter=0.25, dodge=True, palette=masks, hue_order=list(masks))  # fmt: skip
+    axes[0].set(xlabel="head dim (fused prefill)")
+    for mask, g in pre.groupby("mask"):
+        axes[1].scatter(g.seq_kv.fillna(g.seq_q), g.residual, s=5, alpha=0.7, label=mask, lw=0,
+                        color=masks[mask])  # fmt: skip
+    axes[1].set(xscale="log", xlabel="S (fused prefill)")
+    sns.stripplot(data=att, x="residual", y="implementation", hue="kernel", ax=axes[2],
+                  size=2.5, palette=colors, jitter=0.25)  # fmt: skip
+    axes[2].set(xlabel="log2(predicted / measured)", ylabel="")
+    sns.stripplot(data=df, x="residual", y="source_group", hue="kernel", ax=axes[3], size=2.5,
+                  palette=colors, jitter=0.25)  # fmt: skip
+    axes[3].set(xlabel="log2(predicted / measured)", ylabel="")
+    for ax in axes[:2]:
+        ax.set_ylabel("log2(predicted / measured), held out")
+        ax.legend(fontsize=5, frameon=True)
+    for ax in axes:
+        ax.axhline(0, color="0.3", lw=0.6) if ax in axes[:2] else ax.axvline(0, color="0.3", lw=0.6)
+        ax.tick_params(labelsize=5)
+        ax.xaxis.label.set_fontsize(6)
+        ax.yaxis.label.set_fontsize(6)
+    for ax in axes[2:]:
+        ax.legend(fontsize=4, frameon=True)
+    fig.suptitle(f"Held-out residuals of kvjax's implementation model, the {len(df)} fastest "
+                 "rows of their shapes "
+                 "(0 = exact; +1 = predicted twice the measured time)", fontsize=7)  # fmt: skip
+    return None
