@@ -32,10 +32,13 @@ def kernel_class(name: str, phase: str) -> str | None:
 
 
 def _interval(
-    fit: Fit, flops: float, nbytes: float, peak: float, bw: float, calls: int = 1
-) -> dict[str, float]:
-    """`calls` launches of one kernel (its layers), each of 1/calls of the FLOPs and bytes."""
-    p, lo, hi = fit.interval([Features(flops / calls, nbytes / calls, peak, bw)])
+    fit: Fit, flops: float, nbytes: float, peak: float, bw: float, calls: int = 1,
+    special_s: float = 0.0,
+) -> dict[str, float]:  # fmt: skip
+    """`calls` launches of one kernel (its layers), each of 1/calls of the FLOPs and bytes (and of
+    the exponentials' `special_s`)."""
+    x = Features(flops / calls, nbytes / calls, peak, bw, special_s=special_s / calls)
+    p, lo, hi = fit.interval([x])
     return {"predicted_s": calls * float(p[0]), "predicted_lo_s": calls * float(lo[0]),
             "predicted_hi_s": calls * float(hi[0])}  # fmt: skip
 
@@ -51,12 +54,20 @@ def predict_step(
     phase, layers = wl.phase, cfg.num_layers
     peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
     out = []
+    exps = 0.0  # the fused attention's exponentials, at the chip's special-function rate
+    if any(k["name"] == kernels.ATTENTION for k in placed):
+        from kvjax.analytic.step import step_kernels
+        from kvjax.predict.bounds import special_seconds
+
+        fused = step_kernels(cfg, wl, chip).get(kernels.ATTENTION)
+        exps = special_seconds(fused.transcendentals, chip) if fused is not None else 0.0
     for k in placed:
         cls = kernel_class(k["name"], phase)
         row = {"name": k["name"], "class": cls, "bound_s": k["bound_s"]}
         if cls in fits and k["flops"] + k["bytes"] > 0:
             calls = layers if kernels.REGISTRY[k["name"]].per_layer else 1
-            row.update(_interval(fits[cls], k["flops"], k["bytes"], peak, bw, calls))
+            special = exps if k["name"] == kernels.ATTENTION else 0.0
+            row.update(_interval(fits[cls], k["flops"], k["bytes"], peak, bw, calls, special))
         else:
             row.update(predicted_s=None, predicted_lo_s=None, predicted_hi_s=None)
         out.append(row)

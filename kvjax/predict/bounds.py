@@ -54,6 +54,7 @@ class Closed:
     tile_flops: float = 0.0  # FLOPs the tiles compute, padded rows included (0: = flops)
     bound_flops: float = 0.0  # exact FLOPs (0: = flops, a GEMM's or a step's count)
     bound_bytes: float = 0.0  # compulsory HBM bytes (0: = bytes)
+    special_s: float = 0.0  # the plan's exponentials at the chip's special-function rate
 
     @property
     def floor_flops(self) -> float:
@@ -150,8 +151,9 @@ def closed_form(row: Row) -> Closed:
             # FlashMLA's block): 16 heads x 1..4 queries cost what 64 rows cost
             rows = shape.query_heads // shape.kv_heads * T
             padded = flops * math.ceil(rows / MMA_ROWS) * MMA_ROWS / rows
+        exps = sum(k.transcendentals for k in cost.kernels())
         return Closed(flops, nbytes, peak, bw, programs, chip.num_cores or 1, padded,
-                      floor.flops, floor_bytes)  # fmt: skip
+                      floor.flops, floor_bytes, special_seconds(exps, chip, chips))  # fmt: skip
     if kind == "matmul":
         groups = row.batch or 1
         a = DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else 0.5
@@ -176,6 +178,13 @@ def closed_form(row: Row) -> Closed:
     floor_bytes += weights
     return Closed(cost.flops, nbytes, peak, bw, 0, chip.num_cores or 1,
                   bound_flops=floor_flops, bound_bytes=floor_bytes)  # fmt: skip
+
+
+def special_seconds(transcendentals: float, chip: ChipSpec, chips: int = 1) -> float:
+    """`transcendentals` (a fused attention's exponentials) at the chip's special-function rate,
+    over `chips` chips; 0 where the chip has no sourced rate (the model then leaves them out)."""
+    rate = chip.special_function_ops_per_s
+    return transcendentals / (rate * chips) if rate else 0.0
 
 
 def step_floor(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> tuple[float, float]:

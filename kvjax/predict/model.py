@@ -3,7 +3,14 @@
 For a kernel of F FLOPs and Q HBM bytes on a chip of peak P and bandwidth BW, launched as n
 tiles over c cores, the time predicted is
 
-    t = t0 + max(F / (e_c * w * P), Q / (e_b * BW)),   w = n / (ceil(n / c) * c)
+    t = t0 + max((F / P + X / R) / (e_c * w), Q / (e_b * BW)),   w = n / (ceil(n / c) * c)
+
+with X / R the fused attention's exponentials (one a computed (query, key) pair and query
+head) at the chip's special-function rate R (`ChipSpec.special_function_ops_per_s`, sourced;
+0 where not), serial with the matmuls as FlashAttention-2 runs them: no fitted parameter. It is
+what made the fused prefill's held-out residuals stop tracking the head dimension (issue 49):
+the exponentials' count per pair is the same at every head dimension, their share of the work
+largest at 64.
 
 three physical parameters per class: a fixed launch and latency term t0, the fraction of peak
 compute e_c that the class's best kernels reach (times w, the share of the last wave of tiles
@@ -51,6 +58,9 @@ class Features:
     bandwidth_bytes_per_s: float
     tiles: float = 0.0  # 0: no wave term (a whole step)
     cores: int = 1
+    # the softmax's exponentials at the chip's special-function rate (fused attention), seconds:
+    # serial with the matmuls in the compute term (0: none, or no sourced rate)
+    special_s: float = 0.0
 
 
 def _arrays(xs: Sequence[Features]):
@@ -60,8 +70,9 @@ def _arrays(xs: Sequence[Features]):
     BW = np.array([x.bandwidth_bytes_per_s for x in xs], float)
     n = np.array([x.tiles for x in xs], float)
     c = np.array([x.cores for x in xs], float)
+    X = np.array([x.special_s for x in xs], float)
     wave = np.where(n > 0, n / (np.ceil(np.maximum(n, 1) / c) * c), 1.0)
-    return F / (P * wave), Q / BW  # compute and memory times at full efficiency
+    return (F / P + X) / wave, Q / BW  # compute and memory times at full efficiency
 
 
 @dataclass(frozen=True)
