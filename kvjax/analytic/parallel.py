@@ -267,6 +267,16 @@ def expert_capacity(cfg: ModelConfig, local_tokens: int, capacity_factor: float)
     return min(local_tokens, math.ceil(capacity_factor * local_tokens * k / E))
 
 
+def shared_expert_message(cfg: ModelConfig, pl: Placement, wl: Workload) -> float:
+    """Bytes a device sends for the MoE layers' shared experts' partial sums when they are
+    all-reduced apart from the routed ones (XLA's SPMD partitioner does; engines add them
+    first): one more [M, D] all-reduce message a MoE layer under tp; 0 otherwise."""
+    if pl.tp <= 1 or not (cfg.is_moe and cfg.shared_d_ff):
+        return 0.0
+    act = device_workload(cfg, pl, wl).tokens * cfg.d_model * DTYPE_BYTES[cfg.compute_dtype]
+    return cfg.num_moe_layers * allreduce_bytes_per_device(act, pl.tp)
+
+
 def placed_collectives(
     cfg: ModelConfig, pl: Placement, wl: Workload, capacity_factor: float | None = None
 ) -> dict[str, dict[str, float]]:
@@ -284,12 +294,12 @@ def placed_collectives(
         counts = collective_counts_per_step(cfg, tp)
         sent = {"all-reduce": allreduce_bytes_per_device(act, tp),  # one of each kind
                 "all-gather": (tp - 1) / tp * logits}  # fmt: skip
+        # an MoE layer's shared experts' partial sums are added to the routed ones before its
+        # one all-reduce, as engines run it (one [M, D] message a layer); XLA's SPMD partitioner
+        # reduces the two apart, as two operands of one op (`shared_expert_message` says how
+        # much more that is; `kvjax trace` shows it beside this count)
         for kind, n in counts.items():
             out[kind] = {"count": n, "bytes_per_device": n * sent[kind]}
-        if cfg.is_moe and cfg.shared_d_ff:
-            # the shared experts' partial sums beside the routed ones: two [M, D] messages in
-            # one all-reduce op (XLA's combiner merges them; an engine may add them first)
-            out["all-reduce"]["bytes_per_device"] += cfg.num_moe_layers * sent["all-reduce"]
     if pl.ep > 1:
         x = all_to_all_bytes(cfg, pl.ep, dev_wl.tokens, capacity_factor)
         n = 2 * cfg.num_moe_layers  # dispatch and combine
