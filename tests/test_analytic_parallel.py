@@ -262,6 +262,23 @@ def test_frontier_predict_is_one_chip(capsys):
     assert "--predict fits one chip's steps" in capsys.readouterr().err
 
 
+def test_frontier_default_runs_and_an_empty_curve_says_why(capsys):
+    """Issue 50: `kvjax frontier` with no flag (the seed's 70B on one H100: 141 GB of bf16
+    weights in 80 GB) takes the fewest chips that hold a batch and says so; with --tp 1 the
+    empty curve names the bytes a device holds against its memory."""
+    assert main(["frontier", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tp"] == 2 and report["max_batch"]["GQA"] > 0
+    assert "tp=2, the fewest of 1, 2, 4, 8" in report["tp_note"]
+    assert main(["frontier", "--tp", "1", "--json"]) == 0
+    (curve,) = json.loads(capsys.readouterr().out)["variants"]
+    weights = analytic.weight_bytes(get_model_config("seed-70b"))
+    assert curve["max_batch"] == 0 and weights > 80e9
+    assert f"weights {weights:,} B a device of 80,000,000,000 B" in curve["no_batch_fits"]
+    assert main(["frontier", "--model", "llama-3-8b", "--json"]) == 0  # one chip holds it
+    assert json.loads(capsys.readouterr().out)["tp"] == 1
+
+
 def test_expert_parallel_weights_move_mxfp4_experts_and_their_biases():
     """gpt-oss-120b over ep 4: each of the 36 MoE layers' 96 experts held elsewhere leaves with
     its MXFP4 matrices (3 x 2880 x 2880 elements at 17 bytes a block of 32) and its bf16 biases

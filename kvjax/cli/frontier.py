@@ -42,8 +42,10 @@ def add_parser(sub) -> None:
         action="store_true",
         help="one curve per attention variant (MHA, GQA, MQA, MLA) of the model",
     )
-    p.add_argument("--tp", type=positive_int, default=1,
-                   help="tensor-parallel degree inside each attention group")  # fmt: skip
+    p.add_argument("--tp", type=positive_int, default=None,
+                   help="tensor-parallel degree inside each attention group (default: 1, or, "
+                   "when one chip cannot hold the model, the fewest of 2, 4, 8 that can, said "
+                   "in the output)")  # fmt: skip
     p.add_argument("--dp-attention", type=positive_int, default=None, metavar="N",
                    help="data-parallel attention groups (default: --ep, else 1); "
                    "devices = tp x N")  # fmt: skip
@@ -109,9 +111,22 @@ def frontier_report(
 def run(args: argparse.Namespace) -> int:
     cfg = resolve_model(args)
     chip = resolve_chip(args, cfg)
-    placement = {"tp": args.tp, "ep": args.ep, "dp_attention": args.dp_attention or args.ep}
+    placement = {"tp": args.tp or 1, "ep": args.ep, "dp_attention": args.dp_attention or args.ep}
     report = frontier_report(cfg, chip, args.context, args.page_size, args.chunk, args.variants,
                              placement)  # fmt: skip
+    auto = args.tp is None and args.ep == 1 and args.dp_attention is None and not args.predict
+    if auto and not all(report["max_batch"].values()):
+        for tp in (2, 4, 8):  # the seed's 70B on H100s: the explorer opens on 8
+            placed = frontier_report(cfg, chip, args.context, args.page_size, args.chunk,
+                                     args.variants, {**placement, "tp": tp})  # fmt: skip
+            if all(placed["max_batch"].values()):
+                placed["tp_note"] = (f"no --tp given and one {chip.name} holds no batch: tp={tp}, "
+                                     "the fewest of 1, 2, 4, 8 that does")  # fmt: skip
+                report = placed
+                break
+    for (_, variant), curve in zip(variants_of(cfg, args.variants), report["variants"],
+                                   strict=True):  # fmt: skip
+        curve["no_batch_fits"] = None if curve["max_batch"] else nothing_fits(variant, chip, curve)
     if args.predict:
         if report["devices"] > 1:
             raise KvjaxError(
@@ -173,8 +188,12 @@ def print_frontier(report: dict[str, Any]) -> None:
                     f"{p['predicted_tokens_per_s']:,.0f}",
                 ]
             t.add_row(*cells)
+    if report.get("tp_note"):
+        con.print(f"  ({report['tp_note']})")
     con.print(t)
     for curve in report["variants"]:
+        if not curve["max_batch"]:
+            con.print(f"  {curve['variant']:<16} no batch fits: {curve['no_batch_fits']}")
         chunked = curve["time_to_first_token_chunked_s"]
         extra = (
             f"; chunked by {report['chunk']:,}: {fmt_seconds(chunked)}"
@@ -188,6 +207,18 @@ def print_frontier(report: dict[str, Any]) -> None:
             f"S-token prompt "
             + (f"{fmt_seconds(ttft)}{extra}" if ttft is not None else "(one chip only)")
         )
+
+
+def nothing_fits(variant: ModelConfig, chip: ChipSpec, curve: dict[str, Any]) -> str:
+    """Why a curve has no point: the weights a device holds against its memory, and what helps."""
+    from kvjax.analytic.parallel import Placement, placed_weight_bytes
+
+    pl = Placement(curve["tp"], curve["ep"], curve["dp_attention"])
+    return (
+        f"weights {placed_weight_bytes(variant, pl):,} B a device of {chip.memory_bytes:,.0f} B "
+        "(and one sequence's cache at S): more chips (--tp 2, 4, 8), lighter weights "
+        "(--weight-dtype fp8) or a larger --chip"
+    )
 
 
 def placed_label(report: dict[str, Any]) -> str:
