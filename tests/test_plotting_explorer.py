@@ -96,8 +96,8 @@ def _placed(cfg, chip, batch, context, tp, dp, ep):
     curve = serving.frontier(cfg, spec, context, tp=tp, ep=ep, dp_attention=dp)
     dev = parallel.device_config(cfg, tp) if tp > 1 else cfg
     step = serving.step_bound_s(dev, parallel.device_workload(cfg, pl, wl), spec)
-    if pl.devices > 1:
-        step += point.collective_bytes_per_step / spec.interconnect_bytes_per_s
+    if pl.devices > 1:  # the collectives overlapped with compute: the larger (the bound)
+        step = max(step, point.collective_bytes_per_step / spec.interconnect_bytes_per_s)
     out.update(max_batch=curve["max_batch"], serve_ms=1e3 * step,
                serve_tokens=batch / step / pl.devices)  # fmt: skip
     return out

@@ -328,6 +328,7 @@ class TensorParallelPoint:
     devices: int = 1
     activation_bytes_per_device: int = 0
     collectives: dict | None = None  # kind -> count, bytes_per_device
+    serial_step_s: float | None = None  # collectives after compute (a schedule, not the bound)
 
     @property
     def per_device(self) -> dict[str, int]:
@@ -358,8 +359,11 @@ def placement_point(
     link_latency_s: float = 0.0,
     capacity_factor: float | None = None,
 ) -> TensorParallelPoint:
-    """One device's share of a step under `pl`, and the step floor with the link term (the
-    collectives are counted after compute, not overlapped): bytes / link bandwidth, plus
+    """One device's share of a step under `pl`, and the step floor with the link term: the
+    bound overlaps them (`step_floor_s` = the larger of the compute/memory floor and the link:
+    an engine that overlaps its collectives with compute can reach it, none can beat it); the
+    serial schedule, collectives after compute, is `serial_step_s`. The link term: bytes / link
+    bandwidth, plus
     `link_latency_s` per message when given (rings: 2 (tp-1) an all-reduce, tp-1 an all-gather;
     ep-1 an all-to-all; no preset has a sourced value: default 0). `wl` is the whole batch."""
     if not isinstance(link_latency_s, (int, float)) or link_latency_s < 0:
@@ -393,7 +397,8 @@ def placement_point(
         link_latency_s=float(link_latency_s),
         compute_memory_floor_s=floor,
         link_s=link_s,
-        step_floor_s=None if link_s is None else floor + link_s,
+        step_floor_s=None if link_s is None else max(floor, link_s),
+        serial_step_s=None if link_s is None else floor + link_s,
         fits_in_memory=None if not chip.memory_bytes else weights + kv + act <= chip.memory_bytes,
         ep=pl.ep,
         dp_attention=pl.dp_attention,

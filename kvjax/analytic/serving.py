@@ -168,8 +168,9 @@ def frontier(
     """One variant's throughput-latency curve at context S, its batches up to `max_batch`.
     Placed on tp x dp_attention chips (`kvjax.analytic.parallel.Placement`), memory and the step
     are one device's share (B / dp_attention sequences; under ep, the experts it holds and
-    touches), the step adds its collectives' bytes over the chip's link (ragged all-to-alls), and
-    tokens/s is per chip (B / step / devices)."""
+    touches), the step is the larger of its bound and its collectives' bytes over the chip's
+    link (ragged all-to-alls; overlapped, as the bound must), and tokens/s is per chip (B / step
+    / devices)."""
     pl = parallel.Placement(tp, ep, dp_attention)
     parallel.check_placement(cfg, pl)
     n = pl.devices
@@ -182,11 +183,12 @@ def frontier(
         wl = Workload("decode", b * dp_attention, context)
         dev_wl = parallel.device_workload(cfg, pl, wl)
         step_s = step_bound_s(dev, dev_wl, chip)
-        if n > 1:  # after compute, not overlapped (`parallel.placement_point`)
+        if n > 1:  # overlapped with compute, the bound (`parallel.placement_point`)
             colls = parallel.placed_collectives(cfg, pl, wl)
-            step_s += sum(c["bytes_per_device"] for c in colls.values()) / (
+            link_s = sum(c["bytes_per_device"] for c in colls.values()) / (
                 chip.interconnect_bytes_per_s
             )
+            step_s = max(step_s, link_s)
         held = placed_memory_bytes(cfg, pl, wl, page_size)
         points.append(FrontierPoint(label or cfg.name, wl.batch, step_s, wl.batch / step_s / n,
                                     1e3 * step_s, held))  # fmt: skip

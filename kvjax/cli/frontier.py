@@ -168,7 +168,11 @@ def print_frontier(report: dict[str, Any]) -> None:
         f"({fmt_bytes(report['chip']['memory_bytes'])}){placed_label(report)} | "
         f"S={report['context']:,}{pages} | decode bound = sum of the step's kernels' roofline "
         "bounds"
-        + (" + collectives over the link; tokens/s per chip" if report["devices"] > 1 else "")
+        + (
+            ", collectives over the link overlapped (the larger); tokens/s per chip"
+            if report["devices"] > 1
+            else ""
+        )  # fmt: skip
     )
     t = Table(title="throughput-latency frontier (each curve ends where memory ends)")
     predicted = any("predicted_s" in p for p in report["points"])

@@ -33,7 +33,8 @@ def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) 
         "collectives/dev",
         "HBM floor",
         "link",
-        "step floor",
+        "step floor (overlapped)",
+        "serial",
     ):
         t.add_column(col, justify="right")
     for p in points:
@@ -49,6 +50,7 @@ def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) 
             fmt_seconds(p["compute_memory_floor_s"]),
             "-" if p["link_s"] is None else fmt_seconds(p["link_s"]) if p["link_s"] else "0",
             "-" if p["step_floor_s"] is None else fmt_seconds(p["step_floor_s"]),
+            "-" if p.get("serial_step_s") is None else fmt_seconds(p["serial_step_s"]),
         )
     console().print(t)
 
@@ -149,8 +151,9 @@ def print_sharded_trace(report: dict[str, Any]) -> None:
         f"{fmt_bytes(c['kv_cache_bytes_per_device'])} ({c['kv_heads_per_device']} KV heads, "
         f"{c['kv_replication']:g}x copies), weights/device "
         f"{fmt_bytes(c['weight_bytes_per_device'])}"
-        f"; floor {fmt_seconds(c['compute_memory_floor_s'])} + link "
-        f"{'-' if c['link_s'] is None else fmt_seconds(c['link_s'])}; {traced}"
+        f"; floor {fmt_seconds(c['compute_memory_floor_s'])}, link "
+        f"{'-' if c['link_s'] is None else fmt_seconds(c['link_s'])} (overlapped in the bound: "
+        f"the larger); {traced}"
     )
     for note in report["notes"]:
         con.print(f"  note: {note}")
