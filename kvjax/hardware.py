@@ -42,10 +42,7 @@ class ChipSpec:
     # The board's rated power (the datasheet's maximum thermal design power, W): what the
     # serving clocks charge a chip per second held (`kvjax.serving.cost`); None: not published.
     power_watts: float | None = None
-    # The special-function units' rate (exp2, log2, rsqrt, sin results a second, all cores):
-    # what the softmax's exponentials in a fused attention run at (`kvjax.predict.model`, the
-    # implementation model; never the bound). None: not sourced for this chip.
-    special_function_ops_per_s: float | None = None
+    special_function_ops_per_s: float | None = None  # exp2/s: the model's softmax, not the bound
 
     def __post_init__(self) -> None:
         if not self.peak_flops_per_s:
@@ -62,10 +59,8 @@ class ChipSpec:
             _check_positive(f"chip {self.name!r}: l2_bytes", self.l2_bytes)
         if self.power_watts is not None:
             _check_positive(f"chip {self.name!r}: power_watts", self.power_watts)
-        if self.special_function_ops_per_s is not None:
-            _check_positive(
-                f"chip {self.name!r}: special_function_ops_per_s", self.special_function_ops_per_s
-            )
+        if (sfu := self.special_function_ops_per_s) is not None:
+            _check_positive(f"chip {self.name!r}: special_function_ops_per_s", sfu)
         if self.interconnect_bytes_per_s is not None:
             _check_positive(
                 f"chip {self.name!r}: interconnect_bytes_per_s", self.interconnect_bytes_per_s
@@ -151,14 +146,8 @@ def _chip(spec: ChipSpec) -> ChipSpec:
     return spec
 
 
-# The special-function units (the softmax's exp2): FlashAttention-3 (Shah et al. 2024, sec. 3.1)
-# gives the H100 SXM5 3.9 TFLOP/s of special functions against 989 of FP16 matmul; the CUDA C++
-# Programming Guide's arithmetic-instruction throughput table gives 16 results of exp2f a clock
-# per SM for compute capability 8.0 and 9.0 (132 SMs x 16 x 1.83 GHz = 3.9e12 on the H100; the
-# H800 and H200 are the same GH100 with 132 SMs; the A100's 108 SMs x 16 x 1.41 GHz boost, the
-# A100 whitepaper's clock, = 2.44e12).
-HOPPER_SFU = 3.9 * TERA
-A100_SFU = 108 * 16 * 1.41e9
+# exp2 units: FlashAttention-3 sec. 3.1, 3.9 TFLOP/s on H100 SXM5 (H800, H200: same GH100); A100:
+HOPPER_SFU, A100_SFU = 3.9 * TERA, 108 * 16 * 1.41e9  # CUDA guide 16/clk/SM x 108 x 1.41 GHz
 
 # Datasheets state sparse tensor-core rates ("with sparsity"); these are the dense halves.
 _chip(

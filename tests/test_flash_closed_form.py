@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvjax import hardware, kernels
-from kvjax.analytic import flash, step
+from kvjax.analytic import compulsory, flash, keys, step
 from kvjax.analytic.costs import Workload
 from kvjax.errors import KvjaxError
 from kvjax.model.config import get_model_config
@@ -393,19 +393,19 @@ def test_the_bound_of_a_causal_a_windowed_and_a_chunked_layer_by_hand():
     a, H = 2, 128
     cfg = get_model_config("llama-3-8b", attention_kernel="flash")
     N, K = cfg.num_heads, cfg.num_kv_heads
-    c = flash.compulsory_cost(cfg, Workload("prefill", 2, 8192))
+    c = compulsory.compulsory_cost(cfg, Workload("prefill", 2, 8192))
     assert c.flops == N * 2 * (8192 * 8193 // 2) * 4 * H
     assert c.bytes == 2 * 8192 * (2 * N * H + 2 * K * H) * a  # Q, O; K, V
     cfg = get_model_config("mistral-7b", attention_kernel="flash")
     W, N, K = cfg.sliding_window, cfg.num_heads, cfg.num_kv_heads
-    c = flash.compulsory_cost(cfg, Workload("prefill", 1, 16384), sliding=True)
+    c = compulsory.compulsory_cost(cfg, Workload("prefill", 1, 16384), sliding=True)
     pairs = sum(range(1, W + 1)) + (16384 - W) * W  # p + 1 keys up to W, then W each
     assert c.flops == N * pairs * 4 * H
     assert c.bytes == 16384 * (2 * N * H + 2 * K * H) * a
     cfg = get_model_config("llama-3-8b", attention_kernel="flash", sliding_window=8192,
                            layer_pattern="L", chunked_attention=True)  # fmt: skip
     wl = Workload("extend", 1, 9216, new_tokens=1024)
-    c = flash.compulsory_cost(cfg, wl, sliding=True)
+    c = compulsory.compulsory_cost(cfg, wl, sliding=True)
     pairs = sum(p - 8192 + 1 for p in range(8192, 9216))  # each query its own chunk's keys
     assert c.flops == cfg.num_heads * pairs * 4 * H
     assert c.kv_bytes == (9216 - 8192) * 2 * cfg.num_kv_heads * H * a  # the cache as stored
@@ -458,7 +458,7 @@ def test_the_bound_never_exceeds_the_implementation_model(
     ):
         return  # no tiling of this chunk: the plan refuses it (tested above)
     model = flash.flash_attention_cost(cfg, wl, plan, sliding=sliding, causal=causal)
-    bound = flash.compulsory_cost(cfg, wl, sliding=sliding, causal=causal)
+    bound = compulsory.compulsory_cost(cfg, wl, sliding=sliding, causal=causal)
     assert bound.flops <= sum(k.flops for k in model.kernels())
     assert bound.bytes <= sum(k.bytes for k in model.kernels()) * (1 + 1e-12)
     if T <= 60 and S <= 200:
@@ -466,4 +466,4 @@ def test_the_bound_never_exceeds_the_implementation_model(
         c = w if w and cfg.chunked_attention else 0
         w, s = (0, 0) if c else (w, cfg.sink_tokens if w else 0)
         want = _brute_union(T, S, w, s, c) if causal else S
-        assert flash.key_union(T, S, w, s, c, causal) == want
+        assert keys.key_union(T, S, w, s, c, causal) == want

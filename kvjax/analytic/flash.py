@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from kvjax import kernels
 from kvjax.analytic.costs import EXTEND, SCORE_BYTES, KernelCost, Workload
+from kvjax.analytic.keys import key_union
 from kvjax.analytic.primitives import _act_bytes
 from kvjax.analytic.quant import scale_bytes_per_row
 from kvjax.errors import KvjaxError
@@ -266,61 +267,6 @@ def exact_pairs(T: int, S: int, window: int = 0, sinks: int = 0, chunk: int = 0)
     hi, lo = S, max(first, window + 1)
     sink = _sum_min(lo - window, hi - window, sinks) if hi >= lo else 0
     return seen + (sink if sinks else 0)
-
-
-def key_union(
-    T: int, S: int, window: int = 0, sinks: int = 0, chunk: int = 0, causal: bool = True
-) -> int:  # fmt: skip
-    """Key positions that at least one of T queries at the end of S positions attends: what any
-    implementation must read once. Causal: keys 0 .. S-1 (the last query sees them all); a
-    sliding window W: the band from the first query's window start, S-T-W+1, to S-1, and the
-    `sinks` first keys below it; a chunked layer (chunk C): from the first query's chunk start."""
-    if not causal:
-        return S
-    if chunk:
-        return S - (S - T) // chunk * chunk
-    if not window or window >= S:
-        return S
-    lo = max(0, S - T - window + 1)
-    return S - lo + min(sinks, lo)
-
-
-def compulsory_cost(
-    cfg: ModelConfig, wl: Workload, sliding: bool = False, causal: bool = True
-) -> KernelCost:
-    """The bound's count of one layer's attention, for any implementation: the (query, key)
-    pairs the mask allows (`exact_pairs`, no tile rounding, no padded rows) at 2 H_k + 2 H_v
-    FLOPs per query head, and each input read once and each output written once: Q, the K/V of
-    the key positions some query attends (`key_union`; as the kernel takes them: the
-    projections' output in the compute dtype for a prefill, the cache as stored with a 1-byte
-    cache's scales for decode and extend) and O. No re-read, no split partials: a kernel of any
-    tile, schedule or split count does at least this (`flash_attention_cost` is one plan's
-    count, never below it)."""
-    form = _form(cfg, wl)
-    shape = attention_shape(cfg, form)
-    window = cfg.sliding_window if sliding else 0
-    chunk = window if window and cfg.chunked_attention else 0
-    window = 0 if chunk else window
-    sinks = cfg.sink_tokens if window else 0
-    B, N, Kh = wl.batch, shape.query_heads, shape.kv_heads
-    Hk, Hv, a = shape.key_width, shape.value_width, _act_bytes(cfg)
-    S, T = wl.context, wl.query_len
-    pairs = B * (exact_pairs(T, S, window, sinks, chunk) if causal else T * S)
-    if form == "prefill":
-        per_position = (Hk + Hv) * a
-        if wl.phase == EXTEND and not cfg.is_mla:
-            per_position = shape.kv_bytes_per_position + 2 * scale_bytes_per_row(cfg)
-    else:
-        per_position = shape.kv_bytes_per_position + (
-            0 if cfg.is_mla else 2 * scale_bytes_per_row(cfg)
-        )
-    kv = B * Kh * key_union(T, S, window, sinks, chunk, causal) * per_position
-    q_bytes, o_bytes = B * T * N * Hk * a, B * T * N * Hv * a
-    cost = KernelCost(
-        kernels.ATTENTION, flops=N * pairs * (2 * Hk + 2 * Hv), bytes=q_bytes + kv + o_bytes,
-        transcendentals=N * pairs, kv_bytes=kv,
-    )  # fmt: skip
-    return cost + _sinks(cfg, B * T * N)
 
 
 def block_pairs(

@@ -268,13 +268,11 @@ def expert_capacity(cfg: ModelConfig, local_tokens: int, capacity_factor: float)
 
 
 def shared_expert_message(cfg: ModelConfig, pl: Placement, wl: Workload) -> float:
-    """Bytes a device sends for the MoE layers' shared experts' partial sums when they are
-    all-reduced apart from the routed ones (XLA's SPMD partitioner does; engines add them
-    first): one more [M, D] all-reduce message a MoE layer under tp; 0 otherwise."""
-    if pl.tp <= 1 or not (cfg.is_moe and cfg.shared_d_ff):
-        return 0.0
+    """XLA's extra [M, D] all-reduce message a MoE layer under tp: it reduces the shared experts'
+    partial sums apart from the routed ones (engines add them first)."""
     act = device_workload(cfg, pl, wl).tokens * cfg.d_model * DTYPE_BYTES[cfg.compute_dtype]
-    return cfg.num_moe_layers * allreduce_bytes_per_device(act, pl.tp)
+    extra = pl.tp > 1 and cfg.is_moe and cfg.shared_d_ff
+    return cfg.num_moe_layers * allreduce_bytes_per_device(act, pl.tp) if extra else 0.0
 
 
 def placed_collectives(
@@ -294,10 +292,7 @@ def placed_collectives(
         counts = collective_counts_per_step(cfg, tp)
         sent = {"all-reduce": allreduce_bytes_per_device(act, tp),  # one of each kind
                 "all-gather": (tp - 1) / tp * logits}  # fmt: skip
-        # an MoE layer's shared experts' partial sums are added to the routed ones before its
-        # one all-reduce, as engines run it (one [M, D] message a layer); XLA's SPMD partitioner
-        # reduces the two apart, as two operands of one op (`shared_expert_message` says how
-        # much more that is; `kvjax trace` shows it beside this count)
+        # MoE: shared and routed sums in one all-reduce, as engines (`shared_expert_message`)
         for kind, n in counts.items():
             out[kind] = {"count": n, "bytes_per_device": n * sent[kind]}
     if pl.ep > 1:
@@ -359,13 +354,10 @@ def placement_point(
     link_latency_s: float = 0.0,
     capacity_factor: float | None = None,
 ) -> TensorParallelPoint:
-    """One device's share of a step under `pl`, and the step floor with the link term: the
-    bound overlaps them (`step_floor_s` = the larger of the compute/memory floor and the link:
-    an engine that overlaps its collectives with compute can reach it, none can beat it); the
-    serial schedule, collectives after compute, is `serial_step_s`. The link term: bytes / link
-    bandwidth, plus
-    `link_latency_s` per message when given (rings: 2 (tp-1) an all-reduce, tp-1 an all-gather;
-    ep-1 an all-to-all; no preset has a sourced value: default 0). `wl` is the whole batch."""
+    """One device's share of a step under `pl`; the bound overlaps compute and the link
+    (the larger: `step_floor_s`), the serial one `serial_step_s`. The link: bytes / bandwidth,
+    plus `link_latency_s` a message (rings: 2 (tp-1) an all-reduce, tp-1 an all-gather, ep-1 an
+    all-to-all; no preset has a sourced value: default 0). `wl` is the whole batch."""
     if not isinstance(link_latency_s, (int, float)) or link_latency_s < 0:
         raise KvjaxError(f"link_latency_s={link_latency_s!r} must be a number >= 0 (seconds)")
     dev = device_config(cfg, pl.tp)

@@ -71,7 +71,7 @@ def published_residuals(records: pd.DataFrame, fig) -> bool | None:
     df = df[df.held_out_predicted_s.notna() & df.best_of_shape.astype(bool)].copy()
     df["residual"] = np.log2(df.held_out_predicted_s.astype(float) / df.measured_s)
     pre = df[df.kernel == "attention_prefill"]
-    att = df[df.kernel.str.startswith("attention")]
+    att = df[df.kernel.isin(("attention_prefill", "attention_decode"))]
     axes = fig.subplots(1, 4)
     colors = dict(zip(MARKERS, sns.color_palette("colorblind", len(MARKERS)), strict=True))
     pre = pre.assign(mask=np.where(pre.causal.astype(bool), "causal", "not causal"),

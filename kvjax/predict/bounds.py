@@ -1,7 +1,7 @@
 """kvjax's closed form for a corpus row's exact shape, and its bound on the row's chip.
 
 - `attention_prefill`: the bound counts the exact causal (or full) pairs and Q, K, V and O
-  once (`flash.compulsory_cost`); the implementation model the fused kernel
+  once (`compulsory.compulsory_cost`); the implementation model the fused kernel
   (`kvjax.analytic.flash`), tiled and cached as the chip sizes it; causal or not. In fp8
   (FlashAttention-3's and cuDNN's fp8 forward) Q, K and V are read in one byte and O written in
   bf16.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvjax.analytic import flash
+from kvjax.analytic import compulsory, flash
 from kvjax.analytic.costs import Workload
 from kvjax.analytic.primitives import _matmul
 from kvjax.analytic.step import step_cost
@@ -131,7 +131,7 @@ def closed_form(row: Row) -> Closed:
         tiles = flash.plan_for_chip(cfg, wl, chip)
         causal = True if row.causal is None else row.causal
         cost = flash.flash_attention_cost(cfg, wl, tiles, causal=causal)
-        floor = flash.compulsory_cost(cfg, wl, causal=causal)
+        floor = compulsory.compulsory_cost(cfg, wl, causal=causal)
         flops = sum(k.flops for k in cost.kernels())
         nbytes = sum(k.bytes for k in cost.kernels())
         floor_bytes = floor.bytes
@@ -191,7 +191,7 @@ def step_floor(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> tuple[float, f
     """A step's bound for any implementation, weights aside (the caller adds them in the dtype
     they are stored): the FLOPs of every kernel with the attention's exact pairs in place of a
     plan's tiles (and no split combine), and the bytes no engine avoids: the cache's keys some
-    query attends read once (`flash.compulsory_cost`) and the new rows written once. The
+    query attends read once (`compulsory.compulsory_cost`) and the new rows written once. The
     activations between kernels are left out: what reaches HBM between them is the engine's
     fusion, the implementation's choice."""
     from collections import Counter
@@ -206,7 +206,7 @@ def step_floor(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> tuple[float, f
     kinds = Counter((cfg.layer_is_sliding(i), cfg.layer_kind(i)) for i in range(cfg.num_layers))
     for (sliding, letter), count in kinds.items():
         if letter in "AH":  # a layer with attention (H: beside Mamba-2's heads)
-            c = flash.compulsory_cost(cfg, wl, sliding=sliding)
+            c = compulsory.compulsory_cost(cfg, wl, sliding=sliding)
             flops += count * c.flops
             nbytes += count * c.kv_bytes
     return flops, nbytes
