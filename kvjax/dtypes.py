@@ -14,8 +14,12 @@ _DTYPE_ALIASES = {
     "float32": "f32", "fp32": "f32", "bfloat16": "bf16", "float16": "f16", "fp16": "f16",
     "half": "f16", "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e4m3": "fp8",
     "float8_e4m3fnuz": "fp8", "float8_e5m2": "fp8", "float8_e5m2fnuz": "fp8", "fp8_e4m3": "fp8",
-    "fp8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8",
+    "fp8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8", "nvfp4": "fp4", "float4_e2m1": "fp4",
+    "float4_e2m1fn": "fp4", "e2m1": "fp4",
 }  # fmt: skip
+# Matmul input dtypes with no array of their own here: a chip's FP4 tensor-core rate (NVFP4 on
+# Blackwell), named by `--compute-dtype` and a chip's peaks, never a weight or cache dtype.
+COMPUTE_ONLY_DTYPES = ("fp4",)
 # Module prefixes a name may carry: `torch.bfloat16`, `jnp.float32`, `np.float16`.
 _DTYPE_PREFIXES = ("torch.", "jax.numpy.", "jnp.", "numpy.", "np.")
 # Packed sub-byte KV caches (KIVI-style, Liu et al. 2024): closed form only (no model array), in
@@ -42,9 +46,10 @@ def dtype_key(dtype: str) -> str:
     return _DTYPE_ALIASES.get(key, key)
 
 
-def allowed_dtypes(packed: bool = False) -> list[str]:
-    """The canonical names; `packed`: the 4/2-bit KV dtypes too."""
-    return [*DTYPE_BYTES, *(PACKED_KV_BYTES if packed else ())]
+def allowed_dtypes(packed: bool = False, compute: bool = False) -> list[str]:
+    """The canonical names; `packed`: the 4/2-bit KV dtypes too; `compute`: fp4 (a matmul's)."""
+    return [*DTYPE_BYTES, *(PACKED_KV_BYTES if packed else ()),
+            *(COMPUTE_ONLY_DTYPES if compute else ())]  # fmt: skip
 
 
 def dtype_choices(allowed) -> str:
@@ -69,10 +74,12 @@ def dtype_refusal(dtype, allowed) -> str:
     return f"{hint}; allowed: {dtype_choices(allowed)}"
 
 
-def canonical_dtype(dtype: str, field: str = "dtype", packed: bool = False) -> str:
+def canonical_dtype(
+    dtype: str, field: str = "dtype", packed: bool = False, compute: bool = False
+) -> str:
     """Normalise a dtype name ('bfloat16' -> 'bf16'), or raise naming the field, the allowed and
-    the aliases; `packed`: the 4/2-bit KV dtypes are allowed too."""
-    allowed = allowed_dtypes(packed)
+    the aliases; `packed`: the 4/2-bit KV dtypes are allowed too; `compute`: fp4 too."""
+    allowed = allowed_dtypes(packed, compute)
     if not isinstance(dtype, str):
         raise KvjaxError(f"{field}={dtype!r} is not a dtype name{dtype_refusal(dtype, allowed)}")
     key = dtype_key(dtype)

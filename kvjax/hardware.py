@@ -50,7 +50,7 @@ class ChipSpec:
         canonical = {}
         for dtype, value in self.peak_flops_per_s.items():
             _check_positive(f"chip {self.name!r}: peak_flops_per_s[{dtype!r}]", value)
-            canonical[canonical_dtype(dtype, "peak_flops_per_s dtype")] = float(value)
+            canonical[canonical_dtype(dtype, "peak_flops_per_s dtype", compute=True)] = float(value)
         object.__setattr__(self, "peak_flops_per_s", canonical)
         _check_positive(f"chip {self.name!r}: bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
         if self.memory_bytes is not None:
@@ -68,7 +68,7 @@ class ChipSpec:
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for matrix work in `dtype`."""
-        key = canonical_dtype(dtype)
+        key = canonical_dtype(dtype, compute=True)
         if key not in self.peak_flops_per_s:
             raise KvjaxError(
                 f"chip {self.name!r} has no peak FLOP/s for dtype={dtype!r}; "
@@ -91,7 +91,7 @@ class ChipSpec:
         peaks = dict(self.peak_flops_per_s)
         changed = []
         if peak_flops_per_s is not None:
-            peaks[canonical_dtype(dtype)] = peak_flops_per_s
+            peaks[canonical_dtype(dtype, compute=True)] = peak_flops_per_s
             changed.append("peak")
         spec = dataclasses.replace(
             self,
@@ -206,6 +206,7 @@ _chip(
             "f16": 2250 * TERA,
             "fp8": 4500 * TERA,
             "int8": 4500 * TERA,
+            "fp4": 9000 * TERA,  # HGX B200: FP4 144 PFLOPS sparse for 8 GPUs
             "f32": 75 * TERA,  # HGX B200: 600 TFLOPS FP32 for 8 GPUs
         },
         bandwidth_bytes_per_s=7.7 * TERA,  # HGX B200: 62 TB/s for 8 GPUs
@@ -310,66 +311,23 @@ _chip(
         num_cores=78,
     )
 )
-_chip(
-    ChipSpec(
-        name="tpu-v5e",
-        peak_flops_per_s={"bf16": 197 * TERA, "int8": 394 * TERA},
-        bandwidth_bytes_per_s=819 * GIGA,
-        memory_bytes=16 * GIGA,
-        interconnect_bytes_per_s=100
-        * GIGA,  # per direction; ICI 1,600 Gbps = 200 GB/s per chip, both directions
-        source="Google Cloud TPU v5e documentation (system architecture)",
-        date="2023",
-        # on chip: jax/_src/pallas/mosaic/tpu_info.py (0.10.2): 128 MiB VMEM, 1 TensorCore
-        onchip_bytes_per_core=134217728,
-        num_cores=1,
-    )
-)
-_chip(
-    ChipSpec(
-        name="tpu-v5p",
-        peak_flops_per_s={"bf16": 459 * TERA, "int8": 918 * TERA},
-        bandwidth_bytes_per_s=2765 * GIGA,
-        memory_bytes=95 * GIGA,
-        interconnect_bytes_per_s=300
-        * GIGA,  # per direction; ICI 4,800 Gbps = 600 GB/s per chip, both directions
-        source="Google Cloud TPU v5p documentation (system architecture)",
-        date="2023",
-        # on chip: jax/_src/pallas/mosaic/tpu_info.py (0.10.2): 64 MiB VMEM per core, 2 TensorCores
-        onchip_bytes_per_core=67108864,
-        num_cores=2,
-    )
-)
-_chip(
-    ChipSpec(
-        name="tpu-v6e",
-        peak_flops_per_s={"bf16": 918 * TERA, "int8": 1836 * TERA},
-        bandwidth_bytes_per_s=1640 * GIGA,
-        memory_bytes=32 * 2**30,  # 32 GiB of HBM a chip
-        interconnect_bytes_per_s=224
-        * GIGA,  # per direction; ICI 3,584 Gbps = 448 GB/s per chip, both directions
-        source="Google Cloud TPU v6e (Trillium) documentation (system architecture)",
-        date="2024",
-        # on chip: jax/_src/pallas/mosaic/tpu_info.py (0.10.2): 128 MiB VMEM, 1 TensorCore
-        onchip_bytes_per_core=134217728,
-        num_cores=1,
-    )
-)
-_chip(
-    ChipSpec(
-        name="tpu-v4",
-        peak_flops_per_s={"bf16": 275 * TERA, "int8": 275 * TERA},
-        bandwidth_bytes_per_s=1200 * GIGA,
-        memory_bytes=32 * 2**30,  # 32 GiB of HBM2 a chip
-        interconnect_bytes_per_s=150
-        * GIGA,  # per direction; ICI 2,400 Gbps = 300 GB/s per chip, both directions
-        source="Google Cloud TPU v4 documentation (system architecture)",
-        date="2021",
-        # on chip: jax/_src/pallas/mosaic/tpu_info.py (0.10.2): 16 MiB VMEM per core, 2 TensorCores
-        onchip_bytes_per_core=16777216,
-        num_cores=2,
-    )
-)
+
+
+def _tpu(name, bf16, int8, bw, memory, ici, doc, date, vmem_mib, cores):
+    """A TPU from Google Cloud's system architecture page (`doc`): ICI per direction (the page's
+    per-chip Gbps, both directions, / 2); on chip: jax/_src/pallas/mosaic/tpu_info.py (0.10.2),
+    the VMEM a TensorCore and the TensorCores."""
+    _chip(ChipSpec(name=name, peak_flops_per_s={"bf16": bf16 * TERA, "int8": int8 * TERA},
+                   bandwidth_bytes_per_s=bw * GIGA, memory_bytes=memory,
+                   interconnect_bytes_per_s=ici * GIGA, date=date,
+                   source=f"Google Cloud TPU {doc} documentation (system architecture)",
+                   onchip_bytes_per_core=vmem_mib * 2**20, num_cores=cores))  # fmt: skip
+
+
+_tpu("tpu-v5e", 197, 394, 819, 16 * GIGA, 100, "v5e", "2023", 128, 1)  # ICI 1,600 Gbps
+_tpu("tpu-v5p", 459, 918, 2765, 95 * GIGA, 300, "v5p", "2023", 64, 2)  # ICI 4,800 Gbps
+_tpu("tpu-v6e", 918, 1836, 1640, 32 * 2**30, 224, "v6e (Trillium)", "2024", 128, 1)  # 3,584
+_tpu("tpu-v4", 275, 275, 1200, 32 * 2**30, 150, "v4", "2021", 16, 2)  # ICI 2,400 Gbps
 _chip(
     ChipSpec(
         name="mi300x",
@@ -388,6 +346,45 @@ _chip(
         source="AMD Instinct MI300X accelerator datasheet",
         date="2023",
         # on chip: AMD CDNA 3 white paper: 64 KiB LDS per CU, 304 CUs
+        onchip_bytes_per_core=65536,
+        num_cores=304,
+    )
+)
+_chip(
+    ChipSpec(
+        name="gb200",  # per GPU: the NVL72 rack's sparse figures / 72 / 2
+        peak_flops_per_s={
+            "bf16": 2500 * TERA,
+            "f16": 2500 * TERA,
+            "fp8": 5000 * TERA,
+            "int8": 5000 * TERA,
+            "fp4": 10000 * TERA,
+        },  # 360, 720, 1,440 PFLOPS
+        bandwidth_bytes_per_s=8.0 * TERA,  # HBM3e 576 TB/s for 72 GPUs
+        memory_bytes=186 * GIGA,  # 13.4 TB of HBM3e for 72 GPUs
+        power_watts=1200,
+        interconnect_bytes_per_s=900 * GIGA,  # per direction; NVLink 5: 1.8 TB/s bidirectional
+        source="NVIDIA GB200 NVL72 datasheet (per GPU: the 72-GPU rack's figures / 72)",
+        date="2025",
+        num_cores=148,
+    )
+)
+_chip(
+    ChipSpec(
+        name="mi325x",  # the MI300X's CDNA 3 compute (304 CUs of 64 KiB LDS), HBM3E
+        peak_flops_per_s={
+            "bf16": 1307.4 * TERA,
+            "f16": 1307.4 * TERA,
+            "fp8": 2614.9 * TERA,
+            "int8": 2614.9 * TERA,
+            "f32": 163.4 * TERA,
+        },  # fmt: skip
+        bandwidth_bytes_per_s=6.0 * TERA,
+        memory_bytes=256 * GIGA,
+        power_watts=1000,
+        interconnect_bytes_per_s=448 * GIGA,  # as the MI300X's Infinity Fabric
+        source="AMD Instinct MI325X accelerator datasheet",
+        date="2024",
         onchip_bytes_per_core=65536,
         num_cores=304,
     )

@@ -117,8 +117,10 @@ def test_every_preset_has_a_citation_comment():
     import kvjax.model.presets
     import kvjax.model.presets_families
     import kvjax.model.presets_hybrid
+    import kvjax.model.presets_serving
 
-    modules = (kvjax.model.presets, kvjax.model.presets_families, kvjax.model.presets_hybrid)
+    modules = (kvjax.model.presets, kvjax.model.presets_families, kvjax.model.presets_hybrid,
+               kvjax.model.presets_serving)  # fmt: skip
     source = "\n".join(open(m.__file__).read() for m in modules)
     for name in PRESETS:
         if not name.startswith("tiny"):

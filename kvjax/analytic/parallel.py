@@ -363,7 +363,7 @@ def placement_point(
     dev = device_config(cfg, pl.tp)
     dev_wl = device_workload(cfg, pl, wl)
     step = step_cost(dev, dev_wl)
-    peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
+    peak, bw = chip.peak(cfg.peak_dtype), chip.bandwidth_bytes_per_s
     floor = roofline.bound_time_s(step.flops, step.bytes, peak, bw)
     colls = placed_collectives(cfg, pl, wl, capacity_factor)
     coll = sum(c["bytes_per_device"] for c in colls.values())

@@ -38,7 +38,7 @@ from kvjax.model.config import ModelConfig
 
 def step_bound_s(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> float:
     """Sum of each kernel's roofline bound on `chip` (the step's kernels run one after another)."""
-    peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
+    peak, bw = chip.peak(cfg.peak_dtype), chip.bandwidth_bytes_per_s
     return sum(
         roofline.bound_time_s(k.flops, k.bytes, peak, bw)
         for k in step_kernels(cfg, wl, chip).values()

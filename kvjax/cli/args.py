@@ -15,13 +15,7 @@ from kvjax.analytic.costs import EXTEND
 from kvjax.dtypes import allowed_dtypes, dtype_refusal
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, chip_from_numbers, get_chip
-from kvjax.model.config import (
-    KV_SCALES,
-    MLA_FORMS,
-    ModelConfig,
-    canonical_dtype,
-    get_model_config,
-)
+from kvjax.model.config import KV_SCALES, MLA_FORMS, ModelConfig, canonical_dtype, get_model_config
 from kvjax.model.hf import from_hf_config
 
 DEFAULT_MODEL = "seed-70b"
@@ -77,15 +71,20 @@ def in_range(low: float, high: float, unit: str):
     return parse
 
 
-def dtype_name(text: str, packed: bool = False) -> str:
+def dtype_name(text: str, packed: bool = False, compute: bool = False) -> str:
     """A dtype flag's value, canonical ('fp16' -> 'f16'); refused with the names and aliases."""
     try:
-        return canonical_dtype(text, packed=packed)
+        return canonical_dtype(text, packed=packed, compute=compute)
     except KvjaxError:
-        allowed = allowed_dtypes(packed)
+        allowed = allowed_dtypes(packed, compute)
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a dtype{dtype_refusal(text, allowed)}"
         ) from None
+
+
+def matmul_dtype_name(text: str) -> str:
+    """A matmul input dtype: the model dtypes and fp4 (a chip's FP4 tensor-core peak)."""
+    return dtype_name(text, compute=True)
 
 
 def kv_dtype_name(text: str) -> str:
@@ -175,6 +174,9 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
         "--layer-pattern", help="override layer_pattern: G global / L sliding, tiled (L, LG, ...)"
     )
     g.add_argument("--weight-dtype", type=dtype_name, help="override the weight dtype")
+    g.add_argument("--compute-dtype", type=matmul_dtype_name, dest="matmul_dtype",
+                   help="the matmuls' input dtype, whose peak they run at (fp8: TensorRT-LLM's "
+                   "FP8 engines, fp4: NVFP4; default bf16 for int8/fp8 weights)")  # fmt: skip
     g.add_argument(
         "--attention-kernel", choices=("xla", "flash"),
         help="xla: scores, softmax and av as XLA runs the einsums (default); flash: one fused "
@@ -312,6 +314,8 @@ def resolve_model(args: argparse.Namespace) -> ModelConfig:
         changes["weight_dtype"] = args.weight_dtype
     if getattr(args, "kv_dtype", None):
         changes["kv_dtype"] = args.kv_dtype
+    if getattr(args, "matmul_dtype", None):
+        changes["matmul_dtype"] = args.matmul_dtype
     named = args.model is not None
     cfg = model_from_name(args.model or DEFAULT_MODEL, **changes)
     return cfg.replace(name=custom_name(cfg, named)) if _reshaped(cfg, changes) else cfg
@@ -351,7 +355,7 @@ def resolve_workload(args: argparse.Namespace) -> Workload:
 
 
 def resolve_chip(args: argparse.Namespace, cfg: ModelConfig) -> ChipSpec:
-    dtype = cfg.compute_dtype
+    dtype = cfg.peak_dtype
     if args.chip is None and args.peak_flops is not None and args.bandwidth is not None:
         return chip_from_numbers(args.peak_flops, args.bandwidth, args.memory, dtype=dtype)
     chip = get_chip(args.chip or DEFAULT_CHIP)

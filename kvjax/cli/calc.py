@@ -204,7 +204,7 @@ def calc_report(
 ) -> dict[str, Any]:
     """Every closed-form number of `kvjax calc --json`, keyed as documented in the README; the
     cache and capacity on pages of `page_size` when given."""
-    dtype = cfg.compute_dtype
+    dtype = cfg.peak_dtype
     peak, bw = chip.peak(dtype), chip.bandwidth_bytes_per_s
     decode = analytic.step_cost(cfg, Workload("decode", wl.batch, wl.context), chip)
     step = analytic.step_cost(cfg, wl, chip)
@@ -332,7 +332,7 @@ def attention_kernel_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> d
     """The attention of the step both ways, summed over the layers: XLA's unfused scores,
     softmax and av, and the fused kernel (`kvjax.analytic.flash`) tiled for `chip`, with the
     pairs each computes; `kernel` is the one the step above counts."""
-    peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
+    peak, bw = chip.peak(cfg.peak_dtype), chip.bandwidth_bytes_per_s
     unfused = analytic.step_kernels(cfg.replace(attention_kernel="xla"), wl)
     fused_cfg = cfg.replace(attention_kernel="flash")
     fused = analytic.step_kernels(fused_cfg, wl, chip)

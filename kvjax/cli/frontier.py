@@ -95,7 +95,7 @@ def frontier_report(
         "chip": {
             "name": chip.name,
             "memory_bytes": chip.memory_bytes,
-            "peak_flops_per_s": chip.peak(cfg.compute_dtype),
+            "peak_flops_per_s": chip.peak(cfg.peak_dtype),
             "bandwidth_bytes_per_s": chip.bandwidth_bytes_per_s,
         },  # fmt: skip
         "context": context,
@@ -150,7 +150,7 @@ def add_predictions(report: dict[str, Any], cfg: ModelConfig, chip: ChipSpec, al
             cost = engine_step_cost(
                 variant, Workload("decode", p["batch"], report["context"]), chip
             )
-            pred = predict_step_s(cost.flops, cost.bytes, chip, variant.compute_dtype)
+            pred = predict_step_s(cost.flops, cost.bytes, chip, variant.peak_dtype)
             p.update(pred)
             p["predicted_ms_per_token"] = 1e3 * pred["predicted_s"]
             p["predicted_tokens_per_s"] = p["batch"] / pred["predicted_s"]

@@ -154,7 +154,7 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
 
     cfg, wl = resolve_model(args), resolve_workload(args)
     chip = resolve_chip(args, cfg)
-    peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
+    peak, bw = chip.peak(cfg.peak_dtype), chip.bandwidth_bytes_per_s
     t0 = time.perf_counter()
     with render.progress(
         f"lowering {cfg.name} ({cfg.num_layers} layers, tracing {args.trace_layers})"
@@ -255,7 +255,7 @@ def sharded_trace_report(args: argparse.Namespace, devices=None, count=None) -> 
     capacity = cfg.num_experts / cfg.experts_per_token if ep > 1 else None
     pl = parallel.Placement(args.tp, ep, args.dp)
     closed = parallel.placement_point(cfg, pl, wl, chip, capacity_factor=capacity).to_dict()
-    peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
+    peak, bw = chip.peak(cfg.peak_dtype), chip.bandwidth_bytes_per_s
     link = chip.interconnect_bytes_per_s
     traced_floor = roofline.point(
         kernels.STEP_KERNEL, t.flops_per_device, t.bytes_per_device, peak, bw

@@ -37,8 +37,17 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvjax.predict.corpus import read_corpus
     from kvjax.predict.validate import validate
+    from kvjax.serving.systems import SYSTEMS_CSV, is_systems_csv, read_systems, validate_systems
 
-    report = validate(read_corpus(args.csv or None))
+    systems = [p for p in args.csv if is_systems_csv(p)] if args.csv else [SYSTEMS_CSV]
+    kernels = [p for p in args.csv if p not in systems]
+    report: dict[str, Any] = {"rows": [], "classes": {}, "summary": {}}
+    if kernels or not args.csv:
+        report = validate(read_corpus(kernels or None))
+    if systems:
+        rows, summary = validate_systems([r for p in systems for r in read_systems(p)])
+        report["system_rows"] = rows
+        report["classes"]["system"] = summary
     return emit(args, report, print_validate)
 
 
@@ -49,16 +58,23 @@ def print_validate(report: dict[str, Any]) -> None:
 
     con = console()
     s = report["summary"]
-    con.print(
-        f"{s['rows']} measurements from {s['sources']} sources in {s['source_groups']} groups; "
-        f"{s['above_bound']} faster than "
-        "their bound (fraction_of_bound = bound / measured > 1)"
-    )
+    if s:
+        con.print(
+            f"{s['rows']} measurements from {s['sources']} sources in {s['source_groups']} "
+            f"groups; {s['above_bound']} faster than their bound (fraction_of_bound = bound / "
+            "measured > 1)"
+        )
+    if "system" in report["classes"]:
+        print_systems(report, con)
+    if not s:
+        return
     t = Table(title="per kernel class: bound / measured, and the model's leave-one-group-out error")
     for col in ("class", "rows", "above", "min", "median", "max", "fitted", "groups",
                 "median |pred/meas - 1|", "80% coverage"):  # fmt: skip
         t.add_column(col, justify="left" if col == "class" else "right")
     for cls, e in report["classes"].items():
+        if cls == "system":
+            continue
         f = e["fraction_of_bound"]
         t.add_row(
             cls, str(e["rows"]), str(e["above_bound"]), f"{f['min']:.3f}", f"{f['median']:.3f}",
@@ -85,6 +101,28 @@ def print_validate(report: dict[str, Any]) -> None:
         )  # fmt: skip
         if r.get("flag_reason"):
             t.add_row("", f"[dim]{r['flag_reason']}[/dim]", "", "", "", "", "", "")
+    con.print(t)
+
+
+def print_systems(report: dict[str, Any], con) -> None:
+    """The serving systems' rows: the class, and the rows nearest their bound."""
+    from rich.table import Table
+
+    c = report["classes"]["system"]
+    f = c["fraction_of_bound"]
+    con.print(
+        f"{c['rows']} serving-system results from {c['sources']} source groups; "
+        f"{c['above_bound']} beat their system bound (fraction: min {f['min']:.3g}, median "
+        f"{f['median']:.3g}, max {f['max']:.3g}); the prediction: {c['prediction']}"
+    )
+    t = Table(title="serving systems closest to their bound")
+    for col in ("source", "metric", "scope", "measured", "bound", "fraction", "side"):
+        t.add_column(col)
+    rows = sorted(report["system_rows"], key=lambda r: -r["fraction_of_bound"])
+    for r in [r for r in rows if r["above_bound"]] or rows[:10]:
+        t.add_row(r["source"], r["metric"], r["scope"], f"{r['measured']:.4g}",
+                  f"{r['bound_value']:.4g}", f"{r['fraction_of_bound']:.3f}",
+                  r["bound_side"])  # fmt: skip
     con.print(t)
 
 

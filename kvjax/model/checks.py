@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvjax.dtypes import canonical_dtype
 from kvjax.errors import KvjaxError
 from kvjax.model.rope import SCALINGS
 
@@ -71,7 +72,10 @@ def check_mla(cfg: Fields) -> None:
 
 def check_features(cfg: Fields) -> None:
     """The MLP's activation (and the MLP form it needs), gpt-oss's sink logits, the embedding
-    scale: one line each naming the field."""
+    scale, the matmul dtype: one line each naming the field."""
+    if cfg.matmul_dtype:
+        key = canonical_dtype(cfg.matmul_dtype, "matmul_dtype", compute=True)
+        object.__setattr__(cfg, "matmul_dtype", key)
     if cfg.mlp_activation not in ACTIVATIONS:
         raise KvjaxError(
             f"mlp_activation={cfg.mlp_activation!r} is not supported; "

@@ -71,6 +71,7 @@ class ModelConfig:
     mlp_bias: bool = False  # biases on the dense MLP's projections (StarCoder2, Llama's mlp_bias)
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
+    matmul_dtype: str = ""  # the matmuls' inputs (fp8, fp4: a chip's peak); "": compute_dtype
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     norm_kind: str = "rms"  # the block and final norms: RMSNorm, or LayerNorm (StarCoder2, Cohere)
@@ -223,9 +224,8 @@ class ModelConfig:
     def kv_scale_kind(self) -> str:
         """ "none", "tensor", "token_head" or "group": "auto" is grouped for the packed int4/int2
         caches (KIVI: an f16 scale and zero point per kv_group_size elements), per token per KV
-        head for int8 (an f32
-        absmax / 127 for each K and V row of H), per tensor for fp8 (vLLM's uncalibrated
-        k_scale = v_scale = 1.0), none for wider caches and MLA's latent."""
+        head for int8 (an f32 absmax / 127 for each K and V row of H), per tensor for fp8 (vLLM's
+        uncalibrated k_scale = v_scale = 1.0), none for wider caches and MLA's latent."""
         if self.kv_scales != "auto":
             return self.kv_scales
         if self.kv_packed:
@@ -345,6 +345,12 @@ class ModelConfig:
         return self.weight_dtype if DTYPE_BYTES[self.weight_dtype] >= 2 else "bf16"
 
     @property
+    def peak_dtype(self) -> str:
+        """The dtype whose peak the matmuls run at: `matmul_dtype` (FP8/FP4 engines), else the
+        compute dtype (activations stay in it either way)."""
+        return self.matmul_dtype or self.compute_dtype
+
+    @property
     def shared_d_ff(self) -> int:
         """The shared experts' MLP width (DeepSeek's built as one wide MLP)."""
         return self.shared_expert_d_ff or self.num_shared_experts * self.moe_d_ff
@@ -353,17 +359,12 @@ class ModelConfig:
     def attention_variant(self) -> str:
         if self.is_mla:
             return "MLA"
-        if self.num_kv_heads == self.num_heads:
-            return "MHA"
-        if self.num_kv_heads == 1:
-            return "MQA"
-        return "GQA"
+        return {self.num_heads: "MHA", 1: "MQA"}.get(self.num_kv_heads, "GQA")
 
     def kv_head_choices(self) -> list[int]:
         """Every valid num_kv_heads for this model: the divisors of num_heads (MLA: N only)."""
-        if self.is_mla:
-            return [self.num_heads]
-        return [k for k in range(1, self.num_heads + 1) if self.num_heads % k == 0]
+        n = self.num_heads
+        return [n] if self.is_mla else [k for k in range(1, n + 1) if n % k == 0]
 
     def replace(self, **changes: Any) -> ModelConfig:
         """`dataclasses.replace` with a clear error for an unknown field."""

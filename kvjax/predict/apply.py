@@ -52,7 +52,7 @@ def predict_step(
     it."""
     fits = corpus_fits()
     phase, layers = wl.phase, cfg.num_layers
-    peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
+    peak, bw = chip.peak(cfg.peak_dtype), chip.bandwidth_bytes_per_s
     out = []
     exps = 0.0  # the fused attention's exponentials, at the chip's special-function rate
     if any(k["name"] == kernels.ATTENTION for k in placed):

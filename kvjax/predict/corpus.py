@@ -157,7 +157,7 @@ def corpus_files(paths: list[str] | None = None) -> list[Path]:
     """The files named, or every CSV of the committed corpus."""
     if paths:
         return [Path(p) for p in paths]
-    return sorted(CORPUS_DIR.glob("*.csv"))
+    return sorted(p for p in CORPUS_DIR.glob("*.csv") if p.name != "systems.csv")
 
 
 def read_corpus(paths: list[str] | None = None) -> list[Row]:

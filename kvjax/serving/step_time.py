@@ -41,7 +41,7 @@ def workload_of(tokens: int, context: int, decodes: int = 1) -> Workload:
 class ClosedFormStepTime:
     def __init__(self, cfg: ModelConfig, chip: ChipSpec):
         self.cfg, self.chip = cfg, chip
-        self.peak, self.bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
+        self.peak, self.bw = chip.peak(cfg.peak_dtype), chip.bandwidth_bytes_per_s
         # shared: a decode's kernels whose cost does not move with the context; every other
         # kernel (attention, flash-decoding's combine, MLA's expansion of the cached latents in
         # an extend, a state layer's mixer: its scan differs in prefill and decode) is the

@@ -1,0 +1,159 @@
+"""Published serving-system results (`experiments/published/systems.csv`: MLPerf Inference, the
+engines' performance tables, reports of serving at scale; issue 50) against the system bound of
+`kvjax.serving.system_bound`, per row: the bound of the row's metric on its chips, measured over
+bound for a throughput (bound over measured for a latency), and whether the row beats it.
+
+A row says what it can; where a source is silent the bound takes what favours the system, so it
+stays a bound: the chips as one replica (more chips together hold a larger batch than apart), the
+shortest prompt (1 token) where no input length is published (a stated placement of
+`replicas` copies is kept: each copy's bound, times the copies), the least per token where no
+output length is, an fp8 cache where the cache dtype is not stated, and the chip's fastest
+matmul dtype the weights allow where the compute dtype is not. FP4 weights (NVFP4: 4.5 bits an
+element) are sized at 4 bits. A `per_node` row is a node of 8 chips. The prediction beside the
+bound (the simulator on the row's engine) is not built yet: `predicted_value` is null."""
+
+from __future__ import annotations
+
+import csv
+import math
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from kvjax.errors import KvjaxError
+from kvjax.hardware import get_chip
+from kvjax.model.config import get_model_config
+from kvjax.serving.system_bound import LATENCY, THROUGHPUT, metric_bound, system_bound
+
+SYSTEMS_CSV = Path(__file__).resolve().parents[2] / "experiments" / "published" / "systems.csv"
+COLUMNS = (
+    "source, source_group, chip, num_chips, model, weight_dtype, kv_dtype, compute_dtype, tp, pp, "
+    "ep, dp_attention, replicas, scenario, input_len, output_len, length_distribution, requests, "
+    "concurrency, rate_per_s, slo_ttft_s, slo_tpot_s, slo_percentile, metric, scope, measured, "
+    "convention, confidence"
+).split(", ")
+SCENARIOS = ("offline", "server", "interactive", "concurrency", "rate", "prefill_only",
+             "decode_only")  # fmt: skip
+SCOPES = ("system", "per_chip", "per_node", "per_user")
+NODE_CHIPS = 8
+
+
+def is_systems_csv(path: str | Path) -> bool:
+    """A CSV in the systems corpus's form (its header has `metric` and `scenario`)."""
+    with open(path, newline="") as f:
+        header = next(csv.reader(f), [])
+    return "metric" in header and "scenario" in header
+
+
+def _number(path, line, row, column, integer=False):
+    text = (row.get(column) or "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise KvjaxError(f"{path}:{line}: {column}={text!r} is not a number") from None
+    if not value > 0 or not math.isfinite(value):
+        raise KvjaxError(f"{path}:{line}: {column}={text!r} must be a positive number")
+    return int(value) if integer else value
+
+
+def read_systems(path: str | Path = SYSTEMS_CSV) -> list[dict[str, Any]]:
+    """The rows, each checked: the columns present, the names allowed, the numbers positive."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise KvjaxError(f"{path}: columns missing: {', '.join(missing)}")
+        rows = []
+        for line, raw in enumerate(reader, start=2):
+            for column, allowed in (("scenario", SCENARIOS), ("scope", SCOPES),
+                                    ("metric", sorted(THROUGHPUT | LATENCY))):  # fmt: skip
+                if raw[column] not in allowed:
+                    raise KvjaxError(f"{path}:{line}: {column}={raw[column]!r} is not one of: "
+                                     f"{', '.join(allowed)}")  # fmt: skip
+            row = dict(raw, file_line=f"{Path(path).name}:{line}")
+            for column in ("num_chips", "tp", "pp", "ep", "replicas", "requests", "concurrency"):
+                row[column] = _number(path, line, raw, column, integer=True)
+            for column in ("input_len", "output_len", "measured", "rate_per_s"):
+                row[column] = _number(path, line, raw, column)
+            if row["measured"] is None or row["num_chips"] is None:
+                raise KvjaxError(f"{path}:{line}: measured and num_chips are required")
+            get_chip(row["chip"]), get_model_config(row["model"])  # named, or refused by name
+            rows.append(row)
+    return rows
+
+
+@cache
+def _bound(model, chip_name, devices, weight, kv, compute, inp, out, phase):
+    chip = get_chip(chip_name)
+    cfg = get_model_config(model, weight_dtype="fp8" if weight == "fp4" else weight, kv_dtype=kv)
+    if compute is None:  # the fastest the chip has that the weights allow
+        compute = next(d for d in ("fp4", "fp8", "bf16") if d in chip.peak_flops_per_s and
+                       (d != "fp4" or weight == "fp4"))  # fmt: skip
+    cfg = cfg.replace(matmul_dtype=compute)
+    return system_bound(cfg, chip, devices, inp, out, weight_scale=0.5 if weight == "fp4" else 1,
+                        phase=phase)  # fmt: skip
+
+
+def row_bound(row: dict[str, Any]) -> dict[str, Any]:
+    """The bound of one row's metric at its scope, and what the row left to the bound."""
+    assumed = []
+    weight = row["weight_dtype"] or "fp8"
+    if not row["weight_dtype"]:
+        assumed.append("fp8 weights")
+    weight = {"fp16": "f16"}.get(weight, weight)
+    kv = {"fp16": "f16"}.get(row["kv_dtype"] or "fp8", row["kv_dtype"] or "fp8")
+    if not row["kv_dtype"]:
+        assumed.append("fp8 cache")
+    compute = {"fp16": "f16"}.get(row["compute_dtype"], row["compute_dtype"]) or None
+    if compute is None:
+        assumed.append("the chip's fastest matmul dtype")
+    inp = row["input_len"]
+    if inp is None:
+        assumed.append("1-token prompts (no input length published)")
+    out = row["output_len"]
+    metric, scenario = row["metric"], row["scenario"]
+    phase = {"prefill_only": "prefill", "decode_only": "decode"}.get(scenario, "serve")
+    if out is None and metric in THROUGHPUT and phase == "serve":
+        phase = "decode"
+        assumed.append("decodes alone at the prompt's context (no output length published)")
+    chips = row["num_chips"]
+    replicas = row["replicas"] or 1
+    if chips % replicas:
+        raise KvjaxError(f"{row['file_line']}: replicas={replicas} does not divide "
+                         f"num_chips={chips}")  # fmt: skip
+    if replicas == 1 and chips > 1:
+        assumed.append(f"the {chips} chips as one replica")
+    b = _bound(row["model"], row["chip"], chips // replicas, weight, kv, compute,
+               max(1, round(inp or 1)), out or 1, phase)  # fmt: skip
+    value = metric_bound(b, metric) * (replicas if metric in THROUGHPUT else 1)
+    devices = chips
+    if row["scope"] == "per_chip":
+        value /= devices
+    elif row["scope"] == "per_node":
+        value *= NODE_CHIPS / devices
+    elif row["scope"] == "per_user" and metric in THROUGHPUT:
+        value = 1 / b.tpot_s
+    latency = metric in LATENCY
+    fraction = value / row["measured"] if latency else row["measured"] / value
+    return {"bound_value": value, "bound_side": b.side, "fraction_of_bound": fraction,
+            "above_bound": fraction > 1 + 1e-9, "bound_assumes": assumed,
+            "predicted_value": None}  # fmt: skip
+
+
+def validate_systems(rows: list[dict[str, Any]]) -> tuple[list[dict], dict[str, Any]]:
+    """Each row with its bound; the class `system`'s summary (rows, groups, above, fractions)."""
+    import numpy as np
+
+    out = [{**r, **row_bound(r)} for r in rows]
+    f = np.array([r["fraction_of_bound"] for r in out])
+    summary = {
+        "rows": len(out), "above_bound": int(sum(r["above_bound"] for r in out)),
+        "sources": len({r["source_group"] for r in out}),
+        "fraction_of_bound": {k: float(v) for k, v in zip(
+            ("min", "p10", "median", "p90", "max"), np.quantile(f, [0, 0.1, 0.5, 0.9, 1]),
+            strict=True)},
+        "prediction": "not built: the simulator on each row's engine (issue 50)",
+    }  # fmt: skip
+    return out, summary

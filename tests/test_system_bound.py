@@ -1,0 +1,140 @@
+"""The serving system's bound (issue 50): its memory side by the seed's cache formula, its sums
+against term-by-term loops, and no simulated engine above it at any scheduler setting."""
+
+import json
+
+import pytest
+
+from kvjax import get_model_config
+from kvjax.analytic import Workload
+from kvjax.errors import KvjaxError
+from kvjax.hardware import chip_from_numbers, get_chip
+from kvjax.predict.bounds import step_floor
+from kvjax.serving.load import generate
+from kvjax.serving.memory import kv_pool
+from kvjax.serving.pages import PagePool
+from kvjax.serving.scheduler import Scheduler
+from kvjax.serving.simulate import report, simulate
+from kvjax.serving.step_time import ClosedFormStepTime
+from kvjax.serving.system_bound import metric_bound, series_sum, step_weight_bytes, system_bound
+from kvjax.serving.systems import read_systems, validate_systems
+
+
+def test_the_memory_side_by_the_seeds_cache_formula():
+    """llama-2-7b (L 32, h_kv 32, d_h 128, bf16) on one H100 at I = 512, O = 129: a decode at S
+    reads R(S) = 2 L h_kv d_h S 2 bytes = 524,288 S; the 128 decodes read sum_{S=513}^{640} R(S)
+    = 524,288 x 128 x (513 + 640) / 2; the weights W_step a step over D M - W of room, and the
+    640 tokens' cache written once."""
+    cfg = get_model_config("llama-2-7b")
+    chip = get_chip("h100-sxm")
+    b = system_bound(cfg, chip, 1, 512, 129)
+    per_token = 2 * 32 * 32 * 128 * 2
+    reads = per_token * 128 * (513 + 640) / 2
+    w_step = step_weight_bytes(cfg)
+    free = 80e9 - 6_738_415_616 * 2
+    assert b.free_bytes == pytest.approx(free)
+    assert b.bytes == pytest.approx(reads * (1 + w_step / free) + per_token * 640, rel=1e-12)
+    assert b.memory_s == pytest.approx(b.bytes / 3.35e12)
+    # the weights a decode reads: all but the embedding table (one row of it)
+    assert w_step == pytest.approx(2 * (6_738_415_616 - 32000 * 4096 + 4096))
+    assert b.output_tokens_per_s == pytest.approx(129 / max(b.compute_s, b.memory_s))
+    assert metric_bound(b, "requests_per_s") == pytest.approx(b.output_tokens_per_s / 129)
+
+
+def test_the_flops_are_the_exact_steps_summed_term_by_term():
+    """The request's FLOPs: the prefill's (its logits at one row) and every decode's, against a
+    loop over the decodes; a windowed model (mistral's 4096 window crossed at S = 4096) too."""
+    chip = get_chip("h100-sxm")
+    for name, I, O in (("llama-3-8b", 300, 40), ("mistral-7b", 4080, 30)):  # noqa: E741
+        cfg = get_model_config(name)
+        b = system_bound(cfg, chip, 1, I, O)
+        loop = sum(step_floor(cfg, Workload("decode", 1, s), chip)[0] for s in range(I + 1, I + O))
+        pre = step_floor(cfg, Workload("prefill", 1, I), chip)[0]
+        lm = 2 * cfg.d_model * cfg.vocab_size  # one row's logits, not I
+        assert b.flops == pytest.approx(pre - lm * (I - 1) + loop, rel=1e-12)
+
+
+def test_series_sum_is_exact_with_and_without_its_kinks():
+    f = lambda s: 3.0 * min(s, 100) + 1  # noqa: E731
+    brute = sum(f(s) for s in range(40, 301))
+    assert series_sum(f, 40, 300, (100,)) == pytest.approx(brute, rel=1e-15)
+    assert series_sum(f, 40, 300) == pytest.approx(brute, rel=1e-15)  # found term by term
+    assert series_sum(f, 5, 4) == 0.0
+
+
+def test_fp8_compute_lifts_a_compute_bound_system():
+    """MLPerf's llama2-70b FP8 case on one H200 is compute-bound: at the FP8 peak its bound is
+    1979/989 x the one at bf16's peak (the issue's 3,913 tokens/s a GPU lies between them)."""
+    chip = get_chip("h200")
+    base = get_model_config("llama-2-70b", weight_dtype="fp8", kv_dtype="fp8")
+    bf16 = system_bound(base, chip, 1, 294, 294)
+    fp8 = system_bound(base.replace(matmul_dtype="fp8"), chip, 1, 294, 294)
+    assert bf16.side == fp8.side == "compute"
+    assert fp8.output_tokens_per_s / bf16.output_tokens_per_s == pytest.approx(1979 / 989)
+    assert bf16.output_tokens_per_s < 3913 < fp8.output_tokens_per_s
+
+
+@pytest.mark.parametrize("max_batch", [2, 16, 256])
+def test_no_simulated_scheduler_beats_the_bound(max_batch):
+    """tiny-gqa on a small chip (3 MB: the cache bounds the batch, a large max batch preempts)
+    that is memory-bound: the simulator at the closed form's step times, at any max batch,
+    serves below the system bound, and its first and later tokens take longer than theirs."""
+    cfg = get_model_config("tiny-gqa")
+    chip = chip_from_numbers(1e13, 1e10, memory_bytes=3e6, dtype="f32")
+    b = system_bound(cfg, chip, 1, 96, 64)
+    assert b.side == "memory"
+    reqs = generate(60, rate=1e6, prompt="96", output="64", seed=0)
+    pool = kv_pool(cfg, chip, 16, 128, 160, 1.0, reserve_bytes=0, max_batch=max_batch)
+    out = report(simulate(reqs, Scheduler(PagePool(pool.pages, 16), max_batch, 128),
+                          ClosedFormStepTime(cfg, chip)))  # fmt: skip
+    assert out["requests_out"] == 60 and (out["preemptions"] > 0) == (max_batch > 2)
+    assert out["throughput_tokens_per_s"] <= b.output_tokens_per_s
+    assert out["ttft_s"]["p50"] >= b.ttft_s
+    assert out["itl_s"]["p50"] >= b.tpot_s
+
+
+def test_weights_that_do_not_fit_are_refused_with_the_bytes():
+    with pytest.raises(KvjaxError, match=r"do not fit 1 x h100-sxm \(80,000,000,000 B\)"):
+        system_bound(get_model_config("seed-70b"), get_chip("h100-sxm"), 1, 100, 100)
+    with pytest.raises(KvjaxError, match="metric='goodput' is not supported; allowed"):
+        metric_bound(system_bound(get_model_config("tiny-gqa"), get_chip("h100-sxm"), 1, 8, 8),
+                     "goodput")  # fmt: skip
+
+
+def test_the_published_systems_lie_under_their_bounds():
+    """experiments/published/systems.csv (MLPerf Inference v4.1/v5.1, TensorRT-LLM's tables, the
+    engines' reports): at least 40 rows from 6 source groups, none above its bound; TensorRT-LLM's
+    15,244.78 tokens/s for Llama-3.1-8B FP8 on one H100 at 1000/1000 is the bound's own number
+    (the FP8 peak, an fp8 cache) at fraction 0.494."""
+    rows, summary = validate_systems(read_systems())
+    assert summary["rows"] >= 40 and summary["sources"] >= 6
+    assert summary["above_bound"] == 0 and all(not r["above_bound"] for r in rows)
+    (row,) = [r for r in rows if r["source"] == "trtllm-perf-overview-v0.17:llama-3.1-8b:fp8:"
+              "h100-sxm:1000/1000:tp1"]  # fmt: skip
+    cfg = get_model_config("llama-3.1-8b", weight_dtype="fp8", kv_dtype="fp8", matmul_dtype="fp8")
+    b = system_bound(cfg, get_chip("h100-sxm"), 1, 1000, 1000)
+    assert row["bound_value"] == pytest.approx(b.output_tokens_per_s)
+    assert row["fraction_of_bound"] == pytest.approx(15244.78 / b.output_tokens_per_s)
+    assert 0.49 < row["fraction_of_bound"] < 0.5 and row["bound_assumes"] == []
+
+
+def test_a_systems_csv_is_checked_and_validated_from_the_cli(tmp_path, capsys):
+    from kvjax.cli.main import main
+    from kvjax.serving.systems import COLUMNS
+
+    path = tmp_path / "mine.csv"
+    good = dict.fromkeys(COLUMNS, "")
+    good.update(source="mine", source_group="me", chip="h200", num_chips="8", model="llama-2-70b",
+                weight_dtype="fp8", compute_dtype="fp8", scenario="offline", output_len="294.45",
+                metric="output_tokens_per_s", scope="per_chip", measured="3913")  # fmt: skip
+    lines = [",".join(COLUMNS), ",".join(good[c] for c in COLUMNS)]
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["validate", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (row,) = out["system_rows"]
+    assert out["classes"]["system"]["rows"] == 1 and not row["above_bound"]
+    assert row["bound_assumes"] == ["fp8 cache", "1-token prompts (no input length published)",
+                                    "the 8 chips as one replica"]  # fmt: skip
+    path.write_text("\n".join([*lines, lines[1].replace("output_tokens_per_s", "goodput")]) + "\n")
+    with pytest.raises(KvjaxError, match=r"mine.csv:3: metric='goodput' is not one of: "):
+        read_systems(path)
