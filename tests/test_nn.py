@@ -174,7 +174,15 @@ def test_generate_padded_prompts():
     np.testing.assert_array_equal(out[1], generate(model, b[None], 4)[0])
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+def _distinct_presets() -> list[str]:
+    """One preset of each shape (deepseek-r1 is deepseek-v3's config, llama-3.3-70b 3.1's)."""
+    seen: dict = {}
+    for name in sorted(PRESETS):
+        seen.setdefault(repr(PRESETS[name].replace(name="")), name)
+    return sorted(seen.values())
+
+
+@pytest.mark.parametrize("name", _distinct_presets())
 def test_parameter_count_equals_analytic_exactly(name):
     cfg = get_model_config(name)
     # gpt-oss's MXFP4 experts: the model holds them dequantized (the same elements)

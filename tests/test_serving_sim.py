@@ -2,6 +2,8 @@
 preemption by recompute on a constructed trace, Little's law over a long run, no request lost or
 served twice, and bad input refused by name."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -542,3 +544,70 @@ def test_predicted_step_time_is_the_published_steps_fit():
                            nbytes / (f.bandwidth_efficiency * bw))  # fmt: skip
     assert step(big) == pytest.approx(by_hand, rel=1e-12)
     assert step(big) > 0.05 > bound(big)  # predicted over the SLO; the bound under it
+
+
+@pytest.mark.parametrize("case", ["full batch", "pages run out", "arrivals admitted", "predicted"])
+def test_the_fast_path_is_the_step_by_step_loop_to_the_bit(case, monkeypatch):
+    """Steps of decodes alone advanced at once (`decode_run`, `decode_steps`) give every token
+    the time the step-by-step loop gives it, the same pages in use after each step, the same
+    request-seconds and preemptions: a full batch with a queue, a pool that runs out (so the
+    loop preempts), arrivals that join a batch with room, the predicted step model under a
+    moving speed."""
+    import kvjax.serving.simulate as sim
+    from kvjax.serving.step_time import ClosedFormStepTime, PredictedStepTime
+
+    cfg = get_model_config("llama-3-8b", attention_kernel="flash")
+    chip = get_chip("h100-sxm")
+    rate, n, max_batch, pages = {"full batch": (1e4, 40, 8, 4096),
+                                 "pages run out": (1e4, 40, 32, 160),
+                                 "arrivals admitted": (20.0, 40, 64, 4096),
+                                 "predicted": (50.0, 30, 16, 4096)}[case]  # fmt: skip
+    model = (PredictedStepTime if case == "predicted" else ClosedFormStepTime)(cfg, chip)
+    speed = (lambda t: 1.0 + 0.5 * (int(t * 100) % 2)) if case == "predicted" else None
+
+    taken, real = [], sim.decode_run
+
+    def counted(sched):
+        out = real(sched)
+        taken.append(out is not None)
+        return out
+
+    def run(fast):
+        monkeypatch.setattr(sim, "decode_run", counted if fast else (lambda sched: None))
+        reqs = generate(n, rate=rate, prompt="uniform:40:200", output="uniform:20:90", seed=4)
+        res = simulate(reqs, Scheduler(PagePool(pages, 16), max_batch, 256), model, speed)
+        monkeypatch.undo()
+        return res, reqs
+
+    (a, ra), (b, rb) = run(True), run(False)
+    assert [r.token_times for r in ra] == [r.token_times for r in rb]
+    assert a.pages_in_use == b.pages_in_use and a.steps == b.steps
+    assert (a.requests_in_system_s, a.busy_s, a.preemptions) == (
+        b.requests_in_system_s, b.busy_s, b.preemptions)  # fmt: skip
+    assert sum(taken) >= 3  # the fast path was taken (and the loop ran the other steps)
+    if case == "pages run out":
+        assert a.preemptions > 0
+
+
+def test_simulate_places_a_model_one_chip_cannot_hold(capsys):
+    """`kvjax simulate --rate 1` alone: the seed's 70B (141 GB of bf16 weights) on H100s takes
+    the fewest of 2, 4, 8 chips whose pool holds --max-batch requests, and says so; each step
+    is a device's shard plus its collectives, by hand for a decode of 3 at tp 4: 161 all-reduces
+    of 3 x 8192 x 2 bytes, 2 (4 - 1) / 4 of it sent, and 3 rows of 128,256 f32 logits, 3/4 of
+    them, over 450 GB/s."""
+    from kvjax.analytic.parallel import device_config
+    from kvjax.cli.main import main
+    from kvjax.serving.scheduler import Scheduled
+    from kvjax.serving.step_time import ClosedFormStepTime, PlacedStepTime
+
+    assert main(["simulate", "--rate", "1", "--requests", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tp"] == 4 and "tp=4, the fewest of 2, 4, 8" in out["tp_note"]
+    assert out["requests_out"] == 4 and out["chips"] == 4
+    cfg, chip = get_model_config("seed-70b"), get_chip("h100-sxm")
+    shard = ClosedFormStepTime(device_config(cfg, 4), chip)
+    placed = PlacedStepTime(shard, cfg, chip, 4)
+    batch = [Scheduled(Request(i, 0.0, 100, 5), 1, 101) for i in range(3)]
+    link = (161 * 1.5 * 3 * 8192 * 2 + 0.75 * 3 * 128256 * 4) / 450e9
+    assert placed(batch) == pytest.approx(shard(batch) + link, rel=1e-12)
+    assert placed.decode_steps([100, 100, 100], 2)[0] == pytest.approx(placed(batch), rel=1e-12)

@@ -47,6 +47,14 @@ def add_parser(sub) -> None:
     )
     s.add_argument("--no-prefix-caching", action="store_true")
     s.add_argument(
+        "--tp",
+        type=positive_int,
+        default=None,
+        help="tensor-parallel chips serving as one (each step a device's shard, then its "
+        "all-reduces over the link); default: 1, or the fewest of 2, 4, 8 that hold the model "
+        "when one chip does not (said in the output)",
+    )
+    s.add_argument(
         "--step-time",
         choices=sorted(STEP_TIMES),
         default="bound",
@@ -180,13 +188,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
+    from kvjax.analytic.parallel import device_config
+    from kvjax.analytic.params import weight_bytes
     from kvjax.serving.cost import energy_and_cost
     from kvjax.serving.disagg import kv_transfer_s, simulate_disaggregated
     from kvjax.serving.memory import kv_pool, whole_prefill_reason
     from kvjax.serving.pages import PagePool
     from kvjax.serving.scheduler import Scheduler
     from kvjax.serving.simulate import report, simulate
-    from kvjax.serving.step_time import ClosedFormStepTime, PredictedStepTime
+    from kvjax.serving.step_time import ClosedFormStepTime, PlacedStepTime, PredictedStepTime
 
     cfg = resolve_model(args)
     if (args.step_time == "fitted") != (args.steps is not None):
@@ -200,13 +210,38 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     # budget raised to the longest request, as an engine without chunked prefill runs)
     whole = whole_prefill_reason(cfg)
     budget = max(args.token_budget, longest - 1) if whole else args.token_budget
-    pool = kv_pool(cfg, chip, args.page_size, budget, longest, args.memory_utilization,
-                   max_batch=args.max_batch)  # fmt: skip
+    if args.disaggregate and args.tp:
+        raise KvjaxError("--tp and --disaggregate do not go together (one chip an instance)")
+    # no --tp and weights one chip cannot hold: the fewest of 2, 4, 8 that hold --max-batch
+    # requests at once (else the fewest that hold any), as `kvjax frontier` chooses
+    auto = not (args.tp or args.disaggregate) and chip.memory_bytes is not None and (
+        weight_bytes(cfg) >= args.memory_utilization * chip.memory_bytes)  # fmt: skip
+    tp, tp_note, dev, fits = args.tp or 1, None, cfg, None
+    for tp in [2, 4, 8] if auto else [args.tp or 1]:
+        dev = device_config(cfg, tp) if tp > 1 else cfg
+        try:
+            pool = kv_pool(dev, chip, args.page_size, budget, longest, args.memory_utilization,
+                           max_batch=args.max_batch)  # fmt: skip
+        except KvjaxError:
+            if not auto or (tp == 8 and fits is None):
+                raise
+            continue
+        fits = fits or (tp, dev, pool)
+        if not auto or pool.tokens >= args.max_batch * longest:
+            break
+    else:  # no placement holds --max-batch requests at once: the fewest that holds one
+        tp, dev, pool = fits
+    if auto:
+        tp_note = (f"no --tp given and one {chip.name} cannot hold the weights: tp={tp}, the "
+                   f"fewest of 2, 4, 8 whose pool holds --max-batch {args.max_batch} requests of "
+                   f"{longest} tokens (or any)")  # fmt: skip
     sched = Scheduler(PagePool(pool.pages, pool.page_size), args.max_batch, budget,
                       prefix_caching=not (args.no_prefix_caching or whole),
                       chunked_prefill=not whole)  # fmt: skip
-    step = (PredictedStepTime if args.step_time == "predicted" else ClosedFormStepTime)(cfg, chip)
-    chips = 1
+    step = (PredictedStepTime if args.step_time == "predicted" else ClosedFormStepTime)(dev, chip)
+    if tp > 1:
+        step = PlacedStepTime(step, cfg, chip, tp)
+    chips = tp
     if args.disaggregate:
         link = args.link_gb_per_s * 1e9 if args.link_gb_per_s else chip.interconnect_bytes_per_s
         if not link:
@@ -224,6 +259,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     out.update(energy_and_cost(out["output_tokens"], out["duration_s"], chips, chip.power_watts,
                                args.price_per_chip_hour))  # fmt: skip
     out["disaggregated"] = bool(args.disaggregate)
+    out.update(tp=tp, tp_note=tp_note)
     out.update(
         model=cfg.name, chip=chip.name, rate_requests_per_s=args.rate if not args.trace else None,
         kv_pool_tokens=pool.tokens, kv_pool_pages=pool.pages, page_size=pool.page_size,
@@ -291,10 +327,15 @@ def print_simulation(r: dict[str, Any]) -> None:
     from kvjax.units import fmt_seconds
 
     con = console()
+    on = f"{r['tp']} x {r['chip']} (tensor parallel)" if r.get("tp", 1) > 1 else r["chip"]
     con.print(
-        f"[bold]{r['model']}[/bold] on {r['chip']} | KV cache: {r['kv_pool_tokens']:,} tokens "
-        f"({r['kv_pool_pages']:,} pages of {r['page_size']}) | step time: {r['step_time']}"
+        f"[bold]{r['model']}[/bold] on {on} | KV cache: {r['kv_pool_tokens']:,} tokens "
+        f"({r['kv_pool_pages']:,} pages of {r['page_size']}"
+        + (", each device its share of the heads" if r.get("tp", 1) > 1 else "")
+        + f") | step time: {r['step_time']}"
     )
+    if r.get("tp_note"):
+        con.print(f"  ({r['tp_note']})")
     if r.get("slot_bytes_per_request"):
         con.print(f"  each running request also holds {r['slot_bytes_per_request']:,} B of "
                   "sliding windows and states (reserved for --max-batch requests)")  # fmt: skip

@@ -32,7 +32,7 @@ from kvjax.errors import KvjaxError
 from kvjax.serving.pages import PagePool
 
 
-@dataclass
+@dataclass(eq=False)  # one object a request: compared by identity (membership tests are hot)
 class Request:
     id: int
     arrival_s: float

@@ -49,10 +49,43 @@ def simulate(
         scheduler.check(r)
     now, i, steps, busy, in_system, done = 0.0, 0, 0, 0.0, 0.0, 0
     pages: list[tuple[float, int]] = []
+    runs = getattr(step_time, "decode_steps", None)  # the fast path's step times
     while done < len(pending):
         while i < len(pending) and pending[i].arrival_s <= now:
             scheduler.add(pending[i])
             i += 1
+        fast = decode_run(scheduler) if runs is not None else None
+        if fast is not None:  # steps of decodes alone, each as the loop below runs it
+            k, events = fast
+            run, times, e = list(scheduler.running), [], 0
+            admissible = not scheduler.waiting and len(run) < scheduler.max_batch
+            for base in runs([r.computed for r in run], k):
+                while e < len(events) and events[e][0] == len(times) + 1:  # schedule's _grow
+                    run[events[e][1]].pages += scheduler.pool.allocate(1)
+                    e += 1
+                dt = float(base) * (1.0 if speed is None else float(speed(now)))
+                if not dt > 0:
+                    raise KvjaxError(f"the step-time model gave {dt!r} s for a step of {len(run)}")
+                in_system += dt * (i - done)
+                j = i
+                while j < len(pending) and pending[j].arrival_s < now + dt:
+                    in_system += now + dt - pending[j].arrival_s
+                    j += 1
+                now += dt
+                busy += dt
+                steps += 1
+                times.append(now)
+                pages.append((now, scheduler.pool.used_pages))
+                if i < len(pending) and pending[i].arrival_s <= now and admissible:
+                    break  # admitted at the next step: the loop's
+                while i < len(pending) and pending[i].arrival_s <= now:
+                    scheduler.add(pending[i])
+                    i += 1
+            for r in run:  # finish_step's, for every step at once (none finishes)
+                r.computed += len(times)
+                r.generated += len(times)
+                r.token_times += times
+            continue
         batch = scheduler.schedule()
         if not batch:
             if i == len(pending):
@@ -80,6 +113,47 @@ def simulate(
         pending, steps, scheduler.preemptions, now, busy, in_system, pages,
         scheduler.pool.hits, scheduler.pool.lookups,
     )  # fmt: skip
+
+
+def _admission_fails(sch: Scheduler, budget: int) -> bool:
+    """`schedule` admits nothing in the coming steps of decodes alone, and its try changes
+    nothing: the batch is full, the budget spent, or the first waiting request (no prefix hit)
+    needs more pages than are free (decodes alone only take pages)."""
+    if len(sch.running) >= sch.max_batch or budget <= 0:
+        return True
+    r = sch.waiting[0]
+    if not sch.chunked_prefill and r.known > budget:
+        return True
+    if sch.prefix_caching:
+        full = (r.prompt_len - 1) // sch.pool.page_size
+        if sch.pool.cached_prefix([r.page_hash(j, sch.pool.page_size) for j in range(full)]):
+            return False  # a try would take and release its hits (the free list's order)
+    computed = max(0, r.transferred)
+    return sch.pool.pages_for(computed + min(r.known - computed, budget)) > sch.pool.free_pages
+
+
+def decode_run(sch: Scheduler) -> tuple[int, list[tuple[int, int]]] | None:
+    """The simulator's fast path: how many steps in a row every running request decodes one
+    token and nothing else can happen (no admission, no preemption, none finishing), and the
+    pages those steps take, (step, request) in the order `schedule` takes them. None where
+    fewer than two such steps follow (the loop runs the step itself)."""
+    run = sch.running
+    n = len(run)
+    if n == 0 or n > sch.token_budget:
+        return None
+    if any(r.computed != r.known - 1 or r.computed < r.prompt_len for r in run):
+        return None
+    if sch.waiting and not _admission_fails(sch, sch.token_budget - n):
+        return None
+    k = min(r.output_len - r.generated for r in run) - 1  # the step finishing one: the loop's
+    P, events = sch.pool.page_size, []
+    for j, r in enumerate(run):
+        first = len(r.pages) * P - r.computed + 1  # the first step whose token has no page
+        events += [(step, j) for step in range(max(first, 1), k + 1, P)]
+    events.sort()
+    if len(events) > sch.pool.free_pages:
+        k = events[sch.pool.free_pages][0] - 1  # the step that would preempt: the loop's
+    return (k, [e for e in events if e[0] <= k]) if k >= 2 else None
 
 
 def _stats(values) -> dict[str, float | None]:

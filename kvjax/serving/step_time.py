@@ -94,6 +94,24 @@ class ClosedFormStepTime:
     def __call__(self, batch) -> float:
         return self.step_cost(batch)[0]
 
+    def decode_steps(self, contexts, steps: int):
+        """The times of `steps` steps in a row in which the same requests, at `contexts` before
+        the first, each decode one token (step k: context + k): the simulator's fast path. Each
+        step's parts are summed in `step_cost`'s order (sequentially, from 0), so every time is
+        the one `__call__` gives that step's batch, to the last bit."""
+        import numpy as np
+
+        n, c = len(contexts), np.asarray(contexts, dtype=np.int64)
+        need, at = np.unique(c[:, None] + np.arange(1, steps + 1)[None, :], return_inverse=True)
+        per_s = np.array([self._request(1, int(s), n) for s in need])  # (contexts, 3)
+        parts = np.concatenate([np.broadcast_to(self._shared(n, n), (1, steps, 3)),
+                                per_s[at.reshape(n, steps)]], axis=0)  # fmt: skip
+        t, flops, nbytes = np.cumsum(parts, axis=0)[-1].T
+        return self._times(t, flops, nbytes)
+
+    def _times(self, t, flops, nbytes):
+        return t
+
 
 class PredictedStepTime(ClosedFormStepTime):
     """What a compiled engine's step is predicted to take (`kvjax.predict`): the corpus's `step`
@@ -134,3 +152,41 @@ class PredictedStepTime(ClosedFormStepTime):
         f = self.fit
         return f.t0_s + max(flops / (f.compute_efficiency * self.peak),
                             nbytes / (f.bandwidth_efficiency * self.bw))  # fmt: skip
+
+    def _times(self, t, flops, nbytes):
+        import numpy as np
+
+        f = self.fit
+        return f.t0_s + np.maximum(flops / (f.compute_efficiency * self.peak),
+                                   nbytes / (f.bandwidth_efficiency * self.bw))  # fmt: skip
+
+
+class PlacedStepTime:
+    """A step on `tp` chips in tensor parallel: one device's shard of it (`inner`, a step-time
+    model of `parallel.device_config(cfg, tp)`), then the step's collectives over the link, run
+    after it (the serial schedule, as the sum of kernel bounds runs kernels one after another):
+    2 L + 1 ring all-reduces of the step's M x D activations and the all-gather of the sampled
+    rows' f32 logits, bytes per device over the chip's interconnect."""
+
+    def __init__(self, inner, cfg: ModelConfig, chip: ChipSpec, tp: int):
+        from kvjax.analytic.parallel import collective_counts_per_step
+        from kvjax.dtypes import DTYPE_BYTES
+
+        if not chip.interconnect_bytes_per_s:
+            raise KvjaxError(f"chip {chip.name!r} has no interconnect bandwidth for tp={tp}")
+        self.inner, self.tp, self.link = inner, tp, chip.interconnect_bytes_per_s
+        self.reduces = collective_counts_per_step(cfg, tp).get("all-reduce", 0)
+        self.row = cfg.d_model * DTYPE_BYTES[cfg.compute_dtype]
+        self.logits = -(-cfg.vocab_size // tp) * tp * 4
+
+    def link_s(self, tokens: int, rows: int) -> float:
+        t = self.tp
+        return (self.reduces * 2 * (t - 1) / t * tokens * self.row
+                + (t - 1) / t * rows * self.logits) / self.link  # fmt: skip
+
+    def __call__(self, batch) -> float:
+        return self.inner(batch) + self.link_s(sum(s.tokens for s in batch), len(batch))
+
+    def decode_steps(self, contexts, steps: int):
+        n = len(contexts)
+        return self.inner.decode_steps(contexts, steps) + self.link_s(n, n)
