@@ -11,7 +11,7 @@ A workload is a phase, a batch B and a context S (letters: `kvjax.kernels`):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from kvjax.errors import KvjaxError
 from kvjax.model.config import DTYPE_BYTES
@@ -91,20 +91,15 @@ class KernelCost:
         return self.flops / self.bytes if self.bytes else math.inf
 
     def scaled(self, factor: int) -> KernelCost:
-        return KernelCost(
-            self.name,
-            *(getattr(self, f.name) * factor for f in fields(self) if f.name != "name"),
-        )
+        return KernelCost(self.name, self.flops * factor, self.bytes * factor,
+                          self.transcendentals * factor, self.weight_bytes * factor,
+                          self.kv_bytes * factor)  # fmt: skip
 
     def __add__(self, other: KernelCost) -> KernelCost:
-        return KernelCost(
-            self.name,
-            *(
-                getattr(self, f.name) + getattr(other, f.name)
-                for f in fields(self)
-                if f.name != "name"
-            ),
-        )
+        return KernelCost(self.name, self.flops + other.flops, self.bytes + other.bytes,
+                          self.transcendentals + other.transcendentals,
+                          self.weight_bytes + other.weight_bytes,
+                          self.kv_bytes + other.kv_bytes)  # fmt: skip
 
 
 @dataclass(frozen=True)

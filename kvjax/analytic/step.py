@@ -11,6 +11,7 @@ steps one per element.
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 
 from kvjax import kernels
 from kvjax.analytic.costs import EXTEND, INDEX_BYTES, SCORE_BYTES, KernelCost, StepCost, Workload
@@ -361,15 +362,21 @@ def head_kernels(cfg: ModelConfig, wl: Workload) -> dict[str, KernelCost]:
     return out
 
 
+@lru_cache(maxsize=256)
+def layer_kinds(cfg: ModelConfig) -> tuple[tuple[tuple[bool, bool, bool, str], int], ...]:
+    """The layers of each kind, (sliding, MoE, RoPE, layer_kinds letter) and how many, in the
+    order the layers first show them."""
+    return tuple(Counter(
+        (cfg.layer_is_sliding(i), cfg.layer_is_moe(i), cfg.layer_has_rope(i), cfg.layer_kind(i))
+        for i in range(cfg.num_layers)
+    ).items())  # fmt: skip
+
+
 def step_kernels(cfg: ModelConfig, wl: Workload, chip=None) -> dict[str, KernelCost]:
     """Every kernel of the step, layer kernels summed over the L layers (global and sliding);
     `chip` tiles a fused attention (`layer_kernels`)."""
     out = {kernels.EMBED: embed_kernel(cfg, wl)}
-    kinds = Counter(
-        (cfg.layer_is_sliding(i), cfg.layer_is_moe(i), cfg.layer_has_rope(i), cfg.layer_kind(i))
-        for i in range(cfg.num_layers)
-    )  # layers of each kind: (sliding, MoE, RoPE, layer_kinds letter)
-    for (sliding, moe, rope, kind), count in kinds.items():
+    for (sliding, moe, rope, kind), count in layer_kinds(cfg):
         for name, cost in layer_kernels(cfg, wl, sliding, moe, chip, rope, kind).items():
             out[name] = out[name] + cost.scaled(count) if name in out else cost.scaled(count)
     out.update(head_kernels(cfg, wl))

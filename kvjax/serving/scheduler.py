@@ -147,9 +147,9 @@ class Scheduler:
     def schedule(self) -> list[Scheduled]:
         """The next step's batch (empty when nothing can run)."""
         budget, out = self.token_budget, []
-        preempted = self.preemptions
+        preempted, gone = self.preemptions, set()  # ids preempted in this call
         for r in list(self.running):
-            if r not in self.running:  # preempted below for an earlier request
+            if id(r) in gone:  # preempted below for an earlier request
                 continue
             tokens = min(r.known - r.computed, budget)
             if tokens <= 0:
@@ -157,9 +157,10 @@ class Scheduler:
             while not self._grow(r, tokens):
                 victim = self.running[-1]
                 self._preempt(victim)
+                gone.add(id(victim))
                 if victim is r:
                     break
-            if r in self.running:
+            if id(r) not in gone:
                 out.append(Scheduled(r, tokens, r.computed + tokens))
                 budget -= tokens
         if self.preemptions != preempted:  # vLLM v1: no admission in a step that preempted
