@@ -3,6 +3,7 @@ against term-by-term loops, and no simulated engine above it at any scheduler se
 
 import json
 
+import numpy as np
 import pytest
 
 from kvjax import get_model_config
@@ -138,3 +139,34 @@ def test_a_systems_csv_is_checked_and_validated_from_the_cli(tmp_path, capsys):
     path.write_text("\n".join([*lines, lines[1].replace("output_tokens_per_s", "goodput")]) + "\n")
     with pytest.raises(KvjaxError, match=r"mine.csv:3: metric='goodput' is not one of: "):
         read_systems(path)
+
+
+def test_a_published_row_is_predicted_by_the_fit_that_left_its_group_out():
+    """TensorRT-LLM's Llama-3.1-8B FP8 on one H100 at 128/128, cut to 60 requests: the simulator
+    on trtllm-bench's settings, with the step fit that never saw TensorRT-LLM's steps, predicts
+    below the row's bound; the committed predictions are each row's median error's inputs."""
+    from kvjax.serving.system_predict import predict_row, step_fits, why_not
+    from kvjax.serving.systems import read_predictions
+
+    rows = {r["source"]: r for r in read_systems()}
+    row = dict(rows["trtllm-perf-overview-v0.17:llama-3.1-8b:fp8:h100-sxm:128/128:tp1"],
+               requests=60)  # fmt: skip
+    assert why_not(row) is None
+    fits = step_fits()
+    p = predict_row(row, fits)
+    assert p["step_fit"] == "held out: without 'NVIDIA/TensorRT-LLM'"
+    assert fits["held"]["NVIDIA/TensorRT-LLM"].rows < fits["all"].rows
+    assert p["requests_simulated"] == 60 and p["preemptions"] == 0
+    cfg = get_model_config("llama-3.1-8b", weight_dtype="fp8", kv_dtype="fp8", matmul_dtype="fp8")
+    bound = system_bound(cfg, get_chip("h100-sxm"), 1, 128, 128)
+    assert 0 < p["predicted_value"] < bound.output_tokens_per_s
+    assert (
+        why_not({**row, "scenario": "server"}) == "only offline output tokens/s rows are simulated"
+    )
+    committed = read_predictions()
+    out, summary = validate_systems(list(rows.values()))
+    errors = sorted(
+        abs(v["predicted_value"] / rows[s]["measured"] - 1) for s, v in committed.items()
+    )
+    assert summary["predicted_rows"] == len(committed) >= 40
+    assert summary["loso_median_abs_error"] == pytest.approx(float(np.median(errors)))

@@ -47,6 +47,14 @@ def add_parser(sub) -> None:
     )
     s.add_argument("--no-prefix-caching", action="store_true")
     s.add_argument(
+        "--admission",
+        choices=("recompute", "reserve"),
+        default="recompute",
+        help="recompute: pages as a request grows, the last admitted preempted when they run "
+        "out (vLLM; default); reserve: admitted only with pages for its prompt and all its "
+        "output, never preempted (TensorRT-LLM's GUARANTEED_NO_EVICT)",
+    )
+    s.add_argument(
         "--tp",
         type=positive_int,
         default=None,
@@ -237,7 +245,8 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
                    f"{longest} tokens (or any)")  # fmt: skip
     sched = Scheduler(PagePool(pool.pages, pool.page_size), args.max_batch, budget,
                       prefix_caching=not (args.no_prefix_caching or whole),
-                      chunked_prefill=not whole)  # fmt: skip
+                      chunked_prefill=not whole,
+                      reserve=args.admission == "reserve")  # fmt: skip
     step = (PredictedStepTime if args.step_time == "predicted" else ClosedFormStepTime)(dev, chip)
     if tp > 1:
         step = PlacedStepTime(step, cfg, chip, tp)

@@ -91,7 +91,8 @@ class Scheduled:
 
 class Scheduler:
     def __init__(self, pool: PagePool, max_batch: int, token_budget: int,
-                 prefix_caching: bool = True, chunked_prefill: bool = True):  # fmt: skip
+                 prefix_caching: bool = True, chunked_prefill: bool = True,
+                 reserve: bool = False):  # fmt: skip
         for name, value in (("max_batch", max_batch), ("token_budget", token_budget)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KvjaxError(f"{name}={value!r} must be a positive integer")
@@ -99,6 +100,10 @@ class Scheduler:
         self.prefix_caching = prefix_caching
         # False: a prompt is admitted only when all of it fits this step's budget (one prefill)
         self.chunked_prefill = chunked_prefill
+        # True: a request is admitted only with pages for all it will hold (its prompt and every
+        # output but the last), so none is ever preempted (TensorRT-LLM's default capacity
+        # policy, GUARANTEED_NO_EVICT); False: pages as it grows, preemption by recompute (vLLM)
+        self.reserve = reserve
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
@@ -189,7 +194,8 @@ class Scheduler:
         self.pool.take(hit)
         r.pages, r.computed = list(hit), max(len(hit) * self.pool.page_size, r.transferred)
         tokens = min(r.known - r.computed, budget)
-        if not self._grow(r, tokens):
+        whole = r.prompt_len + r.output_len - 1 - r.computed  # the reserve policy's pages
+        if not self._grow(r, whole if self.reserve else tokens):
             self.pool.release(r.pages)
             r.pages, r.computed = [], 0
             return False

@@ -129,7 +129,9 @@ def _admission_fails(sch: Scheduler, budget: int) -> bool:
         if sch.pool.cached_prefix([r.page_hash(j, sch.pool.page_size) for j in range(full)]):
             return False  # a try would take and release its hits (the free list's order)
     computed = max(0, r.transferred)
-    return sch.pool.pages_for(computed + min(r.known - computed, budget)) > sch.pool.free_pages
+    tokens = r.prompt_len + r.output_len - 1 - computed if sch.reserve else min(
+        r.known - computed, budget)  # fmt: skip
+    return sch.pool.pages_for(computed + tokens) > sch.pool.free_pages
 
 
 def decode_run(sch: Scheduler) -> tuple[int, list[tuple[int, int]]] | None:

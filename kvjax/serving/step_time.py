@@ -121,7 +121,7 @@ class PredictedStepTime(ClosedFormStepTime):
     form has no fused form for it (as `kvjax.predict.apply.engine_step_cost`). For a batch of
     decodes, `frontier --predict`'s step prediction."""
 
-    def __init__(self, cfg: ModelConfig, chip: ChipSpec):
+    def __init__(self, cfg: ModelConfig, chip: ChipSpec, fit=None):
         from kvjax.predict.validate import corpus_fits
 
         self.configured = cfg
@@ -133,7 +133,7 @@ class PredictedStepTime(ClosedFormStepTime):
         super().__init__(fused, chip)
         self.fused = fused.attention_kernel == "flash"
         self._unfused: ClosedFormStepTime | None = None
-        self.fit = corpus_fits()["step"]
+        self.fit = fit or corpus_fits()["step"]  # `fit`: one that left a source group out
 
     def _request_s(self, tokens: int, context: int, decodes: int = 1) -> tuple[float, float, float]:
         try:

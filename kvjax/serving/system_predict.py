@@ -1,0 +1,111 @@
+"""The prediction beside a published serving system's bound (issue 50): kvjax's simulator on the
+row's deployment, each step as long as the published engine steps' fit predicts (`kvjax.predict`'s
+`step` class), the scheduler as the row's engine runs it where kvjax knows how. Held out: a row
+whose source group also published engine steps (TensorRT-LLM) is predicted by the step fit that
+left that group's steps out, so no number it is judged against went into it.
+
+What it covers: offline rows of fixed lengths (`input_len`, `output_len`), one tensor-parallel
+group a replica (no pipeline, expert or data-parallel attention placement: the simulator has
+none), dense models. TensorRT-LLM's rows run as `trtllm-bench` does: every request at once, the
+KV cache reserved whole at admission (its GUARANTEED_NO_EVICT capacity policy) in 0.9 of the
+memory the weights and the largest step leave (kv_cache_free_gpu_mem_fraction), at most 8192
+tokens a step (its max_num_tokens default) and a batch as large as the memory holds (max batch
+4096); at most 3,000 requests simulated (the sources ran 1,000 to 30,000). Slow to run for every
+row, so `experiments/benchmarks/system_predictions.py` runs it and commits the results, which
+`kvjax validate` reads beside the bounds."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kvjax.analytic.parallel import device_config
+from kvjax.errors import KvjaxError
+from kvjax.hardware import get_chip
+from kvjax.model.config import get_model_config
+from kvjax.serving.load import generate
+from kvjax.serving.memory import kv_pool
+from kvjax.serving.pages import PagePool
+from kvjax.serving.scheduler import Scheduler
+from kvjax.serving.simulate import report, simulate
+from kvjax.serving.step_time import PlacedStepTime, PredictedStepTime
+
+# a row's source group -> the group of the engine steps it published (left out of its fit)
+STEP_GROUPS = {"nvidia-trtllm": "NVIDIA/TensorRT-LLM", "nvidia-trtllm-blog": "NVIDIA/TensorRT-LLM"}
+ENGINES = {"nvidia-trtllm": dict(max_batch=4096, token_budget=8192, reserve=True)}
+MAX_REQUESTS = 3000
+DTYPES = {"fp16": "f16"}
+
+
+def why_not(row: dict[str, Any]) -> str | None:
+    """Why the simulator cannot run this row (None: it can)."""
+    if row["source_group"] not in ENGINES:
+        return f"no engine settings known for source group {row['source_group']!r}"
+    if row["scenario"] != "offline" or row["metric"] != "output_tokens_per_s":
+        return "only offline output tokens/s rows are simulated"
+    if not (row["input_len"] and row["output_len"]) or row["length_distribution"] != "fixed":
+        return "lengths not fixed"
+    if (row["pp"] or 1) > 1 or (row["ep"] or 1) > 1 or row["dp_attention"] == "true":
+        return "pipeline, expert or data-parallel attention placements are not simulated"
+    if not (row["weight_dtype"] and row["compute_dtype"]):
+        return "weight or compute dtype not stated"
+    if row["weight_dtype"] == "fp4" or get_model_config(row["model"]).is_moe:
+        return "fp4 weights and MoE models are not simulated"
+    return None
+
+
+def predict_row(row: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
+    """The simulated throughput at the row's scope, and how it was run."""
+    chip = get_chip(row["chip"])
+    tp = row["tp"] or 1
+    replicas = row["num_chips"] // tp
+    # an unstated cache dtype is the weights' (TensorRT-LLM: "If you specify FP8 quantization,
+    # the KV cache will automatically be set to FP8 as well", its performance overview)
+    stated = {**row, "kv_dtype": row["kv_dtype"] or row["weight_dtype"]}
+    dtype = {k: DTYPES.get(stated[k], stated[k]) for k in ("weight_dtype", "kv_dtype",
+                                                            "compute_dtype")}  # fmt: skip
+    cfg = get_model_config(row["model"], weight_dtype=dtype["weight_dtype"],
+                           kv_dtype=dtype["kv_dtype"], matmul_dtype=dtype["compute_dtype"],
+                           attention_kernel="flash")  # fmt: skip
+    dev = device_config(cfg, tp) if tp > 1 else cfg
+    engine = ENGINES[row["source_group"]]
+    group = STEP_GROUPS.get(row["source_group"])
+    fit = fits["held"].get(group) or fits["all"]
+    step = PredictedStepTime(dev, chip, fit)
+    step = PlacedStepTime(step, cfg, chip, tp) if tp > 1 else step
+    I, O = int(row["input_len"]), int(row["output_len"])  # noqa: E741
+    n = min(row["requests"] or MAX_REQUESTS, MAX_REQUESTS)
+    # the cache: 0.9 of the memory the weights and the largest step leave (TensorRT-LLM's
+    # kv_cache_free_gpu_mem_fraction default)
+    pool = kv_pool(dev, chip, 16, engine["token_budget"], I + O, 1.0, reserve_bytes=0,
+                   max_batch=engine["max_batch"])  # fmt: skip
+    pages = int(0.9 * pool.pages)
+    sched = Scheduler(PagePool(pages, 16), engine["max_batch"], engine["token_budget"],
+                      prefix_caching=False, reserve=engine["reserve"])  # fmt: skip
+    start = time.perf_counter()
+    out = report(simulate(generate(n, 1e9, str(I), str(O), 0), sched, step))
+    value = out["throughput_tokens_per_s"] * replicas
+    if row["scope"] == "per_chip":
+        value /= row["num_chips"]
+    return {
+        "source": row["source"], "predicted_value": value,
+        "step_fit": f"held out: without {group!r}" if group in fits["held"] else "every group",
+        "tp": tp, "replicas": replicas, "requests_simulated": n,
+        "max_batch": engine["max_batch"], "token_budget": engine["token_budget"],
+        "admission": "reserve" if engine["reserve"] else "recompute",
+        "kv_dtype": dtype["kv_dtype"] + ("" if row["kv_dtype"] else " (unstated: the weights')"),
+        "preemptions": out["preemptions"], "seconds": time.perf_counter() - start,
+    }  # fmt: skip
+
+
+def step_fits() -> dict[str, Any]:
+    """The `step` class's fit on every corpus group, and each fit that left one group out."""
+    from kvjax.predict import bounds
+    from kvjax.predict.corpus import read_corpus
+    from kvjax.predict.validate import fit_classes, in_corpus
+
+    rows = [r for r in read_corpus() if in_corpus(r)]
+    v = fit_classes(rows, [bounds.closed_form(r) for r in rows])["step"]
+    if not isinstance(v.held_fits, dict):
+        raise KvjaxError("the step class has no held-out fits")
+    return {"all": v.fit, "held": v.held_fits}
