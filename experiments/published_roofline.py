@@ -1,9 +1,15 @@
 """Published GPU/TPU measurements on their chips' rooflines (issue 38): one record per corpus row,
 placed by its bound (exact FLOPs over compulsory bytes, issue 49), measured FLOP/s (exact FLOPs
-over the published time) beside the bound's."""
+over the published time) beside the bound's; and one record per published serving-system result
+(issue 50, `row_kind` "system"): measured against its system bound and its held-out prediction."""
 
 from kvjax.predict.corpus import read_corpus
 from kvjax.predict.validate import validate
+from kvjax.serving.systems import read_systems, validate_systems
+
+SYSTEM_KEEP = ("source", "source_group", "chip", "num_chips", "model", "scenario", "metric",
+               "scope", "measured", "bound_value", "bound_side", "fraction_of_bound",
+               "above_bound", "predicted_value", "input_len", "output_len")  # fmt: skip
 
 OPTIONS: dict = {}
 
@@ -26,5 +32,11 @@ def run_point(point) -> list[dict]:
         rec["chip_peak_flops_per_s"] = row["peak_flops_per_s"] / chips
         rec["chip_bandwidth_bytes_per_s"] = row["bandwidth_bytes_per_s"] / chips
         rec["where"] = f"{row['file'].rsplit('/', 1)[-1]}:{row['line']}"
+        rec["row_kind"] = "kernel"
+        records.append(rec)
+    rows, _ = validate_systems(read_systems())
+    for row in rows:
+        rec = {k: row.get(k) for k in SYSTEM_KEEP}
+        rec.update(row_kind="system", where=row["file_line"], kernel=None)
         records.append(rec)
     return records

@@ -18,7 +18,11 @@ from kvjax.plotting import quality  # noqa: E402
 from kvjax.plotting.compiled import roofline_compiled  # noqa: E402
 from kvjax.plotting.goodput import goodput  # noqa: E402
 from kvjax.plotting.measured import kernel_bound, mark_flags  # noqa: E402
-from kvjax.plotting.published import published_residuals, published_roofline  # noqa: E402
+from kvjax.plotting.published import (  # noqa: E402
+    published_residuals,
+    published_roofline,
+    published_systems,
+)
 from kvjax.plotting.roofline import roofline  # noqa: E402
 from kvjax.plotting.serving import mark_unheld, serving_frontier  # noqa: E402
 from kvjax.plotting.style import (  # noqa: E402
@@ -359,6 +363,7 @@ FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "goodput": ("serving_goodput", goodput, (2 * COLUMN_WIDTH_IN, 3.2)),
     "published_roofline": ("published_roofline", published_roofline, (4 * COLUMN_WIDTH_IN, 3.2)),
     "published_residuals": ("published_roofline", published_residuals, (4 * COLUMN_WIDTH_IN, 3.4)),
+    "published_systems": ("published_roofline", published_systems, (3 * COLUMN_WIDTH_IN, 2.8)),
 }
 
 

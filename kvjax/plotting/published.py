@@ -15,10 +15,16 @@ MARKERS = {"attention_prefill": "o", "attention_decode": "s", "matmul": "^", "de
            "prefill_step": "P"}  # fmt: skip
 
 
+def _kernel_rows(records: pd.DataFrame) -> pd.DataFrame:
+    """The kernel corpus's records (runs before issue 50 hold nothing else)."""
+    df = records[records.experiment == "published_roofline"]
+    return df[df.row_kind == "kernel"] if "row_kind" in df else df
+
+
 def published_roofline(records: pd.DataFrame, fig) -> bool | None:
     import seaborn as sns
 
-    df = records[records.experiment == "published_roofline"]
+    df = _kernel_rows(records)
     if df.empty:
         return False
     panels = [(t, chips) for t, chips in PANELS if df.chip.isin(chips).any()]
@@ -63,7 +69,7 @@ def published_residuals(records: pd.DataFrame, fig) -> bool | None:
     (every class). Structure left in these panels is what the model absorbs instead of explains."""
     import seaborn as sns
 
-    df = records[records.experiment == "published_roofline"]
+    df = _kernel_rows(records)
     if df.empty or "seq_kv" not in df:
         return False
     # the fastest measurement of each shape: what the model predicts (slower implementations of
@@ -103,4 +109,58 @@ def published_residuals(records: pd.DataFrame, fig) -> bool | None:
     fig.suptitle(f"Held-out residuals of kvjax's implementation model, the {len(df)} fastest "
                  "rows of their shapes "
                  "(0 = exact; +1 = predicted twice the measured time)", fontsize=7)  # fmt: skip
+    return None
+
+
+def _family(group: str) -> str:
+    return "MLPerf Inference" if group.startswith("mlperf-") else group
+
+
+def published_systems(records: pd.DataFrame, fig) -> bool | None:
+    """Issue 50: each published serving-system result against its system bound (throughputs:
+    measured below the diagonal respects it; latencies: above it), and the held-out prediction
+    against the measurement where the simulator ran."""
+    import seaborn as sns
+
+    df = records[records.experiment == "published_roofline"]
+    if "row_kind" not in df or not (df.row_kind == "system").any():
+        return False
+    df = df[df.row_kind == "system"].assign(family=lambda d: d.source_group.map(_family))
+    latency = df.metric.str.endswith("_s") & ~df.metric.str.endswith("per_s")
+    families = sorted(df.family.unique(), key=lambda f: (f != "MLPerf Inference", f))
+    colors = dict(zip(families, sns.color_palette("colorblind", len(families)), strict=True))
+    axes = fig.subplots(1, 3)
+    for ax, part, title in ((axes[0], df[~latency], "throughput (tokens or requests / s)"),
+                            (axes[1], df[latency], "latency (TTFT, TPOT; s)")):  # fmt: skip
+        for fam, g in part.groupby("family"):
+            ax.scatter(g.bound_value, g.measured, s=5, lw=0, alpha=0.7, color=colors[fam],
+                       label=f"{fam} ({len(g)})")  # fmt: skip
+        lo = min(part.bound_value.min(), part.measured.min()) / 2
+        hi = max(part.bound_value.max(), part.measured.max()) * 2
+        ax.plot([lo, hi], [lo, hi], color="0.3", lw=0.7)
+        beat = int(part.above_bound.astype(bool).sum())
+        ax.set(xscale="log", yscale="log", xlabel="kvjax's system bound", ylabel="measured",
+               title=f"{title}: {beat} of {len(part)} beat the bound")  # fmt: skip
+    axes[0].legend(fontsize=4, frameon=True, loc="upper left")
+    pred = df[df.predicted_value.notna()]
+    if not pred.empty:
+        ratio = pred.predicted_value.astype(float) / pred.measured
+        tp = pred.source.str.extract(r":tp(\d+)", expand=False).fillna("1").astype(int)
+        for name, g in pred.assign(tp=tp).groupby("tp"):
+            axes[2].scatter(g.measured, g.predicted_value.astype(float), s=8, lw=0,
+                            label=f"tensor parallel {name}")  # fmt: skip
+        lo, hi = pred.measured.min() / 2, pred.measured.max() * 2
+        axes[2].plot([lo, hi], [lo, hi], color="0.3", lw=0.7)
+        for f in (0.85, 1.15):
+            axes[2].plot([lo, hi], [lo * f, hi * f], color="0.6", lw=0.5, ls="--")
+        axes[2].legend(fontsize=4, frameon=True)
+        axes[2].set_title(f"held-out prediction, {len(pred)} rows: median |pred/meas - 1| "
+                          f"{float((ratio - 1).abs().median()):.1%}")  # fmt: skip
+    axes[2].set(xscale="log", yscale="log", xlabel="measured output tokens/s",
+                ylabel="predicted (simulator, held-out step fit)")  # fmt: skip
+    for ax in axes:
+        ax.title.set_fontsize(6)
+        ax.tick_params(labelsize=5)
+    fig.suptitle(f"{len(df)} published serving-system results against kvjax's system bound "
+                 "and prediction", fontsize=7)  # fmt: skip
     return None
