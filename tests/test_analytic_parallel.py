@@ -318,3 +318,31 @@ def test_hybrid_state_heads_split_over_tp():
         device_config(get_model_config("lfm2-1.2b"), 2)
     with pytest.raises(KvjaxError, match="tp=64 does not divide state_heads=32"):
         device_config(q3n.replace(num_heads=64, num_kv_heads=2, d_ff=64 * 96), 64)
+
+
+def test_pipeline_stages_of_llama_2_70b_by_hand(capsys):
+    """`kvjax calc --model llama-2-70b --pp 2 --json` (decode, B 1, S 8192 by default): 40 layers
+    a stage of 150,994,944 attention (2 x 8192^2 + 2 x 8192 x 1024), 704,643,072 MLP (3 x 8192
+    x 28672) and 16,384 norm parameters; the first stage also the 32000 x 8192 embedding, the
+    last the final norm (8192) and the LM head (32000 x 8192): in bf16, half the layers' bytes
+    each plus its end. Between stages a decode of B sends B x 8192 x 2 bytes; at tp 2 inside,
+    each device half of the row."""
+    from kvjax.cli.main import main
+
+    layer = 2 * 8192**2 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192
+    assert main(["calc", "--model", "llama-2-70b", "--pp", "2", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)["pipeline"]
+    first, last = p["stages"]
+    assert (first["layers"], last["layers"], p["devices"]) == (40, 40, 2)
+    assert first["weight_bytes"] == 2 * (40 * layer + 32000 * 8192)
+    assert last["weight_bytes"] == 2 * (40 * layer + 8192 + 32000 * 8192)
+    whole = analytic.weight_bytes(get_model_config("llama-2-70b"))
+    assert first["weight_bytes"] + last["weight_bytes"] == whole
+    assert first["kv_cache_bytes"] == 2 * 40 * 8 * 128 * 8192 * 2  # the seed's, for 40 layers
+    assert p["stage_message_bytes"] == 8192 * 2
+    assert p["period_s"] == max(s["bound_s"] for s in p["stages"])
+    assert main(["calc", "--model", "llama-2-70b", "--pp", "2", "--tp", "2", "--batch", "4",
+                 "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["pipeline"]["stage_message_bytes"] == 4 * 8192
+    assert main(["calc", "--model", "gemma-2-9b", "--pp", "2"]) == 2
+    assert "pp=2 needs layers of one kind" in capsys.readouterr().err

@@ -45,6 +45,8 @@ def add_parser(sub) -> None:
     add_serving_args(calc)
     calc.add_argument("--variants", action="store_true", help="add the MHA/GQA/MQA table")
     calc.add_argument("--tp", type=int_list, help="tensor-parallel degree(s), e.g. 8 or 1,2,4,8")
+    calc.add_argument("--pp", type=positive_int, help="pipeline stages (layers split, tp-way "
+                      "inside): each stage's weights, cache, step; the bytes between")  # fmt: skip
     calc.add_argument(
         "--ep", type=positive_int, help="MoE: expert-parallel degree: E/ep experts a device, "
         "dispatch and combine all-to-alls (with data-parallel attention: --dp-attention = ep)",
@@ -103,6 +105,12 @@ def run(args: argparse.Namespace) -> int:
         report.update(placement_report(cfg, wl, chip, pls, args.link_latency, args.capacity_factor))
     if args.ep:
         report["expert_parallel"] = [expert_parallel_report(cfg, args.ep, wl)]
+    if args.pp:
+        from kvjax.analytic.pipeline import pipeline_report
+
+        if args.tp and len(args.tp) > 1:
+            raise KvjaxError("--pp takes one --tp (the tensor-parallel size inside each stage)")
+        report["pipeline"] = pipeline_report(cfg, wl, chip, args.pp, args.tp[0] if args.tp else 1)
     if args.predict:
         from kvjax.predict.apply import predict_step
 

@@ -227,10 +227,10 @@ def print_calc(report: dict[str, Any]) -> None:
             k["bound"],
         )
     con.print(t)
-    if report.get("tensor_parallel"):
-        from kvjax.cli.render_parallel import print_tensor_parallel
+    if report.get("tensor_parallel") or report.get("pipeline"):
+        from kvjax.cli.render_parallel import print_placements
 
-        print_tensor_parallel(report, report["tensor_parallel"])
+        print_placements(report)
     if report.get("predicted"):
         from kvjax.cli.validate import print_predicted
 

@@ -9,6 +9,36 @@ from kvjax.cli.render_common import _ratio, attention_label, console
 from kvjax.units import fmt_bytes, fmt_count, fmt_rate, fmt_seconds
 
 
+def print_placements(report: dict[str, Any]) -> None:
+    if report.get("tensor_parallel"):
+        print_tensor_parallel(report, report["tensor_parallel"])
+    if report.get("pipeline"):
+        print_pipeline(report["pipeline"])
+
+
+def print_pipeline(p: dict[str, Any]) -> None:
+    """`calc --pp`: each stage on one device, and what runs between them."""
+    from rich.table import Table
+
+    from kvjax.cli.render import console
+
+    t = Table(title=f"pipeline: {p['pp']} stages x tp {p['tp']} = {p['devices']} devices "
+                    "(one device of each stage)")  # fmt: skip
+    for col in ("stage", "layers", "weights", "KV cache", "FLOPs", "bytes", "bound"):
+        t.add_column(col, justify="right")
+    for st in p["stages"]:
+        t.add_row(str(st["index"]), str(st["layers"]), fmt_bytes(st["weight_bytes"]),
+                  fmt_bytes(st["kv_cache_bytes"]), f"{st['flops']:.3g}", fmt_bytes(st["bytes"]),
+                  fmt_seconds(st["bound_s"]))  # fmt: skip
+    con = console()
+    con.print(t)
+    hop = "-" if p["stage_link_s"] is None else fmt_seconds(p["stage_link_s"])
+    con.print(f"  between stages: {fmt_bytes(p['stage_message_bytes'])} a device a step ({hop} "
+              f"over the link); period {fmt_seconds(p['period_s'])} (the slowest stage, "
+              f"micro-batches in flight), latency {fmt_seconds(p['latency_s'])} through all; "
+              f"one micro-batch alone idles {p['bubble_with_one_micro_batch']:.0%}")  # fmt: skip
+
+
 def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
