@@ -611,3 +611,30 @@ def test_simulate_places_a_model_one_chip_cannot_hold(capsys):
     link = (161 * 1.5 * 3 * 8192 * 2 + 0.75 * 3 * 128256 * 4) / 450e9
     assert placed(batch) == pytest.approx(shard(batch) + link, rel=1e-12)
     assert placed.decode_steps([100, 100, 100], 2)[0] == pytest.approx(placed(batch), rel=1e-12)
+
+
+def test_replicas_behind_a_round_robin_router(tmp_path, capsys):
+    """Arrivals every 10 ms on 3 replicas: each copy sees one every 30 ms, so the run is one
+    replica's at 30 ms spacing, three times over (the same TTFT and ITL percentiles, within 1%:
+    a copy shifted by 10 ms rounds its step times apart, and a few steps batch otherwise; three
+    times the output), on 3 x the chips."""
+    from kvjax.cli.main import main
+
+    def trace(gap, n):
+        path = tmp_path / f"t{gap}.csv"
+        rows = [f"{i * gap:.6f},300,40" for i in range(n)]
+        path.write_text("arrival_s,prompt_len,output_len\n" + "\n".join(rows) + "\n")
+        return str(path)
+
+    base = ["simulate", "--model", "llama-3-8b", "--chip", "h100-sxm", "--rate", "1", "--json"]
+    assert main([*base, "--trace", trace(0.01, 60), "--replicas", "3"]) == 0
+    three = json.loads(capsys.readouterr().out)
+    assert main([*base, "--trace", trace(0.03, 20)]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert three["requests_out"] == 60 and three["chips"] == 3 and three["replicas"] == 3
+    for key in ("ttft_s", "itl_s"):
+        for q in ("p50", "p90", "p99"):
+            assert three[key][q] == pytest.approx(one[key][q], rel=1e-2)
+    span = lambda r: r["output_tokens"] / r["throughput_tokens_per_s"]  # noqa: E731
+    assert three["output_tokens"] == 3 * one["output_tokens"]
+    assert span(three) == pytest.approx(span(one) + 0.02, rel=1e-2)  # the last copy starts 20 ms in

@@ -46,22 +46,17 @@ def add_parser(sub) -> None:
         help="share of the chip's memory the engine takes (default 0.9)",
     )
     s.add_argument("--no-prefix-caching", action="store_true")
-    s.add_argument(
-        "--admission",
-        choices=("recompute", "reserve"),
-        default="recompute",
-        help="recompute: pages as a request grows, the last admitted preempted when they run "
-        "out (vLLM; default); reserve: admitted only with pages for its prompt and all its "
-        "output, never preempted (TensorRT-LLM's GUARANTEED_NO_EVICT)",
-    )
-    s.add_argument(
-        "--tp",
-        type=positive_int,
-        default=None,
-        help="tensor-parallel chips serving as one (each step a device's shard, then its "
-        "all-reduces over the link); default: 1, or the fewest of 2, 4, 8 that hold the model "
-        "when one chip does not (said in the output)",
-    )
+    s.add_argument("--replicas", type=positive_int, default=1,
+                   help="copies of the deployment behind a round-robin router (each request to "
+                   "the next copy in arrival order; each its own scheduler and pool)")  # fmt: skip
+    s.add_argument("--admission", choices=("recompute", "reserve"), default="recompute",
+                   help="recompute: pages as a request grows, the last admitted preempted when "
+                   "they run out (vLLM; default); reserve: admitted only with pages for its "
+                   "prompt and all its output (TensorRT-LLM's GUARANTEED_NO_EVICT)")  # fmt: skip
+    s.add_argument("--tp", type=positive_int, default=None,
+                   help="tensor-parallel chips serving as one (each step a device's shard, then "
+                   "its all-reduces over the link); default: 1, or the fewest of 2, 4, 8 that "
+                   "hold the model when one chip does not (said in the output)")  # fmt: skip
     s.add_argument(
         "--step-time",
         choices=sorted(STEP_TIMES),
@@ -203,7 +198,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.serving.memory import kv_pool, whole_prefill_reason
     from kvjax.serving.pages import PagePool
     from kvjax.serving.scheduler import Scheduler
-    from kvjax.serving.simulate import report, simulate
+    from kvjax.serving.simulate import merge_replicas, report, simulate
     from kvjax.serving.step_time import ClosedFormStepTime, PlacedStepTime, PredictedStepTime
 
     cfg = resolve_model(args)
@@ -218,8 +213,9 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     # budget raised to the longest request, as an engine without chunked prefill runs)
     whole = whole_prefill_reason(cfg)
     budget = max(args.token_budget, longest - 1) if whole else args.token_budget
-    if args.disaggregate and args.tp:
-        raise KvjaxError("--tp and --disaggregate do not go together (one chip an instance)")
+    if args.disaggregate and (args.tp or args.replicas > 1):
+        raise KvjaxError("--tp/--replicas and --disaggregate do not go together (one chip an "
+                         "instance)")  # fmt: skip
     # no --tp and weights one chip cannot hold: the fewest of 2, 4, 8 that hold --max-batch
     # requests at once (else the fewest that hold any), as `kvjax frontier` chooses
     auto = not (args.tp or args.disaggregate) and chip.memory_bytes is not None and (
@@ -243,10 +239,14 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
         tp_note = (f"no --tp given and one {chip.name} cannot hold the weights: tp={tp}, the "
                    f"fewest of 2, 4, 8 whose pool holds --max-batch {args.max_batch} requests of "
                    f"{longest} tokens (or any)")  # fmt: skip
-    sched = Scheduler(PagePool(pool.pages, pool.page_size), args.max_batch, budget,
-                      prefix_caching=not (args.no_prefix_caching or whole),
-                      chunked_prefill=not whole,
-                      reserve=args.admission == "reserve")  # fmt: skip
+
+    def scheduler():
+        return Scheduler(PagePool(pool.pages, pool.page_size), args.max_batch, budget,
+                         prefix_caching=not (args.no_prefix_caching or whole),
+                         chunked_prefill=not whole,
+                         reserve=args.admission == "reserve")  # fmt: skip
+
+    sched = scheduler()
     step = (PredictedStepTime if args.step_time == "predicted" else ClosedFormStepTime)(dev, chip)
     if tp > 1:
         step = PlacedStepTime(step, cfg, chip, tp)
@@ -262,13 +262,17 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
         move = kv_transfer_s(pool.bytes_per_token, link, args.link_latency_us * 1e-6)
         result = simulate_disaggregated(requests, sched, decode, step, step, move)
         chips = 2
-    else:
-        result = simulate(requests, sched, step)
+    else:  # round robin: the i-th arrival to copy i mod N
+        order = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+        copies = [order[i :: args.replicas] for i in range(args.replicas)]
+        result = merge_replicas([simulate(c, sched if i == 0 else scheduler(), step)
+                                 for i, c in enumerate(copies) if c])  # fmt: skip
+        chips = tp * args.replicas
     out = report(result, args.slo_ttft, args.slo_itl)
     out.update(energy_and_cost(out["output_tokens"], out["duration_s"], chips, chip.power_watts,
                                args.price_per_chip_hour))  # fmt: skip
     out["disaggregated"] = bool(args.disaggregate)
-    out.update(tp=tp, tp_note=tp_note)
+    out.update(tp=tp, tp_note=tp_note, replicas=args.replicas)
     out.update(
         model=cfg.name, chip=chip.name, rate_requests_per_s=args.rate if not args.trace else None,
         kv_pool_tokens=pool.tokens, kv_pool_pages=pool.pages, page_size=pool.page_size,

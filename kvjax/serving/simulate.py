@@ -115,6 +115,21 @@ def simulate(
     )  # fmt: skip
 
 
+def merge_replicas(results: list[SimulationResult]) -> SimulationResult:
+    """Replicas behind a router, each its own run: one result over all their requests (the
+    busy time their mean, the request-seconds and counts their sums, the pages per replica)."""
+    if len(results) == 1:
+        return results[0]
+    return SimulationResult(
+        sorted((r for res in results for r in res.requests), key=lambda r: (r.arrival_s, r.id)),
+        sum(r.steps for r in results), sum(r.preemptions for r in results),
+        max(r.end_s for r in results), sum(r.busy_s for r in results) / len(results),
+        sum(r.requests_in_system_s for r in results),
+        sorted(p for r in results for p in r.pages_in_use),
+        sum(r.prefix_hit_pages for r in results), sum(r.prefix_lookup_pages for r in results),
+    )  # fmt: skip
+
+
 def _admission_fails(sch: Scheduler, budget: int) -> bool:
     """`schedule` admits nothing in the coming steps of decodes alone, and its try changes
     nothing: the batch is full, the budget spent, or the first waiting request (no prefix hit)
