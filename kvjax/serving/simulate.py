@@ -63,14 +63,7 @@ def simulate(
                 while e < len(events) and events[e][0] == len(times) + 1:  # schedule's _grow
                     run[events[e][1]].pages += scheduler.pool.allocate(1)
                     e += 1
-                dt = float(base) * (1.0 if speed is None else float(speed(now)))
-                if not dt > 0:
-                    raise KvjaxError(f"the step-time model gave {dt!r} s for a step of {len(run)}")
-                in_system += dt * (i - done)
-                j = i
-                while j < len(pending) and pending[j].arrival_s < now + dt:
-                    in_system += now + dt - pending[j].arrival_s
-                    j += 1
+                dt, in_system = _clock(base, len(run), now, in_system, pending, i, done, speed)
                 now += dt
                 busy += dt
                 steps += 1
@@ -96,14 +89,8 @@ def simulate(
             in_system += (nxt - now) * (i - done)
             now = nxt
             continue
-        dt = float(step_time(batch)) * (1.0 if speed is None else float(speed(now)))
-        if not dt > 0:
-            raise KvjaxError(f"the step-time model gave {dt!r} s for a step of {len(batch)}")
-        in_system += dt * (i - done)  # arrivals during the step join at its end (counted below)
-        j = i  # arrivals during the step (sorted: stop at the first after it)
-        while j < len(pending) and pending[j].arrival_s < now + dt:
-            in_system += now + dt - pending[j].arrival_s
-            j += 1
+        dt, in_system = _clock(step_time(batch), len(batch), now, in_system, pending, i, done,
+                               speed)  # fmt: skip
         now += dt
         busy += dt
         steps += 1
@@ -113,6 +100,20 @@ def simulate(
         pending, steps, scheduler.preemptions, now, busy, in_system, pages,
         scheduler.pool.hits, scheduler.pool.lookups,
     )  # fmt: skip
+
+
+def _clock(base, n, now, in_system, pending, i, done, speed) -> tuple[float, float]:
+    """A step of `base` seconds starting at `now` (times the machine's speed then): its length,
+    and the request-seconds integral with the step added (arrivals during it join at its end)."""
+    dt = float(base) * (1.0 if speed is None else float(speed(now)))
+    if not dt > 0:
+        raise KvjaxError(f"the step-time model gave {dt!r} s for a step of {n}")
+    in_system += dt * (i - done)
+    j = i  # arrivals during the step (sorted: stop at the first after it)
+    while j < len(pending) and pending[j].arrival_s < now + dt:
+        in_system += now + dt - pending[j].arrival_s
+        j += 1
+    return dt, in_system
 
 
 def merge_replicas(results: list[SimulationResult]) -> SimulationResult:
