@@ -175,10 +175,13 @@ def test_generate_padded_prompts():
 
 
 def _distinct_presets() -> list[str]:
-    """One preset of each shape (deepseek-r1 is deepseek-v3's config, llama-3.3-70b 3.1's)."""
+    """One preset of each shape: RoPE's fields hold no parameter (llama-3.1-8b is llama-3-8b's
+    shape, deepseek-r1 deepseek-v3's config)."""
+    fields = ("rope_scaling", "rope_factor", "rope_original_context", "rope_theta")
+    rope = {f: getattr(PRESETS["tiny-gqa"], f) for f in fields}
     seen: dict = {}
     for name in sorted(PRESETS):
-        seen.setdefault(repr(PRESETS[name].replace(name="")), name)
+        seen.setdefault(repr(PRESETS[name].replace(name="", **rope)), name)
     return sorted(seen.values())
 
 

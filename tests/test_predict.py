@@ -333,11 +333,15 @@ def test_published_roofline_figure(tmp_path):
     for exps in (True, False):
         recs = records
         if not exps:
-            try:  # the same validate with no chip's special-function rate
+            import experiments.published_roofline as pr
+
+            systems = pr.validate_systems
+            try:  # the same validate with no chip's special-function rate (no system rows)
                 bounds.closed_form = lambda r, f=real: dataclasses.replace(f(r), special_s=0.0)
+                pr.validate_systems = lambda rows: ([], {})
                 recs = pd.DataFrame(run_point(None))
             finally:
-                bounds.closed_form = real
+                bounds.closed_form, pr.validate_systems = real, systems
         recs = recs[recs.row_kind == "kernel"]
         best = recs[recs.best_of_shape.astype(bool) & (recs.kernel == "attention_prefill")]
         residual = best.held_out_predicted_s / best.measured_s - 1
