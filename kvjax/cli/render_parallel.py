@@ -20,8 +20,6 @@ def print_pipeline(p: dict[str, Any]) -> None:
     """`calc --pp`: each stage on one device, and what runs between them."""
     from rich.table import Table
 
-    from kvjax.cli.render import console
-
     t = Table(title=f"pipeline: {p['pp']} stages x tp {p['tp']} = {p['devices']} devices "
                     "(one device of each stage)")  # fmt: skip
     for col in ("stage", "layers", "weights", "KV cache", "FLOPs", "bytes", "bound"):
