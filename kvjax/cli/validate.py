@@ -18,8 +18,12 @@ bound, which is then wrong), and the time an efficiency model predicts with its 
 for a row of the committed corpus, the fit that left the row's source group out (nested
 interval); for a row of another CSV (a new source), the fit on the whole corpus (each row's
 prediction_from says which); per kernel class the distribution of the fraction and the model's
-leave-one-group-out error, coverage and interval width. Without a CSV: the committed corpus
-(experiments/published/)."""
+leave-one-group-out error, coverage and interval width. A CSV in the form of
+experiments/published/systems.csv (whole serving systems: source, source_group, chip, num_chips,
+model, the dtypes, tp, pp, ep, dp_attention, replicas, scenario, input_len, output_len,
+length_distribution, requests, concurrency, rate_per_s, the SLO columns, metric, scope,
+measured, convention, confidence) is put under the system bound of each row's metric (class
+`system`). Without a CSV: the committed corpus (experiments/published/, systems.csv included)."""
 
 
 def add_parser(sub) -> None:
