@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from kvjax.analytic.parallel import device_config
+from kvjax.dtypes import dtype_key
 from kvjax.errors import KvjaxError
 from kvjax.hardware import get_chip
 from kvjax.model.config import get_model_config
@@ -34,7 +35,6 @@ from kvjax.serving.step_time import PlacedStepTime, PredictedStepTime
 STEP_GROUPS = {"nvidia-trtllm": "NVIDIA/TensorRT-LLM", "nvidia-trtllm-blog": "NVIDIA/TensorRT-LLM"}
 ENGINES = {"nvidia-trtllm": dict(max_batch=4096, token_budget=8192, reserve=True)}
 MAX_REQUESTS = 3000
-DTYPES = {"fp16": "f16"}
 
 
 def why_not(row: dict[str, Any]) -> str | None:
@@ -62,8 +62,7 @@ def predict_row(row: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
     # an unstated cache dtype is the weights' (TensorRT-LLM: "If you specify FP8 quantization,
     # the KV cache will automatically be set to FP8 as well", its performance overview)
     stated = {**row, "kv_dtype": row["kv_dtype"] or row["weight_dtype"]}
-    dtype = {k: DTYPES.get(stated[k], stated[k]) for k in ("weight_dtype", "kv_dtype",
-                                                            "compute_dtype")}  # fmt: skip
+    dtype = {k: dtype_key(stated[k]) for k in ("weight_dtype", "kv_dtype", "compute_dtype")}
     cfg = get_model_config(row["model"], weight_dtype=dtype["weight_dtype"],
                            kv_dtype=dtype["kv_dtype"], matmul_dtype=dtype["compute_dtype"],
                            attention_kernel="flash")  # fmt: skip

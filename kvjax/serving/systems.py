@@ -22,6 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from kvjax.dtypes import dtype_key
 from kvjax.errors import KvjaxError
 from kvjax.hardware import get_chip
 from kvjax.model.config import get_model_config
@@ -102,14 +103,15 @@ def _bound(model, chip_name, devices, weight, kv, compute, inp, out, phase):
 def row_bound(row: dict[str, Any]) -> dict[str, Any]:
     """The bound of one row's metric at its scope, and what the row left to the bound."""
     assumed = []
-    weight = row["weight_dtype"] or "fp8"
-    if not row["weight_dtype"]:
-        assumed.append("fp8 weights")
-    weight = {"fp16": "f16"}.get(weight, weight)
-    kv = {"fp16": "f16"}.get(row["kv_dtype"] or "fp8", row["kv_dtype"] or "fp8")
+    chip = get_chip(row["chip"])
+    weight = dtype_key(row["weight_dtype"]) if row["weight_dtype"] else None
+    if weight is None:  # the lightest weights the chip computes
+        weight = "fp4" if "fp4" in chip.peak_flops_per_s else "fp8"
+        assumed.append(f"{weight} weights")
+    kv = dtype_key(row["kv_dtype"]) if row["kv_dtype"] else "fp8"
     if not row["kv_dtype"]:
         assumed.append("fp8 cache")
-    compute = {"fp16": "f16"}.get(row["compute_dtype"], row["compute_dtype"]) or None
+    compute = dtype_key(row["compute_dtype"]) if row["compute_dtype"] else None
     if compute is None:
         assumed.append("the chip's fastest matmul dtype")
     inp = row["input_len"]
@@ -128,14 +130,22 @@ def row_bound(row: dict[str, Any]) -> dict[str, Any]:
                          f"num_chips={chips}")  # fmt: skip
     if replicas == 1 and chips > 1:
         assumed.append(f"the {chips} chips as one replica")
-    b = _bound(row["model"], row["chip"], chips // replicas, weight, kv, compute,
-               max(1, round(inp or 1)), out or 1, phase)  # fmt: skip
+    b = _bound(
+        row["model"],
+        row["chip"],
+        chips // replicas,
+        weight,
+        kv,
+        compute,
+        max(1, math.floor(inp or 1)),
+        out or 1,
+        phase,
+    )  # a mean's floor: still a bound
     value = metric_bound(b, metric) * (replicas if metric in THROUGHPUT else 1)
-    devices = chips
     if row["scope"] == "per_chip":
-        value /= devices
+        value /= chips
     elif row["scope"] == "per_node":
-        value *= NODE_CHIPS / devices
+        value *= NODE_CHIPS / chips
     elif row["scope"] == "per_user" and metric in THROUGHPUT:
         value = 1 / b.tpot_s
     latency = metric in LATENCY
