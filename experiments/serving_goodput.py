@@ -13,19 +13,21 @@ energy and cost per output token; and one record at the knee: the largest rate a
 `options.attainment` of the requests meet the SLO (TTFT <= slo_ttft_s and their own ITL P99 <=
 slo_itl_s; DistServe's goodput, Zhong et al. 2024), found by bisection to `options.knee_rtol`.
 Beside each, the quality the variant and the KV dtype cost in the committed quality results
-(`experiments/results/quality_differences.csv`, the 8-head stdlib model: a variant maps to its
-h_kv of the same query heads per KV head, fp8 to its "fp8 cache - f32" difference; MLA has no
-committed result and says so).
+(`experiments/results/quality_differences.csv`, the 8-head stdlib model, mapped by
+`kvjax.quality.costs`: a variant to its h_kv of the same query heads per KV head, MLA to the
+committed latent width of the nearest share of MHA's cache, fp8 to its "fp8 cache - f32"
+difference).
 """
 
 from __future__ import annotations
 
 import math
-from functools import cache, lru_cache
+from functools import cache
 from pathlib import Path
 
 from kvjax.analytic.variants import variant_configs
 from kvjax.errors import KvjaxError
+from kvjax.quality import costs
 from kvjax.runs import options as o
 from kvjax.runs.config import resolve
 from kvjax.runs.options import Option
@@ -67,7 +69,6 @@ OPTIONS = {
     "step_time": Option(lambda v: v in STEP_TIMES, f"one of {sorted(STEP_TIMES)}"),
 }
 QUALITY = Path(__file__).resolve().parent / "results" / "quality_differences.csv"
-QUALITY_HEADS = 8  # the quality model's query heads
 
 
 def run_point(point) -> list[dict]:
@@ -163,43 +164,25 @@ def knee_rate(run, attainment: float, rtol: float, start: float) -> dict:
 
 
 def quality_cost(cfg) -> dict:
-    """The committed quality difference of cfg's attention variant and of an fp8 cache (mean and
-    95% interval, val loss in nats per byte), or None where none is committed."""
+    """The committed quality difference of cfg's attention variant and of its cache dtype (mean
+    and 95% interval, val loss in nats per byte; `kvjax.quality.costs`), None where none is
+    committed."""
     out = {"quality_variant": None, "quality_variant_delta": None, "quality_variant_low": None,
            "quality_variant_high": None, "quality_kv_dtype": None, "quality_kv_dtype_delta": None,
            "quality_kv_dtype_low": None, "quality_kv_dtype_high": None}  # fmt: skip
-    if cfg.is_mla:
-        out["quality_variant"] = "MLA: no committed quality result"
-        return out
-    group = cfg.num_heads // cfg.num_kv_heads
-    h_kv = 1 if cfg.num_kv_heads == 1 else QUALITY_HEADS // group  # MQA: the model's h_kv = 1
-    if QUALITY_HEADS % group and cfg.num_kv_heads != 1:
-        out["quality_variant"] = f"no committed h_kv with {group} query heads per KV head"
-        return out
-    rows = _quality()
-    if h_kv != QUALITY_HEADS:
-        hit = rows.get(("stdlib", f"h_kv={h_kv} - MHA", ""))
-        if hit:
-            out.update(quality_variant=f"stdlib h_kv={h_kv} - MHA", **_delta("variant", hit))
+    cost = costs.quality_cost(cfg, QUALITY)
+    variant, cache = cost.part("variant"), cost.part("cache")
+    if variant:
+        out.update(quality_variant=f"stdlib {variant[1]}", **_delta("variant", variant))
+    elif cost.missing and not cost.missing.startswith("kv_dtype="):
+        out["quality_variant"] = cost.missing
     else:
         out.update(quality_variant="MHA (the baseline)", quality_variant_delta=0.0)
-    if cfg.kv_dtype == "fp8":
-        hit = rows.get(("stdlib", "fp8 cache - f32", f"h_kv={h_kv}"))
-        if hit:
-            out.update(quality_kv_dtype=f"stdlib fp8 cache - f32, h_kv={h_kv}",
-                       **_delta("kv_dtype", hit))  # fmt: skip
+    if cache:
+        out.update(quality_kv_dtype=f"stdlib {cache[1]}", **_delta("kv_dtype", cache))
     return out
 
 
-def _delta(kind: str, row: dict) -> dict:
-    return {f"quality_{kind}_delta": float(row["mean"]), f"quality_{kind}_low": float(row["low"]),
-            f"quality_{kind}_high": float(row["high"])}  # fmt: skip
-
-
-@lru_cache(maxsize=1)
-def _quality() -> dict:
-    import csv
-
-    with open(QUALITY) as f:
-        return {(r["family"], r["comparison"], r["condition"]): r for r in csv.DictReader(f)
-                if r["metric"] == "val_loss"}  # fmt: skip
+def _delta(kind: str, part: tuple) -> dict:
+    return {f"quality_{kind}_delta": part[2], f"quality_{kind}_low": part[3],
+            f"quality_{kind}_high": part[4]}  # fmt: skip

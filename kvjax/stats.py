@@ -89,3 +89,27 @@ def summarize(
                         f"{m}_std": ci.std})  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def detectable_difference(std: float, n: int, level: float = 0.95, power: float = 0.8) -> float:
+    """The smallest true mean difference a paired two-sided t-test of n pairs (at `level`) finds
+    with probability `power`, for pairs whose differences spread by `std`: the d at which the
+    noncentral t (noncentrality d sqrt(n) / std, n - 1 degrees of freedom) falls outside
+    +-t_crit that often (a power note: differences below it can go undetected)."""
+    from scipy import optimize, stats
+
+    if not 0 < power < 1:
+        raise KvjaxError(f"power={power!r} must be in (0, 1)")
+    if not np.isfinite(std) or std < 0:
+        raise KvjaxError(f"std={std!r} must be a finite number >= 0")
+    t = t_critical(level, n - 1)
+    if std == 0:
+        return 0.0
+
+    def short(d: float) -> float:
+        nc = d * np.sqrt(n) / std
+        other_tail = np.nan_to_num(stats.nct.cdf(-t, n - 1, nc))  # scipy: nan where ~1e-20
+        return stats.nct.sf(t, n - 1, nc) + other_tail - power
+
+    high = 2 * (t + stats.t.ppf(power, n - 1) + 1) * std / np.sqrt(n)  # power there is ~1
+    return float(optimize.brentq(short, 0.0, high, xtol=1e-12 * std))

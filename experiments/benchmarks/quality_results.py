@@ -9,7 +9,13 @@ experiments/results/:
 - hkv_quality_summary.csv, gqa_uptrain_summary.csv: per group the mean over seeds, its 95%
   Student-t half width (`_ci`), n and std (`kvjax.stats.summarize`);
 - quality_differences.csv: each comparison the README states, as a difference paired by seed
-  (`kvjax.stats.paired_difference`) with its interval and whether it excludes 0.
+  (`kvjax.stats.paired_difference`) with its interval, whether it excludes 0, the smallest
+  difference its seeds detect 80% of the time (`detectable`, `kvjax.stats.detectable_difference`)
+  and, on recall, how many seeds of each side learned the task (`learned`).
+
+The runs' records are merged into the committed exports (a record of the same experiment, task,
+method, variant, h_kv, pairs, seed, evaluation and steps replaces the committed one; `--replace`
+writes these runs' alone), so one config can be re-run without the others (20-45 minutes each).
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvjax.runs.exports import load_exports, with_variants
 from kvjax.runs.records import load_records
-from kvjax.stats import paired_difference, summarize
+from kvjax.stats import detectable_difference, paired_difference, summarize
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 UPTRAIN_PAIRS = [
@@ -30,32 +37,76 @@ UPTRAIN_PAIRS = [
 ]  # fmt: skip
 
 
-def _row(family, comparison, condition, metric, a, b) -> dict:
+def _row(family, comparison, condition, metric, a, b, learned=None) -> dict:
+    seeds = sorted(set(a.index) & set(b.index))  # the seeds both sides ran
+    a, b = a.loc[seeds], b.loc[seeds]
     ci = paired_difference(a, b)
     return {"family": family, "comparison": comparison, "condition": condition, "metric": metric,
             "mean": ci.mean, "ci": ci.half_width, "low": ci.low, "high": ci.high, "n": ci.n,
-            "per_seed": " ".join(f"{x:+.4f}" for x in (a - b.loc[a.index])),
-            "excludes_zero": bool(ci.low > 0 or ci.high < 0)}  # fmt: skip
+            "per_seed": " ".join(f"{x:+.4f}" for x in (a - b)),
+            "excludes_zero": bool(ci.low > 0 or ci.high < 0),
+            # the smallest true difference these pairs find 80% of the time (kvjax.stats)
+            "detectable": detectable_difference(ci.std, ci.n) if ci.n > 1 else float("nan"),
+            "learned": learned}  # fmt: skip
+
+
+def _gqa_name(variant: str) -> str:
+    """The comparisons' names for the GQA family (kept from before MLA: `h_kv=2 - MHA`)."""
+    return {"MQA": "h_kv=1"}.get(variant, variant.replace("GQA-", "h_kv="))
+
+
+def _learned(g, *variants) -> str | None:
+    """`MHA 5/5, MQA 3/5`: how many seeds of each side learned the recall task."""
+    if "learned" not in g or g.learned.isna().all():
+        return None
+    parts = []
+    for v in variants:
+        runs = g[g.variant == v].learned.dropna()
+        parts.append(f"{v} {int(runs.astype(bool).sum())}/{len(runs)}")
+    return ", ".join(parts)
 
 
 def quality_differences(q: pd.DataFrame) -> list[dict]:
-    """stdlib: each h_kv against MHA (the model's own cache), each quantized cache against the
-    same model's own; recall: each h_kv's accuracy against MHA's, per number of pairs."""
+    """Per task (recall: per pairs in context and training steps), each variant against MHA and
+    each MLA width against the GQA model of the same KV bytes per token, on the model's own
+    cache; then each quantized cache against the same GQA model's own. stdlib compares
+    validation loss, recall accuracy."""
     rows = []
     for task, t in q.groupby("task"):
-        N = int(t.num_heads.max())
         own = t[t.eval_kv_dtype == t.eval_kv_dtype.iloc[0]]
-        cond = "num_pairs" if task == "recall" else None
         metric = "val_accuracy" if task == "recall" else "val_loss"
-        for c, g in own.groupby(cond) if cond else [(None, own)]:
-            by = g.set_index(["num_kv_heads", "seed"])[metric]
-            for k in sorted(set(g.num_kv_heads) - {N}, reverse=True):
-                rows.append(_row(task, f"h_kv={k} - MHA", f"{cond}={c:.0f}" if cond else "",
-                                 metric, by.loc[k], by.loc[N]))  # fmt: skip
-        by = t.set_index(["eval_kv_dtype", "num_kv_heads", "seed"])[metric].sort_index()
+        if task == "recall":
+            groups = own.groupby(["num_pairs", "steps"])
+        else:  # the steps named where runs of several lengths are exported
+            groups = (((None, s), g) for s, g in own.groupby("steps"))
+        several = own.steps.nunique() > 1
+        for c, g in groups:
+            cond = (f"num_pairs={c[0]:.0f}, {c[1]:.0f} steps" if task == "recall"
+                    else f"{c[1]:.0f} steps" if several else "")  # fmt: skip
+            by = g.set_index(["variant", "seed"])[metric]
+            have = set(g.variant)
+            if "MHA" not in have:
+                continue
+            gqa = g[g.kv_lora_rank == 0].sort_values("num_kv_heads", ascending=False)
+            for v in dict.fromkeys(gqa.variant):
+                if v != "MHA":
+                    rows.append(_row(task, f"{_gqa_name(v)} - MHA", cond, metric, by.loc[v],
+                                     by.loc["MHA"], _learned(g, v, "MHA")))  # fmt: skip
+            same_bytes = dict(zip(gqa.kv_bytes_per_token, gqa.variant, strict=True))
+            mla = g[g.kv_lora_rank > 0].sort_values("kv_lora_rank", ascending=False)
+            for v, nbytes in dict(zip(mla.variant, mla.kv_bytes_per_token, strict=True)).items():
+                rows.append(_row(task, f"{v} - MHA", cond, metric, by.loc[v], by.loc["MHA"],
+                                 _learned(g, v, "MHA")))  # fmt: skip
+                twin = same_bytes.get(nbytes)
+                if twin and twin != "MHA":
+                    rows.append(_row(task, f"{v} - {_gqa_name(twin)}", f"{cond}{'; ' * bool(cond)}"
+                                     f"equal KV bytes ({nbytes:.0f} B/token)", metric,
+                                     by.loc[v], by.loc[twin], _learned(g, v, twin)))  # fmt: skip
+        gqa = t[t.kv_lora_rank == 0]
+        by = gqa.set_index(["eval_kv_dtype", "num_kv_heads", "seed"])[metric].sort_index()
         base = own.eval_kv_dtype.iloc[0]
-        for dtype in [d for d in t.eval_kv_dtype.unique() if d != base]:
-            for k in sorted(t.num_kv_heads.unique(), reverse=True):
+        for dtype in [d for d in gqa.eval_kv_dtype.unique() if d != base]:
+            for k in sorted(gqa[gqa.eval_kv_dtype == dtype].num_kv_heads.unique(), reverse=True):
                 rows.append(_row(task, f"{dtype} cache - {base}", f"h_kv={k}", metric,
                                  by.loc[(dtype, k)], by.loc[(base, k)]))  # fmt: skip
     return rows
@@ -76,24 +127,36 @@ def uptrain_differences(u: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def export(run_dirs, out: Path = RESULTS) -> dict[str, int]:
+KEYS = ["experiment", "task", "method", "variant", "num_kv_heads", "num_pairs", "seed",
+        "eval_kv_dtype", "steps"]  # fmt: skip
+
+
+def export(run_dirs, out: Path = RESULTS, merge: bool = True) -> dict[str, int]:
+    """The runs' records (with `merge`, added to the exports already in `out`: a record of the
+    same experiment, task, method, variant, h_kv, pairs, seed, evaluation and steps replaces the
+    committed one, the others stay) written as the files the module's docstring lists."""
     df = load_records(run_dirs)
     if df.empty:
         raise SystemExit(f"no records under {', '.join(map(str, run_dirs))}")
-    # a budget run retrains the same MHA model per seed: each record once
-    keys = [c for c in ("experiment", "task", "method", "num_kv_heads", "num_pairs", "seed",
-                        "eval_kv_dtype", "steps") if c in df]  # fmt: skip
-    df = df.drop_duplicates(keys)
+    hkv = df.experiment == "hkv_quality"
+    if hkv.any():
+        part = df[hkv].copy()
+        with_variants(part)
+        df = pd.concat([part, df[~hkv]], ignore_index=True)
+    if merge and any((out / f"{e}.csv").exists() for e in ("hkv_quality", "gqa_uptrain")):
+        df = pd.concat([load_exports(out), df], ignore_index=True)
+    # a budget run retrains the same MHA model per seed: each record once, the newest
+    df = df.drop_duplicates([c for c in KEYS if c in df], keep="last")
     out.mkdir(parents=True, exist_ok=True)
     rows, counts = [], {}
-    for exp, by in (("hkv_quality", ["task", "num_pairs", "eval_kv_dtype", "num_kv_heads",
-                                     "kv_bytes_per_token"]),
+    for exp, by in (("hkv_quality", ["task", "num_pairs", "steps", "eval_kv_dtype", "variant",
+                                     "num_kv_heads", "kv_lora_rank", "kv_bytes_per_token"]),
                     ("gqa_uptrain", ["method", "num_kv_heads", "steps"])):  # fmt: skip
         e = df[df.experiment == exp].dropna(axis=1, how="all")
         if e.empty:
             continue
-        keep = [c for c in ("task", "method", "num_kv_heads", "num_pairs", "seed", "eval_kv_dtype",
-                            "steps", "history") if c in e]  # fmt: skip
+        keep = [c for c in ("task", "method", "variant", "num_kv_heads", "num_pairs", "seed",
+                            "eval_kv_dtype", "steps", "history") if c in e]  # fmt: skip
         with open(out / f"{exp}_history.json", "w") as f:
             json.dump(e[keep].to_dict("records"), f, default=str)
         e = e.drop(columns=["history"])
@@ -112,8 +175,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="run folders (or runs roots) to export")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--replace",
+        action="store_true",
+        help="write only these runs' records (default: merge into --out's exports)",
+    )
     args = ap.parse_args()
-    print(export(args.runs, args.out))
+    print(export(args.runs, args.out, merge=not args.replace))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ attention variant (`kvjax.analytic.serving`)."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from kvjax.analytic import serving
@@ -58,8 +59,24 @@ def add_parser(sub) -> None:
         help="add each point's predicted step time [80%% interval] beside its bound, from the "
         "efficiency model fitted on the published measurements (kvjax validate)",
     )  # fmt: skip
+    p.add_argument(
+        "--max-quality-cost", type=finite_float, default=None, metavar="NATS",
+        help="a quality budget: mark each variant whose committed quality cost (validation loss "
+        "over MHA's, nats/byte, on the small quality model: kvjax.quality.costs) is above NATS "
+        "and name the fastest point within it; a variant with no committed cost is refused",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
+
+
+def finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number (nats/byte, e.g. 0.03)")
+    return value
 
 
 def variants_of(cfg: ModelConfig, all_variants: bool) -> list[tuple[str, ModelConfig]]:
@@ -133,7 +150,32 @@ def run(args: argparse.Namespace) -> int:
                 "--predict fits one chip's steps; drop it with --tp/--ep/--dp-attention"
             )
         add_predictions(report, cfg, chip, args.variants)
+    if args.max_quality_cost is not None:
+        apply_quality_budget(report, cfg, args.variants, args.max_quality_cost)
     return emit(args, report, print_frontier)
+
+
+def apply_quality_budget(report: dict[str, Any], cfg: ModelConfig, all_variants: bool,
+                         budget: float) -> None:  # fmt: skip
+    """Each curve's committed quality cost and whether it is within `budget` (its mean; the
+    interval printed beside), and the fastest point (tokens/s per chip) of the curves within."""
+    from kvjax.quality.costs import quality_cost
+
+    variants = dict(variants_of(cfg, all_variants))
+    for curve in report["variants"]:
+        cost = quality_cost(variants[curve["variant"]])
+        if cost.missing:
+            raise KvjaxError(f"--max-quality-cost {budget:g}: variant {curve['variant']!r} has no "
+                             f"committed quality cost ({cost.missing})")  # fmt: skip
+        curve["quality_cost"] = cost.as_dict()
+        curve["within_quality_budget"] = bool(cost.delta <= budget)
+    kept = [(c, p) for c in report["variants"] if c["within_quality_budget"] for p in c["points"]]
+    best = max(kept, key=lambda cp: cp[1]["tokens_per_s"], default=None)
+    report["max_quality_cost"] = budget
+    report["fastest_within_quality_budget"] = best and {
+        "variant": best[0]["variant"], "quality_cost": best[0]["quality_cost"]["delta"],
+        **{k: best[1][k] for k in ("batch", "tokens_per_s", "ms_per_token")},
+    }  # fmt: skip
 
 
 def add_predictions(report: dict[str, Any], cfg: ModelConfig, chip: ChipSpec, all_variants: bool):
@@ -198,6 +240,12 @@ def print_frontier(report: dict[str, Any]) -> None:
     for curve in report["variants"]:
         if not curve["max_batch"]:
             con.print(f"  {curve['variant']:<16} no batch fits: {curve['no_batch_fits']}")
+        if "quality_cost" in curve:
+            q = curve["quality_cost"]
+            verdict = "within" if curve["within_quality_budget"] else "OVER"
+            con.print(f"  {curve['variant']:<16} quality cost {q['delta']:+.4f} [{q['low']:+.4f}, "
+                      f"{q['high']:+.4f}] nats/byte ({q['comparison']}): {verdict} the budget "
+                      f"{report['max_quality_cost']:g}")  # fmt: skip
         chunked = curve["time_to_first_token_chunked_s"]
         extra = (
             f"; chunked by {report['chunk']:,}: {fmt_seconds(chunked)}"
@@ -211,6 +259,13 @@ def print_frontier(report: dict[str, Any]) -> None:
             f"S-token prompt "
             + (f"{fmt_seconds(ttft)}{extra}" if ttft is not None else "(one chip only)")
         )
+    if "max_quality_cost" in report:
+        best = report["fastest_within_quality_budget"]
+        con.print(
+            f"  fastest within a quality cost of {report['max_quality_cost']:g} nats/byte: "
+            + (f"{best['variant']} at B={best['batch']:,}, {best['tokens_per_s']:,.0f} tokens/s, "
+               f"{sig(best['ms_per_token'])} ms/token" if best else "none (no variant within)")
+        )  # fmt: skip
 
 
 def nothing_fits(variant: ModelConfig, chip: ChipSpec, curve: dict[str, Any]) -> str:

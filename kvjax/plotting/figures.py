@@ -18,6 +18,7 @@ from kvjax.plotting import quality  # noqa: E402
 from kvjax.plotting.compiled import roofline_compiled  # noqa: E402
 from kvjax.plotting.goodput import goodput  # noqa: E402
 from kvjax.plotting.measured import kernel_bound, mark_flags  # noqa: E402
+from kvjax.plotting.mla_quality import mla_quality  # noqa: E402
 from kvjax.plotting.published import (  # noqa: E402
     published_residuals,
     published_roofline,
@@ -356,6 +357,7 @@ FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "hkv_ablation": ("hkv_ablation", hkv_ablation, (COLUMN_WIDTH_IN, 2.6)),
     "hkv_quality": ("hkv_quality", quality.hkv_quality, (2 * COLUMN_WIDTH_IN, 2.6)),
     "kv_pareto": ("hkv_quality", quality.kv_pareto, (COLUMN_WIDTH_IN, 2.8)),
+    "mla_quality": ("hkv_quality", mla_quality, (2 * COLUMN_WIDTH_IN, 2.6)),
     "gqa_uptrain": ("gqa_uptrain", gqa_uptrain, (3 * COLUMN_WIDTH_IN, 2.4)),
     "tensor_parallel": ("tensor_parallel", tensor_parallel, (2 * COLUMN_WIDTH_IN, 2.8)),
     "kernel_bound": ("profile", kernel_bound, (2 * COLUMN_WIDTH_IN, 2.8)),

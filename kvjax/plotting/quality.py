@@ -21,6 +21,17 @@ def _own_cache(df: pd.DataFrame) -> pd.DataFrame:
     return df[df.eval_kv_dtype.fillna(own) == own]
 
 
+def gqa_sweep(df: pd.DataFrame) -> pd.DataFrame:
+    """The h_kv sweep's records: no MLA (`kv_lora_rank` 0 or not recorded), and per task the
+    training length most of its records ran (the longer paired recall runs are mla_quality's)."""
+    if "kv_lora_rank" in df:
+        df = df[df.kv_lora_rank.fillna(0) == 0]
+    if "steps" in df and len(df):
+        usual = df.groupby("task").steps.agg(lambda s: s.mode().iloc[0])
+        df = df[df.steps == df.task.map(usual)]
+    return df
+
+
 def _bars(ax, x, s, metric, color, label, marker="o", ls="-", bounds=None, shift=0.0):
     """Means with their intervals; `bounds` (lo, hi) clips the bars to the metric's range (an
     accuracy's t interval over 3 seeds can pass 0 or 1); `shift` draws them that many points
@@ -112,7 +123,7 @@ def hkv_quality(records: pd.DataFrame, fig) -> None:
     token, one point per num_kv_heads; (b) recall: accuracy against the number of key-value
     pairs, one line per num_kv_heads (or, with one pair count, against KV bytes). Means over
     seeds with 95% intervals, each seed a dot; the key and a caption below."""
-    df = _own_cache(records[records.experiment == "hkv_quality"])
+    df = _own_cache(gqa_sweep(records[records.experiment == "hkv_quality"]))
     tasks = [t for t in ("stdlib", "recall") if t in set(df.task)]
     fig.set_size_inches(fig.get_figwidth(), 4.0)
     grid = fig.add_gridspec(2, len(tasks), height_ratios=[1.0, 0.36])
@@ -190,7 +201,7 @@ def kv_pareto(records: pd.DataFrame, fig) -> None:
     its own cache for the same seed, against KV bytes per token (scales included) over
     num_kv_heads x the cache's dtype (the model's own, int8, fp8, int4, int2). A line per
     num_kv_heads joins one model read through each cache."""
-    df = records[(records.experiment == "hkv_quality") & (records.task == "stdlib")]
+    df = gqa_sweep(records[(records.experiment == "hkv_quality") & (records.task == "stdlib")])
     fig.set_size_inches(fig.get_figwidth(), 4.9)
     grid = fig.add_gridspec(2, 1, height_ratios=[1.0, 0.75])
     ax = fig.add_subplot(grid[0])

@@ -13,7 +13,7 @@ from kvjax.errors import KvjaxError
 
 EXPORTED = ("hkv_quality", "gqa_uptrain")
 # the keys `export` writes beside each curve: a curve belongs to the CSV row of the same keys
-KEYS = ("task", "method", "num_kv_heads", "num_pairs", "seed", "eval_kv_dtype", "steps")
+KEYS = ("task", "method", "variant", "num_kv_heads", "num_pairs", "seed", "eval_kv_dtype", "steps")
 # The shapes of the quality models (configs/hkv_quality.yaml, hkv_recall.yaml, gqa_uptrain*.yaml;
 # tests/test_plotting_quality.py checks them against those configs): the committed exports
 # predate the records' own `num_layers` and `d_model`, which the figures' titles name.
@@ -28,6 +28,24 @@ def _same(a, b) -> bool:
     if any(missing):
         return all(missing)
     return bool(a == b)
+
+
+def variant_name(num_kv_heads, num_heads, kv_lora_rank=0) -> str:
+    """MHA, GQA-k, MQA or MLA-A (experiments/hkv_quality.py's `variant` of a record)."""
+    if kv_lora_rank and kv_lora_rank == kv_lora_rank:  # not 0, not nan
+        return f"MLA-{int(kv_lora_rank)}"
+    k, n = int(num_kv_heads), int(num_heads)
+    return "MHA" if k == n else "MQA" if k == 1 else f"GQA-{k}"
+
+
+def with_variants(df) -> None:
+    """Fill `variant` and `kv_lora_rank` (0) in records written before they were (GQA only)."""
+    import pandas as pd
+
+    df["kv_lora_rank"] = df["kv_lora_rank"].fillna(0) if "kv_lora_rank" in df else 0
+    named = pd.Series([variant_name(k, n, a) for k, n, a in zip(
+        df.num_kv_heads, df.num_heads, df.kv_lora_rank, strict=True)], index=df.index)  # fmt: skip
+    df["variant"] = df["variant"].fillna(named) if "variant" in df else named
 
 
 def load_exports(folder: str | Path):
@@ -54,6 +72,8 @@ def load_exports(folder: str | Path):
                     raise KvjaxError(f"{curves} row {i} does not match {csv}'s on {wrong}")
             df["history"] = [r["history"] if isinstance(r.get("history"), list) else None
                              for r in rows]  # fmt: skip
+        if experiment == "hkv_quality":
+            with_variants(df)
         for column in ("num_layers", "d_model"):
             shape = df.model.map(lambda m, c=column: QUALITY_MODELS.get(m, {}).get(c))
             df[column] = df[column].fillna(shape) if column in df else shape
