@@ -170,3 +170,52 @@ def test_a_published_row_is_predicted_by_the_fit_that_left_its_group_out():
     )
     assert summary["predicted_rows"] == len(committed) >= 40
     assert summary["loso_median_abs_error"] == pytest.approx(float(np.median(errors)))
+
+
+def test_a_mean_prompt_enters_the_prefill_flops_only_and_by_jensen():
+    """A published mean prompt (prefill_len) over the shortest (input_len): the prefill's FLOPs
+    at the mean are at most the mean of the prefills' (checked on spread lengths, a windowed model
+    crossing its window too); the decodes' FLOPs and every byte stay at the shortest prompt."""
+    chip = get_chip("h100-sxm")
+    for name, lengths in (("llama-3-8b", [476, 900, 19_988]), ("mistral-7b", [100, 4000, 9000])):
+        cfg = get_model_config(name)
+        mean = sum(lengths) / len(lengths)
+        each = [system_bound(cfg, chip, 1, n, 20) for n in lengths]
+        at_mean = system_bound(cfg, chip, 1, min(lengths), 20, prefill_len=mean)
+        shortest = system_bound(cfg, chip, 1, min(lengths), 20)
+        lm = 2 * cfg.d_model * cfg.vocab_size  # one row's logits a prefill
+
+        def prefill(n, cfg=cfg, lm=lm):
+            return step_floor(cfg, Workload("prefill", 1, n), chip)[0] - lm * (n - 1)
+
+        assert sum(prefill(n) for n in lengths) / len(lengths) >= prefill(int(mean))
+        lo = int(mean)
+        by_hand = prefill(lo) + (mean - lo) * (prefill(lo + 1) - prefill(lo))
+        assert at_mean.flops - shortest.flops == pytest.approx(by_hand - prefill(min(lengths)))
+        assert sum(b.flops for b in each) / len(each) >= at_mean.flops
+        assert (at_mean.bytes, at_mean.ttft_s) == (shortest.bytes, shortest.ttft_s)
+        assert at_mean.input_tokens_per_s == pytest.approx(
+            mean / max(at_mean.compute_s, at_mean.memory_s)
+        )
+    with pytest.raises(KvjaxError, match="prefill_len=10 .* is below input_len=20"):
+        system_bound(get_model_config("tiny-gqa"), chip, 1, 20, 8, prefill_len=10)
+
+
+def test_mlperfs_length_distributions_are_committed_with_their_sources():
+    """Every MLPerf distribution a row names is in experiments/published/lengths.csv with its
+    source; llama3.1-405b's stated shortest (476) and mean (9,428) prompt enter its rows' bound."""
+    from kvjax.serving.systems import read_lengths
+
+    lengths = read_lengths()
+    named = {r["length_distribution"] for r in read_systems()}
+    assert {n for n in named if n and n.startswith("mlperf-")} <= set(lengths)
+    for d in lengths.values():
+        assert d["source"] and d["file"] and d["quote"] and d["samples"] > 0
+    llama = lengths["mlperf-llama3.1-405b-8313"]
+    assert (llama["input_min"], llama["input_mean"]) == (476, 9428)
+    assert "476 to 19988 tokens with an average of 9428" in llama["quote"]
+    llama_rows = [r for r in read_systems() if r["length_distribution"] == llama["name"]]
+    rows, _ = validate_systems(llama_rows)
+    assert rows and all(any("prompts of 476 tokens" in a for a in r["bound_assumes"])
+                        for r in rows)  # fmt: skip
+    assert not any(r["above_bound"] for r in rows)

@@ -157,7 +157,10 @@ def corpus_files(paths: list[str] | None = None) -> list[Path]:
     """The files named, or every CSV of the committed corpus."""
     if paths:
         return [Path(p) for p in paths]
-    return sorted(p for p in CORPUS_DIR.glob("*.csv") if p.name != "systems.csv")
+    # systems.csv and its length distributions (lengths.csv) are kvjax.serving.systems's
+    return sorted(
+        p for p in CORPUS_DIR.glob("*.csv") if p.name not in ("systems.csv", "lengths.csv")
+    )
 
 
 def read_corpus(paths: list[str] | None = None) -> list[Row]:

@@ -123,18 +123,25 @@ def system_bound(
     spec_tokens: int = 0,
     weight_scale: float = 1.0,
     phase: str = "serve",
+    prefill_len: float | None = None,
 ) -> SystemBound:
     """The bounds of the module docstring for I = `input_len`, O = `output_len` (a mean: the
     bound of a convex cost at the mean lengths is a bound of their average, interpolated between
     whole lengths) on `devices` chips; refused, naming the bytes, where the weights alone do not
     fit them. `weight_scale`: the weights' bytes x this (FP4 weights sized from an fp8 model's).
     `phase` "prefill": a system that only prefills (per request its prompt: its FLOPs, its cache
-    written); "decode": one that only decodes at the prompt's context I (per token)."""
+    written); "decode": one that only decodes at the prompt's context I (per token).
+    `prefill_len`: the prompts' mean length where `input_len` is their shortest: a prefill's FLOPs
+    are convex in its length (linear, plus attention's pairs), so the prefill at the mean length
+    computes at most the mean of theirs (Jensen) and the prefill FLOPs are taken there; the
+    decodes, the bytes and the latencies stay at the shortest prompt (their cost couples the
+    prompt and the output, whose joint distribution is not published)."""
     if phase not in ("serve", "prefill", "decode"):
         raise KvjaxError(f"phase={phase!r} is not supported; allowed: serve, prefill, decode")
     if output_len != int(output_len):  # a mean: interpolate the per-request times
-        lo, hi = (system_bound(cfg, chip, devices, input_len, n, spec_tokens, weight_scale, phase)
-                  for n in (math.floor(output_len), math.ceil(output_len)))  # fmt: skip
+        lo, hi = (system_bound(cfg, chip, devices, input_len, n, spec_tokens, weight_scale, phase,
+                               prefill_len) for n in (math.floor(output_len),
+                                                      math.ceil(output_len)))  # fmt: skip
         w = output_len - math.floor(output_len)
         comp = (1 - w) * lo.compute_s + w * hi.compute_s
         mem = (1 - w) * lo.memory_s + w * hi.memory_s
@@ -142,7 +149,7 @@ def system_bound(
         return dataclasses.replace(
             lo, flops=(1 - w) * lo.flops + w * hi.flops, bytes=(1 - w) * lo.bytes + w * hi.bytes,
             compute_s=comp, memory_s=mem, output_tokens_per_s=output_len / t,
-            input_tokens_per_s=input_len / t, requests_per_s=1 / t,
+            input_tokens_per_s=(prefill_len or input_len) / t, requests_per_s=1 / t,
             side="compute" if comp >= mem else "memory")  # fmt: skip
     output_len = int(output_len)
     if input_len < 1 or output_len < 1:
@@ -168,14 +175,23 @@ def system_bound(
 
     kinks = tuple(k for k in (cfg.sliding_window, cfg.sliding_window + cfg.sink_tokens) if k)
     prefill_flops = _floor(cfg, Workload("prefill", 1, I), chip)[0]
+    mean_prefill_flops = prefill_flops
+    if prefill_len is not None and prefill_len != I:
+        if prefill_len < I:
+            raise KvjaxError(f"prefill_len={prefill_len} (the mean prompt) is below "
+                             f"input_len={I} (the shortest)")  # fmt: skip
+        lo_len = math.floor(prefill_len)  # interpolated between whole lengths: convex still
+        f_lo, f_hi = (_floor(cfg, Workload("prefill", 1, n), chip)[0]
+                      for n in (lo_len, lo_len + 1))  # fmt: skip
+        mean_prefill_flops = f_lo + (prefill_len - lo_len) * (f_hi - f_lo)
     w_step = step_weight_bytes(cfg) * weight_scale
     if phase == "prefill":  # prompts alone, batched: the weights amortised away
-        flops, nbytes, tokens = prefill_flops, held(I), 1
+        flops, nbytes, tokens = mean_prefill_flops, held(I), 1
     elif phase == "decode":  # one token at context I + 1, its step's weights shared
         flops, tokens = decode_flops(I + 1), 1
         nbytes = held(I + 1) * (1 + w_step / free) / (1 + spec_tokens)
     else:
-        flops = prefill_flops + series_sum(decode_flops, I + 1, I + O - 1, kinks)
+        flops = mean_prefill_flops + series_sum(decode_flops, I + 1, I + O - 1, kinks)
         reads = series_sum(held, I + 1, I + O - 1, kinks) / (1 + spec_tokens)
         nbytes = reads * (1 + w_step / free) + held(I + O - 1)  # the last token is not fed back
         tokens = O
@@ -185,7 +201,8 @@ def system_bound(
     tpot = max(decode_flops(I + 1) / peak, (w_step + held(I + 1)) / bw / (1 + spec_tokens))
     return SystemBound(
         devices, peak, bw, flops, nbytes, free, compute_s, memory_s,
-        output_tokens_per_s=tokens / t, input_tokens_per_s=I / t, requests_per_s=1 / t,
+        output_tokens_per_s=tokens / t, input_tokens_per_s=(prefill_len or I) / t,
+        requests_per_s=1 / t,
         ttft_s=ttft, tpot_s=tpot, side="compute" if compute_s >= memory_s else "memory",
     )  # fmt: skip
 

@@ -5,7 +5,8 @@ bound for a throughput (bound over measured for a latency), and whether the row 
 
 A row says what it can; where a source is silent the bound takes what favours the system, so it
 stays a bound: the chips as one replica (more chips together hold a larger batch than apart), the
-shortest prompt (1 token) where no input length is published (a stated placement of
+shortest prompt where no input length is published (the dataset's shortest where
+experiments/published/lengths.csv states it, else 1 token; a stated placement of
 `replicas` copies is kept: each copy's bound, times the copies), the least per token where no
 output length is, an fp8 cache where the cache dtype is not stated, and the chip's fastest
 matmul dtype the weights allow where the compute dtype is not. FP4 weights (NVFP4: 4.5 bits an
@@ -30,6 +31,8 @@ from kvjax.serving.system_bound import LATENCY, THROUGHPUT, metric_bound, system
 
 SYSTEMS_CSV = Path(__file__).resolve().parents[2] / "experiments" / "published" / "systems.csv"
 PREDICTIONS_CSV = SYSTEMS_CSV.parents[1] / "results" / "system_predictions.csv"
+# the named length distributions the rows use, with what their sources state (min, mean, cap)
+LENGTHS_CSV = SYSTEMS_CSV.with_name("lengths.csv")
 COLUMNS = (
     "source, source_group, chip, num_chips, model, weight_dtype, kv_dtype, compute_dtype, tp, pp, "
     "ep, dp_attention, replicas, scenario, input_len, output_len, length_distribution, requests, "
@@ -89,7 +92,7 @@ def read_systems(path: str | Path = SYSTEMS_CSV) -> list[dict[str, Any]]:
 
 
 @cache
-def _bound(model, chip_name, devices, weight, kv, compute, inp, out, phase):
+def _bound(model, chip_name, devices, weight, kv, compute, inp, out, phase, prefill_len=None):
     chip = get_chip(chip_name)
     cfg = get_model_config(model, weight_dtype="fp8" if weight == "fp4" else weight, kv_dtype=kv)
     if compute is None:  # the fastest the chip has that the weights allow
@@ -97,7 +100,7 @@ def _bound(model, chip_name, devices, weight, kv, compute, inp, out, phase):
                        (d != "fp4" or weight == "fp4"))  # fmt: skip
     cfg = cfg.replace(matmul_dtype=compute)
     return system_bound(cfg, chip, devices, inp, out, weight_scale=0.5 if weight == "fp4" else 1,
-                        phase=phase)  # fmt: skip
+                        phase=phase, prefill_len=prefill_len)  # fmt: skip
 
 
 def row_bound(row: dict[str, Any]) -> dict[str, Any]:
@@ -114,8 +117,16 @@ def row_bound(row: dict[str, Any]) -> dict[str, Any]:
     compute = dtype_key(row["compute_dtype"]) if row["compute_dtype"] else None
     if compute is None:
         assumed.append("the chip's fastest matmul dtype")
-    inp = row["input_len"]
-    if inp is None:
+    inp, prefill_len = row["input_len"], None
+    lengths = read_lengths().get(row.get("length_distribution") or "", {})
+    if inp is None and lengths.get("input_min"):  # every prompt at least the dataset's shortest
+        inp, prefill_len = lengths["input_min"], lengths.get("input_mean")
+        assumed.append(
+            f"prompts of {inp:.0f} tokens, the dataset's shortest ({LENGTHS_CSV.name}), but for "
+            + (f"the prefill's FLOPs, at its mean {prefill_len:.0f} (convex: Jensen)"
+               if prefill_len else "nothing")
+        )  # fmt: skip
+    elif inp is None:
         assumed.append("1-token prompts (no input length published)")
     out = row["output_len"]
     metric, scenario = row["metric"], row["scenario"]
@@ -140,6 +151,7 @@ def row_bound(row: dict[str, Any]) -> dict[str, Any]:
         max(1, math.floor(inp or 1)),
         out or 1,
         phase,
+        prefill_len,
     )  # a mean's floor: still a bound
     value = metric_bound(b, metric) * (replicas if metric in THROUGHPUT else 1)
     if row["scope"] == "per_chip":
@@ -153,6 +165,18 @@ def row_bound(row: dict[str, Any]) -> dict[str, Any]:
     return {"bound_value": value, "bound_side": b.side, "fraction_of_bound": fraction,
             "above_bound": fraction > 1 + 1e-9, "bound_assumes": assumed,
             "predicted_value": None}  # fmt: skip
+
+
+@cache
+def read_lengths(path: Path = LENGTHS_CSV) -> dict[str, dict[str, Any]]:
+    """The committed length distributions by name: each stated statistic as a number (None where
+    its source states none)."""
+    if not path.exists():
+        return {}
+    stats = ("samples", "input_min", "input_mean", "input_max", "input_cap", "output_mean")
+    with open(path, newline="") as f:
+        return {r["name"]: {**r, **{k: float(r[k]) if r[k] else None for k in stats}}
+                for r in csv.DictReader(f)}  # fmt: skip
 
 
 def read_predictions(path: Path = PREDICTIONS_CSV) -> dict[str, dict[str, Any]]:
