@@ -346,3 +346,15 @@ def test_pipeline_stages_of_llama_2_70b_by_hand(capsys):
     assert json.loads(capsys.readouterr().out)["pipeline"]["stage_message_bytes"] == 4 * 8192
     assert main(["calc", "--model", "gemma-2-9b", "--pp", "2"]) == 2
     assert "pp=2 needs layers of one kind" in capsys.readouterr().err
+
+
+def test_deepseek_v3_all_reduces_one_message_per_moe_layer(capsys):
+    """Issue 49: at tp = 8 an engine adds the shared experts' and the routed experts' partial
+    outputs before one all-reduce, so DeepSeek-V3's decode of one token sends 61 (attention's
+    o_proj) + 61 (its 3 dense and 58 MoE layers' MLP: one each) + 1 (the vocabulary-parallel
+    embedding) = 123 all-reduces of 7168 bf16 values, each a ring's 2 x 7/8 of the message a
+    device, and one all-gather of the f32 logits (129,280 / 8 a device, 7/8 of them received)."""
+    out = _calc_json(capsys, "--model", "deepseek-v3", "--tp", "8")
+    ring = 2 * 7 / 8 * 7168 * 2
+    assert out["collectives"]["all-reduce"] == {"count": 123, "bytes_per_device": 123 * ring}
+    assert out["collectives"]["all-gather"] == {"count": 1, "bytes_per_device": 129280 * 4 * 7 / 8}
