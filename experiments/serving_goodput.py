@@ -9,7 +9,8 @@ the prompts (their pages found in the prefix cache; the other prompts have as ma
 own, so every prompt is prefix_len + prompt_len long), and `options.page_size` sets the pages.
 Per variant, one record per arrival rate of `options.rates` (Poisson arrivals, the same seed: the
 same requests, their gaps scaled) with TTFT/ITL percentiles, throughput, goodput, preemptions,
-energy and cost per output token; and one record at the knee: the largest rate at which at least
+energy and cost per output token (`options.mla_ranks`: MLA curves at these latent widths too, e.g.
+the width whose cache equals GQA's); and one record at the knee: the largest rate at which at least
 `options.attainment` of the requests meet the SLO (TTFT <= slo_ttft_s and their own ITL P99 <=
 slo_itl_s; DistServe's goodput, Zhong et al. 2024), found by bisection to `options.knee_rtol`.
 Beside each, the quality the variant and the KV dtype cost in the committed quality results
@@ -25,7 +26,7 @@ import math
 from functools import cache
 from pathlib import Path
 
-from kvjax.analytic.variants import variant_configs
+from kvjax.analytic.variants import mla_variant, variant_configs
 from kvjax.errors import KvjaxError
 from kvjax.quality import costs
 from kvjax.runs import options as o
@@ -64,6 +65,7 @@ OPTIONS = {
     ),
     "price_per_chip_hour": o.POSITIVE,
     "variants": o.BOOLEAN,
+    "mla_ranks": o.list_of(o.POSITIVE_INT),
     "seed": o.NONNEGATIVE_INT,
     "figure": o.BOOLEAN,
     "step_time": Option(lambda v: v in STEP_TIMES, f"one of {sorted(STEP_TIMES)}"),
@@ -82,6 +84,9 @@ def run_point(point) -> list[dict]:
         curves = [(label, v) for label, _, v, _ in variant_configs(cfg) if v is not None]
     else:
         curves = [(cfg.attention_variant, cfg)]
+    for A in opt.get("mla_ranks", []):  # MLA at other latent widths (e.g. another variant's bytes)
+        mla = mla_variant(cfg).replace(kv_lora_rank=A)
+        curves.append((f"MLA A={A} P={mla.qk_rope_head_dim}", mla))
     records = []
     for label, variant in curves:
         run = _runner(variant, chip, opt)

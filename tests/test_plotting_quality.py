@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from kvjax.plotting import make_figures  # noqa: E402
+from kvjax.plotting.mla_quality import mla_quality  # noqa: E402
 from kvjax.plotting.quality import hkv_quality, kv_pareto  # noqa: E402
 from kvjax.plotting.uptrain import gqa_uptrain  # noqa: E402
 from kvjax.runs.exports import QUALITY_MODELS, load_exports  # noqa: E402
@@ -20,7 +21,8 @@ from kvjax.runs.records import RunDir, load_records  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
-DRAW = {"hkv_quality": hkv_quality, "kv_pareto": kv_pareto, "gqa_uptrain": gqa_uptrain}
+DRAW = {"hkv_quality": hkv_quality, "kv_pareto": kv_pareto, "mla_quality": mla_quality,
+        "gqa_uptrain": gqa_uptrain}  # fmt: skip
 
 
 def axes_data(draw, records) -> list:
@@ -166,6 +168,8 @@ def test_figures_command_reads_the_results_folder(tmp_path):
     argv = [sys.executable, "-m", "kvjax", "figures", "--results", str(RESULTS), "--out", str(out)]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "read 135 records of 4 runs" in proc.stdout
+    csvs = [pd.read_csv(RESULTS / f"{e}.csv") for e in ("hkv_quality", "gqa_uptrain")]
+    runs = sum(c.run_id.nunique() for c in csvs)
+    assert f"read {sum(map(len, csvs))} records of {runs} runs" in proc.stdout
     # the quality figures only: the explorer (from the presets) comes with --runs
     assert {p.name for p in out.iterdir()} == {f"{n}.{e}" for n in DRAW for e in ("png", "pdf")}

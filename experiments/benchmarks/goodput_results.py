@@ -28,10 +28,16 @@ def _interval(row, kind: str) -> str:
     return f"{delta:+.3f} [{row[f'quality_{kind}_low']:+.3f}, {row[f'quality_{kind}_high']:+.3f}]"
 
 
+def _name(variant) -> str:
+    """'GQA', or an MLA curve with its latent ('MLA A=1984'): the table's and the line's label."""
+    words = str(variant).split()
+    return " ".join(words[:2]) if words[0] == "MLA" and len(words) > 1 else words[0]
+
+
 def markdown(df: pd.DataFrame) -> str:
     """The knees, one row per variant and KV dtype (bf16 first)."""
     knees = df[df.knee.astype(bool)].copy()
-    knees["order"] = [(kv != "bf16", ORDER.get(str(v).split()[0], 9))
+    knees["order"] = [(kv != "bf16", ORDER.get(str(v).split()[0], 9), str(v))
                       for v, kv in zip(knees.variant, knees.kv_dtype, strict=True)]  # fmt: skip
     lines = [
         "| variant | KV | KV pool (tokens) | knee (requests/s) | TTFT P99 | ITL P99 | J / output "
@@ -40,7 +46,7 @@ def markdown(df: pd.DataFrame) -> str:
     ]
     for _, r in knees.sort_values("order").iterrows():
         lines.append(
-            f"| {str(r.variant).split()[0]} | {r.kv_dtype} | {int(r.kv_pool_tokens):,} | "
+            f"| {_name(r.variant)} | {r.kv_dtype} | {int(r.kv_pool_tokens):,} | "
             f"{r.rate_requests_per_s:.2f} | {r.ttft_p99_s:.2f} s | {r.itl_p99_s * 1e3:.1f} ms | "
             f"{r.energy_j_per_output_token:.2f} | {r.cost_per_million_output_tokens:.2f} | "
             f"{_interval(r, 'variant')} | {_interval(r, 'kv_dtype')} |"
@@ -55,8 +61,8 @@ def knees(df: pd.DataFrame, source: str | None = None) -> str:
     parts = []
     for kv in ("bf16", "fp8"):
         rows = k[k.kv_dtype == kv].copy()
-        rows["order"] = [ORDER.get(str(v).split()[0], 9) for v in rows.variant]
-        parts.append(", ".join(f"{str(r.variant).split()[0]} {r.rate_requests_per_s:.2f}"
+        rows["order"] = [(ORDER.get(str(v).split()[0], 9), str(v)) for v in rows.variant]
+        parts.append(", ".join(f"{_name(r.variant)} {r.rate_requests_per_s:.2f}"
                                for _, r in rows.sort_values("order").iterrows())
                      + f" ({kv})")  # fmt: skip
     return "; ".join(parts)

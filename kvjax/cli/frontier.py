@@ -225,7 +225,8 @@ def print_frontier(report: dict[str, Any]) -> None:
         t.add_column(col, justify="left" if col == "variant" else "right")
     for curve in report["variants"]:
         for p in curve["points"]:
-            cells = [curve["variant"], f"{p['batch']:,}", sig(p["ms_per_token"]),
+            over = " (over the quality budget)" * (curve.get("within_quality_budget") is False)
+            cells = [curve["variant"] + over, f"{p['batch']:,}", sig(p["ms_per_token"]),
                      f"{p['tokens_per_s']:,.0f}", fmt_bytes(p["memory_bytes"])]  # fmt: skip
             if predicted:
                 cells += [

@@ -13,7 +13,8 @@ from kvjax.plotting.serving import WIDTH, _kind, _variant_colors
 def _quality(row) -> str:
     """The variant's (and an fp8 cache's) committed quality cost, val loss in nats/byte."""
     parts = []
-    for kind, name in (("variant", "h_kv"), ("kv_dtype", "fp8")):
+    mla = _kind(row["variant"]) == "MLA"
+    for kind, name in (("variant", "MLA" if mla else "h_kv"), ("kv_dtype", "fp8")):
         delta = row.get(f"quality_{kind}_delta")
         if delta is None or pd.isna(delta):
             continue
@@ -22,7 +23,7 @@ def _quality(row) -> str:
         lo, hi = row.get(f"quality_{kind}_low"), row.get(f"quality_{kind}_high")
         span = "" if lo is None or pd.isna(lo) else f" [{lo:+.3f}, {hi:+.3f}]"
         parts.append(f"{name} {delta:+.3f}{span}")
-    if not parts and _kind(row["variant"]) == "MLA":
+    if not parts and mla:
         return "quality: none committed"
     return ("quality " + ", ".join(parts) + " nats/B") if parts else "quality: the baseline"
 
@@ -50,16 +51,20 @@ def goodput(records: pd.DataFrame, fig) -> bool | None:
         ax = fig.add_subplot(grid[0, i])
         g = df[df.kv_dtype == kv]
         top = 0.0
+        seen: set[str] = set()
         for variant, line in g.groupby("variant", sort=False):
             kind = _kind(variant)
             color = colors.get(kind, "0.4")
+            again = kind in seen  # a second curve of a kind (MLA at another latent): dashed
+            seen.add(kind)
+            name = " ".join(str(variant).split()[:2]) if kind == "MLA" else kind
             runs = line.sort_values("rate_requests_per_s")  # the rates and the knee's
             served = runs.rate_requests_per_s * runs.attainment
             knee = line[line.knee].iloc[0]
             energy = knee.energy_j_per_output_token
-            label = (f"{kind}: knee {knee.rate_requests_per_s:.2f}/s, {energy:.2f} J/token\n"
+            label = (f"{name}: knee {knee.rate_requests_per_s:.2f}/s, {energy:.2f} J/token\n"
                      f"    {_quality(knee)}")  # fmt: skip
-            ax.plot(runs.rate_requests_per_s, served, "-o", ms=2, color=color,
+            ax.plot(runs.rate_requests_per_s, served, "--o" if again else "-o", ms=2, color=color,
                     lw=WIDTH.get(kind, 0.9), label=label)  # fmt: skip
             ax.plot([knee.rate_requests_per_s], [knee.rate_requests_per_s * knee.attainment],
                     "*", ms=6, color=color)  # fmt: skip
