@@ -60,15 +60,16 @@ def test_mla_is_compared_with_mha_and_with_gqa_of_the_same_bytes(tmp_path):
     _run(tmp_path / "runs", "a", records)
     export([tmp_path / "runs"], tmp_path / "out")
     d = pd.read_csv(tmp_path / "out" / "quality_differences.csv").fillna({"condition": ""})
-    d = d.set_index(["family", "comparison", "condition"])
+    d = d.set_index(["family", "comparison", "condition", "metric"])
     df = pd.DataFrame(records)
     loss = df[df.task == "stdlib"].set_index(["variant", "seed"]).val_loss
-    twin = d.loc[("stdlib", "MLA-8 - h_kv=1", "equal KV bytes (64 B/token)")]
+    twin = d.loc[("stdlib", "MLA-8 - h_kv=1", "equal KV bytes (64 B/token)", "val_loss")]
     by_hand = (loss.loc["MLA-8"] - loss.loc["MQA"]).to_numpy()
     assert twin["mean"] == pytest.approx(by_hand.mean()) and twin.n == 3
     assert twin.detectable == pytest.approx(detectable_difference(by_hand.std(ddof=1), 3))
-    assert ("stdlib", "MLA-8 - MHA", "") in d.index and ("stdlib", "h_kv=2 - MHA", "") in d.index
-    recall = d.loc[("recall", "MLA-8 - MHA", "num_pairs=8, 20 steps")]
+    assert ("stdlib", "MLA-8 - MHA", "", "val_loss") in d.index
+    assert ("stdlib", "h_kv=2 - MHA", "", "val_loss") in d.index
+    recall = d.loc[("recall", "MLA-8 - MHA", "num_pairs=8, 20 steps", "val_accuracy")]
     acc = df[df.task == "recall"].set_index(["variant", "seed"]).val_accuracy
     assert recall["mean"] == pytest.approx((acc.loc["MLA-8"] - acc.loc["MHA"]).mean())
     learned = df[df.task == "recall"].groupby("variant").learned.sum()
@@ -183,3 +184,12 @@ def test_an_mla_model_trains_in_the_quality_experiment(tmp_path):
     path.write_text(MLA_RUN.replace("warmup_steps: 1}", "warmup_steps: 1, eval_kv_dtypes: [int8]}"))
     with pytest.raises(KvjaxError, match="MLA"):  # before training
         run_experiment(path, runs_root=tmp_path / "runs2", progress=False)
+
+
+def test_steps_to_learn_is_the_first_evaluation_past_the_threshold():
+    from experiments.benchmarks.quality_results import steps_to_learn
+
+    curve = [{"step": 400, "val_accuracy": 0.18}, {"step": 800, "val_accuracy": 0.93},
+             {"step": 1200, "val_accuracy": 0.85}, {"step": 1600, "val_accuracy": 1.0}]  # fmt: skip
+    assert steps_to_learn(curve) == 800
+    assert np.isnan(steps_to_learn(curve[:1])) and np.isnan(steps_to_learn(None))

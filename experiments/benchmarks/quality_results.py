@@ -70,11 +70,13 @@ def quality_differences(q: pd.DataFrame) -> list[dict]:
     """Per task (recall: per pairs in context and training steps), each variant against MHA and
     each MLA width against the GQA model of the same KV bytes per token, on the model's own
     cache; then each quantized cache against the same GQA model's own. stdlib compares
-    validation loss, recall accuracy."""
+    validation loss; recall the final accuracy, the final loss and the steps to learn (where
+    every run of both sides learned)."""
     rows = []
     for task, t in q.groupby("task"):
         own = t[t.eval_kv_dtype == t.eval_kv_dtype.iloc[0]]
-        metric = "val_accuracy" if task == "recall" else "val_loss"
+        # recall: the final accuracy, the final loss (no ceiling) and the steps to learn the task
+        metrics = RECALL_METRICS if task == "recall" else ["val_loss"]
         if task == "recall":
             groups = own.groupby(["num_pairs", "steps"])
         else:  # the steps named where runs of several lengths are exported
@@ -83,25 +85,27 @@ def quality_differences(q: pd.DataFrame) -> list[dict]:
         for c, g in groups:
             cond = (f"num_pairs={c[0]:.0f}, {c[1]:.0f} steps" if task == "recall"
                     else f"{c[1]:.0f} steps" if several else "")  # fmt: skip
-            by = g.set_index(["variant", "seed"])[metric]
-            have = set(g.variant)
-            if "MHA" not in have:
+            if "MHA" not in set(g.variant):
                 continue
             gqa = g[g.kv_lora_rank == 0].sort_values("num_kv_heads", ascending=False)
-            for v in dict.fromkeys(gqa.variant):
-                if v != "MHA":
-                    rows.append(_row(task, f"{_gqa_name(v)} - MHA", cond, metric, by.loc[v],
-                                     by.loc["MHA"], _learned(g, v, "MHA")))  # fmt: skip
             same_bytes = dict(zip(gqa.kv_bytes_per_token, gqa.variant, strict=True))
             mla = g[g.kv_lora_rank > 0].sort_values("kv_lora_rank", ascending=False)
+            pairs = [(f"{_gqa_name(v)} - MHA", cond, v, "MHA")
+                     for v in dict.fromkeys(gqa.variant) if v != "MHA"]  # fmt: skip
             for v, nbytes in dict(zip(mla.variant, mla.kv_bytes_per_token, strict=True)).items():
-                rows.append(_row(task, f"{v} - MHA", cond, metric, by.loc[v], by.loc["MHA"],
-                                 _learned(g, v, "MHA")))  # fmt: skip
+                pairs.append((f"{v} - MHA", cond, v, "MHA"))
                 twin = same_bytes.get(nbytes)
                 if twin and twin != "MHA":
-                    rows.append(_row(task, f"{v} - {_gqa_name(twin)}", f"{cond}{'; ' * bool(cond)}"
-                                     f"equal KV bytes ({nbytes:.0f} B/token)", metric,
-                                     by.loc[v], by.loc[twin], _learned(g, v, twin)))  # fmt: skip
+                    pairs.append((f"{v} - {_gqa_name(twin)}", f"{cond}{'; ' * bool(cond)}equal KV "
+                                  f"bytes ({nbytes:.0f} B/token)", v, twin))  # fmt: skip
+            for metric in [m for m in metrics if m in g]:
+                by = g.set_index(["variant", "seed"])[metric]
+                for name, where, a, b in pairs:
+                    if by.loc[a].isna().any() or by.loc[b].isna().any():
+                        continue  # a run that never learned has no steps to learn
+                    rows.append(_row(task, name, where, metric, by.loc[a], by.loc[b],
+                                     _learned(g, a, b)))  # fmt: skip
+        metric = metrics[0]
         gqa = t[t.kv_lora_rank == 0]
         by = gqa.set_index(["eval_kv_dtype", "num_kv_heads", "seed"])[metric].sort_index()
         base = own.eval_kv_dtype.iloc[0]
@@ -125,6 +129,20 @@ def uptrain_differences(u: pd.DataFrame) -> list[dict]:
                 rows.append(_row("uptrain", f"{a} - {b}", f"h_kv={k}; fine-tune {steps - pretrain}",
                                  "val_loss", by[a], by[b].loc[by[a].index]))  # fmt: skip
     return rows
+
+
+RECALL_METRICS = ["val_accuracy", "val_loss", "steps_to_learn"]
+
+
+def steps_to_learn(history) -> float:
+    """The first evaluated step at which a recall run's accuracy reached LEARNED_ACCURACY (nan if
+    none did; the resolution is the run's eval_every)."""
+    from experiments.hkv_quality import LEARNED_ACCURACY
+
+    for h in history if isinstance(history, list) else []:
+        if h.get("val_accuracy", 0.0) >= LEARNED_ACCURACY:
+            return float(h["step"])
+    return float("nan")
 
 
 KEYS = ["experiment", "task", "method", "variant", "num_kv_heads", "num_pairs", "seed",
@@ -157,11 +175,15 @@ def export(run_dirs, out: Path = RESULTS, merge: bool = True) -> dict[str, int]:
             continue
         keep = [c for c in ("task", "method", "variant", "num_kv_heads", "num_pairs", "seed",
                             "eval_kv_dtype", "steps", "history") if c in e]  # fmt: skip
+        if exp == "hkv_quality" and "task" in e:
+            e["steps_to_learn"] = [steps_to_learn(h) if t == "recall" else float("nan")
+                                   for h, t in zip(e.history, e.task, strict=True)]  # fmt: skip
         with open(out / f"{exp}_history.json", "w") as f:
             json.dump(e[keep].to_dict("records"), f, default=str)
         e = e.drop(columns=["history"])
         e.to_csv(out / f"{exp}.csv", index=False)
-        metrics = [m for m in ("val_loss", "val_accuracy", "val_loss_before") if m in e]
+        metrics = [m for m in ("val_loss", "val_accuracy", "val_loss_before", "steps_to_learn")
+                   if m in e]  # fmt: skip
         summarize(e, [c for c in by if c in e], metrics).to_csv(out / f"{exp}_summary.csv",
                                                                  index=False)  # fmt: skip
         rows += quality_differences(e) if exp == "hkv_quality" else uptrain_differences(e)
