@@ -352,7 +352,7 @@ def test_goodput_experiment_orders_the_variants_and_finds_the_knee(tmp_path):
     )
     with open(QUALITY) as f:
         want = next(float(r["mean"]) for r in csv.DictReader(f)
-                    if r["comparison"] == "h_kv=2 - MHA" and r["metric"] == "val_loss")  # fmt: skip
+                    if r["comparison"] == "h_kv=2 - MHA" and r["family"] == "stdlib")  # fmt: skip
     assert knees.quality_variant_delta["GQA"] == want  # GQA-8: 4 query heads a KV head
     assert knees.quality_variant_delta["MHA"] == 0
     # DeepSeek-V2's recipe holds 576 / 8192 = 0.070 of MHA's cache: the committed MLA nearest in
@@ -361,7 +361,7 @@ def test_goodput_experiment_orders_the_variants_and_finds_the_knee(tmp_path):
     assert mla.quality_variant.str.startswith("stdlib MLA-24 - MHA").all()
     with open(QUALITY) as f:
         want = next(float(r["mean"]) for r in csv.DictReader(f)
-                    if r["comparison"] == "MLA-24 - MHA" and r["condition"] == "")  # fmt: skip
+                    if r["comparison"] == "MLA-24 - MHA" and r["family"] == "stdlib")  # fmt: skip
     assert (mla.quality_variant_delta == want).all()
     written = make_figures(df.assign(experiment="serving_goodput"), tmp_path / "figs")
     assert "goodput.png" in {p.name for p in written}

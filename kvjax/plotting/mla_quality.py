@@ -81,7 +81,8 @@ def mla_quality(records: pd.DataFrame, fig) -> bool | None:
                 learned = g.groupby("variant").learned.agg(lambda x: f"{int(x.sum())}/{len(x)}")
                 caption.append(f"{letter} seeds that learned recall (final accuracy >= 0.9): "
                                + ", ".join(f"{v} {n}" for v, n in learned.items()))  # fmt: skip
-        ax.set_title(f"{letter} {what}\n{model_title(g, sep=chr(10))}, "
+        named = g.sort_values("kv_lora_rank", kind="stable")  # the GQA model's name and shape
+        ax.set_title(f"{letter} {what}\n{model_title(named, sep=chr(10))}, "
                      f"{int(g.steps.iloc[0]):,} steps", fontsize=7.5)  # fmt: skip
     caption.append("MLA's latent width A chosen so A + RoPE 8 equals GQA's 2 x h_kv x 16: "
                    "each MLA point sits at a GQA point's bytes")  # fmt: skip
