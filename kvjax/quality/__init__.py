@@ -1,2 +1,3 @@
 """Quality over num_kv_heads: `train` (optax training with resumable checkpoints), `data` (byte
-language modelling on the standard library, associative recall) and `convert` (MHA to GQA/MQA)."""
+language modelling on the standard library, associative recall), `convert` (MHA to GQA/MQA) and
+`costs` (the committed quality costs mapped onto any model's variant and cache dtype)."""
