@@ -26,7 +26,7 @@ def run_point(point, artifacts=None) -> list[dict]:
     cfgs = [cfg.replace(num_kv_heads=k) for k in kv_heads]
     ceilings = load_or_measure_ceilings()
     rounds_bw = []
-    read_ceiling = ReadCeiling()
+    read_ceiling = ReadCeiling.beside(ceilings)
 
     def between(_round):  # the read ceiling re-measured among the points
         rounds_bw.append(read_ceiling())

@@ -144,7 +144,7 @@ def _measured_in_situ(cfg, wl, phases, opts) -> dict[str, dict]:
     from kvjax.measured.profile import profile_sweep
 
     ceilings = load_or_measure_ceilings()
-    read_ceiling, bandwidths = ReadCeiling(), []
+    read_ceiling, bandwidths = ReadCeiling.beside(ceilings), []
     profiles = [
         profile_sweep([cfg], Workload(phase, wl.batch, wl.context), steps=int(opts.get("steps", 8)),
                       rounds=2, between=lambda _: bandwidths.append(read_ceiling()))[0]

@@ -9,7 +9,7 @@ from kvjax.measured.interleave import flag_sweep, time_interleaved
 def test_points_are_timed_in_turns_with_the_bandwidth_per_round():
     cfg = get_model_config("tiny-gqa")
     points = [(cfg.replace(num_kv_heads=k), Workload("decode", 1, 32)) for k in (1, 3)]
-    result = time_interleaved(points, rounds=3, budget_s=0.06)
+    result = time_interleaved(points, rounds=3, budget_s=0.06, ceiling_bytes=2**22)
     assert len(result.bandwidth_rounds_bytes_per_s) == 3
     assert all(b > 0 for b in result.bandwidth_rounds_bytes_per_s)
     assert len(result.points) == 2

@@ -59,12 +59,14 @@ def mla_cfg(kv_lora_rank: int, dtype: str) -> ModelConfig:
     )  # fmt: skip
 
 
-def sweep(cfgs, wl, budget_s, ceilings, rounds):
+def sweep(cfgs, wl, budget_s, ceilings, rounds, rotation_bytes=2**28):
     """Each config's decode attention timed interleaved (in turns over `rounds`), against the
-    read ceiling measured before each round (the best of the rounds: this run's ceiling)."""
+    read ceiling measured before each round (the best of the rounds: this run's ceiling); the
+    inputs rotate over copies of `rotation_bytes` in all (past the caches), and the read ceiling
+    reads that many bytes."""
     benches = [kernel_benches(cfg, wl)[kernels.ATTENTION] for cfg in cfgs]
-    sets = [input_sets(kb, rotation_bytes=2**28) for kb in benches]
-    read_ceiling, bandwidths = ReadCeiling(), []
+    sets = [input_sets(kb, rotation_bytes=rotation_bytes) for kb in benches]
+    read_ceiling, bandwidths = ReadCeiling(rotation_bytes), []
     times: list[list[float]] = [[] for _ in cfgs]
     for _ in range(rounds):
         bandwidths.append(read_ceiling())
@@ -99,12 +101,13 @@ def _result(name, dtype, wl, ceilings, points, **workload):
 
 def run(
     dtype="f32", context=32768, batch=1, kv_heads=(1, 2, 4, 8, 16, 32), budget_s=2.0, ceilings=None,
-    rounds=3,
+    rounds=3, rotation_bytes=2**28,
 ):  # fmt: skip
     """Decode attention over num_kv_heads (32 heads of 128)."""
     wl = Workload("decode", batch, context)
     cfgs = [attention_cfg(k, dtype) for k in kv_heads]
-    points, ceilings = sweep(cfgs, wl, budget_s, ceilings or load_or_measure_ceilings(), rounds)
+    ceilings = ceilings or load_or_measure_ceilings()
+    points, ceilings = sweep(cfgs, wl, budget_s, ceilings, rounds, rotation_bytes)
     for k, p in zip(kv_heads, points, strict=True):
         p["num_kv_heads"] = k
     by = {p["num_kv_heads"]: p for p in points}
@@ -122,12 +125,13 @@ def run(
 
 def run_mla(
     dtype="f32", context=16384, batch=1, ranks=(128, 256, 512, 1024), budget_s=2.0, ceilings=None,
-    rounds=3,
+    rounds=3, rotation_bytes=2**28,
 ):  # fmt: skip
     """MLA's absorbed decode attention over kv_lora_rank (128 heads, RoPE 64)."""
     wl = Workload("decode", batch, context)
     cfgs = [mla_cfg(a, dtype) for a in ranks]
-    points, ceilings = sweep(cfgs, wl, budget_s, ceilings or load_or_measure_ceilings(), rounds)
+    ceilings = ceilings or load_or_measure_ceilings()
+    points, ceilings = sweep(cfgs, wl, budget_s, ceilings, rounds, rotation_bytes)
     for a, p in zip(ranks, points, strict=True):
         p["kv_lora_rank"] = a
     return _result("mla_attention_sweep", dtype, wl, ceilings, points, num_heads=128,

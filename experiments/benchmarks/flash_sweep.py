@@ -51,14 +51,15 @@ def forms(phase: str, backend: str) -> list[tuple[str, str | None]]:
     return [("xla", None)] + [("flash", impl) for impl in fused]
 
 
-def point(cfg, wl, prefill, chip, ceilings, budget_s) -> dict:
-    """One (config, workload, implementation) timed alone, placed on the measured roofline."""
+def point(cfg, wl, prefill, chip, ceilings, budget_s, rotation_bytes=2**28) -> dict:
+    """One (config, workload, implementation) timed alone, placed on the measured roofline; its
+    inputs rotate over copies of `rotation_bytes` in all."""
     tiles = flash.plan(cfg, wl, chip.onchip_bytes_per_core, chip.num_cores)
     backend = jax.default_backend()
     with flash_model.lowering_for(backend, tiles.splits, prefill=prefill, block_q=tiles.block_q,
                                   block_k=tiles.block_k):  # fmt: skip
         kb = kernel_benches(cfg, wl, chip)[kernels.ATTENTION]
-        stats = time_fn(kb.fn, input_sets(kb, rotation_bytes=2**28), min_runs=3,
+        stats = time_fn(kb.fn, input_sets(kb, rotation_bytes=rotation_bytes), min_runs=3,
                         budget_s=budget_s)  # fmt: skip
         runs = flash_execution(cfg, wl.phase) if cfg.attention_kernel == "flash" else "xla"
     p = place(kernels.ATTENTION, kb.closed, stats, ceilings, cfg.compute_dtype)
@@ -72,7 +73,7 @@ def point(cfg, wl, prefill, chip, ceilings, budget_s) -> dict:
 
 
 def run(dtype="bf16", contexts=None, kv_heads=(1, 8, 32), budget_s=0.5, ceilings=None,
-        batch=1, log=print) -> dict:  # fmt: skip
+        batch=1, log=print, rotation_bytes=2**28) -> dict:  # fmt: skip
     """Every phase x S x num_kv_heads x implementation; `contexts` per phase."""
     contexts = contexts or {"decode": (2048, 32768), "prefill": (2048, 8192)}
     ceilings = ceilings or load_or_measure_ceilings()
@@ -84,7 +85,7 @@ def run(dtype="bf16", contexts=None, kv_heads=(1, 8, 32), budget_s=0.5, ceilings
             for k in kv_heads:
                 for kernel, prefill in forms(phase, backend):
                     cfg = attention_cfg(k, dtype).replace(attention_kernel=kernel)
-                    p = point(cfg, wl, prefill, chip, ceilings, budget_s)
+                    p = point(cfg, wl, prefill, chip, ceilings, budget_s, rotation_bytes)
                     points.append(p)
                     log(f"{phase} S={S} h_kv={k} {p['executed_as']}: "
                         f"{p['median_s'] * 1e3:.3f} ms, {100 * p['fraction_of_bound']:.0f}% of "
@@ -107,7 +108,9 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=Path("experiments/results/flash_sweep.json"))
     args = parser.parse_args(argv)
     if args.quick:
-        result = run("f32", {"decode": (256,), "prefill": (256,)}, (1, 8), budget_s=0.1)
+        result = run(
+            "f32", {"decode": (256,), "prefill": (256,)}, (1, 8), budget_s=0.1, rotation_bytes=2**24
+        )
     else:
         result = run()
     write_json_atomic(args.out, result)

@@ -88,6 +88,11 @@ def write_run(runs: Path, experiment: str, config: dict, points: dict[str, list[
         write_json_atomic(run / "points" / point_file_name(key), {"key": key, "records": records})
 
 
+# --quick's attention sweeps: two rounds over 16 MiB of input copies, where the full run rotates
+# 256 MiB (past an H100/H200's 50 MB L2); --quick checks that everything runs, not the timings
+QUICK_SWEEP = {"rounds": 2, "rotation_bytes": 2**24}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -120,7 +125,7 @@ def main(argv=None) -> None:
     log(f"ceilings: {ceilings.peak_flops_per_s}, {ceilings.bandwidth_bytes_per_s / 1e9:.1f} GB/s")
 
     if args.quick:
-        base, context, batches, heads = get_model_config("tiny-gqa"), 256, (1, 4), (1, 3, 12)
+        base, context, batches, heads = get_model_config("tiny-gqa"), 256, (1, 4), (1, 3)
     else:
         base = get_model_config("llama-3-8b").replace(num_layers=8, name="llama-3-8b-8-layers")
         context, batches, heads = 8192, (1, 16), (1, 2, 4, 8, 32)
@@ -148,6 +153,7 @@ def main(argv=None) -> None:
         kv_heads=(1, 8, 32) if args.quick else (1, 2, 4, 8, 16, 32),
         budget_s=0.2 if args.quick else 2.0,
         ceilings=ceilings,
+        **QUICK_SWEEP if args.quick else {},
     )
     write_json_atomic(args.out / "attention_sweep.json", sweep)
     log(f"attention sweep: {sweep['ratios']}")
@@ -159,6 +165,7 @@ def main(argv=None) -> None:
         ranks=(64, 128) if args.quick else (128, 256, 512, 1024),
         budget_s=0.2 if args.quick else 2.0,
         ceilings=ceilings,
+        **QUICK_SWEEP if args.quick else {},
     )
     write_json_atomic(args.out / "mla_attention_sweep.json", mla)
     log("MLA sweep: " + ", ".join(
@@ -173,6 +180,7 @@ def main(argv=None) -> None:
         budget_s=0.1 if args.quick else 0.3,
         ceilings=ceilings,
         log=log,
+        rotation_bytes=QUICK_SWEEP["rotation_bytes"] if args.quick else 2**28,
     )
     write_json_atomic(args.out / "flash_sweep.json", fused)
     (args.out / "done.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))

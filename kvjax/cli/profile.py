@@ -70,7 +70,7 @@ def profile_report(args: argparse.Namespace) -> dict[str, Any]:
     with render.progress(
         f"profiling {base.name} over num_kv_heads {[c.num_kv_heads for c in cfgs]}"
     ):
-        read_ceiling, bandwidths = ReadCeiling(), []
+        read_ceiling, bandwidths = ReadCeiling.beside(ceilings), []
         profiles = profile_sweep(
             cfgs, wl, steps=-(-args.steps // rounds), rounds=rounds, trace_root=str(root),
             between=lambda _: bandwidths.append(read_ceiling()),

@@ -138,6 +138,13 @@ class ReadCeiling:
     def __call__(self, budget_s: float = 0.4) -> float:
         return max(max(r) for r in best_rates(self.probes, 1, budget_s).values())
 
+    @classmethod
+    def beside(cls, ceilings: ChipSpec) -> ReadCeiling:
+        """The in-run read ceiling of a run placed under `ceilings`: arrays of 256 MiB, or of
+        the size the ceilings were measured at where smaller (quick ceilings: 32 MiB)."""
+        measured = int(ceilings.extra.get("bandwidth_array_bytes", 256 * 2**20))
+        return cls(min(256 * 2**20, measured))
+
 
 def in_run_ceilings(ceilings: ChipSpec, bandwidths: list[float]) -> ChipSpec:
     """`ceilings` with the bandwidth measured in this run (the best of `bandwidths`): the roof

@@ -40,11 +40,14 @@ class InterleavedTiming:
 
 
 def time_interleaved(
-    points: list[tuple[ModelConfig, Workload]], rounds: int = 3, budget_s: float = 1.0
+    points: list[tuple[ModelConfig, Workload]],
+    rounds: int = 3,
+    budget_s: float = 1.0,
+    ceiling_bytes: int = 256 * 2**20,
 ) -> InterleavedTiming:
     """Each point's served step (`kvjax.measured.step`) timed in `rounds` turns of about
     `budget_s / rounds` seconds each, round-robin, after the read ceiling of the round
-    (`ReadCeiling`: the best of a reduction and the model's GEMV)."""
+    (`ReadCeiling` over `ceiling_bytes`: the best of a reduction and the model's GEMV)."""
     needed = sum(
         analytic.weight_bytes(c)
         + analytic.kv_cache_bytes(c, cache_len(w.phase, w.context), w.batch)
@@ -63,7 +66,7 @@ def time_interleaved(
     times: list[list[float]] = [[] for _ in points]
     rounds_s: list[list[float]] = [[] for _ in points]
     bandwidth = []
-    read_ceiling = ReadCeiling()
+    read_ceiling = ReadCeiling(ceiling_bytes)
     for _ in range(rounds):
         bandwidth.append(read_ceiling())
         for i, s in enumerate(served):
