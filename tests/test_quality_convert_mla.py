@@ -1,0 +1,128 @@
+"""MHA/GQA -> MLA conversion (MHA2MLA: partial RoPE, joint SVD of keys and values)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kvjax import KvjaxError, get_model_config
+from kvjax.nn import Transformer
+from kvjax.nn.layers import apply_rope, rope_tables
+from kvjax.quality.convert_mla import convert_to_mla, kept_dims
+
+P = 4  # RoPE dims kept per head of 8
+
+
+def source(preset, seed=0):
+    model = Transformer(get_model_config(preset), rngs=nnx.Rngs(seed))
+    state = nnx.state(model, nnx.Param)
+    for i in range(model.cfg.num_layers):  # a non-trivial input norm scale
+        key = jax.random.key(10 + i)
+        scale = state["layers"][i]["attn_norm"]["scale"]
+        scale[...] = 0.5 + jax.random.uniform(key, scale[...].shape)
+    nnx.update(model, state)
+    return model
+
+
+def partial_rope_mha(model, x_BTD, pos_BT):
+    """The source's scores [B, N, T, S] and values [B, S, N, H] with RoPE kept on the P highest
+    frequencies only (the dropped frequencies set to 0: cos 1, sin 0)."""
+    cfg, attn = model.cfg, model.layers[0].attn
+    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    B, T, _ = x_BTD.shape
+    q = (x_BTD @ attn.q_proj[...].T).reshape(B, T, N, H)
+    k = (x_BTD @ attn.k_proj[...].T).reshape(B, T, K, H)
+    v = (x_BTD @ attn.v_proj[...].T).reshape(B, T, K, H)
+    inv = 1.0 / cfg.rope_theta ** (np.arange(0, H, 2) / H)
+    inv[P // 2 :] = 0.0
+    cos, sin = rope_tables(pos_BT, H, cfg.rope_theta, inv_freq=tuple(inv))
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k, v = jnp.repeat(k, N // K, axis=2), jnp.repeat(v, N // K, axis=2)
+    return jnp.einsum("BTNH,BSNH->BNTS", q, k), v
+
+
+@pytest.mark.parametrize("preset", ["tiny-mqa", "tiny-gqa"])
+def test_full_rank_conversion_reproduces_partial_rope_attention(preset):
+    model = source(preset)
+    cfg = model.cfg
+    K, H = cfg.num_kv_heads, cfg.head_dim
+    if K > 1:  # one shared RoPE key is exact when every KV head's kept rows agree
+        k = model.layers[0].attn.k_proj
+        rows = np.array(k[...]).reshape(K, H, -1)
+        rows[:, kept_dims(H, P)] = rows[0, kept_dims(H, P)]
+        k[...] = jnp.asarray(rows.reshape(K * H, -1))
+    full = K * (2 * H - P)  # the joint matrix's rows, under d_model = 40
+    mla = convert_to_mla(model, full, P)
+    x = jax.random.normal(jax.random.key(1), (2, 5, cfg.d_model))
+    x = x * jnp.array([0.3, 1.0, 2.5, 0.7, 1.6])[None, :, None]  # tokens of unlike RMS
+    pos = jnp.broadcast_to(jnp.arange(3, 8), (2, 5))
+    scores, values = partial_rope_mha(model, x, pos)
+
+    attn = mla.layers[0].attn
+    proj = attn.project(x, pos)
+    A = full
+    c_raw = x @ attn.kv_a_proj[...][:A].T
+    rms = jnp.sqrt(jnp.mean(c_raw**2, axis=-1, keepdims=True) + cfg.norm_eps)
+    np.testing.assert_allclose(proj.c_BTA, c_raw / rms * attn.kv_a_norm[...], rtol=1e-5, atol=1e-6)
+    k_nope = jnp.einsum("BSA,NUA->BSNU", c_raw, attn.k_up[...])
+    got = jnp.einsum("BTNU,BSNU->BNTS", proj.q_nope_BTNU, k_nope) + jnp.einsum(
+        "BTNP,BSP->BNTS", proj.q_rope_BTNP, proj.k_rope_BTP
+    )
+    np.testing.assert_allclose(got, scores, rtol=1e-4, atol=1e-4)
+    got_v = jnp.einsum("BSA,NWA->BSNW", c_raw, attn.v_up[...])
+    np.testing.assert_allclose(got_v, values, rtol=1e-4, atol=1e-4)
+
+
+def test_low_rank_is_the_best_approximation_and_the_rest_is_copied():
+    model = source("tiny-mha")
+    cfg = model.cfg
+    N, H, D, A = cfg.num_heads, cfg.head_dim, cfg.d_model, 20
+    mla = convert_to_mla(model, A, P)
+    assert mla.cfg.kv_lora_rank == A and mla.cfg.qk_rope_head_dim == P
+    assert mla.cfg.v_head_dim == H and mla.cfg.attn_scale == cfg.attn_scale
+    # the kept frequencies are the source's P/2 highest, theta^(-2i/H), i < P/2
+    new_inv = mla.cfg.rope_theta ** (-np.arange(0, P, 2) / P)
+    np.testing.assert_allclose(new_inv, cfg.rope_theta ** (-np.arange(0, P, 2) / H), rtol=1e-12)
+    src, dst = model.layers[1].attn, mla.layers[1].attn
+    k = np.asarray(src.k_proj[...]).reshape(N, H, D)
+    v = np.asarray(src.v_proj[...]).reshape(N, H, D)
+    nope = np.delete(k, kept_dims(H, P), axis=1)
+    joint = np.concatenate([nope, v], axis=1).reshape(-1, D)
+    down = np.asarray(dst.kv_a_proj[...][:A])
+    up = np.concatenate([np.asarray(dst.k_up[...]), np.asarray(dst.v_up[...])], axis=1)
+    err = np.linalg.norm(up.reshape(-1, A) @ down - joint)
+    sigma2 = np.sort(np.linalg.eigvalsh(joint.T @ joint))  # Eckart-Young: the D - A smallest
+    np.testing.assert_allclose(err, np.sqrt(sigma2[: D - A].sum()), rtol=1e-3)
+    # the shared RoPE key is the mean of the heads' kept rows
+    np.testing.assert_allclose(dst.kv_a_proj[...][A:], k[:, kept_dims(H, P)].mean(0), rtol=1e-5)
+    q = np.asarray(src.q_proj[...]).reshape(N, H, D)
+    np.testing.assert_array_equal(np.asarray(dst.q_proj[...]).reshape(N, H, D)[:, H - P :],
+                                  q[:, kept_dims(H, P)])  # fmt: skip
+    np.testing.assert_array_equal(dst.o_proj[...], src.o_proj[...])
+    np.testing.assert_array_equal(mla.layers[0].mlp.down[...], model.layers[0].mlp.down[...])
+    tokens = jax.random.randint(jax.random.key(3), (2, 9), 0, 97, jnp.int32)
+    assert np.isfinite(np.asarray(mla(tokens))).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"kv_lora_rank": 20, "rope_dim": 3}, "rope_dim=3 must be an even integer"),
+        ({"kv_lora_rank": 20, "rope_dim": 8}, "rope_dim=8 must be an even integer in 2 .. "),
+        ({"kv_lora_rank": 0, "rope_dim": 4}, "kv_lora_rank=0 must be in 1 .. 40"),
+        ({"kv_lora_rank": 41, "rope_dim": 4}, r"kv_lora_rank=41 must be in 1 .. 40 .*d_model=40"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(kwargs, match):
+    with pytest.raises(KvjaxError, match=match):
+        convert_to_mla(source("tiny-mha"), **kwargs)
+
+
+def test_unsupported_sources_are_refused_by_name():
+    mla = Transformer(get_model_config("tiny-mla"), rngs=nnx.Rngs(0))
+    with pytest.raises(KvjaxError, match="already MLA"):
+        convert_to_mla(mla, 8, 4)
+    cfg = get_model_config("tiny-mha", qkv_bias=True)
+    with pytest.raises(KvjaxError, match="qkv_bias=True is not supported by the MHA -> MLA"):
+        convert_to_mla(Transformer(cfg, rngs=nnx.Rngs(0)), 8, 4)
