@@ -9,7 +9,7 @@ from flax import nnx
 from kvjax import KvjaxError, get_model_config
 from kvjax.nn import Transformer
 from kvjax.nn.layers import apply_rope, rope_tables
-from kvjax.quality.convert_mla import convert_to_mla, kept_dims
+from kvjax.quality.convert_mla import convert_to_mla, kept_dims, partial_rope
 
 P = 4  # RoPE dims kept per head of 8
 
@@ -25,9 +25,9 @@ def source(preset, seed=0):
     return model
 
 
-def partial_rope_mha(model, x_BTD, pos_BT):
-    """The source's scores [B, N, T, S] and values [B, S, N, H] with RoPE kept on the P highest
-    frequencies only (the dropped frequencies set to 0: cos 1, sin 0)."""
+def partial_rope_mha(model, x_BTD, pos_BT, rope_dim=P):
+    """The source's scores [B, N, T, S] and values [B, S, N, H] with RoPE kept on the rope_dim
+    highest frequencies only (the dropped frequencies set to 0: cos 1, sin 0)."""
     cfg, attn = model.cfg, model.layers[0].attn
     N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     B, T, _ = x_BTD.shape
@@ -35,7 +35,7 @@ def partial_rope_mha(model, x_BTD, pos_BT):
     k = (x_BTD @ attn.k_proj[...].T).reshape(B, T, K, H)
     v = (x_BTD @ attn.v_proj[...].T).reshape(B, T, K, H)
     inv = 1.0 / cfg.rope_theta ** (np.arange(0, H, 2) / H)
-    inv[P // 2 :] = 0.0
+    inv[rope_dim // 2 :] = 0.0
     cos, sin = rope_tables(pos_BT, H, cfg.rope_theta, inv_freq=tuple(inv))
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     k, v = jnp.repeat(k, N // K, axis=2), jnp.repeat(v, N // K, axis=2)
@@ -126,3 +126,53 @@ def test_unsupported_sources_are_refused_by_name():
     cfg = get_model_config("tiny-mha", qkv_bias=True)
     with pytest.raises(KvjaxError, match="qkv_bias=True is not supported by the MHA -> MLA"):
         convert_to_mla(Transformer(cfg, rngs=nnx.Rngs(0)), 8, 4)
+
+
+def test_partial_rope_steps_are_the_conversions_first():
+    model = source("tiny-gqa")
+    tokens = jax.random.randint(jax.random.key(3), (2, 9), 0, 97, jnp.int32)
+    before = np.asarray(model(tokens))
+    # RoPE kept on 6 of 8 dims (3 of 4 frequencies): a copy that attends differently
+    partial = partial_rope(model, 6)
+    np.testing.assert_array_equal(np.asarray(model(tokens)), before)  # the source unchanged
+    assert not np.allclose(np.asarray(partial(tokens)), before, atol=1e-4)
+    # the partial-RoPE scores are the reference's (dropped frequencies at 0)
+    x = jax.random.normal(jax.random.key(1), (1, 4, 40))
+    pos = jnp.arange(4)[None]
+    attn = partial.layers[0].attn
+    q = (x @ attn.q_proj[...].T).reshape(1, 4, 12, 8)
+    k = jnp.repeat((x @ attn.k_proj[...].T).reshape(1, 4, 3, 8), 4, axis=2)
+    cos, sin = rope_tables(pos, 8, **attn.rope)
+    want, _ = partial_rope_mha(model, x, pos, rope_dim=6)
+    got = jnp.einsum("BTNH,BSNH->BNTS", apply_rope(q, cos, sin), apply_rope(k, cos, sin))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # the shared key: each KV head's kept rows their mean; the other rows unchanged
+    shared = partial_rope(model, 4, shared_key=True).layers[1].attn.k_proj[...].reshape(3, 8, 40)
+    k = model.layers[1].attn.k_proj[...].reshape(3, 8, 40)
+    kept = kept_dims(8, 4)
+    np.testing.assert_allclose(shared[:, kept], np.broadcast_to(k[:, kept].mean(0), (3, 4, 40)),
+                               rtol=1e-6)  # fmt: skip
+    others = np.setdiff1d(np.arange(8), kept)
+    np.testing.assert_array_equal(shared[:, others], k[:, others])
+
+
+def test_conversion_stages_benchmark_runs_small(tmp_path):
+    from experiments.benchmarks.mla_conversion import stages
+
+    config = tmp_path / "c.yaml"
+    config.write_text("""experiment: gqa_uptrain
+model: {preset: tiny-gqa, num_layers: 1, d_model: 32, num_heads: 4, num_kv_heads: 4,
+        head_dim: 8, d_ff: 48, vocab_size: 256}
+options: {task: stdlib, steps: 2, batch_size: 2, seq_len: 16, eval_every: 2, eval_batches: 1,
+          warmup_steps: 1, max_bytes: 65536, kv_heads: [2], mla_ranks: [30], mla_rope_dim: 2}
+sweep: {options.seed: [0, 1]}
+""")
+    rows = stages(1, config)
+    assert [r["stage"] for r in rows] == [
+        "MHA", "partial RoPE (2 dims)", "+ one shared RoPE key", "+ latent norm, MLA-32",
+        "+ latent norm, MLA-30", "GQA-2 (mean-pooled)",
+    ]  # fmt: skip
+    by = {r["stage"]: r for r in rows}
+    assert by["+ latent norm, MLA-30"]["kv_bytes_per_token"] == by["GQA-2 (mean-pooled)"][
+        "kv_bytes_per_token"] == 1 * 32 * 4  # fmt: skip
+    assert all(r["seed"] == 1 and np.isfinite(r["val_loss"]) for r in rows)

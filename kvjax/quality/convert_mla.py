@@ -81,6 +81,27 @@ def check_conversion(cfg, kv_lora_rank: int, rope_dim: int) -> None:
             )
 
 
+def partial_rope(model: Transformer, rope_dim: int, shared_key: bool = False) -> Transformer:
+    """The source model as the conversion's first steps leave it, still MHA/GQA (to see what each
+    step costs): RoPE on the `rope_dim` kept dimensions of each head only (the others' frequencies
+    set to 0), and with `shared_key` every KV head's kept key rows replaced by their mean (the
+    one RoPE key MLA caches). A copy; the source is unchanged."""
+    cfg = model.cfg
+    check_conversion(cfg, 1, rope_dim)
+    H, K, P = cfg.head_dim, cfg.num_kv_heads, rope_dim
+    inv = 1.0 / float(cfg.rope_theta) ** (np.arange(0, H, 2) / H)
+    inv[P // 2 :] = 0.0
+    out = nnx.clone(model)
+    kept = kept_dims(H, P)
+    for layer in out.layers:
+        layer.attn.rope = {"theta": cfg.rope_theta, "inv_freq": tuple(float(x) for x in inv)}
+        if shared_key:
+            k_KHD = np.array(layer.attn.k_proj[...]).reshape(K, H, -1)
+            k_KHD[:, kept] = k_KHD[:, kept].mean(axis=0)
+            layer.attn.k_proj[...] = jnp.asarray(k_KHD.reshape(K * H, -1), layer.attn.k_proj.dtype)
+    return out
+
+
 def convert_to_mla(model: Transformer, kv_lora_rank: int, rope_dim: int, seed: int = 0):
     """A new MLA model: latent width `kv_lora_rank`, RoPE on `rope_dim` of each head's dims."""
     cfg = model.cfg
