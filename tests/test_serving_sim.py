@@ -643,3 +643,13 @@ def test_replicas_behind_a_round_robin_router(tmp_path, capsys):
     span = lambda r: r["output_tokens"] / r["throughput_tokens_per_s"]  # noqa: E731
     assert three["output_tokens"] == 3 * one["output_tokens"]
     assert span(three) == pytest.approx(span(one) + 0.02, rel=1e-2)  # the last copy starts 20 ms in
+    # least-loaded on alike requests 10 ms apart: the copies stay about balanced (ties among
+    # them broken otherwise as requests finish), so its latencies are round-robin's within 5%
+    # (kvjax.serving.router; tests/test_serving_router.py checks the routing by hand)
+    assert main([*base, "--trace", trace(0.01, 60), "--replicas", "3", "--route",
+                 "least-loaded"]) == 0  # fmt: skip
+    least = json.loads(capsys.readouterr().out)
+    assert least["route"] == "least-loaded" and three["route"] == "round-robin"
+    assert least["requests_out"] == 60
+    for key in ("ttft_s", "itl_s"):
+        assert least[key] == pytest.approx(three[key], rel=0.05)

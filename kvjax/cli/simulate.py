@@ -19,6 +19,7 @@ from kvjax.cli.args import (
     resolve_model,
 )
 from kvjax.errors import KvjaxError
+from kvjax.serving.router import ROUTES
 
 STEP_TIMES = {
     "bound": "closed form (sum of kernel bounds)",
@@ -47,8 +48,11 @@ def add_parser(sub) -> None:
     )
     s.add_argument("--no-prefix-caching", action="store_true")
     s.add_argument("--replicas", type=positive_int, default=1,
-                   help="copies of the deployment behind a round-robin router (each request to "
-                   "the next copy in arrival order; each its own scheduler and pool)")  # fmt: skip
+                   help="copies of the deployment behind a router, each its own scheduler and "
+                   "pool")  # fmt: skip
+    s.add_argument("--route", choices=ROUTES, default="round-robin",
+                   help="with --replicas: round-robin (the i-th arrival to copy i mod N) or "
+                   "least-loaded (to the copy with the fewest unfinished requests)")  # fmt: skip
     s.add_argument("--admission", choices=("recompute", "reserve"), default="recompute",
                    help="recompute: pages as a request grows, the last admitted preempted when "
                    "they run out (vLLM; default); reserve: admitted only with pages for its "
@@ -197,8 +201,9 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.serving.disagg import kv_transfer_s, simulate_disaggregated
     from kvjax.serving.memory import kv_pool, whole_prefill_reason
     from kvjax.serving.pages import PagePool
+    from kvjax.serving.router import simulate_replicas
     from kvjax.serving.scheduler import Scheduler
-    from kvjax.serving.simulate import merge_replicas, report, simulate
+    from kvjax.serving.simulate import report
     from kvjax.serving.step_time import ClosedFormStepTime, PlacedStepTime, PredictedStepTime
 
     cfg = resolve_model(args)
@@ -262,17 +267,15 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
         move = kv_transfer_s(pool.bytes_per_token, link, args.link_latency_us * 1e-6)
         result = simulate_disaggregated(requests, sched, decode, step, step, move)
         chips = 2
-    else:  # round robin: the i-th arrival to copy i mod N
-        order = sorted(requests, key=lambda r: (r.arrival_s, r.id))
-        copies = [order[i :: args.replicas] for i in range(args.replicas)]
-        result = merge_replicas([simulate(c, sched if i == 0 else scheduler(), step)
-                                 for i, c in enumerate(copies) if c])  # fmt: skip
+    else:  # copies behind a router (kvjax.serving.router)
+        copies = [sched] + [scheduler() for _ in range(args.replicas - 1)]
+        result = simulate_replicas(requests, copies, step, args.route)
         chips = tp * args.replicas
     out = report(result, args.slo_ttft, args.slo_itl)
     out.update(energy_and_cost(out["output_tokens"], out["duration_s"], chips, chip.power_watts,
                                args.price_per_chip_hour))  # fmt: skip
     out["disaggregated"] = bool(args.disaggregate)
-    out.update(tp=tp, tp_note=tp_note, replicas=args.replicas)
+    out.update(tp=tp, tp_note=tp_note, replicas=args.replicas, route=args.route)
     out.update(
         model=cfg.name, chip=chip.name, rate_requests_per_s=args.rate if not args.trace else None,
         kv_pool_tokens=pool.tokens, kv_pool_pages=pool.pages, page_size=pool.page_size,
