@@ -13,6 +13,7 @@ from kvjax.cli.args import (
     add_chip_args,
     add_model_args,
     emit,
+    fraction,
     positive_float,
     positive_int,
     resolve_chip,
@@ -76,25 +77,20 @@ def add_parser(sub) -> None:
         metavar="JSON",
         help="the measured steps of `kvjax serve --save-steps JSON`, for --step-time fitted",
     )
+    s.add_argument("--spec-tokens", type=positive_int, default=0, metavar="K",
+                   help="speculative decoding (DeepSeek's MTP as the draft): each decode "
+                   "verifies K drafted tokens in its step, keeping them up to the first "
+                   "rejected")  # fmt: skip
+    s.add_argument("--acceptance", type=fraction, default=None, metavar="A",
+                   help="with --spec-tokens: each draft's acceptance probability")  # fmt: skip
     c = p.add_argument_group("cost and disaggregation")
-    c.add_argument(
-        "--price-per-chip-hour",
-        type=positive_float,
-        default=None,
-        metavar="USD",
-        help="cost per million output tokens at this price (energy: the chip's rated power)",
-    )
-    c.add_argument(
-        "--disaggregate",
-        action="store_true",
-        help="prefill on one chip, decode on another, the prompt's KV over the link between",
-    )
-    c.add_argument(
-        "--link-gb-per-s",
-        type=positive_float,
-        default=None,
-        help="the KV transfer's bandwidth, GB/s (default: the chip's interconnect)",
-    )
+    c.add_argument("--price-per-chip-hour", type=positive_float, default=None, metavar="USD",
+                   help="cost per million output tokens at this price (energy: the chip's rated "
+                   "power)")  # fmt: skip
+    c.add_argument("--disaggregate", action="store_true", help="prefill on one chip, decode on "
+                   "another, the prompt's KV over the link between")  # fmt: skip
+    c.add_argument("--link-gb-per-s", type=positive_float, default=None, help="the KV "
+                   "transfer's bandwidth, GB/s (default: the chip's interconnect)")  # fmt: skip
     c.add_argument("--link-latency-us", type=float, default=0.0, help="per transfer (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -245,11 +241,15 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
                    f"fewest of 2, 4, 8 whose pool holds --max-batch {args.max_batch} requests of "
                    f"{longest} tokens (or any)")  # fmt: skip
 
+    if bool(args.spec_tokens) != (args.acceptance is not None):
+        raise KvjaxError("speculative decoding needs --spec-tokens K and --acceptance A together")
+
     def scheduler():
         return Scheduler(PagePool(pool.pages, pool.page_size), args.max_batch, budget,
                          prefix_caching=not (args.no_prefix_caching or whole),
-                         chunked_prefill=not whole,
-                         reserve=args.admission == "reserve")  # fmt: skip
+                         chunked_prefill=not whole, reserve=args.admission == "reserve",
+                         spec_tokens=args.spec_tokens,
+                         acceptance=args.acceptance or 0.0)  # fmt: skip
 
     sched = scheduler()
     step = (PredictedStepTime if args.step_time == "predicted" else ClosedFormStepTime)(dev, chip)

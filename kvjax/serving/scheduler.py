@@ -25,6 +25,7 @@ first at the end of its prompt: the time to first token).
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -92,10 +93,21 @@ class Scheduled:
 class Scheduler:
     def __init__(self, pool: PagePool, max_batch: int, token_budget: int,
                  prefix_caching: bool = True, chunked_prefill: bool = True,
-                 reserve: bool = False):  # fmt: skip
+                 reserve: bool = False, spec_tokens: int = 0, acceptance: float = 0.0,
+                 seed: int = 0):  # fmt: skip
         for name, value in (("max_batch", max_batch), ("token_budget", token_budget)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KvjaxError(f"{name}={value!r} must be a positive integer")
+        if isinstance(spec_tokens, bool) or not isinstance(spec_tokens, int) or spec_tokens < 0:
+            raise KvjaxError(f"spec_tokens={spec_tokens!r} must be an integer >= 0")
+        if not 0.0 <= acceptance <= 1.0:
+            raise KvjaxError(f"acceptance={acceptance!r} must lie in [0, 1]")
+        # speculative decoding (DeepSeek's multi-token prediction as a draft): each decode
+        # verifies its last token and up to spec_tokens drafted ones in one step, and keeps the
+        # drafts up to the first rejected (each accepted with probability `acceptance`, drawn
+        # from a generator seeded by `seed`) plus one token of its own
+        self.spec_tokens, self.acceptance = spec_tokens, acceptance
+        self._draws = random.Random(seed)
         self.pool, self.max_batch, self.token_budget = pool, max_batch, token_budget
         self.prefix_caching = prefix_caching
         # False: a prompt is admitted only when all of it fits this step's budget (one prefill)
@@ -156,7 +168,7 @@ class Scheduler:
         for r in list(self.running):
             if id(r) in gone:  # preempted below for an earlier request
                 continue
-            tokens = min(r.known - r.computed, budget)
+            tokens = min(r.known - r.computed + self._drafts(r), budget)
             if tokens <= 0:
                 continue
             while not self._grow(r, tokens):
@@ -182,6 +194,13 @@ class Scheduler:
             out.append(Scheduled(r, tokens, r.computed + tokens))
             budget -= tokens
         return out
+
+    def _drafts(self, r: Request) -> int:
+        """Drafted tokens a running request verifies this step: spec_tokens for a decode, no
+        more than it has left to generate after this step's own token; none for a prompt."""
+        if not self.spec_tokens or r.computed != r.known - 1 or r.generated < 1:
+            return 0
+        return min(self.spec_tokens, r.output_len - r.generated - 1)
 
     def _admit(self, r: Request, budget: int) -> bool:
         """Pages for a waiting request: its prompt's cached leading pages (never the whole
@@ -211,6 +230,14 @@ class Scheduler:
         for s in batch:
             r = s.request
             before = r.computed
+            drafts = before + s.tokens - r.known  # > 0: a speculative decode's drafts
+            if drafts > 0:  # the drafts kept: up to the first rejected
+                kept = 0
+                while kept < drafts and self._draws.random() < self.acceptance:
+                    kept += 1
+                r.generated += kept
+                r.token_times += [now_s] * kept
+                s = Scheduled(r, s.tokens - drafts + kept, s.context)
             r.computed += s.tokens
             if self.prefix_caching:  # prompt pages this step filled
                 P = self.pool.page_size

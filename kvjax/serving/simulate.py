@@ -157,7 +157,7 @@ def decode_run(sch: Scheduler) -> tuple[int, list[tuple[int, int]]] | None:
     fewer than two such steps follow (the loop runs the step itself)."""
     run = sch.running
     n = len(run)
-    if n == 0 or n > sch.token_budget:
+    if n == 0 or n > sch.token_budget or sch.spec_tokens:  # speculative: the loop's steps
         return None
     if any(r.computed != r.known - 1 or r.computed < r.prompt_len for r in run):
         return None
