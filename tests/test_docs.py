@@ -176,3 +176,25 @@ def test_readme_predicted_step_of_a_chunk_and_16_decodes():
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"a 2,048-token chunk and 16 decodes takes {ms:.0f} ms, over the ITL SLO" in readme
     assert ms > 50
+
+
+def test_readmes_mha2mla_numbers_are_the_committed_exports():
+    """The MHA -> MLA paragraphs (README, experiments/README) quote the committed paired
+    differences and the conversion's step costs (experiments/benchmarks/mla_conversion.py)."""
+    import pandas as pd
+
+    from experiments.benchmarks.mla_conversion import step_costs
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    runs = " ".join((ROOT / "experiments" / "README.md").read_text().split())
+    d = pd.read_csv(ROOT / "experiments" / "results" / "quality_differences.csv")
+    twins = d[(d.comparison == "mha2mla - mean") & (d.metric == "val_loss")]
+    for width in (124, 60, 28):
+        r = twins[twins.condition.str.startswith(f"MLA-{width} ")].iloc[0]
+        quoted = f"{r['mean']:+.3f} [{r.low:+.3f}, {r.high:+.3f}]"
+        assert quoted in readme and quoted in runs and bool(r.excludes_zero), width
+    costs = step_costs(pd.read_csv(ROOT / "experiments" / "results" / "mla_conversion.csv"))
+    for _, c in costs.iterrows():
+        assert f"{c['mean']:+.3f} [{c.low:+.3f}, {c.high:+.3f}]" in runs, c.stage
+    partial, shared = costs["mean"].iloc[:2]
+    assert f"(+{partial:.2f} and +{shared:.2f} nats before the fine-tune)" in readme

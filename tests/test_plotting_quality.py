@@ -15,14 +15,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 from kvjax.plotting import make_figures  # noqa: E402
 from kvjax.plotting.mla_quality import mla_quality  # noqa: E402
 from kvjax.plotting.quality import gqa_sweep, hkv_quality, kv_pareto  # noqa: E402
-from kvjax.plotting.uptrain import gqa_uptrain  # noqa: E402
+from kvjax.plotting.uptrain import gqa_uptrain, mla_uptrain  # noqa: E402
 from kvjax.runs.exports import QUALITY_MODELS, load_exports  # noqa: E402
 from kvjax.runs.records import RunDir, load_records  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
 DRAW = {"hkv_quality": hkv_quality, "kv_pareto": kv_pareto, "mla_quality": mla_quality,
-        "gqa_uptrain": gqa_uptrain}  # fmt: skip
+        "gqa_uptrain": gqa_uptrain, "mla_uptrain": mla_uptrain}  # fmt: skip
 
 
 def axes_data(draw, records) -> list:
@@ -90,6 +90,15 @@ def synthetic_runs(root) -> None:
                               "seed": seed, "steps": 10 + budget, "kv_bytes_per_token": 64 * k,
                               "val_loss": float(2 + rng.normal(0, 0.05)),
                               "history": _history(rng, range(0, budget + 1, 2))})  # fmt: skip
+                    if m != "scratch":
+                        u[-1]["val_loss_before"] = float(2.5 + rng.normal(0, 0.05))
+            if run_id == "b":  # MHA -> MLA at h_kv=2's bytes
+                u.append({**shape, "task": "stdlib", "num_kv_heads": 4, "method": "mha2mla",
+                          "variant": "MLA-30", "kv_lora_rank": 30, "qk_rope_head_dim": 2,
+                          "seed": seed, "steps": 10 + budget, "kv_bytes_per_token": 128,
+                          "val_loss_before": float(2.2 + rng.normal(0, 0.05)),
+                          "val_loss": float(2 + rng.normal(0, 0.05)),
+                          "history": _history(rng, range(0, budget + 1, 2))})  # fmt: skip
         _run(root, "gqa_uptrain", run_id, u)
 
 
@@ -151,10 +160,18 @@ def test_the_committed_exports_draw_the_quality_figures(tmp_path):
     assert budget == {"mean", "first", "scratch"}  # random ran at one budget only
     assert fig.axes[2].get_ylabel()
     plt.close(fig)
+    # (a) of mla_uptrain: MHA2MLA's means, narrowest latent first, are the summary's
+    fig = plt.figure()
+    mla_uptrain(records, fig)
+    want = summary[summary.method == "mha2mla"].sort_values("kv_lora_rank")
+    (mla,) = [c for c in fig.axes[0].containers if c.get_label() == "MLA (MHA2MLA)"]
+    assert mla.lines[0].get_ydata() == pytest.approx(want.val_loss.to_numpy())
+    assert len(want) == 3 and set(want.val_loss_n) == {5}
+    plt.close(fig)
 
 
 def test_model_shapes_match_the_configs():
-    for name in ("hkv_quality", "hkv_recall", "gqa_uptrain", "gqa_uptrain_budget"):
+    for name in ("hkv_quality", "hkv_recall", "gqa_uptrain", "gqa_uptrain_budget", "mla_uptrain"):
         model = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())["model"]
         want = QUALITY_MODELS[model["name"]]
         assert {k: model[k] for k in want} == want, name

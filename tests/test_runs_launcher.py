@@ -292,12 +292,14 @@ options: {task: stdlib, steps: 10, batch_size: 2, seq_len: 16, eval_every: 5, ev
     converted = [r for r in u if r["method"] in ("mean", "first")]
     assert all(r["history"][0]["step"] == 0 for r in converted)  # evaluated right after conversion
     # a second budget for h_kv=2 (the MHA model retrained identically: counted once)
+    # ... and MHA -> MLA at h_kv=2's bytes: latent 30 + RoPE 2 = 2 x 2 x 8 elements a token
     longer = uptrain.read_text().replace("uptrain_fraction: 0.4, kv_heads: [2, 1]",
-                                         "uptrain_fraction: 0.8, kv_heads: [2]")  # fmt: skip
+                                         "uptrain_fraction: 0.8, kv_heads: [2], mla_ranks: [30], "
+                                         "mla_rope_dim: 2")  # fmt: skip
     run_experiment(write(tmp_path, longer, "b.yaml"), runs_root=tmp_path / "runs", progress=False)
     records = load_records(tmp_path / "runs")
     written = {p.name for p in make_figures(records, tmp_path / "f")}
-    assert {"hkv_quality.png", "kv_pareto.png", "gqa_uptrain.png"} <= written
+    assert {"hkv_quality.png", "kv_pareto.png", "gqa_uptrain.png", "mla_uptrain.png"} <= written
     import matplotlib.pyplot as plt
 
     from kvjax.plotting.uptrain import gqa_uptrain
@@ -311,13 +313,21 @@ options: {task: stdlib, steps: 10, batch_size: 2, seq_len: 16, eval_every: 5, ev
     plt.close(fig)
     from experiments.benchmarks.quality_results import export
 
-    assert export([tmp_path / "runs"], tmp_path / "results")["gqa_uptrain"] == 1 + 6 + 3
+    assert export([tmp_path / "runs"], tmp_path / "results")["gqa_uptrain"] == 1 + 6 + 3 + 1
     d = pd.read_csv(tmp_path / "results" / "quality_differences.csv").fillna({"condition": ""})
     d = d.set_index(["family", "comparison", "condition"])
     mqa = d.loc[("stdlib", "h_kv=1 - MHA", "")]
     by_hand = [by_seed[("stdlib", 1, "f32", s)] - by_seed[("stdlib", 4, "f32", s)] for s in (0, 1)]
     assert mqa.n == 2 and mqa["mean"] == pytest.approx(sum(by_hand) / 2)
     assert d.loc[("uptrain", "scratch - mha", "h_kv=2; fine-tune 8")].n == 1  # MHA once a seed
+    mla = [r for r in load_records(tmp_path / "runs").to_dict("records")
+           if r["method"] == "mha2mla"]  # fmt: skip
+    assert [(r["variant"], r["kv_bytes_per_token"]) for r in mla] == [("MLA-30", 1 * 32 * 4)]
+    mean = next(r for r in load_records(tmp_path / "runs").to_dict("records")
+                if r["method"] == "mean" and r["steps"] == 18)  # fmt: skip
+    row = d.loc[("uptrain", "mha2mla - mean", "MLA-30 vs h_kv=2 (128 B/token); fine-tune 8")]
+    row = row.set_index("metric") if isinstance(row, pd.DataFrame) else row
+    assert row.loc["val_loss", "mean"] == pytest.approx(mla[0]["val_loss"] - mean["val_loss"])
 
 
 def test_tensor_parallel_experiment_checks_itself_and_draws(tmp_path):

@@ -6,7 +6,8 @@ converts to; beside them the mean-pooled GQA of the same bytes.
 
     python3 -m experiments.benchmarks.mla_conversion [--seeds 0 1 2] [--out CSV]
 
-Writes experiments/results/mla_conversion.csv (one row per seed and stage) and prints the means.
+Writes experiments/results/mla_conversion.csv (one row per seed and stage) and prints the means
+and what each stage adds to the one before it (paired by seed, 95% intervals: `step_costs`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,20 @@ def stages(seed: int, config: Path = CONFIG) -> list[dict]:
             for name, method, m in models]  # fmt: skip
 
 
+def step_costs(df: pd.DataFrame) -> pd.DataFrame:
+    """Each MHA2MLA stage minus the one before it, paired by seed, with its 95% interval."""
+    from kvjax.stats import paired_difference
+
+    by = df.pivot(index="seed", columns="stage", values="val_loss")
+    stages = [s for s in dict.fromkeys(df.stage) if s == "MHA" or not s.startswith("GQA")]
+    rows = []
+    for before, after in zip(stages, stages[1:], strict=False):
+        ci = paired_difference(by[after], by[before])
+        rows.append({"stage": after, "minus": before, "mean": ci.mean, "low": ci.low,
+                     "high": ci.high, "n": ci.n})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -67,6 +82,7 @@ def main(argv=None) -> None:
         kv_bytes_per_token=("kv_bytes_per_token", "first"), val_loss=("val_loss", "mean"),
         seeds=("seed", "nunique"))  # fmt: skip
     print(summary.to_string())
+    print(step_costs(df).to_string(index=False))
 
 
 if __name__ == "__main__":

@@ -121,13 +121,40 @@ def uptrain_differences(u: pd.DataFrame) -> list[dict]:
     mha = u[u.method == "mha"].set_index("seed").val_loss
     pretrain = int(u[u.method == "mha"].steps.min())
     rows = []
-    for (k, steps), g in u[u.method != "mha"].groupby(["num_kv_heads", "steps"]):
+    for (k, steps), g in u[~u.method.isin(["mha", "mha2mla"])].groupby(["num_kv_heads", "steps"]):
         by = {m: s.set_index("seed").val_loss for m, s in g.groupby("method")}
         by["mha"] = mha
         for a, b in UPTRAIN_PAIRS:
             if a in by and b in by:
                 rows.append(_row("uptrain", f"{a} - {b}", f"h_kv={k}; fine-tune {steps - pretrain}",
-                                 "val_loss", by[a], by[b].loc[by[a].index]))  # fmt: skip
+                                 "val_loss", by[a], by[b]))  # fmt: skip
+    return rows + mla_uptrain_differences(u, mha, pretrain)
+
+
+def mla_uptrain_differences(u: pd.DataFrame, mha: pd.Series, pretrain: int) -> list[dict]:
+    """Each MHA -> MLA conversion (method mha2mla) against the mean-pooled GQA of the same KV
+    bytes per token and fine-tune budget (after the fine-tune, and right after the conversion),
+    and against the MHA model it came from."""
+    rows = []
+    per_head = (
+        u[u.method == "mha"].kv_bytes_per_token.max() / u[u.method == "mha"].num_kv_heads.max()
+    )
+    for (a, nbytes, steps), g in u[u.method == "mha2mla"].groupby(
+        ["kv_lora_rank", "kv_bytes_per_token", "steps"]
+    ):
+        mla = g.set_index("seed")
+        k = nbytes / per_head  # the h_kv whose GQA cache has these bytes
+        where = (f"MLA-{a:.0f} vs h_kv={k:g} ({nbytes:.0f} B/token); "
+                 f"fine-tune {steps - pretrain}")  # fmt: skip
+        twin = u[(u.method == "mean") & (u.kv_bytes_per_token == nbytes) & (u.steps == steps)]
+        if not twin.empty:
+            twin = twin.set_index("seed")
+            for metric in ("val_loss", "val_loss_before"):
+                if metric not in twin or twin[metric].isna().any() or mla[metric].isna().any():
+                    continue
+                rows.append(_row("uptrain", "mha2mla - mean", where, metric, mla[metric],
+                                 twin[metric]))  # fmt: skip
+        rows.append(_row("uptrain", "mha2mla - mha", where, "val_loss", mla.val_loss, mha))
     return rows
 
 
@@ -169,10 +196,13 @@ def export(run_dirs, out: Path = RESULTS, merge: bool = True) -> dict[str, int]:
     rows, counts = [], {}
     for exp, by in (("hkv_quality", ["task", "num_pairs", "steps", "eval_kv_dtype", "variant",
                                      "num_kv_heads", "kv_lora_rank", "kv_bytes_per_token"]),
-                    ("gqa_uptrain", ["method", "num_kv_heads", "steps"])):  # fmt: skip
+                    ("gqa_uptrain", ["method", "num_kv_heads", "kv_lora_rank",
+                                     "steps"])):  # fmt: skip
         e = df[df.experiment == exp].dropna(axis=1, how="all")
         if e.empty:
             continue
+        if exp == "gqa_uptrain" and "kv_lora_rank" in e:  # 0: GQA (before MHA -> MLA ran)
+            e["kv_lora_rank"] = e.kv_lora_rank.fillna(0)
         keep = [c for c in ("task", "method", "variant", "num_kv_heads", "num_pairs", "seed",
                             "eval_kv_dtype", "steps", "history") if c in e]  # fmt: skip
         if exp == "hkv_quality" and "task" in e:

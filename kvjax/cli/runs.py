@@ -43,8 +43,9 @@ def add_parsers(sub) -> None:
         nargs="+",
         default=[],
         help="folder(s) of the quality runs' exports (experiments/results: hkv_quality.csv, "
-        "gqa_uptrain.csv and their _history.json): draws hkv_quality, kv_pareto and "
-        "gqa_uptrain without the run folders (alone: those three only, no explorer.html)",
+        "gqa_uptrain.csv and their _history.json): draws hkv_quality, kv_pareto, mla_quality, "
+        "gqa_uptrain and mla_uptrain without the run folders (alone: those five only, no "
+        "explorer.html)",
     )
     figures.add_argument("--out", default="paper_figures")
     figures.set_defaults(func=run_figures)

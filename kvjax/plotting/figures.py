@@ -34,7 +34,7 @@ from kvjax.plotting.style import (  # noqa: E402
     log_ticks,
     variant_color,
 )
-from kvjax.plotting.uptrain import gqa_uptrain  # noqa: E402
+from kvjax.plotting.uptrain import gqa_uptrain, mla_uptrain  # noqa: E402
 
 COLUMN_WIDTH_IN = 3.5  # one column of a two-column paper
 GIB = 2**30
@@ -359,6 +359,7 @@ FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "kv_pareto": ("hkv_quality", quality.kv_pareto, (COLUMN_WIDTH_IN, 2.8)),
     "mla_quality": ("hkv_quality", mla_quality, (2 * COLUMN_WIDTH_IN, 2.6)),
     "gqa_uptrain": ("gqa_uptrain", gqa_uptrain, (3 * COLUMN_WIDTH_IN, 2.4)),
+    "mla_uptrain": ("gqa_uptrain", mla_uptrain, (3 * COLUMN_WIDTH_IN, 2.4)),
     "tensor_parallel": ("tensor_parallel", tensor_parallel, (2 * COLUMN_WIDTH_IN, 2.8)),
     "kernel_bound": ("profile", kernel_bound, (2 * COLUMN_WIDTH_IN, 2.8)),
     "serving_frontier": ("serving_frontier", serving_frontier, (2 * COLUMN_WIDTH_IN, 4.4)),

@@ -11,7 +11,9 @@ from matplotlib.patches import Patch
 from kvjax.plotting.quality import _bars, _handles, key_row, model_title, shifts
 from kvjax.stats import summarize
 
-UPTRAIN_COLORS = {"mean": "#4c72b0", "first": "#dd8452", "random": "#55a868", "scratch": "0.35"}
+UPTRAIN_COLORS = {"mean": "#4c72b0", "first": "#dd8452", "random": "#55a868", "scratch": "0.35",
+                  "mha2mla": "#c44e52"}  # fmt: skip
+MLA_UPTRAIN_LABELS = {"mean": "GQA (mean-pooled)", "mha2mla": "MLA (MHA2MLA)"}
 CURVE_TICKS = (1.4, 1.5, 1.6, 1.7, 1.8, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0)
 
 
@@ -36,10 +38,36 @@ def _methods(ax, s: pd.DataFrame, x: str, line: bool) -> None:
               shift=shift)  # fmt: skip
 
 
+def _log_loss(ax) -> None:
+    """A log loss axis ticked at plain numbers (CURVE_TICKS) within its limits."""
+    lo, hi = ax.get_ylim()
+    ax.set_yscale("log")
+    ticks = [t for t in CURVE_TICKS if lo <= t <= hi]
+    ax.yaxis.set_major_locator(ticker.FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
 def _plain_ticks(ax, values, labels=None) -> None:
     values = sorted(values)
     ax.set_xticks(values, labels or [f"{v:g}" for v in values])
     ax.xaxis.set_minor_locator(ticker.NullLocator())
+
+
+def _compared(df: pd.DataFrame) -> pd.DataFrame:
+    """The GQA conversions the figure compares: per (h_kv, steps) the groups of two methods or
+    more (a method alone there is MHA2MLA's twin: figure mla_uptrain), each on the seeds all of
+    its methods ran, and the MHA models of those seeds."""
+    tuned = df[~df.method.isin(["mha", "mha2mla"])]
+    groups = []
+    for _, g in tuned.groupby(["num_kv_heads", "steps"]):
+        runs = [set(m.seed) for _, m in g.groupby("method")]
+        if len(runs) > 1:
+            groups.append(g[g.seed.isin(set.intersection(*runs))])
+    if not groups:
+        return df.iloc[:0]
+    kept = pd.concat(groups)
+    return pd.concat([df[(df.method == "mha") & df.seed.isin(kept.seed)], kept])
 
 
 def gqa_uptrain(records: pd.DataFrame, fig) -> None:
@@ -48,7 +76,7 @@ def gqa_uptrain(records: pd.DataFrame, fig) -> None:
     (b) when a num_kv_heads was run at several budgets: the same against the fine-tune steps, the
     methods run at each budget only (markers, no line: two budgets are not a curve); (c) the
     longest fine-tune's validation curves, every seed thin and their mean thick."""
-    df = records[records.experiment == "gqa_uptrain"]
+    df = _compared(records[records.experiment == "gqa_uptrain"])
     # runs at several budgets retrain the same MHA model per seed: count each once
     df = df.drop_duplicates(["method", "num_kv_heads", "seed", "steps"])
     mha = df[df.method == "mha"]
@@ -70,8 +98,9 @@ def gqa_uptrain(records: pd.DataFrame, fig) -> None:
                f"side (dodged in x); scratch: the GQA model trained from scratch for the same "
                f"tokens ({pretrain} + fine-tune steps)"]  # fmt: skip
     budgets = tuned.groupby("num_kv_heads").finetune.nunique()
-    if budgets.max() > 1:
-        k = int(budgets.idxmax())
+    if budgets.max() > 1:  # the h_kv with the most (method, budget) runs
+        runs_k = tuned.drop_duplicates(["num_kv_heads", "method", "finetune"]).num_kv_heads
+        k = int(runs_k.value_counts().sort_index().idxmax())
         tk = tuned[tuned.num_kv_heads == k]
         runs = tk.groupby("method").finetune.nunique()
         both = tk[tk.method.isin(runs[runs == runs.max()].index)]
@@ -115,12 +144,7 @@ def _curves(ax, tuned: pd.DataFrame, mha: pd.DataFrame, caption: list[str]) -> N
         ax.plot(mean.index, mean, color=color, lw=1.4, marker="o", ms=3,
                 label=f"(c) {method}, final {mean.iloc[-1]:.3f}")  # fmt: skip
     m = _mha_band(ax, mha)
-    lo, hi = ax.get_ylim()
-    ax.set_yscale("log")
-    ticks = [t for t in CURVE_TICKS if lo <= t <= hi]
-    ax.yaxis.set_major_locator(ticker.FixedLocator(ticks))
-    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+    _log_loss(ax)
     ax.set_xlabel("fine-tune step (0: right after conversion)")
     ax.set_ylabel("validation loss (nats/byte)")
     seeds = int(runs.seed.nunique()) if "seed" in runs else 1
@@ -128,3 +152,82 @@ def _curves(ax, tuned: pd.DataFrame, mha: pd.DataFrame, caption: list[str]) -> N
                  fontsize=7.5)  # fmt: skip
     what = f"each of {seeds} seeds (thin) and their mean (thick)" if seeds > 1 else "one seed"
     caption.append(f"(c) {what}" + (f"; MHA {m:.3f}" if m is not None else ""))
+
+
+def mla_uptrain(records: pd.DataFrame, fig) -> bool | None:
+    """MHA converted to MLA (MHA2MLA) or to GQA (mean-pooling) at equal KV bytes, both fine-tuned
+    for the budget MHA2MLA ran: (a) validation loss after the fine-tune and (b) right after the
+    conversion, against KV bytes per token, the MHA model's as a band; (c) the fine-tune's
+    validation curves at the fewest bytes, every seed thin and their mean thick."""
+    df = records[records.experiment == "gqa_uptrain"]
+    mla = df[df.method == "mha2mla"]
+    if mla.empty:
+        return False
+    budget = int(mla.steps.max())
+    mha = df[df.method == "mha"].drop_duplicates(["seed", "steps"])
+    nbytes = set(mla.kv_bytes_per_token)
+    runs = df[df.method.isin(["mha2mla", "mean"]) & (df.steps == budget)
+              & df.kv_bytes_per_token.isin(nbytes)].drop_duplicates(
+        ["method", "kv_bytes_per_token", "seed"])  # fmt: skip
+    pretrain = int(mha.steps.min())
+    fig.set_size_inches(fig.get_figwidth(), 3.6)
+    grid = fig.add_gridspec(2, 3, height_ratios=[1.0, 0.3])
+    ax, ax_before, ax_curve = (fig.add_subplot(grid[0, i]) for i in range(3))
+    for panel, metric, title in (
+        (ax, "val_loss", f"(a) after {budget - pretrain} fine-tune steps"),
+        (ax_before, "val_loss_before", "(b) right after conversion"),
+    ):
+        s = summarize(runs, ["method", "kv_bytes_per_token"], [metric])
+        for (method, sm), shift in zip(s.groupby("method"), shifts(2), strict=True):
+            sm = sm.sort_values("kv_bytes_per_token")
+            _bars(panel, sm.kv_bytes_per_token, sm, metric, UPTRAIN_COLORS[method],
+                  MLA_UPTRAIN_LABELS[method], shift=shift)  # fmt: skip
+            if method == "mha2mla":
+                for _, r in sm.iterrows():
+                    a = int(runs[(runs.method == method)
+                                 & (runs.kv_bytes_per_token == r.kv_bytes_per_token)]
+                            .kv_lora_rank.iloc[0])  # fmt: skip
+                    panel.annotate(f"A={a}", (r.kv_bytes_per_token, r[metric]), fontsize=5.5,
+                                   color=UPTRAIN_COLORS[method], xytext=(4, -8),
+                                   textcoords="offset points")  # fmt: skip
+        _mha_band(panel, mha)
+        panel.set_xscale("log", base=2)
+        _plain_ticks(panel, sorted(nbytes))
+        panel.set_xlabel("KV cache per token (bytes)")
+        panel.set_ylabel("validation loss (nats/byte)")
+        panel.set_title(f"{title}, per KV bytes", fontsize=7.5)
+    _log_loss(ax_before)
+    small = runs[runs.kv_bytes_per_token == min(nbytes)]
+    for method, g in small.groupby("method", sort=False):
+        curves = [pd.DataFrame(h).set_index("step").val_loss for h in g.history]
+        for c in curves:
+            ax_curve.plot(c.index, c, color=UPTRAIN_COLORS[method], lw=0.6, alpha=0.45)
+        mean = pd.concat(curves, axis=1).mean(axis=1)
+        ax_curve.plot(
+            mean.index,
+            mean,
+            color=UPTRAIN_COLORS[method],
+            lw=1.4,
+            marker="o",
+            ms=3,
+            label=f"(c) {MLA_UPTRAIN_LABELS[method]}, final {mean.iloc[-1]:.3f}",
+        )
+    _mha_band(ax_curve, mha)
+    _log_loss(ax_curve)
+    ax_curve.set_xlabel("fine-tune step (0: right after conversion)")
+    ax_curve.set_ylabel("validation loss (nats/byte)")
+    ax_curve.set_title(f"(c) {min(nbytes):g} B/token: the fine-tune's validation loss",
+                       fontsize=7.5)  # fmt: skip
+    handles = _handles([ax, ax_curve])
+    if "MHA (trained)" in handles:
+        handles["MHA (trained), 95% CI"] = (Patch(color="0.85"), handles.pop("MHA (trained)"))
+    rope = f"RoPE kept on {int(mla.qk_rope_head_dim.iloc[0])} dims a head" if (
+        "qk_rope_head_dim" in mla) else "partial RoPE"  # fmt: skip
+    caption = [f"MHA pre-trained {pretrain} steps, converted at equal KV bytes: MLA by {rope} and "
+               "a joint SVD of keys and values",
+               "(MHA2MLA, Ji et al. 2025; A: latent width), GQA by mean-pooling heads (Ainslie et "
+               "al. 2023); means over seeds, bars 95% Student-t intervals; (c) each seed thin, "
+               "their mean thick"]  # fmt: skip
+    key_row(fig, grid[1, :], handles, caption, ncol=len(handles))
+    fig.suptitle(f"MHA converted to MLA or GQA at equal KV bytes and fine-tuned: "
+                 f"{model_title(df)}", fontsize=8.5)  # fmt: skip
