@@ -60,6 +60,8 @@ def test_cli_simulate_speculative(capsys):
             "--requests", "16", "--prompt-len", "200", "--output-len", "200", "--json"]  # fmt: skip
     assert main([*base, "--spec-tokens", "2"]) == 2
     assert "needs --spec-tokens K and --acceptance A together" in capsys.readouterr().err
+    assert main([*base, "--spec-tokens", "2", "--acceptance", "0.8", "--disaggregate"]) == 2
+    assert "--spec-tokens runs on one colocated engine" in capsys.readouterr().err
     assert main(base) == 0
     plain = json.loads(capsys.readouterr().out)
     assert main([*base, "--spec-tokens", "2", "--acceptance", "0.8"]) == 0

@@ -203,6 +203,11 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.serving.step_time import ClosedFormStepTime, PlacedStepTime, PredictedStepTime
 
     cfg = resolve_model(args)
+    if bool(args.spec_tokens) != (args.acceptance is not None):
+        raise KvjaxError("speculative decoding needs --spec-tokens K and --acceptance A together")
+    if args.spec_tokens and (args.disaggregate or args.steps is not None):
+        raise KvjaxError("--spec-tokens runs on one colocated engine (not with --disaggregate or "
+                         "--step-time fitted)")  # fmt: skip
     if (args.step_time == "fitted") != (args.steps is not None):
         raise KvjaxError("--step-time fitted and --steps JSON go together (one without the other)")
     requests = load_requests(args)
@@ -240,9 +245,6 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
         tp_note = (f"no --tp given and one {chip.name} cannot hold the weights: tp={tp}, the "
                    f"fewest of 2, 4, 8 whose pool holds --max-batch {args.max_batch} requests of "
                    f"{longest} tokens (or any)")  # fmt: skip
-
-    if bool(args.spec_tokens) != (args.acceptance is not None):
-        raise KvjaxError("speculative decoding needs --spec-tokens K and --acceptance A together")
 
     def scheduler():
         return Scheduler(PagePool(pool.pages, pool.page_size), args.max_batch, budget,
