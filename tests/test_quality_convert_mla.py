@@ -9,7 +9,7 @@ from flax import nnx
 from kvjax import KvjaxError, get_model_config
 from kvjax.nn import Transformer
 from kvjax.nn.layers import apply_rope, rope_tables
-from kvjax.quality.convert_mla import convert_to_mla, kept_dims, partial_rope
+from kvjax.quality.convert_mla import check_conversion, convert_to_mla, kept_dims, partial_rope
 
 P = 4  # RoPE dims kept per head of 8
 
@@ -126,6 +126,9 @@ def test_unsupported_sources_are_refused_by_name():
     cfg = get_model_config("tiny-mha", qkv_bias=True)
     with pytest.raises(KvjaxError, match="qkv_bias=True is not supported by the MHA -> MLA"):
         convert_to_mla(Transformer(cfg, rngs=nnx.Rngs(0)), 8, 4)
+    hybrid = get_model_config("tiny-qwen3-next")  # linear-attention layers beside attention
+    with pytest.raises(KvjaxError, match="layer_kinds=.* is not supported by the MHA -> MLA"):
+        check_conversion(hybrid, 8, 4)
 
 
 def test_partial_rope_steps_are_the_conversions_first():

@@ -63,12 +63,13 @@ def check_conversion(cfg, kv_lora_rank: int, rope_dim: int) -> None:
             f"kv_lora_rank={kv_lora_rank} must be in 1 .. {most} (the rank of the joint key/value "
             f"matrix: min(d_model={cfg.d_model}, num_kv_heads x (2 x head_dim - rope_dim)))"
         )
-    unsupported = {
+    unsupported = {  # the most basic first
+        "layer_kinds": set(cfg.layer_kinds) != {"A"},
         "rope_scaling": cfg.rope_scaling != "none",
         "rotary_dim": cfg.rotary_dim not in (0, H),
         "rope_pattern": set(cfg.rope_pattern) != {"R"},
         "layer_pattern": set(cfg.layer_pattern) != {"G"},
-        "attn_output_gate": getattr(cfg, "attn_output_gate", False),
+        "attn_output_gate": cfg.attn_output_gate,
         "sink_logits": cfg.sink_logits,
         "qkv_bias": cfg.qkv_bias,
         "qk_norm": cfg.qk_norm or cfg.qk_norm_full,
@@ -77,7 +78,8 @@ def check_conversion(cfg, kv_lora_rank: int, rope_dim: int) -> None:
         if bad:
             raise KvjaxError(
                 f"{field}={getattr(cfg, field)!r} is not supported by the MHA -> MLA conversion "
-                "(full RoPE on every global layer, no q/k biases, norms or gates)"
+                "(attention layers only, full RoPE on every global layer, no q/k biases, norms "
+                "or gates)"
             )
 
 
