@@ -453,7 +453,7 @@ def test_the_bound_never_exceeds_the_implementation_model(
     if (
         sliding
         and cfg.chunked_attention
-        and flash._form(cfg, wl) == "prefill"
+        and flash.attention_form(cfg, wl) == "prefill"
         and (window % plan.block_q or window % plan.block_k or (S - T) % plan.block_q)
     ):
         return  # no tiling of this chunk: the plan refuses it (tested above)

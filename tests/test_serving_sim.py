@@ -551,7 +551,9 @@ def test_predicted_step_time_is_the_published_steps_fit():
     assert step(big) > 0.05 > bound(big)  # predicted over the SLO; the bound under it
 
 
-@pytest.mark.parametrize("case", ["full batch", "pages run out", "arrivals admitted", "predicted"])
+@pytest.mark.parametrize(
+    "case", ["full batch", "pages run out", "arrivals admitted", "predicted", "kernels"]
+)
 def test_the_fast_path_is_the_step_by_step_loop_to_the_bit(case, monkeypatch):
     """Steps of decodes alone advanced at once (`decode_run`, `decode_steps`) give every token
     the time the step-by-step loop gives it, the same pages in use after each step, the same
@@ -559,16 +561,18 @@ def test_the_fast_path_is_the_step_by_step_loop_to_the_bit(case, monkeypatch):
     loop preempts), arrivals that join a batch with room, the predicted step model under a
     moving speed."""
     import kvjax.serving.simulate as sim
-    from kvjax.serving.step_time import ClosedFormStepTime, PredictedStepTime
+    from kvjax.serving.step_time import ClosedFormStepTime, KernelStepTime, PredictedStepTime
 
     cfg = get_model_config("llama-3-8b", attention_kernel="flash")
     chip = get_chip("h100-sxm")
     rate, n, max_batch, pages = {"full batch": (1e4, 40, 8, 4096),
                                  "pages run out": (1e4, 40, 32, 160),
                                  "arrivals admitted": (20.0, 40, 64, 4096),
-                                 "predicted": (50.0, 30, 16, 4096)}[case]  # fmt: skip
-    model = (PredictedStepTime if case == "predicted" else ClosedFormStepTime)(cfg, chip)
-    speed = (lambda t: 1.0 + 0.5 * (int(t * 100) % 2)) if case == "predicted" else None
+                                 "predicted": (50.0, 30, 16, 4096),
+                                 "kernels": (50.0, 30, 16, 4096)}[case]  # fmt: skip
+    kind = {"predicted": PredictedStepTime, "kernels": KernelStepTime}
+    model = kind.get(case, ClosedFormStepTime)(cfg, chip)
+    speed = (lambda t: 1.0 + 0.5 * (int(t * 100) % 2)) if case in kind else None
 
     taken, real = [], sim.decode_run
 

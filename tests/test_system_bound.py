@@ -154,7 +154,8 @@ def test_a_published_row_is_predicted_by_the_fit_that_left_its_group_out():
     assert why_not(row) is None
     fits = step_fits()
     p = predict_row(row, fits)
-    assert p["step_fit"] == "held out: without 'NVIDIA/TensorRT-LLM'"
+    assert p["step_fit"] == "held out: kernels and step time without 'NVIDIA/TensorRT-LLM'"
+    assert p["predicted_lo"] < p["predicted_value"] < p["predicted_hi"]
     assert fits["held"]["NVIDIA/TensorRT-LLM"].rows < fits["all"].rows
     assert p["requests_simulated"] == 60 and p["preemptions"] == 0
     cfg = get_model_config("llama-3.1-8b", weight_dtype="fp8", kv_dtype="fp8", matmul_dtype="fp8")
@@ -170,6 +171,9 @@ def test_a_published_row_is_predicted_by_the_fit_that_left_its_group_out():
     )
     assert summary["predicted_rows"] == len(committed) >= 40
     assert summary["loso_median_abs_error"] == pytest.approx(float(np.median(errors)))
+    inside = [v["predicted_lo"] <= rows[s]["measured"] <= v["predicted_hi"]
+              for s, v in committed.items()]  # fmt: skip
+    assert summary["loso_coverage_80"] == pytest.approx(float(np.mean(inside)))
 
 
 def test_a_mean_prompt_enters_the_prefill_flops_only_and_by_jensen():

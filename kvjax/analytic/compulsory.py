@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvjax import kernels
 from kvjax.analytic.costs import EXTEND, KernelCost, Workload
-from kvjax.analytic.flash import _form, _sinks, attention_shape, exact_pairs
+from kvjax.analytic.flash import _sinks, attention_form, attention_shape, exact_pairs
 from kvjax.analytic.keys import key_union
 from kvjax.analytic.primitives import _act_bytes
 from kvjax.analytic.quant import scale_bytes_per_row
@@ -23,7 +23,7 @@ def compulsory_cost(
     cache's scales for decode and extend) and O. No re-read, no split partials: a kernel of any
     tile, schedule or split count does at least this (`flash_attention_cost` is one plan's
     count, never below it)."""
-    form = _form(cfg, wl)
+    form = attention_form(cfg, wl)
     shape = attention_shape(cfg, form)
     window = cfg.sliding_window if sliding else 0
     chunk = window if window and cfg.chunked_attention else 0

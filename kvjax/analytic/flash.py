@@ -112,7 +112,7 @@ def attention_shape(cfg: ModelConfig, phase: str) -> AttentionShape:
 DECODE_FORM_MAX_QUERIES = 16
 
 
-def _form(cfg: ModelConfig, wl: Workload) -> str:
+def attention_form(cfg: ModelConfig, wl: Workload) -> str:
     """The kernel a step runs: prefill's block loop, or flash-decoding over the cache for decode
     and for an extend step's few queries (MLA's: FlashMLA over the latent, as DeepSeek decodes
     its multi-token-prediction queries; a longer MLA chunk: the block loop over keys and values
@@ -137,7 +137,7 @@ def plan(
     for field, value in (("block_q", block_q), ("block_k", block_k), ("splits", splits)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise KvjaxError(f"{field}={value!r} must be an integer >= 0 (0: derived)")
-    shape = attention_shape(cfg, _form(cfg, wl))
+    shape = attention_shape(cfg, attention_form(cfg, wl))
     if onchip_bytes:
         elements = onchip_bytes / _act_bytes(cfg)
         derived_k = min(MAX_BLOCK, _pow2_floor(elements / (4 * shape.key_width)))
@@ -146,7 +146,7 @@ def plan(
         derived_q = derived_k = DEFAULT_BLOCK
     bq, bk = block_q or derived_q, block_k or derived_k
     positions = attended_positions(cfg, wl)
-    if _form(cfg, wl) == "decode" and not splits:
+    if attention_form(cfg, wl) == "decode" and not splits:
         programs = wl.batch * shape.kv_heads
         want = math.ceil(cores / programs) if cores else 1
         splits = _pow2_floor(max(1, min(want, math.ceil(positions / bk))))  # as kernels tile
@@ -324,7 +324,7 @@ def flash_attention_cost(
     False: every query attends every key (an encoder's, or a benchmark's non-causal case).
     Decode with T > 1 queries a sequence (an extend step, MTP's or a draft's tokens) reads the
     cache once for all of them."""
-    shape = attention_shape(cfg, _form(cfg, wl))
+    shape = attention_shape(cfg, attention_form(cfg, wl))
     window = cfg.sliding_window if sliding else 0
     chunk = window if window and cfg.chunked_attention else 0
     window = 0 if chunk else window
@@ -335,7 +335,7 @@ def flash_attention_cost(
     sinks = cfg.sink_tokens if window else 0
     exact = B * (exact_pairs(T, S, window, sinks, chunk) if causal else T * S)
     q_bytes, o_bytes = B * T * N * Hk * a, B * T * N * Hv * a
-    if _form(cfg, wl) == "prefill":
+    if attention_form(cfg, wl) == "prefill":
         bq, bk = flash.block_q, flash.block_k
         computed, _ = block_pairs(T, S, bq, bk, window, sinks, chunk, causal)
         computed *= B

@@ -19,12 +19,14 @@ from kvjax.cli.args import (
     resolve_chip,
     resolve_model,
 )
+from kvjax.cli.load_args import add_engine_args, add_load_args, load_requests
 from kvjax.errors import KvjaxError
 from kvjax.serving.router import ROUTES
 
 STEP_TIMES = {
     "bound": "closed form (sum of kernel bounds)",
     "predicted": "predicted (the published engine steps' fit, fused attention)",
+    "kernels": "predicted from its kernels (the published kernels' fits, a fixed time a step)",
     "fitted": "fitted to the steps `kvjax serve` measured",
 }
 
@@ -68,6 +70,8 @@ def add_parser(sub) -> None:
         default="bound",
         help="bound: the sum of the closed form's kernel bounds (default); predicted: the "
         "published-measurements fit of an engine's step (fused attention; `calc --predict`); "
+        "kernels: each kernel by its published class plus a fixed time a step (kvjax validate's "
+        "system predictions); "
         "fitted: fitted to the steps of --steps, on that engine (its slots, max_len, budget and "
         "pool; --chip, --max-batch, --token-budget, --page-size, --memory-utilization unused)",
     )
@@ -96,96 +100,6 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def add_load_args(p, requests: int = 200, prompt: str = "1024", output: str = "256") -> None:
-    """The load both clocks serve (`kvjax simulate`, `kvjax serve`): arrivals and lengths."""
-    g = p.add_argument_group("load")
-    g.add_argument("--rate", type=positive_float, required=True, help="requests per second")
-    g.add_argument(
-        "--requests", type=positive_int, default=requests, help=f"how many (default {requests})"
-    )
-    g.add_argument(
-        "--prompt-len",
-        default=prompt,
-        metavar="L",
-        help=f"512, uniform:LO:HI or lognormal:MEDIAN:SIGMA (default {prompt})",
-    )
-    g.add_argument(
-        "--output-len", default=output, metavar="L", help=f"as --prompt-len (default {output})"
-    )
-    g.add_argument(
-        "--arrival-cv",
-        type=positive_float,
-        default=1.0,
-        help="the gaps' coefficient of variation: 1 Poisson, > 1 burstier (gamma)",
-    )
-    g.add_argument(
-        "--prefix-len",
-        type=positive_int,
-        default=None,
-        help="a shared system prompt of N tokens ...",
-    )
-    g.add_argument(
-        "--prefix-share",
-        type=float,
-        default=1.0,
-        help="... that this fraction of the requests begins with (default 1)",
-    )
-    g.add_argument(
-        "--trace",
-        default=None,
-        metavar="CSV",
-        help="arrival_s,prompt_len,output_len per request, instead of the above",
-    )
-    g.add_argument("--seed", type=int, default=0)
-
-
-def add_engine_args(p, max_batch: int = 256, token_budget: int = 2048):
-    """The scheduler's limits and the SLO both clocks are judged by; returns the group."""
-    s = p.add_argument_group("engine")
-    s.add_argument(
-        "--max-batch",
-        type=positive_int,
-        default=max_batch,
-        help=f"running requests at most (default {max_batch})",
-    )
-    s.add_argument(
-        "--token-budget",
-        type=positive_int,
-        default=token_budget,
-        help=f"tokens a step computes at most (chunked prefill; default {token_budget})",
-    )
-    s.add_argument("--page-size", type=positive_int, default=16, help="tokens a page (default 16)")
-    s.add_argument(
-        "--slo-ttft",
-        type=positive_float,
-        default=None,
-        metavar="S",
-        help="goodput: time to first token at most S seconds",
-    )
-    s.add_argument(
-        "--slo-itl",
-        type=positive_float,
-        default=None,
-        metavar="S",
-        help="goodput: a request's P99 inter-token latency at most S seconds",
-    )
-    return s
-
-
-def load_requests(args: argparse.Namespace):
-    """The requests of `add_load_args`' flags: the trace, or generated from the seed."""
-    from kvjax.serving import load
-
-    if args.trace:
-        return load.read_trace(args.trace)
-    if not 0 <= args.prefix_share <= 1:
-        raise KvjaxError(f"--prefix-share {args.prefix_share} must lie in [0, 1]")
-    return load.generate(
-        args.requests, args.rate, args.prompt_len, args.output_len, args.seed,
-        args.arrival_cv, args.prefix_len or 0, args.prefix_share if args.prefix_len else 0.0,
-    )  # fmt: skip
-
-
 def run(args: argparse.Namespace) -> int:
     return emit(args, simulate_report(args), print_simulation)
 
@@ -200,7 +114,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.serving.router import simulate_replicas
     from kvjax.serving.scheduler import Scheduler
     from kvjax.serving.simulate import report
-    from kvjax.serving.step_time import ClosedFormStepTime, PlacedStepTime, PredictedStepTime
+    from kvjax.serving.step_time import STEP_MODELS, PlacedStepTime
 
     cfg = resolve_model(args)
     if bool(args.spec_tokens) != (args.acceptance is not None):
@@ -254,7 +168,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
                          acceptance=args.acceptance or 0.0)  # fmt: skip
 
     sched = scheduler()
-    step = (PredictedStepTime if args.step_time == "predicted" else ClosedFormStepTime)(dev, chip)
+    step = STEP_MODELS[args.step_time](dev, chip)
     if tp > 1:
         step = PlacedStepTime(step, cfg, chip, tp)
     chips = tp
@@ -308,7 +222,7 @@ def fitted_report(args: argparse.Namespace, cfg, requests) -> dict[str, Any]:
         raise KvjaxError(f"--steps {args.steps} were measured on {engine['model']!r}, not "
                          f"{cfg.name!r}: give --model {engine['model']}")  # fmt: skip
     if args.disaggregate:
-        raise KvjaxError("--disaggregate needs a chip (--step-time bound or predicted)")
+        raise KvjaxError("--disaggregate needs a chip (--step-time bound, predicted or kernels)")
     page = engine["page_size"]
     sched = Scheduler(PagePool(engine["kv_pool_tokens"] // page, page), engine["max_batch"],
                       engine["token_budget"], prefix_caching=False)  # fmt: skip

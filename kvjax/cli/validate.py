@@ -119,14 +119,22 @@ def print_systems(report: dict[str, Any], con) -> None:
         f"{c['above_bound']} beat their system bound (fraction: min {f['min']:.3g}, median "
         f"{f['median']:.3g}, max {f['max']:.3g}); the prediction: {c['prediction']}"
     )
+    if c["loso_median_abs_error"] is not None:
+        con.print(f"held out by group: median |predicted/measured - 1| "
+                  f"{c['loso_median_abs_error']:.1%} over {c['predicted_rows']} rows, 80% "
+                  f"interval covering {c['loso_coverage_80']:.0%} (median width "
+                  f"{c['interval_80_median_width']:.0%})")  # fmt: skip
     t = Table(title="serving systems closest to their bound")
-    for col in ("source", "metric", "scope", "measured", "bound", "fraction", "side"):
+    for col in ("source", "metric", "scope", "measured", "bound", "fraction", "side",
+                "predicted [80%]"):  # fmt: skip
         t.add_column(col)
     rows = sorted(report["system_rows"], key=lambda r: -r["fraction_of_bound"])
     for r in [r for r in rows if r["above_bound"]] or rows[:10]:
+        p = r.get("predicted_value")
+        pred = "-" if p is None else f"{p:.4g} [{r['predicted_lo']:.4g}, {r['predicted_hi']:.4g}]"
         t.add_row(r["source"], r["metric"], r["scope"], f"{r['measured']:.4g}",
                   f"{r['bound_value']:.4g}", f"{r['fraction_of_bound']:.3f}",
-                  r["bound_side"])  # fmt: skip
+                  r["bound_side"], pred)  # fmt: skip
     con.print(t)
 
 

@@ -17,6 +17,7 @@ from kvjax.analytic.step import step_cost
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
 from kvjax.model.config import ModelConfig
+from kvjax.predict.bounds import special_seconds
 from kvjax.predict.model import Features, Fit
 from kvjax.predict.validate import corpus_fits
 
@@ -43,6 +44,22 @@ def _interval(
             "predicted_hi_s": calls * float(hi[0])}  # fmt: skip
 
 
+def kernel_seconds(
+    fits: dict[str, Fit], name: str, flops: float, nbytes: float, phase: str, layers: int,
+    chip: ChipSpec, peak: float, special_s: float = 0.0,
+) -> float | None:  # fmt: skip
+    """One kernel of a step (summed over its layers) as its class predicts it: `layers` launches
+    of 1/layers of its FLOPs, bytes and exponentials' `special_s` (a per-layer kernel), no wave
+    term; None where the kernel has no class (norms, RoPE, elementwise ops, unfused attention)."""
+    cls = kernel_class(name, phase)
+    if cls not in fits or flops + nbytes <= 0:
+        return None
+    calls = layers if kernels.REGISTRY[name].per_layer else 1
+    x = Features(flops / calls, nbytes / calls, peak, chip.bandwidth_bytes_per_s,
+                 special_s=special_s / calls)  # fmt: skip
+    return calls * float(fits[cls].predict([x])[0])
+
+
 def predict_step(
     placed: list[dict[str, Any]], cfg: ModelConfig, wl: Workload, chip: ChipSpec,
 ) -> dict[str, Any]:  # fmt: skip
@@ -57,7 +74,6 @@ def predict_step(
     exps = 0.0  # the fused attention's exponentials, at the chip's special-function rate
     if any(k["name"] == kernels.ATTENTION for k in placed):
         from kvjax.analytic.step import step_kernels
-        from kvjax.predict.bounds import special_seconds
 
         fused = step_kernels(cfg, wl, chip).get(kernels.ATTENTION)
         exps = special_seconds(fused.transcendentals, chip) if fused is not None else 0.0

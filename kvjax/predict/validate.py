@@ -76,12 +76,17 @@ def in_corpus(row: Row) -> bool:
 
 
 @functools.lru_cache(maxsize=1)
+def corpus_classes() -> dict[str, model.Validation]:
+    """The committed corpus's classes, each fitted and validated leaving one group out,
+    computed once a process."""
+    rows = [r for r in read_corpus() if in_corpus(r)]
+    return fit_classes(rows, [bounds.closed_form(r) for r in rows])
+
+
 def corpus_fits() -> dict[str, model.Fit]:
-    """The committed corpus's fit per class (what `calc --predict` and `frontier --predict`
-    use), computed once a process."""
-    rows = read_corpus()
-    closed = [bounds.closed_form(r) for r in rows]
-    return {cls: v.fit for cls, v in fit_classes(rows, closed).items()}
+    """The committed corpus's fit per class on every group (what `calc --predict` and
+    `frontier --predict` use)."""
+    return {cls: v.fit for cls, v in corpus_classes().items()}
 
 
 def validate(rows: list[Row]) -> dict[str, Any]:

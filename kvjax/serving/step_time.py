@@ -21,6 +21,7 @@ from functools import lru_cache
 from kvjax import kernels
 from kvjax.analytic import Workload, roofline, step_kernels
 from kvjax.analytic.costs import EXTEND
+from kvjax.analytic.flash import attention_form
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
 from kvjax.model.config import ModelConfig
@@ -58,11 +59,15 @@ class ClosedFormStepTime:
         self._shared = lru_cache(maxsize=None)(self._shared_s)
         self._request = lru_cache(maxsize=1 << 16)(self._request_s)
 
-    def _cost(self, kernels_, keep) -> tuple[float, float, float]:
-        """(sum of the kept kernels' bounds, their FLOPs, their bytes)."""
-        kept = [k for n, k in kernels_.items() if keep(n)]
-        return (sum(roofline.bound_time_s(k.flops, k.bytes, self.peak, self.bw) for k in kept),
-                sum(k.flops for k in kept), sum(k.bytes for k in kept))  # fmt: skip
+    def _kernel_s(self, name: str, k, phase: str) -> float:
+        """One kernel's time (summed over its layers): its roofline bound."""
+        return roofline.bound_time_s(k.flops, k.bytes, self.peak, self.bw)
+
+    def _cost(self, kernels_, keep, phase: str = "decode") -> tuple[float, float, float]:
+        """(sum of the kept kernels' times, their FLOPs, their bytes)."""
+        kept = [(n, k) for n, k in kernels_.items() if keep(n)]
+        return (sum(self._kernel_s(n, k, phase) for n, k in kept),
+                sum(k.flops for _, k in kept), sum(k.bytes for _, k in kept))  # fmt: skip
 
     def _shared_s(self, tokens: int, rows: int) -> tuple[float, float, float]:
         """The context-free kernels over `tokens`, the LM head over `rows` sampled positions."""
@@ -74,14 +79,16 @@ class ClosedFormStepTime:
 
     def _request_s(self, tokens: int, context: int, decodes: int = 1) -> tuple[float, float, float]:
         """A request's share: T tokens at S, or a decode's 1/D of the step's D decodes at S."""
+        wl = workload_of(tokens, context, decodes)
         try:
-            ks = step_kernels(self.cfg, workload_of(tokens, context, decodes), self.chip)
+            ks = step_kernels(self.cfg, wl, self.chip)
         except KvjaxError as exc:
             raise KvjaxError(
                 f"{self.cfg.name}: a step of {tokens} tokens at {context}: {exc}"
             ) from None
         n = decodes if tokens == 1 else 1
-        return tuple(x / n for x in self._cost(ks, lambda name: name not in self.shared))
+        form = attention_form(self.cfg, wl)  # the attention's kernel: prefill's or decode's
+        return tuple(x / n for x in self._cost(ks, lambda name: name not in self.shared, form))
 
     def step_cost(self, batch) -> tuple[float, float, float]:
         """The batch's (sum of kernel bounds in seconds, FLOPs, bytes), split as above."""
@@ -161,6 +168,33 @@ class PredictedStepTime(ClosedFormStepTime):
                                    nbytes / (f.bandwidth_efficiency * self.bw))  # fmt: skip
 
 
+class KernelStepTime(PredictedStepTime):
+    """A step predicted from its kernels (`kvjax.predict.steps`): each kernel of the batch, split
+    as `ClosedFormStepTime` splits it, by its corpus class (GEMMs by `matmul`, the fused
+    attention by `attention_prefill` or `attention_decode` in the form it runs), a kernel with
+    no class at its bound, plus the fixed time per step fitted on published engine steps.
+    `fits` and `overhead`: ones that left a source group out (default: every group's)."""
+
+    def __init__(self, cfg: ModelConfig, chip: ChipSpec, fits=None, overhead=None):
+        from kvjax.predict import steps
+        from kvjax.predict.validate import corpus_classes
+
+        super().__init__(cfg, chip)
+        self.fits = fits or steps.kernel_fits(corpus_classes(), None)
+        self.overhead = overhead or steps.corpus_steps()["all"]
+
+    def _kernel_s(self, name: str, k, phase: str) -> float:
+        from kvjax.predict.steps import kernel_s
+
+        return kernel_s(self.fits, name, k, phase, self.cfg, self.chip, self.peak)
+
+    def __call__(self, batch) -> float:
+        return self.overhead.t0_s + self.step_cost(batch)[0]
+
+    def _times(self, t, flops, nbytes):
+        return self.overhead.t0_s + t
+
+
 class PlacedStepTime:
     """A step on `tp` chips in tensor parallel: one device's shard of it (`inner`, a step-time
     model of `parallel.device_config(cfg, tp)`), then the step's collectives over the link, run
@@ -190,3 +224,8 @@ class PlacedStepTime:
     def decode_steps(self, contexts, steps: int):
         n = len(contexts)
         return self.inner.decode_steps(contexts, steps) + self.link_s(n, n)
+
+
+# `kvjax simulate --step-time`'s models of a chip's step (`fitted`, the engine's, is apart)
+STEP_MODELS = {"bound": ClosedFormStepTime, "predicted": PredictedStepTime,
+               "kernels": KernelStepTime}  # fmt: skip

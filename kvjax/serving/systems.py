@@ -13,7 +13,8 @@ matmul dtype the weights allow where the compute dtype is not. FP4 weights (NVFP
 element) are sized at 4 bits. A `per_node` row is a node of 8 chips. The prediction beside the
 bound (`kvjax.serving.system_predict`: the simulator on the row's engine, held out by group) is
 slow to run for every row: its committed results (experiments/results/system_predictions.csv)
-fill `predicted_value` where it ran; null elsewhere. No interval is calibrated yet."""
+fill `predicted_value` and its 80% interval (`predicted_lo`, `predicted_hi`: the held-out steps'
+nested interval) where it ran; null elsewhere."""
 
 from __future__ import annotations
 
@@ -164,7 +165,7 @@ def row_bound(row: dict[str, Any]) -> dict[str, Any]:
     fraction = value / row["measured"] if latency else row["measured"] / value
     return {"bound_value": value, "bound_side": b.side, "fraction_of_bound": fraction,
             "above_bound": fraction > 1 + 1e-9, "bound_assumes": assumed,
-            "predicted_value": None}  # fmt: skip
+            "predicted_value": None, "predicted_lo": None, "predicted_hi": None}  # fmt: skip
 
 
 @cache
@@ -184,7 +185,8 @@ def read_predictions(path: Path = PREDICTIONS_CSV) -> dict[str, dict[str, Any]]:
     if not path.exists():
         return {}
     with open(path, newline="") as f:
-        return {r["source"]: {**r, "predicted_value": float(r["predicted_value"])}
+        return {r["source"]: {**r, **{k: float(r[k]) if r.get(k) else None
+                                      for k in ("predicted_value", "predicted_lo", "predicted_hi")}}
                 for r in csv.DictReader(f)}  # fmt: skip
 
 
@@ -197,11 +199,15 @@ def validate_systems(rows: list[dict[str, Any]]) -> tuple[list[dict], dict[str, 
     for r in out:
         p = predicted.get(r["source"])
         if p is not None and r["metric"] == "output_tokens_per_s":
-            r.update(predicted_value=p["predicted_value"], prediction_from=p["step_fit"],
+            r.update(predicted_value=p["predicted_value"], predicted_lo=p["predicted_lo"],
+                     predicted_hi=p["predicted_hi"], prediction_from=p["step_fit"],
                      held_out_predicted_value=p["predicted_value"]
                      if p["step_fit"].startswith("held out") else None)  # fmt: skip
-    errors = [abs(r["predicted_value"] / r["measured"] - 1) for r in out
-              if r.get("held_out_predicted_value") is not None]  # fmt: skip
+    held = [r for r in out if r.get("held_out_predicted_value") is not None]
+    errors = [abs(r["predicted_value"] / r["measured"] - 1) for r in held]
+    spans = [r for r in held if r["predicted_lo"] is not None]
+    covered = [r["predicted_lo"] <= r["measured"] <= r["predicted_hi"] for r in spans]
+    widths = [(r["predicted_hi"] - r["predicted_lo"]) / r["predicted_value"] for r in spans]
     f = np.array([r["fraction_of_bound"] for r in out])
     summary = {
         "rows": len(out), "above_bound": int(sum(r["above_bound"] for r in out)),
@@ -211,7 +217,8 @@ def validate_systems(rows: list[dict[str, Any]]) -> tuple[list[dict], dict[str, 
             strict=True)},
         "predicted_rows": len(errors),
         "loso_median_abs_error": float(np.median(errors)) if errors else None,
-        "loso_coverage_80": None,  # no interval calibrated yet
+        "loso_coverage_80": float(np.mean(covered)) if covered else None,
+        "interval_80_median_width": float(np.median(widths)) if widths else None,
         "prediction": f"the simulator on the row's engine, held out by group, for {len(errors)} "
                       "rows (experiments/results/system_predictions.csv); none elsewhere",
     }  # fmt: skip

@@ -1,0 +1,99 @@
+"""The flags both clocks share (`kvjax simulate`, `kvjax serve`): the load (arrivals and
+lengths, or a trace) and the engine's limits and SLO; the requests they describe."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvjax.cli.args import positive_float, positive_int
+from kvjax.errors import KvjaxError
+
+
+def add_load_args(p, requests: int = 200, prompt: str = "1024", output: str = "256") -> None:
+    """The load both clocks serve (`kvjax simulate`, `kvjax serve`): arrivals and lengths."""
+    g = p.add_argument_group("load")
+    g.add_argument("--rate", type=positive_float, required=True, help="requests per second")
+    g.add_argument(
+        "--requests", type=positive_int, default=requests, help=f"how many (default {requests})"
+    )
+    g.add_argument(
+        "--prompt-len",
+        default=prompt,
+        metavar="L",
+        help=f"512, uniform:LO:HI or lognormal:MEDIAN:SIGMA (default {prompt})",
+    )
+    g.add_argument(
+        "--output-len", default=output, metavar="L", help=f"as --prompt-len (default {output})"
+    )
+    g.add_argument(
+        "--arrival-cv",
+        type=positive_float,
+        default=1.0,
+        help="the gaps' coefficient of variation: 1 Poisson, > 1 burstier (gamma)",
+    )
+    g.add_argument(
+        "--prefix-len",
+        type=positive_int,
+        default=None,
+        help="a shared system prompt of N tokens ...",
+    )
+    g.add_argument(
+        "--prefix-share",
+        type=float,
+        default=1.0,
+        help="... that this fraction of the requests begins with (default 1)",
+    )
+    g.add_argument(
+        "--trace",
+        default=None,
+        metavar="CSV",
+        help="arrival_s,prompt_len,output_len per request, instead of the above",
+    )
+    g.add_argument("--seed", type=int, default=0)
+
+
+def add_engine_args(p, max_batch: int = 256, token_budget: int = 2048):
+    """The scheduler's limits and the SLO both clocks are judged by; returns the group."""
+    s = p.add_argument_group("engine")
+    s.add_argument(
+        "--max-batch",
+        type=positive_int,
+        default=max_batch,
+        help=f"running requests at most (default {max_batch})",
+    )
+    s.add_argument(
+        "--token-budget",
+        type=positive_int,
+        default=token_budget,
+        help=f"tokens a step computes at most (chunked prefill; default {token_budget})",
+    )
+    s.add_argument("--page-size", type=positive_int, default=16, help="tokens a page (default 16)")
+    s.add_argument(
+        "--slo-ttft",
+        type=positive_float,
+        default=None,
+        metavar="S",
+        help="goodput: time to first token at most S seconds",
+    )
+    s.add_argument(
+        "--slo-itl",
+        type=positive_float,
+        default=None,
+        metavar="S",
+        help="goodput: a request's P99 inter-token latency at most S seconds",
+    )
+    return s
+
+
+def load_requests(args: argparse.Namespace):
+    """The requests of `add_load_args`' flags: the trace, or generated from the seed."""
+    from kvjax.serving import load
+
+    if args.trace:
+        return load.read_trace(args.trace)
+    if not 0 <= args.prefix_share <= 1:
+        raise KvjaxError(f"--prefix-share {args.prefix_share} must lie in [0, 1]")
+    return load.generate(
+        args.requests, args.rate, args.prompt_len, args.output_len, args.seed,
+        args.arrival_cv, args.prefix_len or 0, args.prefix_share if args.prefix_len else 0.0,
+    )  # fmt: skip

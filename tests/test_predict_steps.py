@@ -1,0 +1,107 @@
+"""A whole step predicted from its kernels (`kvjax.predict.steps`, `KernelStepTime`): by hand
+from the classes' parameters, the fixed time per step fitted and held out by group, nested."""
+
+import math
+
+import numpy as np
+import pytest
+
+from kvjax import kernels
+from kvjax.analytic import roofline
+from kvjax.analytic.costs import Workload
+from kvjax.analytic.step import step_kernels
+from kvjax.hardware import get_chip
+from kvjax.model.config import get_model_config
+from kvjax.predict import steps
+from kvjax.predict.model import _conformal
+
+
+def test_a_step_is_its_kernels_by_their_classes_plus_one_fixed_time():
+    """llama-3-8b, 8 decodes at 1,024 on an H100: q_proj is L launches of 2 x 8 x 4096 x 4096
+    FLOPs and its bf16 weights, each t0 + max(F / (e_c P), Q / (e_b BW)) of the matmul class; the
+    fused attention the decode class's (its exponentials hidden: memory-bound); a norm its bound;
+    the step their sum plus the overhead, what `KernelStepTime` gives the batch (split as it
+    splits a batch: shared kernels once over the 8 tokens, attention per request)."""
+    from kvjax.predict.validate import corpus_classes
+    from kvjax.serving.scheduler import Scheduled
+    from kvjax.serving.step_time import KernelStepTime
+
+    cfg = get_model_config("llama-3-8b", attention_kernel="flash")
+    chip = get_chip("h100-sxm")
+    fits = steps.kernel_fits(corpus_classes(), None)
+    wl = Workload("decode", 8, 1024)
+    ks = step_kernels(cfg, wl, chip)
+    P, BW, L = chip.peak("bf16"), chip.bandwidth_bytes_per_s, 32  # noqa: N806
+    m = fits["matmul"]
+    q = ks[kernels.Q_PROJ]
+    assert q.flops == L * 2 * 8 * 4096 * 4096 and q.weight_bytes == L * 4096 * 4096 * 2
+    by_hand = L * (m.t0_s + max(q.flops / L / (m.compute_efficiency * P),
+                                q.bytes / L / (m.bandwidth_efficiency * BW)))  # fmt: skip
+    assert steps.kernel_s(fits, kernels.Q_PROJ, q, "decode", cfg, chip, P) == pytest.approx(by_hand)
+    norm = ks[kernels.NORM_ATTN]
+    assert steps.kernel_s(fits, kernels.NORM_ATTN, norm, "decode", cfg, chip, P) == (
+        roofline.bound_time_s(norm.flops, norm.bytes, P, BW))  # fmt: skip
+    a, d = ks[kernels.ATTENTION], fits["attention_decode"]
+    assert steps.kernel_s(fits, kernels.ATTENTION, a, "decode", cfg, chip, P) == pytest.approx(
+        L * (d.t0_s + a.bytes / L / (d.bandwidth_efficiency * BW)))  # fmt: skip
+    total = steps.kernels_s(fits, cfg, wl, chip)
+    assert total == pytest.approx(sum(steps.kernel_s(fits, n, k, "decode", cfg, chip, P)
+                                      for n, k in ks.items()))  # fmt: skip
+    model = KernelStepTime(cfg, chip)
+    batch = [Scheduled(None, 1, 1024) for _ in range(8)]
+    assert model(batch) == pytest.approx(model.overhead.t0_s + total, rel=1e-9)
+    assert model.overhead.t0_s > 0
+
+
+def test_the_fixed_time_is_fitted_and_held_out_by_group_nested():
+    """Three groups of steps whose kernels sum to s and which took s + 2 ms: the fitted t0 is
+    2 ms (to the grid's 1.2%); each group's t0 is the other groups' fit; its interval ends are
+    the 10th/90th order statistics of the residuals of every other group h under a t0 fitted
+    on neither (by hand for group 'a')."""
+    assert steps.fit_t0(np.array([1e-3, 5e-3, 2e-2]), np.array([3e-3, 7e-3, 2.2e-2])) == (
+        pytest.approx(2e-3, rel=0.012))  # fmt: skip
+    rng = np.random.default_rng(0)
+    s = rng.uniform(1e-3, 3e-2, 30)
+    g = np.repeat(["a", "b", "c"], 10)
+    y = (s + np.where(g == "a", 1e-3, np.where(g == "b", 2e-3, 4e-3))) * rng.uniform(0.9, 1.1, 30)
+    held, whole, resid = steps.leave_one_group_out(s, y, g)
+    assert held["a"].t0_s == steps.fit_t0(s[g != "a"], y[g != "a"])
+    assert whole.t0_s == steps.fit_t0(s, y) and whole.groups == 3
+    calib = [np.log(y[g == h] / (steps.fit_t0(s[g == k], y[g == k]) + s[g == h]))
+             for h, k in (("b", "c"), ("c", "b"))]  # fmt: skip
+    assert (held["a"].lo, held["a"].hi) == _conformal(np.concatenate(calib), 0.1)
+    assert resid[g == "a"] == pytest.approx(np.log(y[g == "a"] / (held["a"].t0_s + s[g == "a"])))
+    with pytest.raises(Exception, match="2 groups or more"):
+        steps.leave_one_group_out(s[:3], y[:3], ["a"] * 3)
+
+
+def test_the_corpus_steps_from_their_kernels_held_out():
+    """The committed step rows, each predicted by the kernel fits and fixed time that left its
+    group out: what VALIDATE.md quotes, and a fixed time between a launch and a frame."""
+    out = steps.step_summary()
+    assert out["rows"] == 44 and out["groups"] == 3
+    assert 1e-4 < out["t0_s"] < 1e-2
+    c = steps.corpus_steps()
+    ratio = [r[3] for r in c["rows"]]
+    assert out["loso_median_abs_error"] == float(np.median(np.abs(np.array(ratio) - 1)))
+    assert all(math.isfinite(x) and x > 0 for x in ratio)
+
+
+def test_simulate_with_steps_from_their_kernels(capsys):
+    """`kvjax simulate --step-time kernels`: says its step model, and every step lies above the
+    bound's (a class's efficiencies are at most 1, its t0 and the fixed time at least 0), so the
+    same load takes longer than under `--step-time bound`."""
+    import json
+
+    from kvjax.cli.main import main
+
+    flags = ["simulate", "--model", "llama-3-8b", "--chip", "h100-sxm", "--rate", "50",
+             "--requests", "12", "--prompt-len", "300", "--output-len", "20", "--json"]  # fmt: skip
+    out = {}
+    for kind in ("bound", "kernels"):
+        assert main([*flags, "--step-time", kind]) == 0
+        out[kind] = json.loads(capsys.readouterr().out)
+    assert out["kernels"]["step_time"].startswith("predicted from its kernels")
+    assert out["kernels"]["requests_out"] == out["bound"]["requests_out"] == 12
+    k, b = out["kernels"]["ttft_s"]["mean"], out["bound"]["ttft_s"]["mean"]
+    assert k > b > 0
