@@ -105,3 +105,28 @@ def test_simulate_with_steps_from_their_kernels(capsys):
     assert out["kernels"]["requests_out"] == out["bound"]["requests_out"] == 12
     k, b = out["kernels"]["ttft_s"]["mean"], out["bound"]["ttft_s"]["mean"]
     assert k > b > 0
+
+
+def test_a_predicted_step_runs_its_all_reduces_as_engines_reach_them():
+    """The seed's 70B at tp 4 on H100s, a decode of 3 at 101: the bound's link is the line rate
+    (450 GB/s, no latency); the prediction's NCCL's 370 GB/s bus bandwidth and the custom
+    all-reduce's 5.9 us for each of the 161 all-reduces and the logits' all-gather (by hand);
+    the A100's 230 GB/s and no sourced latency; a chip with no source keeps the line rate."""
+    from kvjax.analytic.parallel import device_config
+    from kvjax.predict.collectives import all_reduce
+    from kvjax.serving.scheduler import Request, Scheduled
+    from kvjax.serving.step_time import ClosedFormStepTime, PlacedStepTime
+
+    cfg, chip = get_model_config("seed-70b"), get_chip("h100-sxm")
+    shard = ClosedFormStepTime(device_config(cfg, 4), chip)
+    batch = [Scheduled(Request(i, 0.0, 100, 5), 1, 101) for i in range(3)]
+    sent = 161 * 1.5 * 3 * 8192 * 2 + 0.75 * 3 * 128256 * 4
+    bound = PlacedStepTime(shard, cfg, chip, 4)
+    assert bound(batch) == pytest.approx(shard(batch) + sent / 450e9, rel=1e-12)
+    achieved = PlacedStepTime(shard, cfg, chip, 4, achieved=True)
+    assert achieved(batch) == pytest.approx(shard(batch) + sent / 370e9 + 162 * 5.9e-6, rel=1e-12)
+    assert achieved.decode_steps([100] * 3, 2)[0] == pytest.approx(achieved(batch), rel=1e-12)
+    a100 = all_reduce("a100-80gb", 300e9)
+    assert (a100.bus_bytes_per_s, a100.latency_s) == (230e9, 0.0)
+    b200 = all_reduce("b200", 900e9)
+    assert (b200.bus_bytes_per_s, b200.latency_s) == (900e9, 0.0) and "no source" in b200.source

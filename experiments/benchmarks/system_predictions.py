@@ -1,7 +1,8 @@
 """Benchmark: kvjax's prediction of every published serving-system row the simulator can run
-(`kvjax.serving.system_predict`: offline, fixed lengths, one tensor-parallel group a replica,
-dense models, known engine settings), each with the step fit that left the row's source group
-out, written to experiments/results/system_predictions.csv for `kvjax validate` to read.
+(`kvjax.serving.system_predict`: offline and fixed-rate rows of fixed lengths, one
+tensor-parallel group a replica, known engine settings), each step predicted from its kernels
+with fits that left the row's source group out, written to
+experiments/results/system_predictions.csv for `kvjax validate` to read.
 
     python3 -m experiments.benchmarks.system_predictions [--out FILE] [--limit N]
 
@@ -40,12 +41,14 @@ def main() -> None:
         pred["measured"] = r["measured"]
         pred["ratio"] = pred["predicted_value"] / r["measured"]
         out.append(pred)
-        print(f"{r['source']}: measured {r['measured']:,.0f}, predicted "
-              f"{pred['predicted_value']:,.0f} ({pred['ratio'] - 1:+.1%}), "
+        print(f"{r['source']}: measured {r['measured']:,.4g}, predicted "
+              f"{pred['predicted_value']:,.4g} ({pred['ratio'] - 1:+.1%}), "
               f"{pred['seconds']:.1f} s")  # fmt: skip
     write_text_atomic(a.out, pd.DataFrame(out).to_csv(index=False))
     errors = [abs(o["ratio"] - 1) for o in out]
-    print(f"{len(out)} rows; median |predicted/measured - 1| = {statistics.median(errors):.1%}")
+    inside = [o["predicted_lo"] <= o["measured"] <= o["predicted_hi"] for o in out]
+    print(f"{len(out)} rows; median |predicted/measured - 1| = {statistics.median(errors):.1%}; "
+          f"{statistics.mean(inside):.0%} inside the 80% interval")  # fmt: skip
 
 
 if __name__ == "__main__":

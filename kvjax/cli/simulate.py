@@ -65,6 +65,25 @@ def add_parser(sub) -> None:
                    "its all-reduces over the link); default: 1, or the fewest of 2, 4, 8 that "
                    "hold the model when one chip does not (said in the output)")  # fmt: skip
     s.add_argument(
+        "--pp",
+        type=positive_int,
+        default=1,
+        help="pipeline stages, pp micro-batches in flight (kvjax.serving.placed)",
+    )
+    s.add_argument(
+        "--dp-attention",
+        type=positive_int,
+        default=1,
+        metavar="D",
+        help="data-parallel attention groups, each an engine copy; with --ep D",
+    )
+    s.add_argument(
+        "--ep",
+        type=positive_int,
+        default=1,
+        help="expert parallelism over the --dp-attention D devices (tp = 1)",
+    )
+    s.add_argument(
         "--step-time",
         choices=sorted(STEP_TIMES),
         default="bound",
@@ -107,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
 def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.analytic.parallel import device_config
     from kvjax.analytic.params import weight_bytes
+    from kvjax.serving import placed as placed_step
     from kvjax.serving.cost import energy_and_cost
     from kvjax.serving.disagg import kv_transfer_s, simulate_disaggregated
     from kvjax.serving.memory import kv_pool, whole_prefill_reason
@@ -133,19 +153,29 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     # budget raised to the longest request, as an engine without chunked prefill runs)
     whole = whole_prefill_reason(cfg)
     budget = max(args.token_budget, longest - 1) if whole else args.token_budget
-    if args.disaggregate and (args.tp or args.replicas > 1):
-        raise KvjaxError("--tp/--replicas and --disaggregate do not go together (one chip an "
-                         "instance)")  # fmt: skip
+    placed = args.pp > 1 or args.ep > 1 or args.dp_attention > 1
+    if args.disaggregate and (args.tp or args.replicas > 1 or placed):
+        raise KvjaxError("--tp/--pp/--ep/--dp-attention/--replicas and --disaggregate do not go "
+                         "together (one chip an instance)")  # fmt: skip
+    if args.ep != args.dp_attention or (args.pp > 1 and args.ep > 1):
+        raise KvjaxError(
+            f"--ep {args.ep} --dp-attention {args.dp_attention} --pp {args.pp}: "
+            "experts spread over the data-parallel attention groups, --ep D "
+            "--dp-attention D, without --pp (--dp-attention alone is --replicas)"
+        )
     # no --tp and weights one chip cannot hold: the fewest of 2, 4, 8 that hold --max-batch
     # requests at once (else the fewest that hold any), as `kvjax frontier` chooses
-    auto = not (args.tp or args.disaggregate) and chip.memory_bytes is not None and (
+    auto = not (args.tp or args.disaggregate or placed) and chip.memory_bytes is not None and (
         weight_bytes(cfg) >= args.memory_utilization * chip.memory_bytes)  # fmt: skip
     tp, tp_note, dev, fits = args.tp or 1, None, cfg, None
     for tp in [2, 4, 8] if auto else [args.tp or 1]:
         dev = device_config(cfg, tp) if tp > 1 else cfg
+        if args.ep > 1:
+            dev = placed_step.expert_device_config(dev, args.ep)
+        held = placed_step.stage_config(dev, args.pp) if args.pp > 1 else dev
         try:
-            pool = kv_pool(dev, chip, args.page_size, budget, longest, args.memory_utilization,
-                           max_batch=args.max_batch)  # fmt: skip
+            pool = kv_pool(held, chip, args.page_size, budget, longest,
+                           args.memory_utilization, max_batch=args.max_batch)  # fmt: skip
         except KvjaxError:
             if not auto or (tp == 8 and fits is None):
                 raise
@@ -160,8 +190,8 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
                    f"fewest of 2, 4, 8 whose pool holds --max-batch {args.max_batch} requests of "
                    f"{longest} tokens (or any)")  # fmt: skip
 
-    def scheduler():
-        return Scheduler(PagePool(pool.pages, pool.page_size), args.max_batch, budget,
+    def scheduler():  # an engine copy (a micro-batch of pp shares a stage's cache)
+        return Scheduler(PagePool(pool.pages // args.pp, pool.page_size), args.max_batch, budget,
                          prefix_caching=not (args.no_prefix_caching or whole),
                          chunked_prefill=not whole, reserve=args.admission == "reserve",
                          spec_tokens=args.spec_tokens,
@@ -169,8 +199,13 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
 
     sched = scheduler()
     step = STEP_MODELS[args.step_time](dev, chip)
+    achieved = args.step_time != "bound"
     if tp > 1:
-        step = PlacedStepTime(step, cfg, chip, tp)
+        step = PlacedStepTime(step, cfg, chip, tp, achieved=achieved)
+    if args.pp > 1:
+        step = placed_step.PipelinedStepTime(step, cfg, chip, args.pp, tp, achieved)
+    if args.ep > 1:
+        step = placed_step.ExpertParallelStepTime(step, cfg, chip, args.ep, achieved)
     chips = tp
     if args.disaggregate:
         link = args.link_gb_per_s * 1e9 if args.link_gb_per_s else chip.interconnect_bytes_per_s
@@ -184,14 +219,24 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
         result = simulate_disaggregated(requests, sched, decode, step, step, move)
         chips = 2
     else:  # copies behind a router (kvjax.serving.router)
-        copies = [sched] + [scheduler() for _ in range(args.replicas - 1)]
+        n = args.replicas * args.pp * args.dp_attention
+        copies = [sched] + [scheduler() for _ in range(n - 1)]
         result = simulate_replicas(requests, copies, step, args.route)
-        chips = tp * args.replicas
+        chips = tp * args.pp * args.dp_attention * args.replicas
     out = report(result, args.slo_ttft, args.slo_itl)
     out.update(energy_and_cost(out["output_tokens"], out["duration_s"], chips, chip.power_watts,
                                args.price_per_chip_hour))  # fmt: skip
     out["disaggregated"] = bool(args.disaggregate)
-    out.update(tp=tp, tp_note=tp_note, replicas=args.replicas, route=args.route)
+    out.update(
+        tp=tp,
+        tp_note=tp_note,
+        replicas=args.replicas,
+        route=args.route,
+        pp=args.pp,
+        ep=args.ep,
+        dp_attention=args.dp_attention,
+        chips=chips,
+    )
     out.update(
         model=cfg.name, chip=chip.name, rate_requests_per_s=args.rate if not args.trace else None,
         kv_pool_tokens=pool.tokens, kv_pool_pages=pool.pages, page_size=pool.page_size,

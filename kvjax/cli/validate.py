@@ -123,7 +123,9 @@ def print_systems(report: dict[str, Any], con) -> None:
         con.print(f"held out by group: median |predicted/measured - 1| "
                   f"{c['loso_median_abs_error']:.1%} over {c['predicted_rows']} rows, 80% "
                   f"interval covering {c['loso_coverage_80']:.0%} (median width "
-                  f"{c['interval_80_median_width']:.0%})")  # fmt: skip
+                  f"{c['interval_80_median_width']:.0%}); by group: " + ", ".join(
+                      f"{g} {e['rows']} rows {e['median_abs_error']:.1%}"
+                      for g, e in c["by_group"].items()))  # fmt: skip
     t = Table(title="serving systems closest to their bound")
     for col in ("source", "metric", "scope", "measured", "bound", "fraction", "side",
                 "predicted [80%]"):  # fmt: skip

@@ -200,15 +200,21 @@ class PlacedStepTime:
     model of `parallel.device_config(cfg, tp)`), then the step's collectives over the link, run
     after it (the serial schedule, as the sum of kernel bounds runs kernels one after another):
     2 L + 1 ring all-reduces of the step's M x D activations and the all-gather of the sampled
-    rows' f32 logits, bytes per device over the chip's interconnect."""
+    rows' f32 logits, bytes per device over the chip's interconnect. `achieved`: each collective
+    as engines reach it (`kvjax.predict.collectives`: NCCL's bus bandwidth and the custom
+    all-reduce's latency, sourced per chip) for a predicted step; else the line rate."""
 
-    def __init__(self, inner, cfg: ModelConfig, chip: ChipSpec, tp: int):
+    def __init__(self, inner, cfg: ModelConfig, chip: ChipSpec, tp: int, achieved: bool = False):
         from kvjax.analytic.parallel import collective_counts_per_step
         from kvjax.dtypes import DTYPE_BYTES
+        from kvjax.predict.collectives import AllReduce, all_reduce
 
         if not chip.interconnect_bytes_per_s:
             raise KvjaxError(f"chip {chip.name!r} has no interconnect bandwidth for tp={tp}")
-        self.inner, self.tp, self.link = inner, tp, chip.interconnect_bytes_per_s
+        self.inner, self.tp = inner, tp
+        line = chip.interconnect_bytes_per_s
+        self.collective = all_reduce(chip.name, line) if achieved else AllReduce(line, 0.0, "")
+        self.link = self.collective.bus_bytes_per_s or line
         self.reduces = collective_counts_per_step(cfg, tp).get("all-reduce", 0)
         self.row = cfg.d_model * DTYPE_BYTES[cfg.compute_dtype]
         self.logits = -(-cfg.vocab_size // tp) * tp * 4
@@ -216,7 +222,8 @@ class PlacedStepTime:
     def link_s(self, tokens: int, rows: int) -> float:
         t = self.tp
         return (self.reduces * 2 * (t - 1) / t * tokens * self.row
-                + (t - 1) / t * rows * self.logits) / self.link  # fmt: skip
+                + (t - 1) / t * rows * self.logits) / self.link + (
+                    (self.reduces + 1) * self.collective.latency_s)  # fmt: skip
 
     def __call__(self, batch) -> float:
         return self.inner(batch) + self.link_s(sum(s.tokens for s in batch), len(batch))

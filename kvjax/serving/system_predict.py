@@ -10,13 +10,16 @@ Why not the `step` class (t0 + max(F / (e_c P), Q / (e_b BW)) on the step's tota
 TensorRT-LLM's steps every published step is a memory-bound decode, e_c is unidentified (1), and
 it predicted TensorRT-LLM's compute-bound rows up to 2.1x fast (34.5% median error, 44 rows).
 
-What it covers: offline rows of fixed lengths (`input_len`, `output_len`), one tensor-parallel
-group a replica (no pipeline, expert or data-parallel attention placement: the simulator has
-none), dense models. TensorRT-LLM's rows run as `trtllm-bench` does: every request at once, the
-KV cache reserved whole at admission (its GUARANTEED_NO_EVICT capacity policy) in 0.9 of the
-memory the weights and the largest step leave (kv_cache_free_gpu_mem_fraction), at most 8192
-tokens a step (its max_num_tokens default) and a batch as large as the memory holds (max batch
-4096); at most 3,000 requests simulated (the sources ran 1,000 to 30,000). Slow to run for every
+What it covers: offline rows (every request at once) and fixed-rate rows (Poisson arrivals at
+the rate) of fixed lengths (`input_len`, `output_len`), their output tokens/s, mean TTFT or mean
+TPOT, one tensor-parallel group a replica (no pipeline, expert or data-parallel attention
+placement: the simulator has none), dense and MoE models (not FP4 weights), on the engines of
+`ENGINES`. TensorRT-LLM's rows run as `trtllm-bench` does: the KV cache reserved whole at
+admission (its GUARANTEED_NO_EVICT capacity policy) in 0.9 of the memory the weights and the
+largest step leave (kv_cache_free_gpu_mem_fraction), at most 8192 tokens a step (its
+max_num_tokens default) and a batch as large as the memory holds (max batch 4096); at most 3,000
+requests simulated (the sources ran 500 to 30,000). Tensor-parallel steps add their all-reduces as
+engines reach them (`kvjax.predict.collectives`). Slow to run for every
 row, so `experiments/benchmarks/system_predictions.py` runs it and commits the results, which
 `kvjax validate` reads beside the bounds."""
 
@@ -40,29 +43,46 @@ from kvjax.serving.step_time import KernelStepTime, PlacedStepTime
 
 # a row's source group -> the group of the engine steps it published (left out of its fit)
 STEP_GROUPS = {"nvidia-trtllm": "NVIDIA/TensorRT-LLM", "nvidia-trtllm-blog": "NVIDIA/TensorRT-LLM"}
-ENGINES = {"nvidia-trtllm": dict(max_batch=4096, token_budget=8192, reserve=True)}
+# Each group's engine as its rows ran it. TensorRT-LLM (trtllm-bench): max batch 4096, 8192 tokens
+# a step, each request's cache reserved at admission (GUARANTEED_NO_EVICT) in 0.9 of the memory
+# the weights and the largest step leave (kv_cache_free_gpu_mem_fraction). AMD's vLLM dev-docker
+# table (ROCm/vllm docs/dev-docker/README.md, the rows' `convention`): --max-num-seqs = the
+# prompts (`concurrency`), --max-num-batched-tokens 131072, vLLM's default
+# gpu_memory_utilization 0.9 of the memory and preemption by recompute.
+ENGINES = {
+    "nvidia-trtllm": dict(max_batch=4096, token_budget=8192, reserve=True, free=0.9, util=1.0),
+    "amd-rocm": dict(max_batch=None, token_budget=131072, reserve=False, free=1.0, util=0.9),
+}
 MAX_REQUESTS = 3000
+# a metric -> the simulator report's statistic (TensorRT-LLM's online table: TPOT = mean ITL)
+METRICS = {"output_tokens_per_s": None, "ttft_mean_s": ("ttft_s", "mean"),
+           "tpot_mean_s": ("itl_s", "mean")}  # fmt: skip
 
 
 def why_not(row: dict[str, Any]) -> str | None:
     """Why the simulator cannot run this row (None: it can)."""
     if row["source_group"] not in ENGINES:
         return f"no engine settings known for source group {row['source_group']!r}"
-    if row["scenario"] != "offline" or row["metric"] != "output_tokens_per_s":
-        return "only offline output tokens/s rows are simulated"
-    if not (row["input_len"] and row["output_len"]) or row["length_distribution"] != "fixed":
+    if row["scenario"] not in ("offline", "rate") or row["metric"] not in METRICS:
+        return (
+            "only offline and fixed-rate rows of output tokens/s, mean TTFT or TPOT are simulated"
+        )
+    if row["scenario"] == "rate" and not row["rate_per_s"]:
+        return "a rate row without its rate"
+    fixed = (row["length_distribution"] or "").startswith("fixed")
+    if not (row["input_len"] and row["output_len"]) or not fixed:
         return "lengths not fixed"
     if (row["pp"] or 1) > 1 or (row["ep"] or 1) > 1 or row["dp_attention"] == "true":
         return "pipeline, expert or data-parallel attention placements are not simulated"
     if not (row["weight_dtype"] and row["compute_dtype"]):
         return "weight or compute dtype not stated"
-    if row["weight_dtype"] == "fp4" or get_model_config(row["model"]).is_moe:
-        return "fp4 weights and MoE models are not simulated"
+    if row["weight_dtype"] == "fp4":
+        return "fp4 weights are not sized by kvjax's model config"
     return None
 
 
 def predict_row(row: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
-    """The simulated throughput at the row's scope, and how it was run."""
+    """The simulated value of the row's metric at its scope, its interval, and how it was run."""
     chip = get_chip(row["chip"])
     tp = row["tp"] or 1
     replicas = row["num_chips"] // tp
@@ -76,32 +96,37 @@ def predict_row(row: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
     dev = device_config(cfg, tp) if tp > 1 else cfg
     engine = ENGINES[row["source_group"]]
     group = STEP_GROUPS.get(row["source_group"], row["source_group"])
-    overhead = fits["held"].get(group) or fits["all"]
+    overhead = fits["held"].get(group) or fits["all"]  # no corpus row of the group: every fit
     step = KernelStepTime(dev, chip, kernel_fits(fits["classes"], group), overhead)
-    step = PlacedStepTime(step, cfg, chip, tp) if tp > 1 else step
+    step = PlacedStepTime(step, cfg, chip, tp, achieved=True) if tp > 1 else step
     I, O = int(row["input_len"]), int(row["output_len"])  # noqa: E741
     n = min(row["requests"] or MAX_REQUESTS, MAX_REQUESTS)
-    # the cache: 0.9 of the memory the weights and the largest step leave (TensorRT-LLM's
-    # kv_cache_free_gpu_mem_fraction default)
-    pool = kv_pool(dev, chip, 16, engine["token_budget"], I + O, 1.0, reserve_bytes=0,
-                   max_batch=engine["max_batch"])  # fmt: skip
-    pages = int(0.9 * pool.pages)
-    sched = Scheduler(PagePool(pages, 16), engine["max_batch"], engine["token_budget"],
+    max_batch = engine["max_batch"] or int(row["concurrency"] or n)
+    pool = kv_pool(dev, chip, 16, engine["token_budget"], I + O, engine["util"],
+                   reserve_bytes=0, max_batch=max_batch)  # fmt: skip
+    pages = int(engine["free"] * pool.pages)
+    sched = Scheduler(PagePool(pages, 16), max_batch, engine["token_budget"],
                       prefix_caching=False, reserve=engine["reserve"])  # fmt: skip
     start = time.perf_counter()
-    out = report(simulate(generate(n, 1e9, str(I), str(O), 0), sched, step))
-    value = out["throughput_tokens_per_s"] * replicas
-    if row["scope"] == "per_chip":
-        value /= row["num_chips"]
-    # the steps' 80% interval on log(measured / predicted) time: a throughput's is its inverse
-    lo, hi = value * math.exp(-overhead.hi), value * math.exp(-overhead.lo)
+    rate = row["rate_per_s"] if row["scenario"] == "rate" else 1e9
+    out = report(simulate(generate(n, rate, str(I), str(O), 0), sched, step))
+    latency = METRICS[row["metric"]]
+    if latency is None:
+        value = out["throughput_tokens_per_s"] * replicas
+        if row["scope"] == "per_chip":
+            value /= row["num_chips"]
+    else:
+        value = out[latency[0]][latency[1]]
+    # the steps' 80% interval on log(measured / predicted) time: a latency's ends are the step
+    # time's, a throughput's their inverse
+    ends = (math.exp(overhead.lo), math.exp(overhead.hi))
+    lo, hi = (value * ends[0], value * ends[1]) if latency else (value / ends[1], value / ends[0])
     return {
-        "source": row["source"], "predicted_value": value, "predicted_lo": lo,
-        "predicted_hi": hi,
-        "step_fit": (f"held out: kernels and step time without {group!r}"
-                     if group in fits["held"] else "every group"),
-        "tp": tp, "replicas": replicas, "requests_simulated": n,
-        "max_batch": engine["max_batch"], "token_budget": engine["token_budget"],
+        "source": row["source"], "metric": row["metric"], "predicted_value": value,
+        "predicted_lo": lo, "predicted_hi": hi,
+        "step_fit": f"held out: kernels and step time without {group!r}",
+        "tp": tp, "replicas": replicas, "requests_simulated": n, "rate_per_s": rate,
+        "max_batch": max_batch, "token_budget": engine["token_budget"],
         "admission": "reserve" if engine["reserve"] else "recompute",
         "kv_dtype": dtype["kv_dtype"] + ("" if row["kv_dtype"] else " (unstated: the weights')"),
         "preemptions": out["preemptions"], "seconds": time.perf_counter() - start,

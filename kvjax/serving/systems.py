@@ -190,6 +190,23 @@ def read_predictions(path: Path = PREDICTIONS_CSV) -> dict[str, dict[str, Any]]:
                 for r in csv.DictReader(f)}  # fmt: skip
 
 
+def _by_group(held: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per source group: its predicted rows, their median |predicted/measured - 1| and the share
+    inside their 80% interval."""
+    import numpy as np
+
+    out = {}
+    for g in sorted({r["source_group"] for r in held}):
+        rs = [r for r in held if r["source_group"] == g]
+        inside = [r["predicted_lo"] <= r["measured"] <= r["predicted_hi"] for r in rs
+                  if r["predicted_lo"] is not None]  # fmt: skip
+        out[g] = {"rows": len(rs),
+                  "median_abs_error": float(np.median([abs(r["predicted_value"] / r["measured"]
+                                                           - 1) for r in rs])),
+                  "coverage_80": float(np.mean(inside)) if inside else None}  # fmt: skip
+    return out
+
+
 def validate_systems(rows: list[dict[str, Any]]) -> tuple[list[dict], dict[str, Any]]:
     """Each row with its bound; the class `system`'s summary (rows, groups, above, fractions)."""
     import numpy as np
@@ -198,7 +215,7 @@ def validate_systems(rows: list[dict[str, Any]]) -> tuple[list[dict], dict[str, 
     predicted = read_predictions()
     for r in out:
         p = predicted.get(r["source"])
-        if p is not None and r["metric"] == "output_tokens_per_s":
+        if p is not None:
             r.update(predicted_value=p["predicted_value"], predicted_lo=p["predicted_lo"],
                      predicted_hi=p["predicted_hi"], prediction_from=p["step_fit"],
                      held_out_predicted_value=p["predicted_value"]
@@ -219,6 +236,7 @@ def validate_systems(rows: list[dict[str, Any]]) -> tuple[list[dict], dict[str, 
         "loso_median_abs_error": float(np.median(errors)) if errors else None,
         "loso_coverage_80": float(np.mean(covered)) if covered else None,
         "interval_80_median_width": float(np.median(widths)) if widths else None,
+        "by_group": _by_group(held),
         "prediction": f"the simulator on the row's engine, held out by group, for {len(errors)} "
                       "rows (experiments/results/system_predictions.csv); none elsewhere",
     }  # fmt: skip

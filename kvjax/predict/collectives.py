@@ -1,0 +1,55 @@
+"""Tensor-parallel all-reduce as engines run it inside one 8-GPU node: the implementation model's
+collectives (the bound keeps the link's line rate and no latency: `kvjax.analytic.parallel`).
+
+One all-reduce of an [M, D] message of n bytes over t chips takes
+
+    alpha + 2 (t - 1) / t * n / busbw
+
+with `busbw` the bus bandwidth NCCL reaches on large messages (nccl-tests' busBw, which is
+algbw x 2 (t - 1) / t: comparable with the link's per-direction line rate) and `alpha` the time
+of a small message on the custom all-reduce the engines run for decode-sized messages
+(TensorRT-LLM's one-shot/two-shot kernels). Sourced per chip; a chip with no source keeps the
+line rate and no latency (said by `source`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    bus_bytes_per_s: float | None  # None: the chip's line rate
+    latency_s: float
+    source: str
+
+
+_NVLINK4 = AllReduce(
+    370e9,
+    5.9e-6,
+    "busbw: NCCL maintainer, github.com/NVIDIA/nccl-tests/issues/212 ('450GB/s is the line rate."
+    " With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s'; "
+    "8 x H100 with NVLink SHARP measured 383 GB/s at 128 MiB, nccl-tests/issues/290); latency: "
+    "8 x H100, TensorRT-LLM-derived custom all-reduce, 5.7-5.9 us at 512 B-4 KB "
+    "(github.com/sgl-project/sglang/pull/2904, tp 8, without CUDA graph)",
+)
+ALL_REDUCE = {
+    "h100-sxm": _NVLINK4,
+    "h200": _NVLINK4,  # the same NVLink 4 and NVSwitch as the H100 SXM's HGX board
+    "a100-80gb": AllReduce(
+        230e9,
+        0.0,
+        "busbw: NCCL maintainer, github.com/NVIDIA/nccl-tests/issues/149 ('total effective "
+        "bandwidth should therefore be 240GB/s on A100, but some other bottlenecks on the GPUs "
+        "limits it to ~230GB/s'; 232.5 GB/s measured on 8 GPUs, nccl-tests/issues/175); no "
+        "small-message latency sourced",
+    ),
+}
+ALL_REDUCE["a100-40gb"] = ALL_REDUCE["a100-80gb"]
+
+
+def all_reduce(chip_name: str, line_rate: float) -> AllReduce:
+    """The chip's sourced all-reduce, or its line rate with no latency where none is sourced."""
+    return ALL_REDUCE.get(chip_name) or AllReduce(
+        line_rate, 0.0, f"no source for {chip_name!r}: the line rate, no latency"
+    )
