@@ -9,7 +9,8 @@ from kvjax.serving.systems import read_systems, validate_systems
 
 SYSTEM_KEEP = ("source", "source_group", "chip", "num_chips", "model", "scenario", "metric",
                "scope", "measured", "bound_value", "bound_side", "fraction_of_bound",
-               "above_bound", "predicted_value", "input_len", "output_len")  # fmt: skip
+               "above_bound", "predicted_value", "predicted_lo", "predicted_hi", "input_len",
+               "output_len")  # fmt: skip
 
 OPTIONS: dict = {}
 

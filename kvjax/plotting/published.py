@@ -143,24 +143,27 @@ def published_systems(records: pd.DataFrame, fig) -> bool | None:
                title=f"{title}: {beat} of {len(part)} beat the bound")  # fmt: skip
     axes[0].legend(fontsize=4, frameon=True, loc="upper left")
     pred = df[df.predicted_value.notna()]
-    if not pred.empty:
-        ratio = pred.predicted_value.astype(float) / pred.measured
-        tp = pred.source.str.extract(r":tp(\d+)", expand=False).fillna("1").astype(int)
-        for name, g in pred.assign(tp=tp).groupby("tp"):
-            v = g.predicted_value.astype(float)
-            if "predicted_lo" in g and g.predicted_lo.notna().all():  # the 80% interval
-                span = [v - g.predicted_lo.astype(float), g.predicted_hi.astype(float) - v]
-                axes[2].errorbar(g.measured, v, yerr=span, fmt="none", lw=0.4, alpha=0.5)
-            axes[2].scatter(g.measured, v, s=8, lw=0, label=f"tensor parallel {name}")
-        lo, hi = pred.measured.min() / 2, pred.measured.max() * 2
-        axes[2].plot([lo, hi], [lo, hi], color="0.3", lw=0.7)
+    if not pred.empty:  # each row's predicted / measured, its 80% interval, by group and metric
+        pred = pred.assign(ratio=pred.predicted_value.astype(float) / pred.measured)
+        pred = pred.sort_values(["source_group", "ratio"]).reset_index(drop=True)
+        for (grp, kind), g in pred.groupby([pred.source_group, pred.metric]):
+            color = colors.get(_family(grp), "0.4")
+            if "predicted_lo" in g and g.predicted_lo.notna().all():
+                lo, hi = g.predicted_lo.astype(float), g.predicted_hi.astype(float)
+                axes[2].errorbar(g.index, g.ratio, yerr=[g.ratio - lo / g.measured,
+                                 hi / g.measured - g.ratio], fmt="none", lw=0.5, alpha=0.5,
+                                 color=color)  # fmt: skip
+            axes[2].scatter(g.index, g.ratio, s=8, lw=0, color=color,
+                            marker="o" if kind.endswith("per_s") else "^",
+                            label=f"{grp}: {kind} ({len(g)})")  # fmt: skip
+        axes[2].axhline(1.0, color="0.3", lw=0.7)
         for f in (0.85, 1.15):
-            axes[2].plot([lo, hi], [lo * f, hi * f], color="0.6", lw=0.5, ls="--")
+            axes[2].axhline(f, color="0.6", lw=0.5, ls="--")
         axes[2].legend(fontsize=4, frameon=True)
-        axes[2].set_title(f"held-out prediction, {len(pred)} rows: median |pred/meas - 1| "
-                          f"{float((ratio - 1).abs().median()):.1%}")  # fmt: skip
-    axes[2].set(xscale="log", yscale="log", xlabel="measured output tokens/s",
-                ylabel="predicted (simulator, held-out kernels, 80% interval)")  # fmt: skip
+        axes[2].set_title(f"held out, {len(pred)} rows: median |pred/meas - 1| "
+                          f"{float((pred.ratio - 1).abs().median()):.1%}")  # fmt: skip
+    axes[2].set(yscale="log", xlabel="rows (by group, then ratio)",
+                ylabel="predicted / measured (80% interval)")  # fmt: skip
     for ax in axes:
         ax.title.set_fontsize(6)
         ax.tick_params(labelsize=5)
