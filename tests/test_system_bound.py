@@ -161,7 +161,7 @@ def test_a_published_row_is_predicted_by_the_fit_that_left_its_group_out():
     cfg = get_model_config("llama-3.1-8b", weight_dtype="fp8", kv_dtype="fp8", matmul_dtype="fp8")
     bound = system_bound(cfg, get_chip("h100-sxm"), 1, 128, 128)
     assert 0 < p["predicted_value"] < bound.output_tokens_per_s
-    assert why_not({**row, "scenario": "server"}).startswith("only offline and fixed-rate rows")
+    assert why_not({**row, "scenario": "server"}).startswith("only offline, fixed-rate and")
     committed = read_predictions()
     out, summary = validate_systems(list(rows.values()))
     errors = sorted(
@@ -227,3 +227,28 @@ def test_mlperfs_length_distributions_are_committed_with_their_sources():
     assert rows and all(any("prompts of 476 tokens" in a for a in r["bound_assumes"])
                         for r in rows)  # fmt: skip
     assert not any(r["above_bound"] for r in rows)
+
+
+def test_the_rows_the_simulator_runs_and_how():
+    """MLPerf's llama3.1-405b Offline on 8 H200s (TP4 PP2, TensorRT-LLM, no engine settings in the
+    row): trtllm-bench's defaults, said, at the dataset's published mean lengths (9,428 and
+    684.68 tokens: experiments/published/lengths.csv); TensorRT-LLM's DeepSeek-R1 H200 ADP run:
+    8 attention groups with the experts over them (tp 1, ep 8) on its stated settings; EP inside
+    tensor parallelism and a dataset without published means are refused by reason."""
+    from kvjax.serving import system_predict as sp
+
+    rows = {r["source"]: r for r in read_systems()}
+    mlperf = rows["mlperf-inference-v5.1:Nebius:H200-SXM-141GBx8_TRT:llama3.1-405b:Offline"]
+    assert sp.why_not(mlperf) is None
+    assert sp.engine_of(mlperf) == (sp.ENGINES["nvidia-trtllm"], sp.UNSTATED)
+    assert sp.lengths_of(mlperf) == (9428, 685) and sp.placement_of(mlperf) == (4, 2, 1)
+    adp = rows["trtllm-bestperf-r1:deepseek-r1:fp8:h200:1k/2k:tp8ep8-adp:max-tput:total"]
+    assert sp.why_not(adp) is None and sp.placement_of(adp) == (1, 1, 8)
+    engine, said = sp.engine_of(adp)
+    assert (engine["max_batch"], engine["token_budget"], said) == (
+        128, 1151, "the row's stated settings")  # fmt: skip
+    assert sp.why_not({**adp, "dp_attention": "False"}) == (
+        "expert parallelism inside tensor parallelism is not simulated")  # fmt: skip
+    orca = next(r for r in rows.values() if r["length_distribution"] == "mlperf-llama2-70b-openorca"
+                and r["scenario"] == "offline" and "_TRT" in r["source"])  # fmt: skip
+    assert sp.why_not(orca) == "lengths neither fixed nor a distribution with published means"

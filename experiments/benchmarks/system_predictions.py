@@ -25,6 +25,10 @@ from kvjax.serving.systems import read_systems
 OUT = Path("experiments/results/system_predictions.csv")
 
 
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(OUT))
@@ -41,8 +45,8 @@ def main() -> None:
         pred["measured"] = r["measured"]
         pred["ratio"] = pred["predicted_value"] / r["measured"]
         out.append(pred)
-        print(f"{r['source']}: measured {r['measured']:,.4g}, predicted "
-              f"{pred['predicted_value']:,.4g} ({pred['ratio'] - 1:+.1%}), "
+        print(f"{r['source']}: measured {_num(r['measured'])}, predicted "
+              f"{_num(pred['predicted_value'])} ({pred['ratio'] - 1:+.1%}), "
               f"{pred['seconds']:.1f} s")  # fmt: skip
     write_text_atomic(a.out, pd.DataFrame(out).to_csv(index=False))
     errors = [abs(o["ratio"] - 1) for o in out]

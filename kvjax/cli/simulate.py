@@ -124,7 +124,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
-    from kvjax.analytic.parallel import device_config
     from kvjax.analytic.params import weight_bytes
     from kvjax.serving import placed as placed_step
     from kvjax.serving.cost import energy_and_cost
@@ -134,7 +133,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     from kvjax.serving.router import simulate_replicas
     from kvjax.serving.scheduler import Scheduler
     from kvjax.serving.simulate import report
-    from kvjax.serving.step_time import STEP_MODELS, PlacedStepTime
+    from kvjax.serving.step_time import STEP_MODELS
 
     cfg = resolve_model(args)
     if bool(args.spec_tokens) != (args.acceptance is not None):
@@ -169,10 +168,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
         weight_bytes(cfg) >= args.memory_utilization * chip.memory_bytes)  # fmt: skip
     tp, tp_note, dev, fits = args.tp or 1, None, cfg, None
     for tp in [2, 4, 8] if auto else [args.tp or 1]:
-        dev = device_config(cfg, tp) if tp > 1 else cfg
-        if args.ep > 1:
-            dev = placed_step.expert_device_config(dev, args.ep)
-        held = placed_step.stage_config(dev, args.pp) if args.pp > 1 else dev
+        dev, held = placed_step.device_configs(cfg, tp, args.pp, args.ep)
         try:
             pool = kv_pool(held, chip, args.page_size, budget, longest,
                            args.memory_utilization, max_batch=args.max_batch)  # fmt: skip
@@ -199,13 +195,8 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
 
     sched = scheduler()
     step = STEP_MODELS[args.step_time](dev, chip)
-    achieved = args.step_time != "bound"
-    if tp > 1:
-        step = PlacedStepTime(step, cfg, chip, tp, achieved=achieved)
-    if args.pp > 1:
-        step = placed_step.PipelinedStepTime(step, cfg, chip, args.pp, tp, achieved)
-    if args.ep > 1:
-        step = placed_step.ExpertParallelStepTime(step, cfg, chip, args.ep, achieved)
+    step = placed_step.placed_step(step, cfg, chip, tp, args.pp, args.ep,
+                                   achieved=args.step_time != "bound")  # fmt: skip
     chips = tp
     if args.disaggregate:
         link = args.link_gb_per_s * 1e9 if args.link_gb_per_s else chip.interconnect_bytes_per_s

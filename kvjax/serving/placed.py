@@ -106,3 +106,29 @@ def stage_config(cfg: ModelConfig, pp: int) -> ModelConfig:
     from kvjax.analytic.pipeline import stage_layers
 
     return cfg.replace(num_layers=max(stage_layers(cfg, pp)))
+
+
+def device_configs(cfg: ModelConfig, tp: int = 1, pp: int = 1, ep: int = 1):
+    """(one device's model for its step, the model whose weights and cache one device holds):
+    tp-way shards, E / ep experts a device, the largest of pp stages."""
+    from kvjax.analytic.parallel import device_config
+
+    dev = device_config(cfg, tp) if tp > 1 else cfg
+    if ep > 1:
+        dev = expert_device_config(dev, ep)
+    return dev, stage_config(dev, pp) if pp > 1 else dev
+
+
+def placed_step(step, cfg: ModelConfig, chip: ChipSpec, tp: int = 1, pp: int = 1, ep: int = 1,
+                achieved: bool = False):  # fmt: skip
+    """A device's step (`step`, on `device_configs`' first model) with the placement's
+    collectives: tp's all-reduces, pp's stage hops, ep's all-to-alls."""
+    from kvjax.serving.step_time import PlacedStepTime
+
+    if tp > 1:
+        step = PlacedStepTime(step, cfg, chip, tp, achieved=achieved)
+    if pp > 1:
+        step = PipelinedStepTime(step, cfg, chip, pp, tp, achieved)
+    if ep > 1:
+        step = ExpertParallelStepTime(step, cfg, chip, ep, achieved)
+    return step

@@ -29,7 +29,6 @@ import math
 import time
 from typing import Any
 
-from kvjax.analytic.parallel import device_config
 from kvjax.dtypes import dtype_key
 from kvjax.hardware import get_chip
 from kvjax.model.config import get_model_config
@@ -38,8 +37,8 @@ from kvjax.serving.load import generate
 from kvjax.serving.memory import kv_pool
 from kvjax.serving.pages import PagePool
 from kvjax.serving.scheduler import Scheduler
-from kvjax.serving.simulate import report, simulate
-from kvjax.serving.step_time import KernelStepTime, PlacedStepTime
+from kvjax.serving.simulate import report
+from kvjax.serving.step_time import KernelStepTime
 
 # a row's source group -> the group of the engine steps it published (left out of its fit)
 STEP_GROUPS = {"nvidia-trtllm": "NVIDIA/TensorRT-LLM", "nvidia-trtllm-blog": "NVIDIA/TensorRT-LLM"}
@@ -53,27 +52,76 @@ ENGINES = {
     "nvidia-trtllm": dict(max_batch=4096, token_budget=8192, reserve=True, free=0.9, util=1.0),
     "amd-rocm": dict(max_batch=None, token_budget=131072, reserve=False, free=1.0, util=0.9),
 }
+# Rows whose source states their own engine settings, by source prefix: TensorRT-LLM's
+# DeepSeek-R1 best-practice H200 max-throughput run (its `convention`: trtllm-bench,
+# max_batch_size 128 a rank, max_num_tokens 1151, kv_cache_free_gpu_mem_fraction 0.8, ADP).
+ROW_ENGINES = {
+    "trtllm-bestperf-r1:deepseek-r1:fp8:h200:1k/2k:tp8ep8-adp:max-tput": dict(
+        max_batch=128, token_budget=1151, reserve=True, free=0.8, util=1.0
+    ),
+}
+# MLPerf submissions that run TensorRT-LLM ('_TRT' in the system name) state no engine settings
+# in the row: trtllm-bench's defaults above, and the prompt and output lengths at the
+# dataset's published means (`experiments/published/lengths.csv`), said per row.
+UNSTATED = "engine settings unstated: TensorRT-LLM's trtllm-bench defaults; lengths at the means"
 MAX_REQUESTS = 3000
 # a metric -> the simulator report's statistic (TensorRT-LLM's online table: TPOT = mean ITL)
 METRICS = {"output_tokens_per_s": None, "ttft_mean_s": ("ttft_s", "mean"),
            "tpot_mean_s": ("itl_s", "mean")}  # fmt: skip
 
 
+def engine_of(row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The engine settings the row ran (None: unknown) and where they come from."""
+    for prefix, engine in ROW_ENGINES.items():
+        if row["source"].startswith(prefix):
+            return engine, "the row's stated settings"
+    if row["source_group"] in ENGINES:
+        return ENGINES[row["source_group"]], "the group's engine"
+    if row["source_group"].startswith("mlperf-") and "_TRT" in row["source"]:
+        return ENGINES["nvidia-trtllm"], UNSTATED
+    return None, f"no engine settings known for source group {row['source_group']!r}"
+
+
+def lengths_of(row: dict[str, Any]) -> tuple[int, int] | None:
+    """The row's prompt and output lengths: fixed ones, or a dataset's published means."""
+    from kvjax.serving.systems import read_lengths
+
+    dist = row["length_distribution"] or ""
+    if dist.startswith("fixed") and row["input_len"] and row["output_len"]:
+        return int(row["input_len"]), int(row["output_len"])
+    stats = read_lengths().get(dist)
+    if stats and stats["input_mean"] and stats["output_mean"]:
+        return round(stats["input_mean"]), round(stats["output_mean"])
+    return None
+
+
+def placement_of(row: dict[str, Any]) -> tuple[int, int, int]:
+    """(tp, pp, ep) of one replica; data-parallel attention rows (TensorRT-LLM's ADP: tp ranks
+    each its own attention group, experts over all of them) as ep groups of tp = 1."""
+    if str(row["dp_attention"]).lower() == "true":
+        return 1, row["pp"] or 1, row["ep"] or row["tp"] or 1
+    return row["tp"] or 1, row["pp"] or 1, row["ep"] or 1
+
+
 def why_not(row: dict[str, Any]) -> str | None:
     """Why the simulator cannot run this row (None: it can)."""
-    if row["source_group"] not in ENGINES:
-        return f"no engine settings known for source group {row['source_group']!r}"
-    if row["scenario"] not in ("offline", "rate") or row["metric"] not in METRICS:
+    engine, why = engine_of(row)
+    if engine is None:
+        return why
+    if row["scenario"] not in ("offline", "rate", "concurrency") or row["metric"] not in METRICS:
         return (
-            "only offline and fixed-rate rows of output tokens/s, mean TTFT or TPOT are simulated"
+            "only offline, fixed-rate and fixed-concurrency rows of output tokens/s, mean TTFT "
+            "or TPOT are simulated"
         )
     if row["scenario"] == "rate" and not row["rate_per_s"]:
         return "a rate row without its rate"
-    fixed = (row["length_distribution"] or "").startswith("fixed")
-    if not (row["input_len"] and row["output_len"]) or not fixed:
-        return "lengths not fixed"
-    if (row["pp"] or 1) > 1 or (row["ep"] or 1) > 1 or row["dp_attention"] == "true":
-        return "pipeline, expert or data-parallel attention placements are not simulated"
+    if lengths_of(row) is None:
+        return "lengths neither fixed nor a distribution with published means"
+    if (row["ep"] or 1) > 1 and str(row["dp_attention"]).lower() != "true":
+        return "expert parallelism inside tensor parallelism is not simulated"
+    tp, pp, ep = placement_of(row)
+    if not row["num_chips"] or row["num_chips"] % (tp * pp * ep):
+        return "the chips are not whole replicas of the stated placement"
     if not (row["weight_dtype"] and row["compute_dtype"]):
         return "weight or compute dtype not stated"
     if row["weight_dtype"] == "fp4":
@@ -83,9 +131,12 @@ def why_not(row: dict[str, Any]) -> str | None:
 
 def predict_row(row: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
     """The simulated value of the row's metric at its scope, its interval, and how it was run."""
+    from kvjax.serving import placed
+    from kvjax.serving.router import simulate_replicas
+
     chip = get_chip(row["chip"])
-    tp = row["tp"] or 1
-    replicas = row["num_chips"] // tp
+    tp, pp, ep = placement_of(row)
+    replicas = row["num_chips"] // (tp * pp * ep)
     # an unstated cache dtype is the weights' (TensorRT-LLM: "If you specify FP8 quantization,
     # the KV cache will automatically be set to FP8 as well", its performance overview)
     stated = {**row, "kv_dtype": row["kv_dtype"] or row["weight_dtype"]}
@@ -93,23 +144,33 @@ def predict_row(row: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
     cfg = get_model_config(row["model"], weight_dtype=dtype["weight_dtype"],
                            kv_dtype=dtype["kv_dtype"], matmul_dtype=dtype["compute_dtype"],
                            attention_kernel="flash")  # fmt: skip
-    dev = device_config(cfg, tp) if tp > 1 else cfg
-    engine = ENGINES[row["source_group"]]
+    dev, held = placed.device_configs(cfg, tp, pp, ep)
+    engine, settings = engine_of(row)
     group = STEP_GROUPS.get(row["source_group"], row["source_group"])
     overhead = fits["held"].get(group) or fits["all"]  # no corpus row of the group: every fit
     step = KernelStepTime(dev, chip, kernel_fits(fits["classes"], group), overhead)
-    step = PlacedStepTime(step, cfg, chip, tp, achieved=True) if tp > 1 else step
-    I, O = int(row["input_len"]), int(row["output_len"])  # noqa: E741
+    step = placed.placed_step(step, cfg, chip, tp, pp, ep, achieved=True)
+    I, O = lengths_of(row)  # noqa: E741
     n = min(row["requests"] or MAX_REQUESTS, MAX_REQUESTS)
+    copies = pp * ep  # pp micro-batches in flight, or ep attention groups
     max_batch = engine["max_batch"] or int(row["concurrency"] or n)
-    pool = kv_pool(dev, chip, 16, engine["token_budget"], I + O, engine["util"],
+    pool = kv_pool(held, chip, 16, engine["token_budget"], I + O, engine["util"],
                    reserve_bytes=0, max_batch=max_batch)  # fmt: skip
-    pages = int(engine["free"] * pool.pages)
-    sched = Scheduler(PagePool(pages, 16), max_batch, engine["token_budget"],
-                      prefix_caching=False, reserve=engine["reserve"])  # fmt: skip
+    pages = int(engine["free"] * pool.pages) // pp
+    scheds = [
+        Scheduler(
+            PagePool(pages, 16),
+            max_batch,
+            engine["token_budget"],
+            prefix_caching=False,
+            reserve=engine["reserve"],
+        )
+        for _ in range(copies)
+    ]
     start = time.perf_counter()
     rate = row["rate_per_s"] if row["scenario"] == "rate" else 1e9
-    out = report(simulate(generate(n, rate, str(I), str(O), 0), sched, step))
+    out = report(simulate_replicas(generate(n, rate, str(I), str(O), 0), scheds, step,
+                                   "round-robin"))  # fmt: skip
     latency = METRICS[row["metric"]]
     if latency is None:
         value = out["throughput_tokens_per_s"] * replicas
@@ -125,7 +186,8 @@ def predict_row(row: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
         "source": row["source"], "metric": row["metric"], "predicted_value": value,
         "predicted_lo": lo, "predicted_hi": hi,
         "step_fit": f"held out: kernels and step time without {group!r}",
-        "tp": tp, "replicas": replicas, "requests_simulated": n, "rate_per_s": rate,
+        "engine": settings, "tp": tp, "pp": pp, "ep": ep, "replicas": replicas,
+        "input_len": I, "output_len": O, "requests_simulated": n, "rate_per_s": rate,
         "max_batch": max_batch, "token_budget": engine["token_budget"],
         "admission": "reserve" if engine["reserve"] else "recompute",
         "kv_dtype": dtype["kv_dtype"] + ("" if row["kv_dtype"] else " (unstated: the weights')"),
