@@ -130,3 +130,27 @@ def test_a_predicted_step_runs_its_all_reduces_as_engines_reach_them():
     assert (a100.bus_bytes_per_s, a100.latency_s) == (230e9, 0.0)
     b200 = all_reduce("b200", 900e9)
     assert (b200.bus_bytes_per_s, b200.latency_s) == (900e9, 0.0) and "no source" in b200.source
+
+
+def test_calc_predict_prints_the_step_from_its_kernels(capsys):
+    """`kvjax calc --predict`: beside the step class's whole step, the step from its kernels,
+    the fixed time plus `kernels_s` on fused attention, its interval's lower edge no lower than
+    the sum of the kernels' bounds."""
+    import json
+
+    from kvjax.cli.main import main
+    from kvjax.predict.validate import corpus_classes
+
+    assert main(["calc", "--model", "llama-3-8b", "--chip", "h100-sxm", "--batch", "32",
+                 "--context", "4096", "--predict", "--json"]) == 0  # fmt: skip
+    got = json.loads(capsys.readouterr().out)["predicted"]["step_from_kernels"]
+    cfg = get_model_config("llama-3-8b", attention_kernel="flash")
+    chip = get_chip("h100-sxm")
+    wl = Workload("decode", 32, 4096)
+    want = steps.corpus_steps()["all"].t0_s + steps.kernels_s(
+        steps.kernel_fits(corpus_classes(), None), cfg, wl, chip)  # fmt: skip
+    assert got["predicted_s"] == pytest.approx(want, rel=1e-12)
+    bound = sum(roofline.bound_time_s(k.flops, k.bytes, chip.peak("bf16"),
+                                      chip.bandwidth_bytes_per_s)
+                for k in step_kernels(cfg, wl, chip).values())  # fmt: skip
+    assert bound <= got["predicted_lo_s"] < got["predicted_s"] < got["predicted_hi_s"]

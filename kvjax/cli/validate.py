@@ -159,4 +159,5 @@ def print_predicted(pred: dict[str, Any], con) -> None:
     for r in pred["kernels"]:
         t.add_row(r["name"], r["class"] or "-", fmt_seconds(r["bound_s"]), span(r))
     t.add_row("whole step", "step", "", span(pred["step"]))
+    t.add_row("whole step", "from kernels", "", span(pred["step_from_kernels"]))
     con.print(t)

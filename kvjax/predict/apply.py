@@ -89,8 +89,36 @@ def predict_step(
         out.append(row)
     engine = engine_step_cost(cfg, wl, chip)
     step = {"class": "step", **_interval(fits["step"], engine.flops, engine.bytes, peak, bw)}
-    return {"kernels": out, "step": step,
+    return {"kernels": out, "step": step, "step_from_kernels": step_from_kernels(cfg, wl, chip),
             "fits": {c: f.to_dict() for c, f in fits.items()}}  # fmt: skip
+
+
+def step_from_kernels(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, float]:
+    """The whole step as its kernels predict it (`kvjax.predict.steps`: each by its class, the
+    fixed time per step fitted on published steps), on fused attention where the closed form
+    has it, with the held-out steps' 80% interval."""
+    import math
+
+    from kvjax.analytic import roofline
+    from kvjax.analytic.step import step_kernels
+    from kvjax.predict import steps
+    from kvjax.predict.validate import corpus_classes
+
+    fits = steps.kernel_fits(corpus_classes(), None)
+    try:
+        engine = cfg.replace(attention_kernel="flash")
+        t = steps.kernels_s(fits, engine, wl, chip)
+    except KvjaxError:
+        engine = cfg
+        t = steps.kernels_s(fits, cfg, wl, chip)
+    peak, bw = chip.peak(engine.peak_dtype), chip.bandwidth_bytes_per_s
+    bound = sum(roofline.bound_time_s(k.flops, k.bytes, peak, bw)
+                for k in step_kernels(engine, wl, chip).values())  # fmt: skip
+    o = steps.corpus_steps()["all"]
+    p = o.t0_s + t
+    return {"class": "kernels", "predicted_s": p,
+            "predicted_lo_s": max(p * math.exp(o.lo), bound),  # no lower than its kernels' bounds
+            "predicted_hi_s": p * math.exp(o.hi)}  # fmt: skip
 
 
 def predict_step_s(flops: float, nbytes: float, chip: ChipSpec, dtype: str) -> dict[str, float]:
