@@ -143,7 +143,8 @@ def test_calc_predict_prints_the_step_from_its_kernels(capsys):
 
     assert main(["calc", "--model", "llama-3-8b", "--chip", "h100-sxm", "--batch", "32",
                  "--context", "4096", "--predict", "--json"]) == 0  # fmt: skip
-    got = json.loads(capsys.readouterr().out)["predicted"]["step_from_kernels"]
+    predicted = json.loads(capsys.readouterr().out)["predicted"]
+    got = predicted["step_from_kernels"]
     cfg = get_model_config("llama-3-8b", attention_kernel="flash")
     chip = get_chip("h100-sxm")
     wl = Workload("decode", 32, 4096)
@@ -154,3 +155,11 @@ def test_calc_predict_prints_the_step_from_its_kernels(capsys):
                                       chip.bandwidth_bytes_per_s)
                 for k in step_kernels(cfg, wl, chip).values())  # fmt: skip
     assert bound <= got["predicted_lo_s"] < got["predicted_s"] < got["predicted_hi_s"]
+    from pathlib import Path
+
+    doc = " ".join((Path(__file__).parents[1] / "experiments/published/VALIDATE.md").read_text()
+                   .split())  # fmt: skip
+    step = predicted["step"]["predicted_s"]
+    ms = [1e3 * x for x in (step, got["predicted_s"], got["predicted_lo_s"], got["predicted_hi_s"])]
+    assert ("{:.1f} ms by the step class and {:.1f} ms [{:.1f}, {:.1f}] from its kernels"
+            .format(*ms)) in doc  # fmt: skip
