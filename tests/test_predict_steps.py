@@ -163,3 +163,25 @@ def test_calc_predict_prints_the_step_from_its_kernels(capsys):
     ms = [1e3 * x for x in (step, got["predicted_s"], got["predicted_lo_s"], got["predicted_hi_s"])]
     assert ("{:.1f} ms by the step class and {:.1f} ms [{:.1f}, {:.1f}] from its kernels"
             .format(*ms)) in doc  # fmt: skip
+
+
+def test_nvfp4_weights_take_four_and_a_half_bits_of_an_fp8_config():
+    """A published NVFP4 row runs an fp8 config whose weights take 4.5 / 8 of its bytes: each
+    kernel's weight bytes scaled (its other bytes and FLOPs kept), and the cache pool gains the
+    bytes the weights give back."""
+    from kvjax.serving.memory import kv_pool
+    from kvjax.serving.system_predict import NVFP4_BITS
+
+    cfg, chip = get_model_config("llama-3-8b", weight_dtype="fp8"), get_chip("b200")
+    q = step_kernels(cfg, Workload("decode", 8, 1024), chip)[kernels.Q_PROJ]
+    s = NVFP4_BITS / 8
+    got = steps.scale_weights(q, s)
+    assert s == 0.5625 and got.weight_bytes == q.weight_bytes * s and got.flops == q.flops
+    assert got.bytes - got.weight_bytes == pytest.approx(q.bytes - q.weight_bytes, rel=1e-12)
+    assert steps.scale_weights(q, 1.0) is q
+    whole, nvfp4 = (kv_pool(cfg, chip, 16, 2048, 4096, 0.9, 0, 8, scale) for scale in (1.0, s))
+    freed = whole.weight_bytes * (1 - s)
+    assert nvfp4.weight_bytes == pytest.approx(whole.weight_bytes * s, rel=1e-12)
+    assert (nvfp4.pages - whole.pages) * 16 * whole.bytes_per_token == pytest.approx(
+        freed, rel=1e-3
+    )

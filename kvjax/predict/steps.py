@@ -75,11 +75,19 @@ def kernels_s(
     peak = chip.peak(cfg.peak_dtype)
     total = 0.0
     for name, k in step_kernels(cfg, wl, chip).items():
-        if int4 and k.weight_bytes:
-            k = type(k)(k.name, k.flops, k.bytes - k.weight_bytes / 2, k.transcendentals,
-                        k.weight_bytes / 2, k.kv_bytes)  # fmt: skip
+        k = scale_weights(k, 0.5) if int4 else k
         total += kernel_s(fits, name, k, attention_form(cfg, wl), cfg, chip, peak, chips)
     return total
+
+
+def scale_weights(k, scale: float):
+    """A kernel whose weights take `scale` of the bytes its config's dtype gives them (weight-only
+    int4: 0.5 of int8's; NVFP4: 4.5 bits, 0.5625 of fp8's)."""
+    if scale == 1 or not k.weight_bytes:
+        return k
+    cut = k.weight_bytes * (1 - scale)
+    return type(k)(k.name, k.flops, k.bytes - cut, k.transcendentals, k.weight_bytes - cut,
+                   k.kv_bytes)  # fmt: skip
 
 
 def fit_t0(kernel_s_: np.ndarray, measured_s: np.ndarray) -> float:

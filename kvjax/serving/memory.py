@@ -81,10 +81,12 @@ def slot_bytes(cfg: ModelConfig, page_size: int, max_context: int) -> int:
 def kv_pool(
     cfg: ModelConfig, chip: ChipSpec, page_size: int, token_budget: int, max_context: int,
     memory_utilization: float = 0.9, reserve_bytes: float | None = None, max_batch: int = 256,
+    weight_scale: float = 1.0,
 ) -> KvPool:  # fmt: skip
     """The pool's pages; a KvjaxError with the bytes needed and the bytes there are when the
     weights, the largest step, the reserves and the slots leave no page. `reserve_bytes` None:
-    `engine_reserve_bytes(chip)`."""
+    `engine_reserve_bytes(chip)`; `weight_scale`: the weights' bytes against the config's dtype
+    (NVFP4 weights on an fp8 config: 4.5 / 8)."""
     if not chip.memory_bytes:
         raise KvjaxError(f"chip {chip.name!r} has no memory size; give --memory")
     if not 0 < memory_utilization <= 1:
@@ -97,7 +99,7 @@ def kv_pool(
     largest = Workload(EXTEND, 1, max_context, new_tokens=tokens) if tokens < max_context else (
         Workload("prefill", 1, max_context))  # fmt: skip
     act = activation_bytes(cfg, largest)
-    weights = weight_bytes(cfg)
+    weights = weight_bytes(cfg) * weight_scale
     slot = slot_bytes(cfg, page_size, max_context)
     fixed = weights + act + reserve_bytes + tensor_scale_bytes(cfg) + max_batch * slot
     pool = memory_utilization * chip.memory_bytes - fixed

@@ -173,19 +173,23 @@ class KernelStepTime(PredictedStepTime):
     as `ClosedFormStepTime` splits it, by its corpus class (GEMMs by `matmul`, the fused
     attention by `attention_prefill` or `attention_decode` in the form it runs), a kernel with
     no class at its bound, plus the fixed time per step fitted on published engine steps.
-    `fits` and `overhead`: ones that left a source group out (default: every group's)."""
+    `fits` and `overhead`: ones that left a source group out (default: every group's);
+    `weight_scale`: the weights' bytes against the config's dtype (NVFP4 on an fp8 config)."""
 
-    def __init__(self, cfg: ModelConfig, chip: ChipSpec, fits=None, overhead=None):
+    def __init__(self, cfg: ModelConfig, chip: ChipSpec, fits=None, overhead=None,
+                 weight_scale: float = 1.0):  # fmt: skip
         from kvjax.predict import steps
         from kvjax.predict.validate import corpus_classes
 
         super().__init__(cfg, chip)
         self.fits = fits or steps.kernel_fits(corpus_classes(), None)
         self.overhead = overhead or steps.corpus_steps()["all"]
+        self.weight_scale = weight_scale
 
     def _kernel_s(self, name: str, k, phase: str) -> float:
-        from kvjax.predict.steps import kernel_s
+        from kvjax.predict.steps import kernel_s, scale_weights
 
+        k = scale_weights(k, self.weight_scale)
         return kernel_s(self.fits, name, k, phase, self.cfg, self.chip, self.peak)
 
     def __call__(self, batch) -> float:

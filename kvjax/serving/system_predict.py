@@ -65,6 +65,7 @@ ROW_ENGINES = {
 # dataset's published means (`experiments/published/lengths.csv`), said per row.
 UNSTATED = "engine settings unstated: TensorRT-LLM's trtllm-bench defaults; lengths at the means"
 MAX_REQUESTS = 3000
+NVFP4_BITS = 4.5  # NVIDIA's NVFP4: 4-bit e2m1 elements, one fp8 e4m3 scale a block of 16
 # a metric -> the simulator report's statistic (TensorRT-LLM's online table: TPOT = mean ITL)
 METRICS = {"output_tokens_per_s": None, "ttft_mean_s": ("ttft_s", "mean"),
            "tpot_mean_s": ("itl_s", "mean")}  # fmt: skip
@@ -124,8 +125,6 @@ def why_not(row: dict[str, Any]) -> str | None:
         return "the chips are not whole replicas of the stated placement"
     if not (row["weight_dtype"] and row["compute_dtype"]):
         return "weight or compute dtype not stated"
-    if row["weight_dtype"] == "fp4":
-        return "fp4 weights are not sized by kvjax's model config"
     return None
 
 
@@ -141,21 +140,25 @@ def predict_row(row: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
     # the KV cache will automatically be set to FP8 as well", its performance overview)
     stated = {**row, "kv_dtype": row["kv_dtype"] or row["weight_dtype"]}
     dtype = {k: dtype_key(stated[k]) for k in ("weight_dtype", "kv_dtype", "compute_dtype")}
-    cfg = get_model_config(row["model"], weight_dtype=dtype["weight_dtype"],
-                           kv_dtype=dtype["kv_dtype"], matmul_dtype=dtype["compute_dtype"],
-                           attention_kernel="flash")  # fmt: skip
+    # NVFP4 weights: an fp8 config whose weights take 4.5 of its 8 bits (e2m1 elements and one
+    # e4m3 scale a block of 16); an unstated cache of FP4 weights is fp8 (NVFP4 rows' caches)
+    scale = NVFP4_BITS / 8 if dtype["weight_dtype"] == "fp4" else 1.0
+    weight = "fp8" if scale != 1 else dtype["weight_dtype"]
+    kv = "fp8" if dtype["kv_dtype"] == "fp4" else dtype["kv_dtype"]
+    cfg = get_model_config(row["model"], weight_dtype=weight, kv_dtype=kv, attention_kernel="flash",
+                           matmul_dtype=dtype["compute_dtype"])  # fmt: skip
     dev, held = placed.device_configs(cfg, tp, pp, ep)
     engine, settings = engine_of(row)
     group = STEP_GROUPS.get(row["source_group"], row["source_group"])
     overhead = fits["held"].get(group) or fits["all"]  # no corpus row of the group: every fit
-    step = KernelStepTime(dev, chip, kernel_fits(fits["classes"], group), overhead)
+    step = KernelStepTime(dev, chip, kernel_fits(fits["classes"], group), overhead, scale)
     step = placed.placed_step(step, cfg, chip, tp, pp, ep, achieved=True)
     I, O = lengths_of(row)  # noqa: E741
     n = min(row["requests"] or MAX_REQUESTS, MAX_REQUESTS)
     copies = pp * ep  # pp micro-batches in flight, or ep attention groups
     max_batch = engine["max_batch"] or int(row["concurrency"] or n)
     pool = kv_pool(held, chip, 16, engine["token_budget"], I + O, engine["util"],
-                   reserve_bytes=0, max_batch=max_batch)  # fmt: skip
+                   reserve_bytes=0, max_batch=max_batch, weight_scale=scale)  # fmt: skip
     pages = int(engine["free"] * pool.pages) // pp
     scheds = [
         Scheduler(
@@ -190,7 +193,7 @@ def predict_row(row: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
         "input_len": I, "output_len": O, "requests_simulated": n, "rate_per_s": rate,
         "max_batch": max_batch, "token_budget": engine["token_budget"],
         "admission": "reserve" if engine["reserve"] else "recompute",
-        "kv_dtype": dtype["kv_dtype"] + ("" if row["kv_dtype"] else " (unstated: the weights')"),
+        "kv_dtype": kv + ("" if row["kv_dtype"] else " (unstated: the weights')"),
         "preemptions": out["preemptions"], "seconds": time.perf_counter() - start,
     }  # fmt: skip
 
