@@ -37,16 +37,22 @@ def test_a_step_is_its_kernels_by_their_classes_plus_one_fixed_time():
     assert q.flops == L * 2 * 8 * 4096 * 4096 and q.weight_bytes == L * 4096 * 4096 * 2
     by_hand = L * (m.t0_s + max(q.flops / L / (m.compute_efficiency * P),
                                 q.bytes / L / (m.bandwidth_efficiency * BW)))  # fmt: skip
-    assert steps.kernel_s(fits, kernels.Q_PROJ, q, "decode", cfg, chip, P) == pytest.approx(by_hand)
+    assert steps.kernel_s(fits, kernels.Q_PROJ, q, "decode", L, chip, P) == pytest.approx(by_hand)
     norm = ks[kernels.NORM_ATTN]
-    assert steps.kernel_s(fits, kernels.NORM_ATTN, norm, "decode", cfg, chip, P) == (
+    assert steps.kernel_s(fits, kernels.NORM_ATTN, norm, "decode", L, chip, P) == (
         roofline.bound_time_s(norm.flops, norm.bytes, P, BW))  # fmt: skip
     a, d = ks[kernels.ATTENTION], fits["attention_decode"]
-    assert steps.kernel_s(fits, kernels.ATTENTION, a, "decode", cfg, chip, P) == pytest.approx(
+    assert steps.kernel_s(fits, kernels.ATTENTION, a, "decode", L, chip, P) == pytest.approx(
         L * (d.t0_s + a.bytes / L / (d.bandwidth_efficiency * BW)))  # fmt: skip
     total = steps.kernels_s(fits, cfg, wl, chip)
-    assert total == pytest.approx(sum(steps.kernel_s(fits, n, k, "decode", cfg, chip, P)
+    assert total == pytest.approx(sum(steps.kernel_s(fits, n, k, "decode", L, chip, P)
                                       for n, k in ks.items()))  # fmt: skip
+    # a hybrid's attention runs in its attention layers only: 12 of qwen3-next's 48
+    from kvjax.analytic.step import kernel_layers
+
+    hybrid = get_model_config("qwen3-next-80b-a3b", attention_kernel="flash")
+    assert kernel_layers(hybrid)[kernels.ATTENTION] == 12
+    assert kernel_layers(get_model_config("deepseek-v3"))["moe/gate_up"] == 58
     model = KernelStepTime(cfg, chip)
     batch = [Scheduled(None, 1, 1024) for _ in range(8)]
     assert model(batch) == pytest.approx(model.overhead.t0_s + total, rel=1e-9)
@@ -71,8 +77,8 @@ def test_the_fixed_time_is_fitted_and_held_out_by_group_nested():
              for h, k in (("b", "c"), ("c", "b"))]  # fmt: skip
     assert (held["a"].lo, held["a"].hi) == _conformal(np.concatenate(calib), 0.1)
     assert resid[g == "a"] == pytest.approx(np.log(y[g == "a"] / (held["a"].t0_s + s[g == "a"])))
-    with pytest.raises(Exception, match="2 groups or more"):
-        steps.leave_one_group_out(s[:3], y[:3], ["a"] * 3)
+    with pytest.raises(Exception, match="3 groups or more"):
+        steps.leave_one_group_out(s[:4], y[:4], ["a", "a", "b", "b"])
 
 
 def test_the_corpus_steps_from_their_kernels_held_out():
@@ -84,6 +90,16 @@ def test_the_corpus_steps_from_their_kernels_held_out():
     c = steps.corpus_steps()
     ratio = [r[3] for r in c["rows"]]
     assert out["loso_median_abs_error"] == float(np.median(np.abs(np.array(ratio) - 1)))
+    from pathlib import Path
+
+    doc = " ".join((Path(__file__).parents[1] / "experiments/published/VALIDATE.md").read_text()
+                   .split())  # fmt: skip
+    said = (
+        f"{out['loso_median_abs_error']:.1%} median held-out error (the `step` class: 15.5%), "
+        f"{out['loso_coverage_80']:.0%} coverage, median width "
+        f"{out['interval_80_median_width']:.0%} (194%), t0 = {1e3 * out['t0_s']:.1f} ms"
+    )
+    assert said in doc
     assert all(math.isfinite(x) and x > 0 for x in ratio)
 
 

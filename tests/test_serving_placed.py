@@ -75,6 +75,10 @@ def test_simulate_runs_the_placements_and_refuses_the_others_by_flag(capsys):
                       (["--model", "llama-2-70b", "--ep", "2", "--dp-attention", "2"],
                        "has no experts"),
                       (["--model", "llama-3-8b", "--pp", "2", "--disaggregate"],
-                       "do not go together")):  # fmt: skip
+                       "do not go together"),
+                      (["--model", "mixtral-8x7b", "--tp", "2", "--ep", "2", "--dp-attention",
+                        "2"], "--tp 2 with --ep 2"),
+                      (["--model", "llama-3-8b", "--pp", "2", "--step-time", "fitted", "--steps",
+                        "x.json"], "--step-time fitted runs the one engine")):  # fmt: skip
         assert main([*flags, *bad]) == 2
         assert said in capsys.readouterr().err

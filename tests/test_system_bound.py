@@ -165,12 +165,12 @@ def test_a_published_row_is_predicted_by_the_fit_that_left_its_group_out():
     committed = read_predictions()
     out, summary = validate_systems(list(rows.values()))
     errors = sorted(
-        abs(v["predicted_value"] / rows[s]["measured"] - 1) for s, v in committed.items()
+        abs(v["predicted_value"] / rows[s]["measured"] - 1) for (s, _), v in committed.items()
     )
     assert summary["predicted_rows"] == len(committed) >= 40
     assert summary["loso_median_abs_error"] == pytest.approx(float(np.median(errors)))
     inside = [v["predicted_lo"] <= rows[s]["measured"] <= v["predicted_hi"]
-              for s, v in committed.items()]  # fmt: skip
+              for (s, _), v in committed.items()]  # fmt: skip
     assert summary["loso_coverage_80"] == pytest.approx(float(np.mean(inside)))
     from pathlib import Path
 
@@ -252,3 +252,12 @@ def test_the_rows_the_simulator_runs_and_how():
     orca = next(r for r in rows.values() if r["length_distribution"] == "mlperf-llama2-70b-openorca"
                 and r["scenario"] == "offline" and "_TRT" in r["source"])  # fmt: skip
     assert sp.why_not(orca) == "lengths neither fixed nor a distribution with published means"
+    trt = rows["trtllm-perf-overview-v0.17:llama-3.1-8b:fp8:h100-sxm:128/128:tp1"]
+    assert sp.why_not({**trt, "scope": "per_node"}).startswith("scope 'per_node'")
+    assert sp.why_not({**trt, "dp_attention": "True"}).startswith("data-parallel attention")
+    # at a fixed rate the queue does not scale with the step: the interval is two more runs,
+    # each step at the interval's ends (here 20 requests of the published 500)
+    ttft = rows["trtllm-perf-overview-online-v0.14:llama-3.1-8b:bf16:h100-sxm:467/256:tp1:qps16:"
+                "ttft_mean_s"]  # fmt: skip
+    p = sp.predict_row({**ttft, "requests": 20}, sp.step_fits())
+    assert p["predicted_lo"] < p["predicted_value"] < p["predicted_hi"] and p["rate_per_s"] == 16

@@ -143,6 +143,13 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
                          "--step-time fitted)")  # fmt: skip
     if (args.step_time == "fitted") != (args.steps is not None):
         raise KvjaxError("--step-time fitted and --steps JSON go together (one without the other)")
+    placed = args.pp > 1 or args.ep > 1 or args.dp_attention > 1
+    if args.steps is not None and (placed or args.tp or args.replicas > 1):
+        raise KvjaxError("--step-time fitted runs the one engine that measured --steps (not "
+                         "with --tp/--pp/--ep/--dp-attention/--replicas)")  # fmt: skip
+    if args.tp and args.tp > 1 and args.ep > 1:
+        raise KvjaxError(f"--tp {args.tp} with --ep {args.ep}: expert parallelism is modelled over "
+                         "data-parallel attention groups of one chip each (tp = 1)")  # fmt: skip
     requests = load_requests(args)
     if args.steps is not None:
         return fitted_report(args, cfg, requests)
@@ -152,7 +159,6 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     # budget raised to the longest request, as an engine without chunked prefill runs)
     whole = whole_prefill_reason(cfg)
     budget = max(args.token_budget, longest - 1) if whole else args.token_budget
-    placed = args.pp > 1 or args.ep > 1 or args.dp_attention > 1
     if args.disaggregate and (args.tp or args.replicas > 1 or placed):
         raise KvjaxError("--tp/--pp/--ep/--dp-attention/--replicas and --disaggregate do not go "
                          "together (one chip an instance)")  # fmt: skip

@@ -120,10 +120,14 @@ def print_systems(report: dict[str, Any], con) -> None:
         f"{f['median']:.3g}, max {f['max']:.3g}); the prediction: {c['prediction']}"
     )
     if c["loso_median_abs_error"] is not None:
+
+        def pct(x, digits=0):
+            return "-" if x is None else f"{x:.{digits}%}"
+
         con.print(f"held out by group: median |predicted/measured - 1| "
-                  f"{c['loso_median_abs_error']:.1%} over {c['predicted_rows']} rows, 80% "
-                  f"interval covering {c['loso_coverage_80']:.0%} (median width "
-                  f"{c['interval_80_median_width']:.0%}); by group: " + ", ".join(
+                  f"{pct(c['loso_median_abs_error'], 1)} over {c['predicted_rows']} rows, 80% "
+                  f"interval covering {pct(c['loso_coverage_80'])} (median width "
+                  f"{pct(c['interval_80_median_width'])}); by group: " + ", ".join(
                       f"{g} {e['rows']} rows {e['median_abs_error']:.1%}"
                       for g, e in c["by_group"].items()))  # fmt: skip
     t = Table(title="serving systems closest to their bound")
@@ -133,7 +137,9 @@ def print_systems(report: dict[str, Any], con) -> None:
     rows = sorted(report["system_rows"], key=lambda r: -r["fraction_of_bound"])
     for r in [r for r in rows if r["above_bound"]] or rows[:10]:
         p = r.get("predicted_value")
-        pred = "-" if p is None else f"{p:.4g} [{r['predicted_lo']:.4g}, {r['predicted_hi']:.4g}]"
+        span = ("" if r.get("predicted_lo") is None
+                else f" [{r['predicted_lo']:.4g}, {r['predicted_hi']:.4g}]")  # fmt: skip
+        pred = "-" if p is None else f"{p:.4g}{span}"
         t.add_row(r["source"], r["metric"], r["scope"], f"{r['measured']:.4g}",
                   f"{r['bound_value']:.4g}", f"{r['fraction_of_bound']:.3f}",
                   r["bound_side"], pred)  # fmt: skip

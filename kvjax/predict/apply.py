@@ -63,12 +63,14 @@ def kernel_seconds(
 def predict_step(
     placed: list[dict[str, Any]], cfg: ModelConfig, wl: Workload, chip: ChipSpec,
 ) -> dict[str, Any]:  # fmt: skip
-    """Per kernel (the placed kernels of `kvjax calc`, summed over `layers`: a per-layer kernel
-    is predicted as `layers` launches) and for the whole step as an engine runs it
-    (`engine_step_cost`): predicted time and its 80% interval, with the class that predicted
-    it."""
+    """Per kernel (the placed kernels of `kvjax calc`, summed over their layers: a per-layer
+    kernel is predicted as one launch a layer that runs it, `kernel_layers`) and for the whole
+    step as an engine runs it (`engine_step_cost`): predicted time and its 80% interval, with the
+    class that predicted it."""
+    from kvjax.analytic.step import kernel_layers
+
     fits = corpus_fits()
-    phase, layers = wl.phase, cfg.num_layers
+    phase, layers = wl.phase, kernel_layers(cfg, chip)
     peak, bw = chip.peak(cfg.peak_dtype), chip.bandwidth_bytes_per_s
     out = []
     exps = 0.0  # the fused attention's exponentials, at the chip's special-function rate
@@ -81,7 +83,7 @@ def predict_step(
         cls = kernel_class(k["name"], phase)
         row = {"name": k["name"], "class": cls, "bound_s": k["bound_s"]}
         if cls in fits and k["flops"] + k["bytes"] > 0:
-            calls = layers if kernels.REGISTRY[k["name"]].per_layer else 1
+            calls = layers.get(k["name"], 1) if kernels.REGISTRY[k["name"]].per_layer else 1
             special = exps if k["name"] == kernels.ATTENTION else 0.0
             row.update(_interval(fits[cls], k["flops"], k["bytes"], peak, bw, calls, special))
         else:

@@ -53,3 +53,25 @@ def all_reduce(chip_name: str, line_rate: float) -> AllReduce:
     return ALL_REDUCE.get(chip_name) or AllReduce(
         line_rate, 0.0, f"no source for {chip_name!r}: the line rate, no latency"
     )
+
+
+def tensor_parallel_link(cfg, chip, tp: int, achieved: bool):
+    """(tokens, rows) -> seconds: a step's collectives under tp-way tensor parallelism, run after
+    its compute: 2 L + 1 ring all-reduces of its M = tokens x D activations (one a MoE layer's
+    shared and routed sums) and the all-gather of the `rows` sampled rows' f32 logits, bytes per
+    device over the link at the line rate (`achieved` False: the bound's) or as engines reach it
+    (with a latency each)."""
+    from kvjax.analytic.parallel import collective_counts_per_step
+    from kvjax.dtypes import DTYPE_BYTES
+    from kvjax.errors import KvjaxError
+
+    line = chip.interconnect_bytes_per_s
+    if not line:
+        raise KvjaxError(f"chip {chip.name!r} has no interconnect bandwidth for tp={tp}")
+    link = all_reduce(chip.name, line) if achieved else AllReduce(line, 0.0, "")
+    reduces = collective_counts_per_step(cfg, tp).get("all-reduce", 0)
+    row = cfg.d_model * DTYPE_BYTES[cfg.compute_dtype]
+    logits = -(-cfg.vocab_size // tp) * tp * 4
+    bw, fixed = link.bus_bytes_per_s or line, (reduces + 1) * link.latency_s
+    a, b = reduces * 2 * (tp - 1) / tp * row / bw, (tp - 1) / tp * logits / bw
+    return lambda tokens, rows: tokens * a + rows * b + fixed

@@ -11,10 +11,12 @@ TensorRT-LLM's compute-bound serving rows up to 2.1x fast. Here the compute side
 GEMMs and attention kernels of other groups (DeepGEMM, cuBLAS, FlashAttention), measured where
 they are compute-bound.
 
-Held out as everything in `kvjax.predict`: a step row of group g is predicted with the kernel
-classes' fits that left g out (where a class has g's rows) and the `t0` fitted without g; its 80%
-interval is nested split-conformal (the residuals of every other group h under a t0 fitted on
-neither g nor h). Pure numpy.
+A row over several chips (tensor parallel) adds its collectives as engines reach them
+(`kvjax.predict.collectives`), as the simulator's placed steps do. Held out as everything in
+`kvjax.predict`: a step row of group g is predicted with the kernel classes' fits that left g out
+(where a class has g's rows) and the `t0` fitted without g; its 80% interval is nested
+split-conformal (the residuals of every other group h under a t0 fitted on neither g nor h; 3
+groups at least, so that a pair left out leaves one to fit). Pure numpy.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from kvjax import kernels
 from kvjax.analytic import roofline
 from kvjax.analytic.costs import Workload
 from kvjax.analytic.flash import attention_form
-from kvjax.analytic.step import step_kernels
+from kvjax.analytic.step import kernel_layers, step_kernels
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, get_chip
 from kvjax.model.config import ModelConfig
 from kvjax.predict.apply import kernel_seconds
 from kvjax.predict.bounds import special_seconds
+from kvjax.predict.collectives import tensor_parallel_link
 from kvjax.predict.model import LEVEL, Fit, _conformal
 
 _T0 = np.concatenate([[0.0], np.geomspace(1e-6, 0.1, 1001)])
@@ -55,14 +58,14 @@ class Overhead:
 
 
 def kernel_s(
-    fits: dict[str, Fit], name: str, k, phase: str, cfg: ModelConfig, chip: ChipSpec,
-    peak: float, chips: int = 1,
+    fits: dict[str, Fit], name: str, k, phase: str, layers: int, chip: ChipSpec, peak: float,
+    chips: int = 1,
 ) -> float:  # fmt: skip
-    """One kernel of a step (summed over its layers; over `chips` chips as one aggregate roof)
-    by its class, or at its bound where it has none."""
+    """One kernel of a step (summed over the `layers` that run it: `kernel_layers`; over `chips`
+    chips as one aggregate roof) by its class, or at its bound where it has none."""
     f, q = k.flops / chips, k.bytes / chips
     special = special_seconds(k.transcendentals, chip, chips) if name == kernels.ATTENTION else 0
-    t = kernel_seconds(fits, name, f, q, phase, cfg.num_layers, chip, peak, special)
+    t = kernel_seconds(fits, name, f, q, phase, layers, chip, peak, special)
     return t if t is not None else roofline.bound_time_s(f, q, peak, chip.bandwidth_bytes_per_s)
 
 
@@ -73,10 +76,12 @@ def kernels_s(
     """A whole step's kernels, each by its class (weight-only int4: half of int8's weight
     bytes, computed in bf16 as `bounds.closed_form` counts it)."""
     peak = chip.peak(cfg.peak_dtype)
+    layers = kernel_layers(cfg, chip)
     total = 0.0
     for name, k in step_kernels(cfg, wl, chip).items():
         k = scale_weights(k, 0.5) if int4 else k
-        total += kernel_s(fits, name, k, attention_form(cfg, wl), cfg, chip, peak, chips)
+        total += kernel_s(fits, name, k, attention_form(cfg, wl), layers.get(name, 1), chip,
+                          peak, chips)  # fmt: skip
     return total
 
 
@@ -105,8 +110,8 @@ def leave_one_group_out(
     s, y = np.asarray(kernel_s_, float), np.asarray(measured_s, float)
     g = np.asarray(groups)
     names = sorted(set(groups))
-    if len(names) < 2:
-        raise KvjaxError(f"leave-one-group-out needs 2 groups or more, got {names}")
+    if len(names) < 3:  # a nested interval leaves two groups out and fits on a third
+        raise KvjaxError(f"leave-one-group-out needs 3 groups or more, got {names}")
 
     def t0_without(*left: str) -> float:
         keep = ~np.isin(g, left)
@@ -146,7 +151,10 @@ def corpus_steps() -> dict:
         cfg = get_model_config(r.model, weight_dtype={"int4": "int8"}.get(r.dtype, r.dtype),
                                kv_dtype=r.kv_dtype or "bf16", attention_kernel="flash")  # fmt: skip
         wl = Workload("decode" if r.kernel == "decode_step" else "prefill", r.batch, r.context)
-        t = kernels_s(fits, cfg, wl, get_chip(r.chip), r.num_chips or 1, r.dtype == "int4")
+        chip, chips = get_chip(r.chip), r.num_chips or 1
+        t = kernels_s(fits, cfg, wl, chip, chips, r.dtype == "int4")
+        if chips > 1:  # tensor parallel: its collectives as engines reach them, after compute
+            t += tensor_parallel_link(cfg, chip, chips, achieved=True)(wl.tokens, wl.batch)
         out.append((r.group, r.measured_s, t))
     held, whole, resid = leave_one_group_out([o[2] for o in out], [o[1] for o in out],
                                              [o[0] for o in out])  # fmt: skip

@@ -59,6 +59,19 @@ class _Around:
         return self.inner.decode_steps(contexts, steps) + self.extra_s(len(contexts))
 
 
+class Scaled:
+    """Every step of `inner` taking `factor` times as long (a prediction's interval ends)."""
+
+    def __init__(self, inner, factor: float):
+        self.inner, self.factor = inner, factor
+
+    def __call__(self, batch) -> float:
+        return self.factor * self.inner(batch)
+
+    def decode_steps(self, contexts, steps: int):
+        return self.factor * self.inner.decode_steps(contexts, steps)
+
+
 class PipelinedStepTime(_Around):
     """A micro-batch's step through pp stages: the whole model's step (`inner`, one tp-way
     device's shapes, all layers) and pp - 1 hops of its activations, M x D / tp a device."""

@@ -22,6 +22,7 @@ from kvjax import kernels
 from kvjax.analytic import Workload, roofline, step_kernels
 from kvjax.analytic.costs import EXTEND
 from kvjax.analytic.flash import attention_form
+from kvjax.analytic.step import kernel_layers
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
 from kvjax.model.config import ModelConfig
@@ -185,12 +186,13 @@ class KernelStepTime(PredictedStepTime):
         self.fits = fits or steps.kernel_fits(corpus_classes(), None)
         self.overhead = overhead or steps.corpus_steps()["all"]
         self.weight_scale = weight_scale
+        self.layers = kernel_layers(self.cfg, chip)  # the layers that run each kernel
 
     def _kernel_s(self, name: str, k, phase: str) -> float:
         from kvjax.predict.steps import kernel_s, scale_weights
 
         k = scale_weights(k, self.weight_scale)
-        return kernel_s(self.fits, name, k, phase, self.cfg, self.chip, self.peak)
+        return kernel_s(self.fits, name, k, phase, self.layers.get(name, 1), self.chip, self.peak)
 
     def __call__(self, batch) -> float:
         return self.overhead.t0_s + self.step_cost(batch)[0]
@@ -209,25 +211,13 @@ class PlacedStepTime:
     all-reduce's latency, sourced per chip) for a predicted step; else the line rate."""
 
     def __init__(self, inner, cfg: ModelConfig, chip: ChipSpec, tp: int, achieved: bool = False):
-        from kvjax.analytic.parallel import collective_counts_per_step
-        from kvjax.dtypes import DTYPE_BYTES
-        from kvjax.predict.collectives import AllReduce, all_reduce
+        from kvjax.predict.collectives import tensor_parallel_link
 
-        if not chip.interconnect_bytes_per_s:
-            raise KvjaxError(f"chip {chip.name!r} has no interconnect bandwidth for tp={tp}")
         self.inner, self.tp = inner, tp
-        line = chip.interconnect_bytes_per_s
-        self.collective = all_reduce(chip.name, line) if achieved else AllReduce(line, 0.0, "")
-        self.link = self.collective.bus_bytes_per_s or line
-        self.reduces = collective_counts_per_step(cfg, tp).get("all-reduce", 0)
-        self.row = cfg.d_model * DTYPE_BYTES[cfg.compute_dtype]
-        self.logits = -(-cfg.vocab_size // tp) * tp * 4
+        self._link = tensor_parallel_link(cfg, chip, tp, achieved)  # refuses a chip without one
 
     def link_s(self, tokens: int, rows: int) -> float:
-        t = self.tp
-        return (self.reduces * 2 * (t - 1) / t * tokens * self.row
-                + (t - 1) / t * rows * self.logits) / self.link + (
-                    (self.reduces + 1) * self.collective.latency_s)  # fmt: skip
+        return self._link(tokens, rows)
 
     def __call__(self, batch) -> float:
         return self.inner(batch) + self.link_s(sum(s.tokens for s in batch), len(batch))

@@ -116,6 +116,13 @@ def why_not(row: dict[str, Any]) -> str | None:
         )
     if row["scenario"] == "rate" and not row["rate_per_s"]:
         return "a rate row without its rate"
+    if row["scope"] not in ("system", "per_chip"):
+        return f"scope {row['scope']!r}: only system and per-chip values are simulated"
+    if row["scenario"] == "concurrency" and not row["concurrency"]:
+        return "a concurrency row without its concurrency"
+    adp = str(row["dp_attention"]).lower() == "true"
+    if adp and ((row["pp"] or 1) > 1 or not get_model_config(row["model"]).is_moe):
+        return "data-parallel attention is simulated with the experts spread over it, without pp"
     if lengths_of(row) is None:
         return "lengths neither fixed nor a distribution with published means"
     if (row["ep"] or 1) > 1 and str(row["dp_attention"]).lower() != "true":
@@ -157,34 +164,41 @@ def predict_row(row: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
     n = min(row["requests"] or MAX_REQUESTS, MAX_REQUESTS)
     copies = pp * ep  # pp micro-batches in flight, or ep attention groups
     max_batch = engine["max_batch"] or int(row["concurrency"] or n)
+    if row["scenario"] == "concurrency":  # at most `concurrency` in flight over the copies
+        max_batch = min(max_batch, max(1, int(row["concurrency"]) // (copies * replicas)))
     pool = kv_pool(held, chip, 16, engine["token_budget"], I + O, engine["util"],
                    reserve_bytes=0, max_batch=max_batch, weight_scale=scale)  # fmt: skip
     pages = int(engine["free"] * pool.pages) // pp
-    scheds = [
-        Scheduler(
-            PagePool(pages, 16),
-            max_batch,
-            engine["token_budget"],
-            prefix_caching=False,
-            reserve=engine["reserve"],
-        )
-        for _ in range(copies)
-    ]
     start = time.perf_counter()
-    rate = row["rate_per_s"] if row["scenario"] == "rate" else 1e9
-    out = report(simulate_replicas(generate(n, rate, str(I), str(O), 0), scheds, step,
-                                   "round-robin"))  # fmt: skip
+    # a replica's share of a rate (the replicas serve the arrivals round-robin)
+    rate = row["rate_per_s"] / replicas if row["scenario"] == "rate" else 1e9
     latency = METRICS[row["metric"]]
-    if latency is None:
+
+    def run(factor: float = 1.0) -> tuple[float, int]:
+        """The metric's value and the preemptions, each step `factor` times as long."""
+        timed = step if factor == 1 else placed.Scaled(step, factor)
+        fresh = [Scheduler(PagePool(pages, 16), max_batch, engine["token_budget"],
+                           prefix_caching=False, reserve=engine["reserve"])
+                 for _ in range(copies)]  # fmt: skip
+        out = report(simulate_replicas(generate(n, rate, str(I), str(O), 0), fresh, timed,
+                                       "round-robin"))  # fmt: skip
+        if latency is not None:
+            return out[latency[0]][latency[1]], out["preemptions"]
         value = out["throughput_tokens_per_s"] * replicas
-        if row["scope"] == "per_chip":
-            value /= row["num_chips"]
-    else:
-        value = out[latency[0]][latency[1]]
-    # the steps' 80% interval on log(measured / predicted) time: a latency's ends are the step
-    # time's, a throughput's their inverse
+        return (value / row["num_chips"] if row["scope"] == "per_chip" else value,
+                out["preemptions"])  # fmt: skip
+
+    value, preemptions = run()
+    # the steps' 80% interval on log(measured / predicted) time: offline, every step scales and
+    # a latency's ends are the step time's, a throughput's their inverse; at a fixed rate the
+    # queue does not scale with the step, so the run is repeated at the interval's two ends
     ends = (math.exp(overhead.lo), math.exp(overhead.hi))
-    lo, hi = (value * ends[0], value * ends[1]) if latency else (value / ends[1], value / ends[0])
+    if row["scenario"] == "rate":
+        lo, hi = sorted((run(ends[0])[0], run(ends[1])[0]))
+    elif latency:
+        lo, hi = value * ends[0], value * ends[1]
+    else:
+        lo, hi = value / ends[1], value / ends[0]
     return {
         "source": row["source"], "metric": row["metric"], "predicted_value": value,
         "predicted_lo": lo, "predicted_hi": hi,
@@ -194,7 +208,7 @@ def predict_row(row: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
         "max_batch": max_batch, "token_budget": engine["token_budget"],
         "admission": "reserve" if engine["reserve"] else "recompute",
         "kv_dtype": kv + ("" if row["kv_dtype"] else " (unstated: the weights')"),
-        "preemptions": out["preemptions"], "seconds": time.perf_counter() - start,
+        "preemptions": preemptions, "seconds": time.perf_counter() - start,
     }  # fmt: skip
 
 

@@ -180,13 +180,15 @@ def read_lengths(path: Path = LENGTHS_CSV) -> dict[str, dict[str, Any]]:
                 for r in csv.DictReader(f)}  # fmt: skip
 
 
-def read_predictions(path: Path = PREDICTIONS_CSV) -> dict[str, dict[str, Any]]:
-    """The committed predictions by row source (none when the file is absent)."""
+def read_predictions(path: Path = PREDICTIONS_CSV) -> dict[tuple[str, str], dict[str, Any]]:
+    """The committed predictions by row (source, metric) (none when the file is absent; a file
+    without a `metric` column predicted output tokens/s)."""
     if not path.exists():
         return {}
     with open(path, newline="") as f:
-        return {r["source"]: {**r, **{k: float(r[k]) if r.get(k) else None
-                                      for k in ("predicted_value", "predicted_lo", "predicted_hi")}}
+        return {(r["source"], r.get("metric") or "output_tokens_per_s"): {
+                    **r, **{k: float(r[k]) if r.get(k) else None
+                            for k in ("predicted_value", "predicted_lo", "predicted_hi")}}
                 for r in csv.DictReader(f)}  # fmt: skip
 
 
@@ -214,10 +216,10 @@ def validate_systems(rows: list[dict[str, Any]]) -> tuple[list[dict], dict[str, 
     out = [{**r, **row_bound(r)} for r in rows]
     predicted = read_predictions()
     for r in out:
-        p = predicted.get(r["source"])
+        p = predicted.get((r["source"], r["metric"]))
         if p is not None:
-            r.update(predicted_value=p["predicted_value"], predicted_lo=p["predicted_lo"],
-                     predicted_hi=p["predicted_hi"], prediction_from=p["step_fit"],
+            r.update(predicted_value=p["predicted_value"], predicted_lo=p.get("predicted_lo"),
+                     predicted_hi=p.get("predicted_hi"), prediction_from=p["step_fit"],
                      held_out_predicted_value=p["predicted_value"]
                      if p["step_fit"].startswith("held out") else None)  # fmt: skip
     held = [r for r in out if r.get("held_out_predicted_value") is not None]
