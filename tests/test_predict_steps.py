@@ -48,11 +48,9 @@ def test_a_step_is_its_kernels_by_their_classes_plus_one_fixed_time():
     assert total == pytest.approx(sum(steps.kernel_s(fits, n, k, "decode", L, chip, P)
                                       for n, k in ks.items()))  # fmt: skip
     # a hybrid's attention runs in its attention layers only: 12 of qwen3-next's 48
-    from kvjax.analytic.step import kernel_layers
-
     hybrid = get_model_config("qwen3-next-80b-a3b", attention_kernel="flash")
-    assert kernel_layers(hybrid)[kernels.ATTENTION] == 12
-    assert kernel_layers(get_model_config("deepseek-v3"))["moe/gate_up"] == 58
+    assert steps.kernel_layers(hybrid)[kernels.ATTENTION] == 12
+    assert steps.kernel_layers(get_model_config("deepseek-v3"))["moe/gate_up"] == 58
     model = KernelStepTime(cfg, chip)
     batch = [Scheduled(None, 1, 1024) for _ in range(8)]
     assert model(batch) == pytest.approx(model.overhead.t0_s + total, rel=1e-9)

@@ -383,21 +383,6 @@ def step_kernels(cfg: ModelConfig, wl: Workload, chip=None) -> dict[str, KernelC
     return out
 
 
-def kernel_layers(cfg: ModelConfig, chip=None) -> dict[str, int]:
-    """How many layers run each per-layer kernel (attention in a hybrid's attention layers only,
-    the experts in the MoE layers, the dense MLP in the others), over a decode's and a
-    prefill's kernels."""
-    out: dict[str, int] = {}
-    for wl in (Workload("decode", 1, 64), Workload("prefill", 1, 64)):
-        counts: Counter = Counter()
-        for (sliding, moe, rope, kind), count in layer_kinds(cfg):
-            for name in layer_kernels(cfg, wl, sliding, moe, chip, rope, kind):
-                counts[name] += count
-        for name, count in counts.items():
-            out.setdefault(name, count)
-    return out
-
-
 def step_cost(cfg: ModelConfig, wl: Workload, chip=None) -> StepCost:
     return StepCost.total(step_kernels(cfg, wl, chip).values())
 

@@ -67,7 +67,7 @@ def predict_step(
     kernel is predicted as one launch a layer that runs it, `kernel_layers`) and for the whole
     step as an engine runs it (`engine_step_cost`): predicted time and its 80% interval, with the
     class that predicted it."""
-    from kvjax.analytic.step import kernel_layers
+    from kvjax.predict.steps import kernel_layers
 
     fits = corpus_fits()
     phase, layers = wl.phase, kernel_layers(cfg, chip)

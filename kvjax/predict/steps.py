@@ -22,6 +22,7 @@ groups at least, so that a pair left out leaves one to fit). Pure numpy.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ from kvjax import kernels
 from kvjax.analytic import roofline
 from kvjax.analytic.costs import Workload
 from kvjax.analytic.flash import attention_form
-from kvjax.analytic.step import kernel_layers, step_kernels
+from kvjax.analytic.step import layer_kernels, layer_kinds, step_kernels
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, get_chip
 from kvjax.model.config import ModelConfig
@@ -55,6 +56,21 @@ class Overhead:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+def kernel_layers(cfg: ModelConfig, chip=None) -> dict[str, int]:
+    """How many layers run each per-layer kernel (attention in a hybrid's attention layers only,
+    the experts in the MoE layers, the dense MLP in the others), over a decode's and a
+    prefill's kernels."""
+    out: dict[str, int] = {}
+    for wl in (Workload("decode", 1, 64), Workload("prefill", 1, 64)):
+        counts: Counter = Counter()
+        for (sliding, moe, rope, kind), count in layer_kinds(cfg):
+            for name in layer_kernels(cfg, wl, sliding, moe, chip, rope, kind):
+                counts[name] += count
+        for name, count in counts.items():
+            out.setdefault(name, count)
+    return out
 
 
 def kernel_s(

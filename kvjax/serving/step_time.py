@@ -22,7 +22,6 @@ from kvjax import kernels
 from kvjax.analytic import Workload, roofline, step_kernels
 from kvjax.analytic.costs import EXTEND
 from kvjax.analytic.flash import attention_form
-from kvjax.analytic.step import kernel_layers
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
 from kvjax.model.config import ModelConfig
@@ -186,7 +185,7 @@ class KernelStepTime(PredictedStepTime):
         self.fits = fits or steps.kernel_fits(corpus_classes(), None)
         self.overhead = overhead or steps.corpus_steps()["all"]
         self.weight_scale = weight_scale
-        self.layers = kernel_layers(self.cfg, chip)  # the layers that run each kernel
+        self.layers = steps.kernel_layers(self.cfg, chip)  # the layers that run each kernel
 
     def _kernel_s(self, name: str, k, phase: str) -> float:
         from kvjax.predict.steps import kernel_s, scale_weights
