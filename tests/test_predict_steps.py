@@ -50,7 +50,7 @@ def test_a_step_is_its_kernels_by_their_classes_plus_one_fixed_time():
     # a hybrid's attention runs in its attention layers only: 12 of qwen3-next's 48
     hybrid = get_model_config("qwen3-next-80b-a3b", attention_kernel="flash")
     assert steps.kernel_layers(hybrid)[kernels.ATTENTION] == 12
-    assert steps.kernel_layers(get_model_config("deepseek-v3"))["moe/gate_up"] == 58
+    assert steps.kernel_layers(get_model_config("deepseek-v3"))[kernels.MOE_GATE_UP] == 58
     model = KernelStepTime(cfg, chip)
     batch = [Scheduled(None, 1, 1024) for _ in range(8)]
     assert model(batch) == pytest.approx(model.overhead.t0_s + total, rel=1e-9)

@@ -113,8 +113,10 @@ def run(args: argparse.Namespace) -> int:
         report["pipeline"] = pipeline_report(cfg, wl, chip, args.pp, args.tp[0] if args.tp else 1)
     if args.predict:
         from kvjax.predict.apply import predict_step
+        from kvjax.predict.steps import step_from_kernels
 
         report["predicted"] = predict_step(report["kernels"], cfg, wl, chip)
+        report["predicted"]["step_from_kernels"] = step_from_kernels(cfg, wl, chip)
     return emit(args, report, render.print_calc)
 
 

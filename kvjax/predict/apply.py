@@ -9,11 +9,12 @@ Kernels inside a step carry no wave term (their tiles are not counted here).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from kvjax import kernels
 from kvjax.analytic.costs import StepCost, Workload
-from kvjax.analytic.step import step_cost
+from kvjax.analytic.step import layer_kernels, layer_kinds, step_cost
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
 from kvjax.model.config import ModelConfig
@@ -44,6 +45,21 @@ def _interval(
             "predicted_hi_s": calls * float(hi[0])}  # fmt: skip
 
 
+def kernel_layers(cfg: ModelConfig, chip=None) -> dict[str, int]:
+    """How many layers run each per-layer kernel (attention in a hybrid's attention layers only,
+    the experts in the MoE layers, the dense MLP in the others), over a decode's and a
+    prefill's kernels."""
+    out: dict[str, int] = {}
+    for wl in (Workload("decode", 1, 64), Workload("prefill", 1, 64)):
+        counts: Counter = Counter()
+        for (sliding, moe, rope, kind), count in layer_kinds(cfg):
+            for name in layer_kernels(cfg, wl, sliding, moe, chip, rope, kind):
+                counts[name] += count
+        for name, count in counts.items():
+            out.setdefault(name, count)
+    return out
+
+
 def kernel_seconds(
     fits: dict[str, Fit], name: str, flops: float, nbytes: float, phase: str, layers: int,
     chip: ChipSpec, peak: float, special_s: float = 0.0,
@@ -67,8 +83,6 @@ def predict_step(
     kernel is predicted as one launch a layer that runs it, `kernel_layers`) and for the whole
     step as an engine runs it (`engine_step_cost`): predicted time and its 80% interval, with the
     class that predicted it."""
-    from kvjax.predict.steps import kernel_layers
-
     fits = corpus_fits()
     phase, layers = wl.phase, kernel_layers(cfg, chip)
     peak, bw = chip.peak(cfg.peak_dtype), chip.bandwidth_bytes_per_s
@@ -91,36 +105,8 @@ def predict_step(
         out.append(row)
     engine = engine_step_cost(cfg, wl, chip)
     step = {"class": "step", **_interval(fits["step"], engine.flops, engine.bytes, peak, bw)}
-    return {"kernels": out, "step": step, "step_from_kernels": step_from_kernels(cfg, wl, chip),
+    return {"kernels": out, "step": step,
             "fits": {c: f.to_dict() for c, f in fits.items()}}  # fmt: skip
-
-
-def step_from_kernels(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, float]:
-    """The whole step as its kernels predict it (`kvjax.predict.steps`: each by its class, the
-    fixed time per step fitted on published steps), on fused attention where the closed form
-    has it, with the held-out steps' 80% interval."""
-    import math
-
-    from kvjax.analytic import roofline
-    from kvjax.analytic.step import step_kernels
-    from kvjax.predict import steps
-    from kvjax.predict.validate import corpus_classes
-
-    fits = steps.kernel_fits(corpus_classes(), None)
-    try:
-        engine = cfg.replace(attention_kernel="flash")
-        t = steps.kernels_s(fits, engine, wl, chip)
-    except KvjaxError:
-        engine = cfg
-        t = steps.kernels_s(fits, cfg, wl, chip)
-    peak, bw = chip.peak(engine.peak_dtype), chip.bandwidth_bytes_per_s
-    bound = sum(roofline.bound_time_s(k.flops, k.bytes, peak, bw)
-                for k in step_kernels(engine, wl, chip).values())  # fmt: skip
-    o = steps.corpus_steps()["all"]
-    p = o.t0_s + t
-    return {"class": "kernels", "predicted_s": p,
-            "predicted_lo_s": max(p * math.exp(o.lo), bound),  # no lower than its kernels' bounds
-            "predicted_hi_s": p * math.exp(o.hi)}  # fmt: skip
 
 
 def predict_step_s(flops: float, nbytes: float, chip: ChipSpec, dtype: str) -> dict[str, float]:

@@ -22,7 +22,7 @@ groups at least, so that a pair left out leaves one to fit). Pure numpy.
 from __future__ import annotations
 
 import functools
-from collections import Counter
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,11 +32,11 @@ from kvjax import kernels
 from kvjax.analytic import roofline
 from kvjax.analytic.costs import Workload
 from kvjax.analytic.flash import attention_form
-from kvjax.analytic.step import layer_kernels, layer_kinds, step_kernels
+from kvjax.analytic.step import step_kernels
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, get_chip
 from kvjax.model.config import ModelConfig
-from kvjax.predict.apply import kernel_seconds
+from kvjax.predict.apply import kernel_layers, kernel_seconds
 from kvjax.predict.bounds import special_seconds
 from kvjax.predict.collectives import tensor_parallel_link
 from kvjax.predict.model import LEVEL, Fit, _conformal
@@ -56,21 +56,6 @@ class Overhead:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-def kernel_layers(cfg: ModelConfig, chip=None) -> dict[str, int]:
-    """How many layers run each per-layer kernel (attention in a hybrid's attention layers only,
-    the experts in the MoE layers, the dense MLP in the others), over a decode's and a
-    prefill's kernels."""
-    out: dict[str, int] = {}
-    for wl in (Workload("decode", 1, 64), Workload("prefill", 1, 64)):
-        counts: Counter = Counter()
-        for (sliding, moe, rope, kind), count in layer_kinds(cfg):
-            for name in layer_kernels(cfg, wl, sliding, moe, chip, rope, kind):
-                counts[name] += count
-        for name, count in counts.items():
-            out.setdefault(name, count)
-    return out
 
 
 def kernel_s(
@@ -198,3 +183,26 @@ def step_summary() -> dict:
             "loso_coverage_80": float(np.mean(covered)),
             "interval_80_median_width": float(np.median(widths)),
             "t0_s": c["all"].t0_s}  # fmt: skip
+
+
+def step_from_kernels(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, float]:
+    """The whole step as its kernels predict it (`kvjax.predict.steps`: each by its class, the
+    fixed time per step fitted on published steps), on fused attention where the closed form
+    has it, with the held-out steps' 80% interval."""
+    from kvjax.predict.validate import corpus_classes
+
+    fits = kernel_fits(corpus_classes(), None)
+    try:
+        engine = cfg.replace(attention_kernel="flash")
+        t = kernels_s(fits, engine, wl, chip)
+    except KvjaxError:
+        engine = cfg
+        t = kernels_s(fits, cfg, wl, chip)
+    peak, bw = chip.peak(engine.peak_dtype), chip.bandwidth_bytes_per_s
+    bound = sum(roofline.bound_time_s(k.flops, k.bytes, peak, bw)
+                for k in step_kernels(engine, wl, chip).values())  # fmt: skip
+    o = corpus_steps()["all"]
+    p = o.t0_s + t
+    return {"class": "kernels", "predicted_s": p,
+            "predicted_lo_s": max(p * math.exp(o.lo), bound),  # no lower than its kernels' bounds
+            "predicted_hi_s": p * math.exp(o.hi)}  # fmt: skip
