@@ -657,3 +657,20 @@ def test_replicas_behind_a_round_robin_router(tmp_path, capsys):
     assert least["requests_out"] == 60
     for key in ("ttft_s", "itl_s"):
         assert least[key] == pytest.approx(three[key], rel=0.05)
+
+
+def test_lengths_drawn_from_a_datasets_samples(tmp_path):
+    """`sample:FILE`: each length one of the file's (with replacement, seeded); a file with no
+    lengths, a 0 or a non-number is refused by name."""
+    from kvjax.serving.load import lengths
+
+    path = tmp_path / "prompts.csv"
+    path.write_text("input_len\n5\n7\n9\n")
+    got = lengths(f"sample:{path}", 200, np.random.default_rng(0), "prompt_len")
+    assert set(got) == {5, 7, 9}
+    assert got == lengths(f"sample:{path}", 200, np.random.default_rng(0), "prompt_len")
+    for text in ("input_len\n", "input_len\n0\n", "input_len\nmany\n"):
+        bad = tmp_path / f"bad{len(text)}.csv"
+        bad.write_text(text)
+        with pytest.raises(KvjaxError, match=rf"prompt_len=sample:{bad}"):
+            lengths(f"sample:{bad}", 3, np.random.default_rng(0), "prompt_len")

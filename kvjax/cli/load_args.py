@@ -20,7 +20,7 @@ def add_load_args(p, requests: int = 200, prompt: str = "1024", output: str = "2
         "--prompt-len",
         default=prompt,
         metavar="L",
-        help=f"512, uniform:LO:HI or lognormal:MEDIAN:SIGMA (default {prompt})",
+        help=f"512, uniform:LO:HI, lognormal:MEDIAN:SIGMA or sample:FILE (default {prompt})",
     )
     g.add_argument(
         "--output-len", default=output, metavar="L", help=f"as --prompt-len (default {output})"

@@ -1,11 +1,13 @@
 """Load for the serving clocks: arrivals at a rate (Poisson, or gamma with a burstiness), prompt and
-output lengths (fixed, uniform, lognormal) or a CSV trace, and a shared prefix (a system prompt
-of N tokens) for a fraction of the requests. Pure Python + numpy; one seed gives one load."""
+output lengths (fixed, uniform, lognormal, drawn from a dataset's) or a CSV trace, and a shared
+prefix (a system prompt of N tokens) for a fraction of the requests. Pure Python + numpy; one
+seed gives one load."""
 
 from __future__ import annotations
 
 import csv
 import math
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +20,12 @@ TRACE_COLUMNS = ("arrival_s", "prompt_len", "output_len")
 
 def lengths(spec: str, n: int, rng: np.random.Generator, name: str) -> list[int]:
     """n lengths from `spec`: "512" (fixed), "uniform:LO:HI" (inclusive), "lognormal:MEDIAN:SIGMA"
-    (exp of a normal with that median and sigma, rounded, at least 1)."""
+    (exp of a normal with that median and sigma, rounded, at least 1), "sample:FILE" (drawn with
+    replacement from a CSV's first column of per-sample lengths, under a header: a dataset's)."""
     parts = str(spec).split(":")
+    if parts[0] == "sample" and len(parts) >= 2:
+        pool = _samples(":".join(parts[1:]), name)
+        return [int(x) for x in rng.choice(pool, n)]
     try:
         if len(parts) == 1:
             values = [int(parts[0])] * n
@@ -37,10 +43,24 @@ def lengths(spec: str, n: int, rng: np.random.Generator, name: str) -> list[int]
             raise ValueError
     except ValueError:
         raise KvjaxError(
-            f"{name}={spec!r}: give a length (512), uniform:LO:HI or lognormal:MEDIAN:SIGMA"
+            f"{name}={spec!r}: give a length (512), uniform:LO:HI, lognormal:MEDIAN:SIGMA "
+            "or sample:FILE"
         ) from None
     if min(values, default=1) < 1:
         raise KvjaxError(f"{name}={spec!r}: lengths must be >= 1")
+    return values
+
+
+@cache
+def _samples(path: str, name: str) -> np.ndarray:
+    """A file's per-sample lengths (its first column under a header), checked."""
+    try:
+        with open(path, newline="") as f:
+            values = np.array([int(r[0]) for r in list(csv.reader(f))[1:] if r], dtype=np.int64)
+    except (OSError, ValueError, IndexError) as exc:
+        raise KvjaxError(f"{name}=sample:{path}: not a CSV of integer lengths ({exc})") from None
+    if values.size == 0 or values.min() < 1:
+        raise KvjaxError(f"{name}=sample:{path}: needs at least one length, each >= 1")
     return values
 
 
