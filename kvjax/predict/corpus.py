@@ -157,10 +157,10 @@ def corpus_files(paths: list[str] | None = None) -> list[Path]:
     """The files named, or every CSV of the committed corpus."""
     if paths:
         return [Path(p) for p in paths]
-    # systems.csv and its length distributions (lengths.csv) are kvjax.serving.systems's
-    return sorted(
-        p for p in CORPUS_DIR.glob("*.csv") if p.name not in ("systems.csv", "lengths.csv")
-    )
+    # systems.csv, its length distributions (lengths.csv) and MLPerf rows' engine settings
+    # (mlperf_engines.csv) are kvjax.serving's
+    serving = ("systems.csv", "lengths.csv", "mlperf_engines.csv")
+    return sorted(p for p in CORPUS_DIR.glob("*.csv") if p.name not in serving)
 
 
 def read_corpus(paths: list[str] | None = None) -> list[Row]:
