@@ -2,8 +2,10 @@
 against term-by-term loops, and no simulated engine above it at any scheduler setting."""
 
 import json
+import re
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from kvjax import get_model_config
@@ -161,16 +163,17 @@ def test_a_published_row_is_predicted_by_the_fit_that_left_its_group_out():
     cfg = get_model_config("llama-3.1-8b", weight_dtype="fp8", kv_dtype="fp8", matmul_dtype="fp8")
     bound = system_bound(cfg, get_chip("h100-sxm"), 1, 128, 128)
     assert 0 < p["predicted_value"] < bound.output_tokens_per_s
-    assert why_not({**row, "scenario": "server"}).startswith("only offline, fixed-rate and")
+    assert why_not({**row, "scenario": "server"}) == (
+        "server and interactive rows: only output tokens/s under both stated SLOs")  # fmt: skip
+    assert why_not({**row, "scenario": "prefill_only"}).startswith("only offline, fixed-rate")
     committed = read_predictions()
-    out, summary = validate_systems(list(rows.values()))
-    errors = sorted(
-        abs(v["predicted_value"] / rows[s]["measured"] - 1) for (s, _), v in committed.items()
-    )
+    keyed = {(r["source"], r["metric"]): r for r in read_systems()}  # a server row has 3 metrics
+    out, summary = validate_systems(list(keyed.values()))
+    errors = [abs(v["predicted_value"] / keyed[k]["measured"] - 1) for k, v in committed.items()]
     assert summary["predicted_rows"] == len(committed) >= 40
     assert summary["loso_median_abs_error"] == pytest.approx(float(np.median(errors)))
-    inside = [v["predicted_lo"] <= rows[s]["measured"] <= v["predicted_hi"]
-              for (s, _), v in committed.items()]  # fmt: skip
+    inside = [v["predicted_lo"] <= keyed[k]["measured"] <= v["predicted_hi"]
+              for k, v in committed.items()]  # fmt: skip
     assert summary["loso_coverage_80"] == pytest.approx(float(np.mean(inside)))
     from pathlib import Path
 
@@ -212,13 +215,34 @@ def test_a_mean_prompt_enters_the_prefill_flops_only_and_by_jensen():
 def test_mlperfs_length_distributions_are_committed_with_their_sources():
     """Every MLPerf distribution a row names is in experiments/published/lengths.csv with its
     source; llama3.1-405b's stated shortest (476) and mean (9,428) prompt enter its rows' bound."""
-    from kvjax.serving.systems import read_lengths
+    from kvjax.serving.systems import LENGTHS_CSV, read_lengths
 
     lengths = read_lengths()
     named = {r["length_distribution"] for r in read_systems()}
     assert {n for n in named if n and n.startswith("mlperf-")} <= set(lengths)
     for d in lengths.values():
         assert d["source"] and d["file"] and d["quote"] and d["samples"] > 0
+    # the other MLPerf datasets' prompts: per-sample counts from MLCommons' preprocessed files
+    # (the same extraction reproduces 405B's published 476/9428/19988 and mixtral's 144.84)
+    prompts = {"mlperf-llama2-70b-openorca": (48, 222.33, 1021),
+               "mlperf-mixtral-8x7b-orca-gsm8k-mbxp-15000": (35, 427.39, 1948),
+               "mlperf-deepseek-r1-4388": (52, 803.79, 3140),
+               "mlperf-llama3.1-8b-cnndm-13368": (79, 870.73, 2540)}  # fmt: skip
+    for name, (lo, mean, hi) in prompts.items():
+        d = lengths[name]
+        assert (d["input_min"], d["input_mean"], d["input_max"]) == (lo, mean, hi)
+        assert "openshift-psap/performance-dashboard" in d["file"]
+        # the stated cap holds but for llama3.1-8b's and deepseek-r1's longest prompts, which
+        # are NVIDIA's pad widths (2540, 3140; said in their sources)
+        assert (hi <= d["input_cap"]) == ("openorca" in name or "mixtral" in name)
+        assert (hi <= d["input_cap"]) or f"below the longest prompt, {hi}" in d["source"]
+    assert "TOKENS_PER_SAMPLE" in lengths["mlperf-mixtral-8x7b-orca-gsm8k-mbxp-15000"]["source"]
+    # the per-sample prompts committed beside (experiments/published/lengths/, `sample:FILE` for
+    # kvjax simulate --prompt-len) give each dataset's stated count, shortest, mean and longest
+    for name, d in lengths.items():
+        each = np.loadtxt(LENGTHS_CSV.parent / "lengths" / f"{name}.csv", skiprows=1)
+        assert (len(each), each.min(), each.max()) == (d["samples"], d["input_min"], d["input_max"])
+        assert abs(each.mean() - d["input_mean"]) < 1  # 405B's published mean: 9,428 (9,428.64)
     llama = lengths["mlperf-llama3.1-405b-8313"]
     assert (llama["input_min"], llama["input_mean"]) == (476, 9428)
     assert "476 to 19988 tokens with an average of 9428" in llama["quote"]
@@ -230,18 +254,21 @@ def test_mlperfs_length_distributions_are_committed_with_their_sources():
 
 
 def test_the_rows_the_simulator_runs_and_how():
-    """MLPerf's llama3.1-405b Offline on 8 H200s (TP4 PP2, TensorRT-LLM, no engine settings in the
-    row): trtllm-bench's defaults, said, at the dataset's published mean lengths (9,428 and
-    684.68 tokens: experiments/published/lengths.csv); TensorRT-LLM's DeepSeek-R1 H200 ADP run:
-    8 attention groups with the experts over them (tp 1, ep 8) on its stated settings; EP inside
-    tensor parallelism and a dataset without published means are refused by reason."""
+    """MLPerf's llama3.1-405b Offline on 8 H200s (TP4 PP2, TensorRT-LLM): its configuration
+    file's engine settings, said, at the dataset's published mean prompt (9,428 tokens:
+    experiments/published/lengths.csv) and the run's own mean output; TensorRT-LLM's DeepSeek-R1
+    H200 ADP run: 8 attention groups with the experts over them (tp 1, ep 8) on its stated
+    settings; EP inside tensor parallelism and a dataset without published means are refused by
+    reason; llama2-70b's OpenOrca runs, its rows' server scenario (output tokens/s) too."""
     from kvjax.serving import system_predict as sp
 
     rows = {r["source"]: r for r in read_systems()}
     mlperf = rows["mlperf-inference-v5.1:Nebius:H200-SXM-141GBx8_TRT:llama3.1-405b:Offline"]
     assert sp.why_not(mlperf) is None
-    assert sp.engine_of(mlperf) == (sp.ENGINES["nvidia-trtllm"], sp.UNSTATED)
-    assert sp.lengths_of(mlperf) == (9428, 685) and sp.placement_of(mlperf) == (4, 2, 1)
+    engine, said = sp.engine_of(mlperf)  # its configuration file's batch 512, 1,536 tokens
+    assert (engine["max_batch"], engine["token_budget"], said) == (512, 1536, sp.STATED_MLPERF)
+    assert sp.lengths_of(mlperf) == (9428, round(mlperf["output_len"]))  # the run's own output
+    assert sp.placement_of(mlperf) == (4, 2, 1) and 640 < mlperf["output_len"] < 660
     adp = rows["trtllm-bestperf-r1:deepseek-r1:fp8:h200:1k/2k:tp8ep8-adp:max-tput:total"]
     assert sp.why_not(adp) is None and sp.placement_of(adp) == (1, 1, 8)
     engine, said = sp.engine_of(adp)
@@ -251,7 +278,12 @@ def test_the_rows_the_simulator_runs_and_how():
         "expert parallelism inside tensor parallelism is not simulated")  # fmt: skip
     orca = next(r for r in rows.values() if r["length_distribution"] == "mlperf-llama2-70b-openorca"
                 and r["scenario"] == "offline" and "_TRT" in r["source"])  # fmt: skip
-    assert sp.why_not(orca) == "lengths neither fixed nor a distribution with published means"
+    assert sp.why_not(orca) is None and sp.lengths_of(orca) == (222, round(orca["output_len"]))
+    assert sp.why_not({**orca, "length_distribution": "mlperf-unknown", "output_len": None}) == (
+        "lengths neither fixed nor a distribution with published means")  # fmt: skip
+    server = {**orca, "scenario": "server", "slo_ttft_s": 2.0, "slo_tpot_s": 0.2}
+    assert sp.why_not(server) is None
+    assert sp.why_not({**server, "metric": "ttft_p99_s"}).startswith("server and interactive")
     trt = rows["trtllm-perf-overview-v0.17:llama-3.1-8b:fp8:h100-sxm:128/128:tp1"]
     assert sp.why_not({**trt, "scope": "per_node"}).startswith("scope 'per_node'")
     assert sp.why_not({**trt, "dp_attention": "True"}).startswith("data-parallel attention")
@@ -261,3 +293,95 @@ def test_the_rows_the_simulator_runs_and_how():
                 "ttft_mean_s"]  # fmt: skip
     p = sp.predict_row({**ttft, "requests": 20}, sp.step_fits())
     assert p["predicted_lo"] < p["predicted_value"] < p["predicted_hi"] and p["rate_per_s"] == 16
+
+
+def test_a_servers_slo_percentiles_are_mlperfs():
+    """TTFT from arrival to the first token; TPOT a request's first-to-last token time over its
+    other tokens (LoadGen's), each at the percentile over requests; a 1-token request has none."""
+    from types import SimpleNamespace
+
+    from kvjax.serving.system_predict import slo_percentiles
+
+    reqs = [SimpleNamespace(arrival_s=a, token_times=t) for a, t in
+            ((0.0, [1.0, 1.5, 2.0]), (1.0, [1.5, 3.5]), (2.0, [2.25]))]  # fmt: skip
+    ttft, tpot = slo_percentiles(SimpleNamespace(requests=reqs), 100)
+    assert (ttft, tpot) == (1.0, 2.0)  # the slowest: 1 s to a first token, 2 s a token after
+    ttft50, tpot50 = slo_percentiles(SimpleNamespace(requests=reqs), 50)
+    assert (ttft50, tpot50) == (0.5, 1.25)  # medians of (1, 0.5, 0.25) and of (0.5, 2)
+
+
+def test_mlperf_rows_run_the_engine_their_configuration_file_states():
+    """Cisco's C885 H200 llama2-70b (MLPerf v5.1): Offline at batch 2048 and 1,536 tokens a step,
+    Interactive at 512 and 256, both MAX_UTILIZATION (no reservation) in 0.9 of free memory, as
+    closed/Cisco/configs/C885_H200x8/*/llama2-70b.py states; NVIDIA's v4.1 H200 x 8 Offline at
+    806 and 4,096 tokens, its class's settings through its bases; each extracted row cites the
+    file the row's own quote names and quotes its numbers; rows without a configuration file
+    read keep trtllm-bench's defaults, said; Blackwell server rows are not searched, said."""
+    from kvjax.serving import system_predict as sp
+
+    rows = {(r["source"], r["metric"]): r for r in read_systems()}
+    cisco = "mlperf-inference-v5.1:Cisco:C885_H200x8_TRT:llama2-70b-99:"
+    for scenario, batch, tokens in (("Offline", 2048, 1536), ("Interactive", 512, 256)):
+        engine, said = sp.engine_of(rows[(cisco + scenario, "output_tokens_per_s")])
+        assert said == sp.STATED_MLPERF
+        assert engine == dict(max_batch=batch, token_budget=tokens, reserve=False, free=0.9,
+                              util=1.0)  # fmt: skip
+    stated = pd.read_csv(sp.MLPERF_ENGINES_CSV, keep_default_na=False)
+    assert len(stated) >= 100
+    for r in stated.to_dict("records"):
+        row = rows[(r["source"], "output_tokens_per_s")]
+        assert "_TRT" in r["source"] and r["file"].endswith(row["quote"].split("config: ")[1]
+                                                            .split()[0])  # fmt: skip
+        assert f"': {r['max_batch']}" in r["quote"]
+        assert re.search(rf"'?max_num_tokens'?( =|:) {r['max_num_tokens']}\b", r["quote"])
+        batch = re.search(r"gpu_batch_size: \{ '[^']+': (\d+)", row["quote"])
+        assert batch is None or int(batch.group(1)) == r["max_batch"]  # the row's own quote
+    v41 = rows[("mlperf-inference-v4.1:NVIDIA:H200-SXM-141GBx8_TRT:llama2-70b-99:Offline",
+                "output_tokens_per_s")]  # fmt: skip
+    assert sp.engine_of(v41) == (dict(max_batch=806, token_budget=4096, reserve=False, free=0.9,
+                                      util=1.0), sp.STATED_MLPERF)  # fmt: skip
+    quoted = stated.set_index("source").loc[v41["source"], "quote"]
+    assert "H200_SXM_141GBx8: gpu_batch_size = {'llama2-70b': 806} (H200_SXM_141GBx1)" in quoted
+    asus = rows[("mlperf-inference-v4.1:ASUSTeK:ESC_N8_E11_H100x8_TRT:llama2-70b-99:Offline",
+                 "output_tokens_per_s")]  # fmt: skip
+    assert sp.engine_of(asus) == (sp.ENGINES["nvidia-trtllm"], sp.UNSTATED)
+    b200 = rows[("mlperf-inference-v5.1:Broadcom_Supermicro:vSYS-422GA-NBRT-B200-SXM-180GBx8_TRT:"
+                 "llama3.1-405b:Server", "output_tokens_per_s")]  # fmt: skip
+    assert "b200" not in sp.kernel_chips() and "h200" in sp.kernel_chips()
+    assert sp.why_not(b200).startswith("server and interactive rows are searched only on chips")
+
+
+def test_the_readmes_table_of_published_systems_is_validates_and_the_committed_predictions():
+    """Each row of the README's table: the measured value, the bound and its side, the fraction
+    and the held-out prediction with its 80% interval, as `kvjax validate` and the committed
+    predictions give them."""
+    from pathlib import Path
+
+    rows = {(r["source"], r["metric"]): r for r in validate_systems(read_systems())[0]}
+    v41 = "mlperf-inference-v4.1:NVIDIA:H200-SXM-141GBx8_TRT:llama2-70b-99:"
+    table = {
+        "TensorRT-LLM v0.17, Llama-3.1-8B FP8, one H100, 1000/1000 tokens": (
+            "trtllm-perf-overview-v0.17:llama-3.1-8b:fp8:h100-sxm:1000/1000:tp1",
+            "output_tokens_per_s"),
+        "MLPerf v4.1 NVIDIA, llama2-70b Offline, 8 x H200 (TP1 x 8, FP8)": (
+            v41 + "Offline", "output_tokens_per_s"),
+        "the same, Server (TTFT P99 <= 2 s, TPOT P99 <= 200 ms)": (
+            v41 + "Server", "output_tokens_per_s"),
+        "the same, Server TPOT P99": (v41 + "Server", "tpot_p99_s"),
+        "MLPerf v5.1 Nebius, llama3.1-405b Offline, 8 x H200 (TP4 x PP2, FP8)": (
+            "mlperf-inference-v5.1:Nebius:H200-SXM-141GBx8_TRT:llama3.1-405b:Offline",
+            "output_tokens_per_s"),
+    }  # fmt: skip
+    readme = (Path(__file__).parents[1] / "README.md").read_text().splitlines()
+    for label, key in table.items():
+        r = rows[key]
+        if key[1] == "tpot_p99_s":
+            cells = [f"{r['measured'] * 1e3:.0f} ms", f">= {r['bound_value'] * 1e3:.1f} ms"]
+        else:
+            side = f"{r['bound_value']:,.0f} ({r['bound_side']})"
+            cells = [f"{r['measured']:,.0f} tokens/s", side]
+        cells.append(f"{r['fraction_of_bound']:.2f}")
+        p = r.get("held_out_predicted_value")
+        cells.append("-" if p is None else f"{p:,.0f} ({p / r['measured'] - 1:+.1%}) "
+                     f"[{r['predicted_lo']:,.0f}, {r['predicted_hi']:,.0f}]")  # fmt: skip
+        assert f"| {label} | {' | '.join(cells)} |" in readme, label
