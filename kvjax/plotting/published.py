@@ -116,11 +116,26 @@ def _family(group: str) -> str:
     return "MLPerf Inference" if group.startswith("mlperf-") else group
 
 
+_MARKERS = {"offline": "o", "at a rate or concurrency": "s", "under an SLO": "D", "latency": "^"}
+
+
+def _prediction_kind(row: pd.Series) -> str:
+    """What a predicted row is: a latency, a throughput under MLPerf's Server or Interactive
+    SLO, an offline throughput, or one at a published rate or concurrency."""
+    if row.metric.endswith("_s") and not row.metric.endswith("per_s"):
+        return "latency"
+    scenario = row.get("scenario")
+    if scenario in ("server", "interactive"):
+        return "under an SLO"
+    return "at a rate or concurrency" if scenario in ("rate", "concurrency") else "offline"
+
+
 def published_systems(records: pd.DataFrame, fig) -> bool | None:
     """Issue 50: each published serving-system result against its system bound (throughputs:
     measured below the diagonal respects it; latencies: above it), and the held-out prediction
     against the measurement where the simulator ran."""
     import seaborn as sns
+    from matplotlib import ticker
 
     df = records[records.experiment == "published_roofline"]
     if "row_kind" not in df or not (df.row_kind == "system").any():
@@ -143,30 +158,39 @@ def published_systems(records: pd.DataFrame, fig) -> bool | None:
                title=f"{title}: {beat} of {len(part)} beat the bound")  # fmt: skip
     axes[0].legend(fontsize=4, frameon=True, loc="upper left")
     pred = df[df.predicted_value.notna()]
-    if not pred.empty:  # each row's predicted / measured, its 80% interval, by group and metric
-        pred = pred.assign(ratio=pred.predicted_value.astype(float) / pred.measured)
-        pred = pred.sort_values(["source_group", "ratio"]).reset_index(drop=True)
-        for (grp, kind), g in pred.groupby([pred.source_group, pred.metric]):
-            color = colors.get(_family(grp), "0.4")
+    if not pred.empty:  # each row's predicted / measured, its 80% interval, by group and kind
+        pred = pred.assign(ratio=pred.predicted_value.astype(float) / pred.measured,
+                           kind=pred.apply(_prediction_kind, axis=1))  # fmt: skip
+        pred = pred.sort_values(["family", "source_group", "ratio"]).reset_index(drop=True)
+        for (fam, kind), g in pred.groupby(["family", "kind"]):
+            color = colors.get(fam, "0.4")
             if "predicted_lo" in g and g.predicted_lo.notna().all():
                 lo, hi = g.predicted_lo.astype(float), g.predicted_hi.astype(float)
                 axes[2].errorbar(g.index, g.ratio, yerr=[g.ratio - lo / g.measured,
                                  hi / g.measured - g.ratio], fmt="none", lw=0.5, alpha=0.5,
                                  color=color)  # fmt: skip
-            axes[2].scatter(g.index, g.ratio, s=8, lw=0, color=color,
-                            marker="o" if kind.endswith("per_s") else "^",
-                            label=f"{grp}: {kind} ({len(g)})")  # fmt: skip
+            n = g.source_group.nunique()
+            label = f"{fam}: {kind} ({len(g)}, {n} group{'s' * (n > 1)})"
+            axes[2].scatter(g.index, g.ratio, s=8, lw=0, color=color, marker=_MARKERS[kind],
+                            label=label)  # fmt: skip
         axes[2].axhline(1.0, color="0.3", lw=0.7)
         for f in (0.85, 1.15):
             axes[2].axhline(f, color="0.6", lw=0.5, ls="--")
-        axes[2].legend(fontsize=4, frameon=True)
+        lo = min(0.5, float(pred.ratio.min()) / 1.5) / 5  # room under the rows for the legend
+        axes[2].set_ylim(lo, max(2.0, float(pred.ratio.max())) * 1.5)
+        axes[2].legend(fontsize=4, frameon=True, loc="lower left")
         axes[2].set_title(f"held out, {len(pred)} rows: median |pred/meas - 1| "
                           f"{float((pred.ratio - 1).abs().median()):.1%}")  # fmt: skip
-    axes[2].set(yscale="log", xlabel="rows (by group, then ratio)",
+    axes[2].set(yscale="log", xlabel="rows (by family, group, then ratio)",
                 ylabel="predicted / measured (80% interval)")  # fmt: skip
+    axes[2].yaxis.set_major_locator(ticker.FixedLocator([0.1, 0.25, 0.5, 1, 2, 4]))
+    axes[2].yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    axes[2].yaxis.set_minor_formatter(ticker.NullFormatter())
     for ax in axes:
         ax.title.set_fontsize(6)
-        ax.tick_params(labelsize=5)
+        ax.tick_params(which="both", labelsize=5)
+        ax.xaxis.label.set_fontsize(6)
+        ax.yaxis.label.set_fontsize(6)
     fig.suptitle(f"{len(df)} published serving-system results against kvjax's system bound "
                  "and prediction", fontsize=7)  # fmt: skip
     return None
