@@ -131,7 +131,7 @@ def test_gemm_row_closed_form_by_hand(report):
 def test_leave_one_source_out_error_and_coverage_are_validate_md(report):
     """The held-out error, coverage and interval width that experiments/published/VALIDATE.md
     states, per class and over every held-out row, are what `validate` gives (the rows recounted
-    here by hand); held out by source group, 12 groups."""
+    here by hand); held out by source group, 19 groups."""
     text = (Path(__file__).parents[1] / "experiments/published/VALIDATE.md").read_text()
     table = {}
     for line in text.splitlines():
@@ -145,7 +145,7 @@ def test_leave_one_source_out_error_and_coverage_are_validate_md(report):
     groups = report["summary"]["source_groups"]
     assert (int(row[4]), int(row[5]), row[6], row[7]) == (
         len(held), groups, f"{err:.1%}", f"{coverage:.0%}")  # fmt: skip
-    assert groups == len({r["source_group"] for r in report["rows"]}) == 12
+    assert groups == len({r["source_group"] for r in report["rows"]}) == 19
     for cls in ("attention_prefill", "attention_decode", "matmul", "step"):
         c, row = report["classes"][cls], table[cls]
         counts = (c["rows"], c["above_bound"], c["fitted_rows"], c["sources"])
@@ -231,6 +231,41 @@ def test_fit_recovers_parameters_and_never_predicts_below_the_bound():
     assert got.bandwidth_efficiency == pytest.approx(0.8, rel=0.03)
     bound = np.array([max(x.flops / 1e15, x.bytes / 3e12) for x in xs])
     assert np.all(got.predict(xs) >= bound)
+
+
+def test_a_chip_family_gets_its_own_compute_efficiency_where_the_fit_saw_it():
+    """Two families' compute-bound rows at e_c 0.6 and 0.95: each recovered, t0 and e_b shared;
+    a family with fewer than FAMILY_ROWS compute-bound rows, or none, takes the class's e_c."""
+    rng = np.random.default_rng(2)
+    fams = ["capped"] * 20 + ["big"] * 40 + ["rare"] * 2
+    flops, nbytes = 10 ** rng.uniform(10, 13, 62), 10 ** rng.uniform(6, 8, 62)
+    xs = [model.Features(f, q, 1e15, 3e12, family=fam)
+          for f, q, fam in zip(flops, nbytes, fams, strict=True)]  # fmt: skip
+    truth = model.Fit(5e-6, 0.6, 0.8, family_compute_efficiency=(("capped", 0.95),))
+    y = truth.predict(xs) * np.exp(rng.normal(0, 0.01, len(xs)))
+    got = model.fit(xs, y)
+    own = dict(got.family_compute_efficiency)
+    assert own["capped"] == pytest.approx(0.95, rel=0.03)
+    assert own.get("big", got.compute_efficiency) == pytest.approx(0.6, rel=0.03)
+    assert "rare" not in own and got.compute_efficiency_of("unseen") == got.compute_efficiency
+    assert got.to_dict()["family_compute_efficiency"] == own
+    v = model.leave_one_source_out(xs, y, [f"s{i % 3}" for i in range(len(xs))])
+    assert all(f.family_compute_efficiency for f in v.held_fits.values())
+
+
+def test_a_gemm_splits_k_to_fill_its_last_wave_by_hand():
+    """vLLM's 128 x 2112 x 7168 on 132 SMs: 17 output tiles fill 13% of a wave; split 7 ways
+    (K stretches of 1024 >= 512) 119 of 132; 14 ways fills no more, so 7. An 8192^3 GEMM: 4096
+    tiles, 31 waves and 4 tiles over; 16 stretches of 512 leave 64 over 496 full waves. K too
+    short to split: the tiles alone. The H100 SXM, H800 and H200 are one compute family."""
+    from kvjax.hardware import get_chip
+    from kvjax.predict.bounds import compute_family, gemm_tiles
+
+    assert gemm_tiles(128, 2112, 7168, 1, 132) == 17 * 7
+    assert gemm_tiles(8192, 8192, 8192, 1, 132) == 4096 * 16
+    assert gemm_tiles(128, 2112, 1000, 1, 132) == 17 and gemm_tiles(64, 256, 7168, 2, 4) == 4
+    fam = {n: compute_family(get_chip(n)) for n in ("h100-sxm", "h800", "h200", "h20")}
+    assert fam["h100-sxm"] == fam["h800"] == fam["h200"] != fam["h20"] == "h20"
 
 
 def test_conformal_interval_covers_as_promised():

@@ -18,7 +18,7 @@ from kvjax.analytic.step import layer_kernels, layer_kinds, step_cost
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
 from kvjax.model.config import ModelConfig
-from kvjax.predict.bounds import special_seconds
+from kvjax.predict.bounds import compute_family, special_seconds
 from kvjax.predict.model import Features, Fit
 from kvjax.predict.validate import corpus_fits
 
@@ -34,12 +34,13 @@ def kernel_class(name: str, phase: str) -> str | None:
 
 
 def _interval(
-    fit: Fit, flops: float, nbytes: float, peak: float, bw: float, calls: int = 1,
+    fit: Fit, flops: float, nbytes: float, peak: float, chip: ChipSpec, calls: int = 1,
     special_s: float = 0.0,
 ) -> dict[str, float]:  # fmt: skip
     """`calls` launches of one kernel (its layers), each of 1/calls of the FLOPs and bytes (and of
-    the exponentials' `special_s`)."""
-    x = Features(flops / calls, nbytes / calls, peak, bw, special_s=special_s / calls)
+    the exponentials' `special_s`), on `chip` (its bandwidth, its compute family's e_c)."""
+    x = Features(flops / calls, nbytes / calls, peak, chip.bandwidth_bytes_per_s,
+                 special_s=special_s / calls, family=compute_family(chip))  # fmt: skip
     p, lo, hi = fit.interval([x])
     return {"predicted_s": calls * float(p[0]), "predicted_lo_s": calls * float(lo[0]),
             "predicted_hi_s": calls * float(hi[0])}  # fmt: skip
@@ -72,7 +73,7 @@ def kernel_seconds(
         return None
     calls = layers if kernels.REGISTRY[name].per_layer else 1
     x = Features(flops / calls, nbytes / calls, peak, chip.bandwidth_bytes_per_s,
-                 special_s=special_s / calls)  # fmt: skip
+                 special_s=special_s / calls, family=compute_family(chip))  # fmt: skip
     return calls * float(fits[cls].predict([x])[0])
 
 
@@ -85,7 +86,7 @@ def predict_step(
     class that predicted it."""
     fits = corpus_fits()
     phase, layers = wl.phase, kernel_layers(cfg, chip)
-    peak, bw = chip.peak(cfg.peak_dtype), chip.bandwidth_bytes_per_s
+    peak = chip.peak(cfg.peak_dtype)
     out = []
     exps = 0.0  # the fused attention's exponentials, at the chip's special-function rate
     if any(k["name"] == kernels.ATTENTION for k in placed):
@@ -99,20 +100,19 @@ def predict_step(
         if cls in fits and k["flops"] + k["bytes"] > 0:
             calls = layers.get(k["name"], 1) if kernels.REGISTRY[k["name"]].per_layer else 1
             special = exps if k["name"] == kernels.ATTENTION else 0.0
-            row.update(_interval(fits[cls], k["flops"], k["bytes"], peak, bw, calls, special))
+            row.update(_interval(fits[cls], k["flops"], k["bytes"], peak, chip, calls, special))
         else:
             row.update(predicted_s=None, predicted_lo_s=None, predicted_hi_s=None)
         out.append(row)
     engine = engine_step_cost(cfg, wl, chip)
-    step = {"class": "step", **_interval(fits["step"], engine.flops, engine.bytes, peak, bw)}
+    step = {"class": "step", **_interval(fits["step"], engine.flops, engine.bytes, peak, chip)}
     return {"kernels": out, "step": step,
             "fits": {c: f.to_dict() for c, f in fits.items()}}  # fmt: skip
 
 
 def predict_step_s(flops: float, nbytes: float, chip: ChipSpec, dtype: str) -> dict[str, float]:
     """The whole step's prediction: what a compiled engine's step is predicted to take."""
-    return _interval(corpus_fits()["step"], flops, nbytes, chip.peak(dtype),
-                     chip.bandwidth_bytes_per_s)  # fmt: skip
+    return _interval(corpus_fits()["step"], flops, nbytes, chip.peak(dtype), chip)
 
 
 def engine_step_cost(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> StepCost:

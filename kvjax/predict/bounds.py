@@ -31,11 +31,12 @@ from kvjax.analytic.costs import Workload
 from kvjax.analytic.primitives import _matmul
 from kvjax.analytic.step import step_cost
 from kvjax.errors import KvjaxError
-from kvjax.hardware import ChipSpec, get_chip
+from kvjax.hardware import CHIPS, ChipSpec, get_chip
 from kvjax.model.config import DTYPE_BYTES, ModelConfig, get_model_config
 from kvjax.predict.corpus import Row
 
 TILE = 128  # the output tile GEMM and attention kernels hand one core (the wave term's unit)
+SPLIT_K = 512  # the shortest stretch of K a GEMM's split hands one core
 MMA_ROWS = 64  # the rows of one tensor-core tile a decode kernel packs its query rows into
 
 
@@ -55,6 +56,9 @@ class Closed:
     bound_flops: float = 0.0  # exact FLOPs (0: = flops, a GEMM's or a step's count)
     bound_bytes: float = 0.0  # compulsory HBM bytes (0: = bytes)
     special_s: float = 0.0  # the plan's exponentials at the chip's special-function rate
+    # a GEMM's chip's compute family (`compute_family`): the matmul class fits an e_c
+    # per family, the one class whose rows span capped and uncapped designs in several groups
+    family: str = ""
 
     @property
     def floor_flops(self) -> float:
@@ -160,9 +164,9 @@ def closed_form(row: Row) -> Closed:
         out = 2 if a < 2 else a
         one = _matmul("matmul", row.m, row.k, row.n, a, a, out=out)
         peak = _peak(chip, "bf16" if dtype == "int4" else dtype, row) * chips
-        tiles = groups * math.ceil(row.m / TILE) * math.ceil(row.n / TILE)
+        tiles = gemm_tiles(row.m, row.n, row.k, groups, chip.num_cores or 1)
         return Closed(groups * one.flops, groups * one.bytes, peak, bw, tiles,
-                      chip.num_cores or 1)  # fmt: skip
+                      chip.num_cores or 1, family=compute_family(chip))  # fmt: skip
     # whole steps of a preset
     weight = {"int4": "int8"}.get(dtype, dtype)
     cfg = get_model_config(
@@ -178,6 +182,29 @@ def closed_form(row: Row) -> Closed:
     floor_bytes += weights
     return Closed(cost.flops, nbytes, peak, bw, 0, chip.num_cores or 1,
                   bound_flops=floor_flops, bound_bytes=floor_bytes)  # fmt: skip
+
+
+def gemm_tiles(m: int, n: int, k: int, groups: int, cores: int) -> int:
+    """The work units a GEMM hands the cores: its 128 x 128 output tiles, each split along K
+    into s stretches of `SPLIT_K` or more, s the split whose last wave of tiles is fullest (the
+    least s of those): what cuBLAS's split-K and stream-K and DeepGEMM's block choice do when the
+    output tiles alone fill the cores badly (17 tiles of a 128 x 2112 output on 132 SMs: split
+    7 ways, 119 units in one wave, where unsplit 13% of the wave would be busy)."""
+    tiles = groups * math.ceil(m / TILE) * math.ceil(n / TILE)
+    best, units = 0.0, tiles
+    for s in range(1, max(1, k // SPLIT_K) + 1):
+        w = tiles * s / (math.ceil(tiles * s / cores) * cores)
+        if w > best + 1e-12:
+            best, units = w, tiles * s
+    return units
+
+
+def compute_family(chip: ChipSpec) -> str:
+    """The chips of one compute design (the same 16-bit peak over as many cores: the H100 SXM,
+    H800 and H200 are one GH100; the H20 is one cut to 78 SMs and capped), joined by '/'."""
+    key = (chip.peak_flops_per_s.get("bf16"), chip.num_cores)
+    same = [n for n, c in CHIPS.items() if (c.peak_flops_per_s.get("bf16"), c.num_cores) == key]
+    return "/".join(same) if chip.name in same else chip.name
 
 
 def special_seconds(transcendentals: float, chip: ChipSpec, chips: int = 1) -> float:

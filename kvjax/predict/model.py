@@ -15,7 +15,11 @@ largest at 64.
 three physical parameters per class: a fixed launch and latency term t0, the fraction of peak
 compute e_c that the class's best kernels reach (times w, the share of the last wave of tiles
 that is busy: 133 tiles on 132 SMs take two waves), and the fraction of HBM bandwidth e_b. Both
-fractions are at most 1, so a prediction never lies below its bound (up to t0 >= 0).
+fractions are at most 1, so a prediction never lies below its bound (up to t0 >= 0). A chip
+family (`kvjax.predict.bounds.compute_family`: one compute design) with `FAMILY_ROWS` compute-bound
+rows or more in the fit has its own e_c, fitted with t0 and e_b held and pulled towards the
+class's (the H20, a GH100 capped to 148 TFLOP/s, runs its GEMMs at 0.96 of that peak, where the
+H100's reach 0.8 of theirs); a family the fit never saw takes the class's.
 
 Fitted by least squares on log time over a grid (refined twice), with a weak prior pulling
 each efficiency towards 1 (a class whose rows are all memory-bound says nothing of e_c), on the
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -61,6 +65,7 @@ class Features:
     # the softmax's exponentials at the chip's special-function rate (fused attention), seconds:
     # serial with the matmuls in the compute term (0: none, or no sourced rate)
     special_s: float = 0.0
+    family: str = ""  # the chip's compute family (`bounds.compute_family`)
 
 
 def _arrays(xs: Sequence[Features]):
@@ -86,20 +91,31 @@ class Fit:
     hi: float = 0.0
     rows: int = 0
     sources: int = 0
+    # (family, e_c) for the families the fit saw enough compute-bound rows of
+    family_compute_efficiency: tuple[tuple[str, float], ...] = ()
+
+    def compute_efficiency_of(self, family: str) -> float:
+        """e_c for a chip family: its own where the fit gave it one, else the class's."""
+        return dict(self.family_compute_efficiency).get(family, self.compute_efficiency)
+
+    def compute_efficiencies(self, xs: Sequence[Features]) -> np.ndarray:
+        return np.array([self.compute_efficiency_of(x.family) for x in xs], float)
 
     def predict(self, xs: Sequence[Features]) -> np.ndarray:
         tc, tm = _arrays(xs)
-        return self.t0_s + np.maximum(tc / self.compute_efficiency, tm / self.bandwidth_efficiency)
+        ec = self.compute_efficiencies(xs)
+        return self.t0_s + np.maximum(tc / ec, tm / self.bandwidth_efficiency)
 
     def interval(self, xs: Sequence[Features]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         p = self.predict(xs)
         return p, p * math.exp(self.lo), p * math.exp(self.hi)
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return self.__dict__ | {"family_compute_efficiency": dict(self.family_compute_efficiency)}
 
 
 PRIOR = 0.01  # per row, on log(e)^2: an efficiency the rows cannot see stays near 1
+FAMILY_ROWS = 3  # compute-bound rows of a chip family that give it its own e_c
 
 
 def _sse(tc, tm, y, t0, ec, eb):
@@ -125,7 +141,25 @@ def fit(xs: Sequence[Features], measured_s: Sequence[float]) -> Fit:
         best = (float(t0[i]), float(ec[j]), float(eb[k]))
         t0 = _around(t0, i, log=True)
         ec, eb = _around(ec, j, hi=1.0), _around(eb, k, hi=1.0)
-    return Fit(*best, rows=len(xs))
+    return Fit(*best, rows=len(xs), family_compute_efficiency=_families(xs, tc, tm, y, *best))
+
+
+def _families(xs, tc, tm, y, t0: float, ec: float, eb: float) -> tuple[tuple[str, float], ...]:
+    """Each family's e_c on its compute-bound rows (under the class's fit), t0 and e_b held,
+    with the prior pulling it towards the class's e_c; the families with `FAMILY_ROWS` such
+    rows or more."""
+    grid = np.linspace(_E[0], 1.0, 241)
+    fam = np.array([x.family for x in xs])
+    bound = tc / ec > tm / eb
+    out = []
+    for name in sorted(set(fam) - {""}):
+        sel = (fam == name) & bound
+        if sel.sum() < FAMILY_ROWS:
+            continue
+        pred = t0 + np.maximum(tc[sel][None, :] / grid[:, None], tm[sel][None, :] / eb)
+        err = ((np.log(pred) - y[sel]) ** 2).sum(1) + PRIOR * sel.sum() * np.log(grid / ec) ** 2
+        out.append((str(name), float(grid[np.argmin(err)])))
+    return tuple(out)
 
 
 def _around(grid: np.ndarray, i: int, log: bool = False, hi: float | None = None) -> np.ndarray:
@@ -239,9 +273,9 @@ def leave_one_source_out(
         out = src == g
         covered[out] = (resid[out] >= lo) & (resid[out] <= hi)
         held_fits[g] = HeldFit(model.t0_s, model.compute_efficiency, model.bandwidth_efficiency,
-                               lo, hi, model.rows, len(names) - 1, int(out.sum()))  # fmt: skip
+                               lo, hi, model.rows, len(names) - 1, model.family_compute_efficiency,
+                               int(out.sum()))  # fmt: skip
     lo, hi = _conformal(resid[~np.isnan(resid)], a)
     full = fit(xs, y)
-    full = Fit(full.t0_s, full.compute_efficiency, full.bandwidth_efficiency, float(lo),
-               float(hi), len(y), len(names))  # fmt: skip
+    full = replace(full, lo=float(lo), hi=float(hi), rows=len(y), sources=len(names))
     return Validation(full, held, covered, names, ratio=held / y, held_fits=held_fits)
