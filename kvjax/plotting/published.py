@@ -65,8 +65,9 @@ def published_roofline(records: pd.DataFrame, fig) -> bool | None:
 def published_residuals(records: pd.DataFrame, fig) -> bool | None:
     """Issue 49's check of the implementation model: each row's held-out residual
     log2(predicted / measured) (the fit that never saw the row's source group) against the head
-    dimension and S (fused prefill), the implementation (fused attention) and the source group
-    (every class). Structure left in these panels is what the model absorbs instead of explains."""
+    dimension and S (fused prefill), the implementation (its name up to its first parenthesis),
+    the source group and the chip (every class). Structure left in these panels is what the
+    model absorbs instead of explains."""
     import seaborn as sns
 
     df = _kernel_rows(records)
@@ -77,8 +78,8 @@ def published_residuals(records: pd.DataFrame, fig) -> bool | None:
     df = df[df.held_out_predicted_s.notna() & df.best_of_shape.astype(bool)].copy()
     df["residual"] = np.log2(df.held_out_predicted_s.astype(float) / df.measured_s)
     pre = df[df.kernel == "attention_prefill"]
-    att = df[df.kernel.isin(("attention_prefill", "attention_decode"))]
-    axes = fig.subplots(1, 4)
+    df["impl"] = [str(i).split(" (")[0][:28] for i in df.implementation.fillna(df.kernel)]
+    axes = fig.subplots(1, 5, gridspec_kw={"width_ratios": (1, 1, 1.3, 1.3, 1)})
     colors = dict(zip(MARKERS, sns.color_palette("colorblind", len(MARKERS)), strict=True))
     pre = pre.assign(mask=np.where(pre.causal.astype(bool), "causal", "not causal"),
                      head=pre.head_dim.astype(int))  # fmt: skip
@@ -90,22 +91,21 @@ def published_residuals(records: pd.DataFrame, fig) -> bool | None:
         axes[1].scatter(g.seq_kv.fillna(g.seq_q), g.residual, s=5, alpha=0.7, label=mask, lw=0,
                         color=masks[mask])  # fmt: skip
     axes[1].set(xscale="log", xlabel="S (fused prefill)")
-    sns.stripplot(data=att, x="residual", y="implementation", hue="kernel", ax=axes[2],
-                  size=2.5, palette=colors, jitter=0.25)  # fmt: skip
-    axes[2].set(xlabel="log2(predicted / measured)", ylabel="")
-    sns.stripplot(data=df, x="residual", y="source_group", hue="kernel", ax=axes[3], size=2.5,
-                  palette=colors, jitter=0.25)  # fmt: skip
-    axes[3].set(xlabel="log2(predicted / measured)", ylabel="")
+    for ax, by in zip(axes[2:], ("impl", "source_group", "chip"), strict=True):
+        sns.stripplot(data=df, x="residual", y=by, hue="kernel", ax=ax, size=2.5,
+                      palette=colors, jitter=0.25)  # fmt: skip
+        ax.set(xlabel="log2(predicted / measured)", ylabel="")
     for ax in axes[:2]:
         ax.set_ylabel("log2(predicted / measured), held out")
         ax.legend(fontsize=5, frameon=True)
     for ax in axes:
         ax.axhline(0, color="0.3", lw=0.6) if ax in axes[:2] else ax.axvline(0, color="0.3", lw=0.6)
         ax.tick_params(labelsize=5)
+        ax.tick_params(axis="y", labelsize=4 if ax in axes[2:4] else 5)
         ax.xaxis.label.set_fontsize(6)
         ax.yaxis.label.set_fontsize(6)
     for ax in axes[2:]:
-        ax.legend(fontsize=4, frameon=True)
+        ax.legend(fontsize=4, frameon=True) if ax is axes[4] else ax.get_legend().remove()
     fig.suptitle(f"Held-out residuals of kvjax's implementation model, the {len(df)} fastest "
                  "rows of their shapes "
                  "(0 = exact; +1 = predicted twice the measured time)", fontsize=7)  # fmt: skip
