@@ -104,8 +104,9 @@ def published_residuals(records: pd.DataFrame, fig) -> bool | None:
         ax.tick_params(axis="y", labelsize=4 if ax in axes[2:4] else 5)
         ax.xaxis.label.set_fontsize(6)
         ax.yaxis.label.set_fontsize(6)
-    for ax in axes[2:]:
-        ax.legend(fontsize=4, frameon=True) if ax is axes[4] else ax.get_legend().remove()
+    for ax in axes[2:4]:  # one legend of the kernel classes, on the chip panel
+        ax.get_legend().remove()
+    axes[4].legend(fontsize=4, frameon=True)
     fig.suptitle(f"Held-out residuals of kvjax's implementation model, the {len(df)} fastest "
                  "rows of their shapes "
                  "(0 = exact; +1 = predicted twice the measured time)", fontsize=7)  # fmt: skip
