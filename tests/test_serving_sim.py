@@ -495,7 +495,9 @@ def test_predicted_step_time_is_the_published_steps_fit():
         model = get_model_config(name)
         other = PredictedStepTime(model, chip)
         cost = engine_step_cost(model, Workload("decode", 32, 8192), chip)
-        want = predict_step_s(cost.flops, cost.bytes, chip, model.compute_dtype)["predicted_s"]
+        want = predict_step_s(cost.flops, cost.bytes, chip, model.compute_dtype, model.num_layers)[
+            "predicted_s"
+        ]
         got = other([SimpleNamespace(tokens=1, context=8192)] * 32)
         assert other.fused and got == pytest.approx(want, rel=1e-3), name
     # the decodes are planned together, as one batched kernel plans them: 128 heads of
@@ -505,7 +507,9 @@ def test_predicted_step_time_is_the_published_steps_fit():
     # came out 14% above the batched one, noted at stop 45)
     big = get_model_config("deepseek-v3")
     cost = engine_step_cost(big, Workload("decode", 32, 8192), chip)
-    want = predict_step_s(cost.flops, cost.bytes, chip, big.compute_dtype)["predicted_s"]
+    want = predict_step_s(cost.flops, cost.bytes, chip, big.compute_dtype, big.num_layers)[
+        "predicted_s"
+    ]
     step = PredictedStepTime(big, chip)
     assert step([SimpleNamespace(tokens=1, context=8192)] * 32) == pytest.approx(want, rel=1e-9)
     splits = [flash.plan_for_chip(step.cfg, Workload("decode", b, 8192), chip).splits
@@ -524,7 +528,9 @@ def test_predicted_step_time_is_the_published_steps_fit():
     assert step.cfg.attention_kernel == "flash"
     for b, s in ((1, 1024), (32, 4096)):
         cost = engine_step_cost(cfg, Workload("decode", b, s), chip)
-        want = predict_step_s(cost.flops, cost.bytes, chip, cfg.compute_dtype)["predicted_s"]
+        want = predict_step_s(cost.flops, cost.bytes, chip, cfg.compute_dtype, cfg.num_layers)[
+            "predicted_s"
+        ]
         assert step([SimpleNamespace(tokens=1, context=s)] * b) == pytest.approx(want, rel=1e-9)
     bound = ClosedFormStepTime(cfg.replace(attention_kernel="flash"), chip)
     decode, mixed = (
@@ -537,7 +543,8 @@ def test_predicted_step_time_is_the_published_steps_fit():
     # FLOPs are the chunk's alone plus the 16 decodes' alone (every kernel's FLOPs are linear in
     # the tokens and rows, but RoPE's table, made once a step: 6,144 FLOPs of 3.2e13; each
     # request's attention is its own), and its time the fit's formula
-    # t0 + max(F / (e_c P), Q / (e_b BW)) on them, by hand
+    # L t0 + max(F / (e_c P), Q / (e_b BW)) on them (t0 paid once by each of its L layers), by
+    # hand
     chunk = [SimpleNamespace(tokens=2048, context=4096)]
     decodes = [SimpleNamespace(tokens=1, context=8192)] * 16
     big = chunk + decodes
@@ -545,8 +552,8 @@ def test_predicted_step_time_is_the_published_steps_fit():
     assert flops == pytest.approx(step.step_cost(chunk)[1] + step.step_cost(decodes)[1], rel=1e-9)
     f = step.fit
     peak, bw = chip.peak(cfg.compute_dtype), chip.bandwidth_bytes_per_s
-    by_hand = f.t0_s + max(flops / (f.compute_efficiency * peak),
-                           nbytes / (f.bandwidth_efficiency * bw))  # fmt: skip
+    by_hand = cfg.num_layers * f.t0_s + max(flops / (f.compute_efficiency * peak),
+                                            nbytes / (f.bandwidth_efficiency * bw))  # fmt: skip
     assert step(big) == pytest.approx(by_hand, rel=1e-12)
     assert step(big) > 0.05 > bound(big)  # predicted over the SLO; the bound under it
 

@@ -192,7 +192,9 @@ def add_predictions(report: dict[str, Any], cfg: ModelConfig, chip: ChipSpec, al
             cost = engine_step_cost(
                 variant, Workload("decode", p["batch"], report["context"]), chip
             )
-            pred = predict_step_s(cost.flops, cost.bytes, chip, variant.peak_dtype)
+            pred = predict_step_s(
+                cost.flops, cost.bytes, chip, variant.peak_dtype, variant.num_layers
+            )
             p.update(pred)
             p["predicted_ms_per_token"] = 1e3 * pred["predicted_s"]
             p["predicted_tokens_per_s"] = p["batch"] / pred["predicted_s"]

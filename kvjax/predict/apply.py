@@ -35,12 +35,14 @@ def kernel_class(name: str, phase: str) -> str | None:
 
 def _interval(
     fit: Fit, flops: float, nbytes: float, peak: float, chip: ChipSpec, calls: int = 1,
-    special_s: float = 0.0,
+    special_s: float = 0.0, launches: int = 1,
 ) -> dict[str, float]:  # fmt: skip
     """`calls` launches of one kernel (its layers), each of 1/calls of the FLOPs and bytes (and of
-    the exponentials' `special_s`), on `chip` (its bandwidth, its compute family's e_c)."""
+    the exponentials' `special_s`), on `chip` (its bandwidth, its compute family's e_c); a whole
+    step pays the fit's fixed term once per layer (`launches`)."""
     x = Features(flops / calls, nbytes / calls, peak, chip.bandwidth_bytes_per_s,
-                 special_s=special_s / calls, family=compute_family(chip))  # fmt: skip
+                 special_s=special_s / calls, family=compute_family(chip),
+                 launches=launches)  # fmt: skip
     p, lo, hi = fit.interval([x])
     return {"predicted_s": calls * float(p[0]), "predicted_lo_s": calls * float(lo[0]),
             "predicted_hi_s": calls * float(hi[0])}  # fmt: skip
@@ -105,14 +107,19 @@ def predict_step(
             row.update(predicted_s=None, predicted_lo_s=None, predicted_hi_s=None)
         out.append(row)
     engine = engine_step_cost(cfg, wl, chip)
-    step = {"class": "step", **_interval(fits["step"], engine.flops, engine.bytes, peak, chip)}
+    step = {"class": "step", **_interval(fits["step"], engine.flops, engine.bytes, peak, chip,
+                                         launches=cfg.num_layers)}  # fmt: skip
     return {"kernels": out, "step": step,
             "fits": {c: f.to_dict() for c, f in fits.items()}}  # fmt: skip
 
 
-def predict_step_s(flops: float, nbytes: float, chip: ChipSpec, dtype: str) -> dict[str, float]:
-    """The whole step's prediction: what a compiled engine's step is predicted to take."""
-    return _interval(corpus_fits()["step"], flops, nbytes, chip.peak(dtype), chip)
+def predict_step_s(
+    flops: float, nbytes: float, chip: ChipSpec, dtype: str, layers: int
+) -> dict[str, float]:  # fmt: skip
+    """The whole step's prediction: what a compiled engine's step of `layers` layers (each
+    paying the fit's fixed term once) is predicted to take."""
+    return _interval(corpus_fits()["step"], flops, nbytes, chip.peak(dtype), chip,
+                     launches=layers)  # fmt: skip
 
 
 def engine_step_cost(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> StepCost:

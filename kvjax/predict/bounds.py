@@ -59,6 +59,7 @@ class Closed:
     # a GEMM's chip's compute family (`compute_family`): the matmul class fits an e_c
     # per family, the one class whose rows span capped and uncapped designs in several groups
     family: str = ""
+    launches: float = 1.0  # the times the model's fixed term is paid: a whole step's layers
 
     @property
     def floor_flops(self) -> float:
@@ -181,7 +182,8 @@ def closed_form(row: Row) -> Closed:
     weights = cost.weight_bytes / 2 if dtype == "int4" else cost.weight_bytes
     floor_bytes += weights
     return Closed(cost.flops, nbytes, peak, bw, 0, chip.num_cores or 1,
-                  bound_flops=floor_flops, bound_bytes=floor_bytes)  # fmt: skip
+                  bound_flops=floor_flops, bound_bytes=floor_bytes,
+                  launches=cfg.num_layers)  # fmt: skip
 
 
 def gemm_tiles(m: int, n: int, k: int, groups: int, cores: int) -> int:

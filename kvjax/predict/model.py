@@ -3,7 +3,7 @@
 For a kernel of F FLOPs and Q HBM bytes on a chip of peak P and bandwidth BW, launched as n
 tiles over c cores, the time predicted is
 
-    t = t0 + max((F / P + X / R) / (e_c * w), Q / (e_b * BW)),   w = n / (ceil(n / c) * c)
+    t = n_0 t0 + max((F / P + X / R) / (e_c * w), Q / (e_b * BW)),   w = n / (ceil(n / c) * c)
 
 with X / R the fused attention's exponentials (one a computed (query, key) pair and query
 head) at the chip's special-function rate R (`ChipSpec.special_function_ops_per_s`, sourced;
@@ -12,7 +12,10 @@ what made the fused prefill's held-out residuals stop tracking the head dimensio
 the exponentials' count per pair is the same at every head dimension, their share of the work
 largest at 64.
 
-three physical parameters per class: a fixed launch and latency term t0, the fraction of peak
+three physical parameters per class: a fixed launch and latency term t0, paid n_0 times (once for
+a kernel; once per layer for a whole step, whose layers each launch their kernels and wait on
+their tails, and over several chips on their all-reduces: a 7B model's step pays it 32 times, a
+70B's 80), the fraction of peak
 compute e_c that the class's best kernels reach (times w, the share of the last wave of tiles
 that is busy: 133 tiles on 132 SMs take two waves), and the fraction of HBM bandwidth e_b. Both
 fractions are at most 1, so a prediction never lies below its bound (up to t0 >= 0). A chip
@@ -66,6 +69,7 @@ class Features:
     # serial with the matmuls in the compute term (0: none, or no sourced rate)
     special_s: float = 0.0
     family: str = ""  # the chip's compute family (`bounds.compute_family`)
+    launches: float = 1.0  # n_0: the times the fixed term t0 is paid (a step: its layers)
 
 
 def _arrays(xs: Sequence[Features]):
@@ -78,6 +82,10 @@ def _arrays(xs: Sequence[Features]):
     X = np.array([x.special_s for x in xs], float)
     wave = np.where(n > 0, n / (np.ceil(np.maximum(n, 1) / c) * c), 1.0)
     return (F / P + X) / wave, Q / BW  # compute and memory times at full efficiency
+
+
+def _launches(xs: Sequence[Features]) -> np.ndarray:
+    return np.array([x.launches for x in xs], float)
 
 
 @dataclass(frozen=True)
@@ -104,7 +112,7 @@ class Fit:
     def predict(self, xs: Sequence[Features]) -> np.ndarray:
         tc, tm = _arrays(xs)
         ec = self.compute_efficiencies(xs)
-        return self.t0_s + np.maximum(tc / ec, tm / self.bandwidth_efficiency)
+        return self.t0_s * _launches(xs) + np.maximum(tc / ec, tm / self.bandwidth_efficiency)
 
     def interval(self, xs: Sequence[Features]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         p = self.predict(xs)
@@ -118,8 +126,8 @@ PRIOR = 0.01  # per row, on log(e)^2: an efficiency the rows cannot see stays ne
 FAMILY_ROWS = 3  # compute-bound rows of a chip family that give it its own e_c
 
 
-def _sse(tc, tm, y, t0, ec, eb):
-    pred = t0[:, None, None, None] + np.maximum(
+def _sse(tc, tm, y, t0, ec, eb, n0):
+    pred = t0[:, None, None, None] * n0[None, None, None, :] + np.maximum(
         tc[None, None, None, :] / ec[None, :, None, None],
         tm[None, None, None, :] / eb[None, None, :, None],
     )
@@ -132,19 +140,21 @@ def fit(xs: Sequence[Features], measured_s: Sequence[float]) -> Fit:
     if len(xs) < 2:
         raise KvjaxError(f"fitting needs at least 2 measurements, got {len(xs)}")
     tc, tm = _arrays(xs)
+    n0 = _launches(xs)
     y = np.log(np.asarray(measured_s, float))
     t0, ec, eb = _T0, _E, _E
     best = None
     for _ in range(3):
-        err = _sse(tc, tm, y, t0, ec, eb)
+        err = _sse(tc, tm, y, t0, ec, eb, n0)
         i, j, k = np.unravel_index(np.argmin(err), err.shape)
         best = (float(t0[i]), float(ec[j]), float(eb[k]))
         t0 = _around(t0, i, log=True)
         ec, eb = _around(ec, j, hi=1.0), _around(eb, k, hi=1.0)
-    return Fit(*best, rows=len(xs), family_compute_efficiency=_families(xs, tc, tm, y, *best))
+    return Fit(*best, rows=len(xs),
+               family_compute_efficiency=_families(xs, tc, tm, n0, y, *best))  # fmt: skip
 
 
-def _families(xs, tc, tm, y, t0: float, ec: float, eb: float) -> tuple[tuple[str, float], ...]:
+def _families(xs, tc, tm, n0, y, t0: float, ec: float, eb: float) -> tuple[tuple[str, float], ...]:
     """Each family's e_c on its compute-bound rows (under the class's fit), t0 and e_b held,
     with the prior pulling it towards the class's e_c; the families with `FAMILY_ROWS` such
     rows or more."""
@@ -156,7 +166,7 @@ def _families(xs, tc, tm, y, t0: float, ec: float, eb: float) -> tuple[tuple[str
         sel = (fam == name) & bound
         if sel.sum() < FAMILY_ROWS:
             continue
-        pred = t0 + np.maximum(tc[sel][None, :] / grid[:, None], tm[sel][None, :] / eb)
+        pred = t0 * n0[sel] + np.maximum(tc[sel][None, :] / grid[:, None], tm[sel][None, :] / eb)
         err = ((np.log(pred) - y[sel]) ** 2).sum(1) + PRIOR * sel.sum() * np.log(grid / ec) ** 2
         out.append((str(name), float(grid[np.argmin(err)])))
     return tuple(out)

@@ -122,7 +122,8 @@ class ClosedFormStepTime:
 
 class PredictedStepTime(ClosedFormStepTime):
     """What a compiled engine's step is predicted to take (`kvjax.predict`): the corpus's `step`
-    class, fitted on published engine steps, t = t0 + max(F / (e_c P), Q / (e_b BW)) over the
+    class, fitted on published engine steps, t = L t0 + max(F / (e_c P), Q / (e_b BW)) (t0 paid
+    once by each of the model's L layers) over the
     step's FLOPs F and bytes Q as `ClosedFormStepTime` splits a mixed batch, on the step as
     those engines run it: fused attention, and a request's share as configured where the closed
     form has no fused form for it (as `kvjax.predict.apply.engine_step_cost`). For a batch of
@@ -157,22 +158,24 @@ class PredictedStepTime(ClosedFormStepTime):
     def __call__(self, batch) -> float:
         _, flops, nbytes = self.step_cost(batch)
         f = self.fit
-        return f.t0_s + max(flops / (f.compute_efficiency * self.peak),
-                            nbytes / (f.bandwidth_efficiency * self.bw))  # fmt: skip
+        return f.t0_s * self.cfg.num_layers + max(
+            flops / (f.compute_efficiency * self.peak), nbytes / (f.bandwidth_efficiency * self.bw)
+        )
 
     def _times(self, t, flops, nbytes):
         import numpy as np
 
         f = self.fit
-        return f.t0_s + np.maximum(flops / (f.compute_efficiency * self.peak),
-                                   nbytes / (f.bandwidth_efficiency * self.bw))  # fmt: skip
+        return f.t0_s * self.cfg.num_layers + np.maximum(
+            flops / (f.compute_efficiency * self.peak), nbytes / (f.bandwidth_efficiency * self.bw)
+        )
 
 
 class KernelStepTime(PredictedStepTime):
     """A step predicted from its kernels (`kvjax.predict.steps`): each kernel of the batch, split
     as `ClosedFormStepTime` splits it, by its corpus class (GEMMs by `matmul`, the fused
     attention by `attention_prefill` or `attention_decode` in the form it runs), a kernel with
-    no class at its bound, plus the fixed time per step fitted on published engine steps.
+    no class at its bound, plus the fixed time per layer fitted on published engine steps.
     `fits` and `overhead`: ones that left a source group out (default: every group's);
     `weight_scale`: the weights' bytes against the config's dtype (NVFP4 on an fp8 config)."""
 
@@ -194,10 +197,10 @@ class KernelStepTime(PredictedStepTime):
         return kernel_s(self.fits, name, k, phase, self.layers.get(name, 1), self.chip, self.peak)
 
     def __call__(self, batch) -> float:
-        return self.overhead.t0_s + self.step_cost(batch)[0]
+        return self.overhead.t0_s * self.cfg.num_layers + self.step_cost(batch)[0]
 
     def _times(self, t, flops, nbytes):
-        return self.overhead.t0_s + t
+        return self.overhead.t0_s * self.cfg.num_layers + t
 
 
 class PlacedStepTime:

@@ -1,6 +1,6 @@
 """The prediction beside a published serving system's bound (issue 50): kvjax's simulator on the
 row's deployment, each step predicted from its kernels (`kvjax.predict.steps`: GEMMs and fused
-attention by the corpus's kernel classes, a fixed time per step fitted on published engine
+attention by the corpus's kernel classes, a fixed time per layer fitted on published engine
 steps), the scheduler as the row's engine runs it where kvjax knows how. Held out: a row whose
 source group also published kernels or engine steps (TensorRT-LLM: engine steps) is predicted by
 fits that left that group out, so no number it is judged against went into it; its 80% interval
