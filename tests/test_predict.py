@@ -268,6 +268,36 @@ def test_a_gemm_splits_k_to_fill_its_last_wave_by_hand():
     assert fam["h100-sxm"] == fam["h800"] == fam["h200"] != fam["h20"] == "h20"
 
 
+def test_the_pipeline_fill_by_hand():
+    """A block loop of b key blocks a program through a two-stage pipeline takes b + 1 stage
+    times: S = 512 in 128 x 128 tiles, B = 2: 8 programs a head; non-causal 32 blocks (4 each,
+    fill 5/4), causal 2 x (1 + 2 + 3 + 4) = 20 (2.5 each, 1.4). The model stretches the compute
+    term by it and leaves a memory-bound call alone; decode's split loop keeps 1."""
+    from kvjax.analytic import flash
+    from kvjax.analytic.costs import Workload
+    from kvjax.hardware import get_chip
+    from kvjax.model.config import ModelConfig
+    from kvjax.predict.bounds import attention_fill, pipeline_fill
+
+    cfg = ModelConfig(name="t", num_layers=1, d_model=512, num_heads=4, num_kv_heads=4,
+                      head_dim=128, d_ff=2048, vocab_size=256,
+                      attention_kernel="flash")  # fmt: skip
+    wl = Workload("prefill", 2, 512)
+    plan = flash.plan(cfg, wl, block_q=128, block_k=128)
+    for causal, want in ((False, 1.25), (True, 1.4)):
+        cost = flash.flash_attention_cost(cfg, wl, plan, causal=causal)
+        assert pipeline_fill(cost, 2, 512) == pytest.approx(want)
+    assert attention_fill(cfg, Workload("decode", 2, 512), get_chip("h100-sxm")) == 1.0
+    fit = model.Fit(0.0, 1.0, 1.0)
+    x = model.Features(1e12, 1e6, 1e15, 3e12, fill=1.25)
+    assert fit.predict([x])[0] == pytest.approx(1.25e-3)
+    x = model.Features(1e6, 3e12, 1e15, 3e12, fill=1.25)
+    assert fit.predict([x])[0] == pytest.approx(1.0)
+    prefill = [r for r in read_corpus() if r.kernel == "attention_prefill"][0]
+    c = closed_form(prefill)
+    assert c.fill > 1 and c.tile_flops * c.fill > c.floor_flops  # the model, never the bound
+
+
 def test_conformal_interval_covers_as_promised():
     rng = np.random.default_rng(1)
     xs = [model.Features(10 ** rng.uniform(9, 12), 10 ** rng.uniform(6, 9), 1e15, 3e12)

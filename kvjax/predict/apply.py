@@ -18,7 +18,7 @@ from kvjax.analytic.step import layer_kernels, layer_kinds, step_cost
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
 from kvjax.model.config import ModelConfig
-from kvjax.predict.bounds import compute_family, special_seconds
+from kvjax.predict.bounds import attention_fill, compute_family, special_seconds
 from kvjax.predict.model import Features, Fit
 from kvjax.predict.validate import corpus_fits
 
@@ -35,14 +35,15 @@ def kernel_class(name: str, phase: str) -> str | None:
 
 def _interval(
     fit: Fit, flops: float, nbytes: float, peak: float, chip: ChipSpec, calls: int = 1,
-    special_s: float = 0.0, launches: int = 1,
+    special_s: float = 0.0, launches: int = 1, fill: float = 1.0,
 ) -> dict[str, float]:  # fmt: skip
     """`calls` launches of one kernel (its layers), each of 1/calls of the FLOPs and bytes (and of
-    the exponentials' `special_s`), on `chip` (its bandwidth, its compute family's e_c); a whole
-    step pays the fit's fixed term once per layer (`launches`)."""
+    the exponentials' `special_s`; `fill`: a block loop's `bounds.pipeline_fill`), on `chip` (its
+    bandwidth, its compute family's e_c); a whole step pays the fit's fixed term once per layer
+    (`launches`)."""
     x = Features(flops / calls, nbytes / calls, peak, chip.bandwidth_bytes_per_s,
                  special_s=special_s / calls, family=compute_family(chip),
-                 launches=launches)  # fmt: skip
+                 launches=launches, fill=fill)  # fmt: skip
     p, lo, hi = fit.interval([x])
     return {"predicted_s": calls * float(p[0]), "predicted_lo_s": calls * float(lo[0]),
             "predicted_hi_s": calls * float(hi[0])}  # fmt: skip
@@ -65,17 +66,18 @@ def kernel_layers(cfg: ModelConfig, chip=None) -> dict[str, int]:
 
 def kernel_seconds(
     fits: dict[str, Fit], name: str, flops: float, nbytes: float, phase: str, layers: int,
-    chip: ChipSpec, peak: float, special_s: float = 0.0,
+    chip: ChipSpec, peak: float, special_s: float = 0.0, fill: float = 1.0,
 ) -> float | None:  # fmt: skip
     """One kernel of a step (summed over its layers) as its class predicts it: `layers` launches
-    of 1/layers of its FLOPs, bytes and exponentials' `special_s` (a per-layer kernel), no wave
-    term; None where the kernel has no class (norms, RoPE, elementwise ops, unfused attention)."""
+    of 1/layers of its FLOPs, bytes and exponentials' `special_s` (a per-layer kernel), with the
+    fused attention's pipeline `fill`, no wave term; None where the kernel has no class (norms,
+    RoPE, elementwise ops, unfused attention)."""
     cls = kernel_class(name, phase)
     if cls not in fits or flops + nbytes <= 0:
         return None
     calls = layers if kernels.REGISTRY[name].per_layer else 1
     x = Features(flops / calls, nbytes / calls, peak, chip.bandwidth_bytes_per_s,
-                 special_s=special_s / calls, family=compute_family(chip))  # fmt: skip
+                 special_s=special_s / calls, family=compute_family(chip), fill=fill)  # fmt: skip
     return calls * float(fits[cls].predict([x])[0])
 
 
@@ -90,19 +92,22 @@ def predict_step(
     phase, layers = wl.phase, kernel_layers(cfg, chip)
     peak = chip.peak(cfg.peak_dtype)
     out = []
-    exps = 0.0  # the fused attention's exponentials, at the chip's special-function rate
+    exps, fill = 0.0, 1.0  # the fused attention's exponentials (at the chip's special-function
+    # rate) and its block loop's pipeline fill
     if any(k["name"] == kernels.ATTENTION for k in placed):
         from kvjax.analytic.step import step_kernels
 
         fused = step_kernels(cfg, wl, chip).get(kernels.ATTENTION)
         exps = special_seconds(fused.transcendentals, chip) if fused is not None else 0.0
+        fill = attention_fill(cfg, wl, chip) if cfg.attention_kernel == "flash" else 1.0
     for k in placed:
         cls = kernel_class(k["name"], phase)
         row = {"name": k["name"], "class": cls, "bound_s": k["bound_s"]}
         if cls in fits and k["flops"] + k["bytes"] > 0:
             calls = layers.get(k["name"], 1) if kernels.REGISTRY[k["name"]].per_layer else 1
-            special = exps if k["name"] == kernels.ATTENTION else 0.0
-            row.update(_interval(fits[cls], k["flops"], k["bytes"], peak, chip, calls, special))
+            attn = k["name"] == kernels.ATTENTION
+            row.update(_interval(fits[cls], k["flops"], k["bytes"], peak, chip, calls,
+                                 exps if attn else 0.0, fill=fill if attn else 1.0))  # fmt: skip
         else:
             row.update(predicted_s=None, predicted_lo_s=None, predicted_hi_s=None)
         out.append(row)

@@ -60,6 +60,7 @@ class Closed:
     # per family, the one class whose rows span capped and uncapped designs in several groups
     family: str = ""
     launches: float = 1.0  # the times the model's fixed term is paid: a whole step's layers
+    fill: float = 1.0  # the block loop's software pipeline: (n + 1) / n (`pipeline_fill`)
 
     @property
     def floor_flops(self) -> float:
@@ -147,9 +148,11 @@ def closed_form(row: Row) -> Closed:
             nbytes = (nbytes - o) * DTYPE_BYTES[dtype] / a + o
             floor_bytes = (floor_bytes - o) * DTYPE_BYTES[dtype] / a + o
         shape = flash.attention_shape(cfg, "prefill" if kind == "attention_prefill" else "decode")
+        fill = 1.0
         if kind == "attention_prefill":
             programs = row.batch * shape.query_heads * math.ceil(T / tiles.block_q)
             padded = flops
+            fill = pipeline_fill(cost, row.batch, T)
         else:
             programs = row.batch * shape.kv_heads * tiles.splits
             # a KV head's G x T query rows are one MMA tile of M = 64 rows (Hopper's wgmma,
@@ -158,7 +161,8 @@ def closed_form(row: Row) -> Closed:
             padded = flops * math.ceil(rows / MMA_ROWS) * MMA_ROWS / rows
         exps = sum(k.transcendentals for k in cost.kernels())
         return Closed(flops, nbytes, peak, bw, programs, chip.num_cores or 1, padded,
-                      floor.flops, floor_bytes, special_seconds(exps, chip, chips))  # fmt: skip
+                      floor.flops, floor_bytes, special_seconds(exps, chip, chips),
+                      fill=fill)  # fmt: skip
     if kind == "matmul":
         groups = row.batch or 1
         a = DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else 0.5
@@ -207,6 +211,31 @@ def compute_family(chip: ChipSpec) -> str:
     key = (chip.peak_flops_per_s.get("bf16"), chip.num_cores)
     same = [n for n, c in CHIPS.items() if (c.peak_flops_per_s.get("bf16"), c.num_cores) == key]
     return "/".join(same) if chip.name in same else chip.name
+
+
+def pipeline_fill(cost: flash.FlashCost, batch: int, queries: int) -> float:
+    """(n + 1) / n: the compute term's stretch for a block loop whose programs each run n key
+    blocks (on average; a causal band's are shorter). Its software pipeline has two stages (the
+    next K/V block's load beside the current block's matmuls and softmax, as FlashAttention-2
+    and -3 and cuDNN run it), and n blocks through a two-stage pipeline take n + 1 stage times:
+    the first block's load is waited for and the last block's O written after it. A constant of
+    the structure, not fitted: a sequence of 512 in 128-key blocks pays 1/4 more, one of 16,384
+    1/128; n counts whole tiles of pairs, so a program of less than one tile (a short sequence's
+    partial block) pays its one stage twice, 2 at most."""
+    plan = cost.plan
+    programs = batch * math.ceil(queries / plan.block_q)  # per query head
+    blocks = cost.computed_pairs / (plan.block_q * plan.block_k)
+    return 1.0 + min(1.0, programs / blocks) if blocks > 0 else 1.0
+
+
+def attention_fill(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> float:
+    """`pipeline_fill` of a step's fused attention where it runs prefill's block loop (its
+    full-attention layers' plan), 1 where it runs flash-decoding (a memory-bound split whose
+    loads the pipeline overlaps)."""
+    if flash.attention_form(cfg, wl) != "prefill":
+        return 1.0
+    plan = flash.plan_for_chip(cfg, wl, chip)
+    return pipeline_fill(flash.flash_attention_cost(cfg, wl, plan), wl.batch, wl.query_len)
 
 
 def special_seconds(transcendentals: float, chip: ChipSpec, chips: int = 1) -> float:

@@ -40,7 +40,7 @@ from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, get_chip
 from kvjax.model.config import ModelConfig
 from kvjax.predict.apply import kernel_layers, kernel_seconds
-from kvjax.predict.bounds import special_seconds
+from kvjax.predict.bounds import attention_fill, special_seconds
 from kvjax.predict.collectives import tensor_parallel_link
 from kvjax.predict.model import LEVEL, Fit, _conformal
 
@@ -63,13 +63,15 @@ class Overhead:
 
 def kernel_s(
     fits: dict[str, Fit], name: str, k, phase: str, layers: int, chip: ChipSpec, peak: float,
-    chips: int = 1,
+    chips: int = 1, fill: float = 1.0,
 ) -> float:  # fmt: skip
     """One kernel of a step (summed over the `layers` that run it: `kernel_layers`; over `chips`
-    chips as one aggregate roof) by its class, or at its bound where it has none."""
+    chips as one aggregate roof) by its class, or at its bound where it has none; `fill`: the
+    fused attention's pipeline fill (`bounds.attention_fill`)."""
     f, q = k.flops / chips, k.bytes / chips
-    special = special_seconds(k.transcendentals, chip, chips) if name == kernels.ATTENTION else 0
-    t = kernel_seconds(fits, name, f, q, phase, layers, chip, peak, special)
+    attn = name == kernels.ATTENTION
+    special = special_seconds(k.transcendentals, chip, chips) if attn else 0
+    t = kernel_seconds(fits, name, f, q, phase, layers, chip, peak, special, fill if attn else 1.0)
     return t if t is not None else roofline.bound_time_s(f, q, peak, chip.bandwidth_bytes_per_s)
 
 
@@ -84,8 +86,9 @@ def kernels_s(
     total = 0.0
     for name, k in step_kernels(cfg, wl, chip).items():
         k = scale_weights(k, 0.5) if int4 else k
+        fill = attention_fill(cfg, wl, chip) if name == kernels.ATTENTION else 1.0
         total += kernel_s(fits, name, k, attention_form(cfg, wl), layers.get(name, 1), chip,
-                          peak, chips)  # fmt: skip
+                          peak, chips, fill)  # fmt: skip
     return total
 
 

@@ -59,14 +59,15 @@ class ClosedFormStepTime:
         self._shared = lru_cache(maxsize=None)(self._shared_s)
         self._request = lru_cache(maxsize=1 << 16)(self._request_s)
 
-    def _kernel_s(self, name: str, k, phase: str) -> float:
-        """One kernel's time (summed over its layers): its roofline bound."""
+    def _kernel_s(self, name: str, k, phase: str, wl: Workload | None = None) -> float:
+        """One kernel's time (summed over its layers) in a share of workload `wl`: its roofline
+        bound."""
         return roofline.bound_time_s(k.flops, k.bytes, self.peak, self.bw)
 
-    def _cost(self, kernels_, keep, phase: str = "decode") -> tuple[float, float, float]:
+    def _cost(self, kernels_, keep, phase: str = "decode", wl: Workload | None = None):
         """(sum of the kept kernels' times, their FLOPs, their bytes)."""
         kept = [(n, k) for n, k in kernels_.items() if keep(n)]
-        return (sum(self._kernel_s(n, k, phase) for n, k in kept),
+        return (sum(self._kernel_s(n, k, phase, wl) for n, k in kept),
                 sum(k.flops for _, k in kept), sum(k.bytes for _, k in kept))  # fmt: skip
 
     def _shared_s(self, tokens: int, rows: int) -> tuple[float, float, float]:
@@ -88,7 +89,7 @@ class ClosedFormStepTime:
             ) from None
         n = decodes if tokens == 1 else 1
         form = attention_form(self.cfg, wl)  # the attention's kernel: prefill's or decode's
-        return tuple(x / n for x in self._cost(ks, lambda name: name not in self.shared, form))
+        return tuple(x / n for x in self._cost(ks, lambda name: name not in self.shared, form, wl))
 
     def step_cost(self, batch) -> tuple[float, float, float]:
         """The batch's (sum of kernel bounds in seconds, FLOPs, bytes), split as above."""
@@ -190,11 +191,15 @@ class KernelStepTime(PredictedStepTime):
         self.weight_scale = weight_scale
         self.layers = steps.kernel_layers(self.cfg, chip)  # the layers that run each kernel
 
-    def _kernel_s(self, name: str, k, phase: str) -> float:
+    def _kernel_s(self, name: str, k, phase: str, wl: Workload | None = None) -> float:
+        from kvjax.predict.bounds import attention_fill
         from kvjax.predict.steps import kernel_s, scale_weights
 
         k = scale_weights(k, self.weight_scale)
-        return kernel_s(self.fits, name, k, phase, self.layers.get(name, 1), self.chip, self.peak)
+        fill = (attention_fill(self.cfg, wl, self.chip)
+                if name == kernels.ATTENTION and wl is not None else 1.0)  # fmt: skip
+        return kernel_s(self.fits, name, k, phase, self.layers.get(name, 1), self.chip, self.peak,
+                        fill=fill)  # fmt: skip
 
     def __call__(self, batch) -> float:
         return self.overhead.t0_s * self.cfg.num_layers + self.step_cost(batch)[0]
