@@ -108,8 +108,20 @@ def test_unknown_dtype_in_a_csv_is_refused_with_the_list(tmp_path):
     bad = _write(tmp_path / "bad.csv", header, rows, {("dtype", "bf16"): "fp17"})
     code, _, err = _run(["validate", str(bad)])
     assert code == 2
-    assert f"{bad}:2: column 'dtype': 'fp17'; allowed: f32, bf16, f16, fp8, int8, int4 (" in err
+    allowed = "f32, bf16, f16, fp8, int8, int4, fp4"
+    assert f"{bad}:2: column 'dtype': 'fp17'; allowed: {allowed} (" in err
     assert "aliases: " in err and "float16/fp16/half -> f16" in err
+
+
+def test_fp4_is_a_gemms_dtype_only_in_the_corpus(tmp_path):
+    """fp4 (NVFP4, MXFP4) is a block-scaled GEMM's input at the chip's fp4 peak; no kernel of
+    another kind runs on it in kvjax's closed forms, so a step row in fp4 is refused by name."""
+    header, rows = _rows("steps.csv", ["bf16"])
+    bad = _write(tmp_path / "bad.csv", header, rows, {("dtype", "bf16"): "nvfp4"})
+    with pytest.raises(KvjaxError, match=r"column 'dtype': 'fp4' is a GEMM's dtype; a "
+                                         r"decode_step row takes one of f32, bf16, f16, fp8, int8, "
+                                         r"int4"):  # fmt: skip
+        read_csv(bad)
 
 
 def test_int2_is_a_kv_dtype_only_in_the_corpus(tmp_path):

@@ -128,10 +128,27 @@ def test_gemm_row_closed_form_by_hand(report):
     assert nbytes / readme[0]["measured_s"] == pytest.approx(1688e9, rel=0.01)
 
 
+def test_fp4_gemm_row_closed_form_by_hand(report):
+    """DeepGEMM PR #348's MXFP4 8192^3 on a B200: 2mnk FLOPs at the fp4 peak (9 PFLOP/s dense),
+    A and B at 4 bits an element (their scales left out: fewer bytes keep it a bound), C in bf16;
+    its printed 5702 TFLOP/s is 0.63 of that peak."""
+    rows = [r for r in report["rows"] if (r["m"], r["n"], r["k"]) == (8192, 8192, 8192)
+            and r["chip"] == "b200" and r["dtype"] == "fp4"
+            and r["implementation"].startswith("DeepGEMM")]  # fmt: skip
+    assert len(rows) == 1
+    n = 8192
+    flops, nbytes = 2 * n**3, 2 * n * n * 0.5 + 2 * n * n
+    r = rows[0]
+    assert (r["closed_flops"], r["closed_bytes"]) == (flops, nbytes)
+    assert r["bound_s"] == pytest.approx(flops / 9000e12) and r["bound_side"] == "compute"
+    assert flops / r["measured_s"] == pytest.approx(5702e12, rel=1e-3)
+    assert r["fraction_of_bound"] == pytest.approx(5702 / 9000, rel=1e-3)
+
+
 def test_leave_one_source_out_error_and_coverage_are_validate_md(report):
     """The held-out error, coverage and interval width that experiments/published/VALIDATE.md
     states, per class and over every held-out row, are what `validate` gives (the rows recounted
-    here by hand); held out by source group, 19 groups."""
+    here by hand); held out by source group, 20 groups."""
     text = (Path(__file__).parents[1] / "experiments/published/VALIDATE.md").read_text()
     table = {}
     for line in text.splitlines():
@@ -145,7 +162,7 @@ def test_leave_one_source_out_error_and_coverage_are_validate_md(report):
     groups = report["summary"]["source_groups"]
     assert (int(row[4]), int(row[5]), row[6], row[7]) == (
         len(held), groups, f"{err:.1%}", f"{coverage:.0%}")  # fmt: skip
-    assert groups == len({r["source_group"] for r in report["rows"]}) == 19
+    assert groups == len({r["source_group"] for r in report["rows"]}) == 20
     for cls in ("attention_prefill", "attention_decode", "matmul", "step"):
         c, row = report["classes"][cls], table[cls]
         counts = (c["rows"], c["above_bound"], c["fitted_rows"], c["sources"])
@@ -171,7 +188,7 @@ def test_every_corpus_row_is_predicted_held_out_and_a_new_csv_by_the_whole_corpu
     # DeepGEMM's README, issues and PRs are one group: no fit that predicts one saw another
     deepgemm = {r["source"].split(";")[0] for r in rows if r["source_group"] ==
                 "deepseek-ai/DeepGEMM"}  # fmt: skip
-    assert len(deepgemm) == 6
+    assert len(deepgemm) == 7
     mine = tmp_path / "mine.csv"
     mine.write_text((CORPUS / "matmul.csv").read_text())
     theirs = validate(read_csv(mine))["rows"]

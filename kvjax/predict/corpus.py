@@ -34,8 +34,11 @@ CONFIDENCE = ("exact", "plot")
 INTS = ("batch", "seq_q", "seq_kv", "num_heads", "num_kv_heads", "head_dim", "latent_dim",
         "rope_dim", "m", "n", "k", "context", "num_chips")  # fmt: skip
 # A row's dtype: int4 is weight-only (gpt-fast's int4 rows: half of int8's weight bytes, computed
-# in bf16); the bounds model no int2 weights. Its kv_dtype: every KV dtype `ModelConfig` sizes.
-DTYPES = (*DTYPE_BYTES, "int4")
+# in bf16); fp4 a GEMM's (both operands 4-bit, block-scaled: NVFP4, MXFP4) at the chip's fp4
+# peak, its elements at 4 bits (the scales' 0.25-0.5 bit an element left out: the bound stays
+# one); the bounds model no int2 weights. Its kv_dtype: every KV dtype `ModelConfig` sizes.
+DTYPES = (*DTYPE_BYTES, "int4", "fp4")
+ONLY_MATMUL = ("fp4",)
 KV_DTYPES = (*DTYPE_BYTES, *PACKED_KV_BYTES)
 _DTYPE_COLUMNS = {"dtype": DTYPES, "kv_dtype": KV_DTYPES}
 REQUIRED = {
@@ -145,6 +148,10 @@ def read_csv(path: str | Path) -> list[Row]:
             for column in ALWAYS:
                 if values[column] is None:
                     raise _bad(name, i, column, "is empty; every row needs it")
+            if values["dtype"] in ONLY_MATMUL and values["kernel"] != "matmul":
+                raise _bad(name, i, "dtype", f"{values['dtype']!r} is a GEMM's dtype; a "
+                           f"{values['kernel']} row takes one of "
+                           f"{', '.join(d for d in DTYPES if d not in ONLY_MATMUL)}")  # fmt: skip
             for column in REQUIRED[values["kernel"]]:
                 if values[column] is None:
                     raise _bad(name, i, column, f"is empty; a {values['kernel']} row needs it")
