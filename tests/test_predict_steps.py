@@ -13,7 +13,7 @@ from kvjax.analytic.step import step_kernels
 from kvjax.hardware import get_chip
 from kvjax.model.config import get_model_config
 from kvjax.predict import model, steps
-from kvjax.predict.model import _conformal
+from kvjax.predict.model import conformal_ends
 
 
 def test_a_step_is_its_kernels_by_their_classes_plus_one_fixed_time():
@@ -73,7 +73,7 @@ def test_the_fixed_time_is_fitted_and_held_out_by_group_nested():
     assert whole.t0_s == steps.fit_t0(s, y) and whole.groups == 3
     calib = [np.log(y[g == h] / (steps.fit_t0(s[g == k], y[g == k]) + s[g == h]))
              for h, k in (("b", "c"), ("c", "b"))]  # fmt: skip
-    assert (held["a"].lo, held["a"].hi) == _conformal(np.concatenate(calib), 0.1)
+    assert (held["a"].lo, held["a"].hi) == conformal_ends(np.concatenate(calib), 0.1)
     assert resid[g == "a"] == pytest.approx(np.log(y[g == "a"] / (held["a"].t0_s + s[g == "a"])))
     with pytest.raises(Exception, match="3 groups or more"):
         steps.leave_one_group_out(s[:4], y[:4], ["a", "a", "b", "b"])

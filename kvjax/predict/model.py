@@ -220,7 +220,7 @@ class Validation:
         return float(np.median(widths)) if widths else float("nan")
 
 
-def _conformal(resid: np.ndarray, a: float) -> tuple[float, float]:
+def conformal_ends(resid: np.ndarray, a: float) -> tuple[float, float]:
     """Split-conformal ends: the order statistics ceil((n + 1)(1 - a)) from each side of n
     calibration residuals (the finite-sample rank that keeps coverage >= 1 - 2a)."""
     r = np.sort(resid)
@@ -284,13 +284,13 @@ def leave_one_source_out(
         model = alone[g]
         if model is None or not calib:
             continue
-        lo, hi = _conformal(np.concatenate(calib), a)
+        lo, hi = conformal_ends(np.concatenate(calib), a)
         out = src == g
         covered[out] = (resid[out] >= lo) & (resid[out] <= hi)
         held_fits[g] = HeldFit(model.t0_s, model.compute_efficiency, model.bandwidth_efficiency,
                                lo, hi, model.rows, len(names) - 1, model.family_compute_efficiency,
                                int(out.sum()))  # fmt: skip
-    lo, hi = _conformal(resid[~np.isnan(resid)], a)
+    lo, hi = conformal_ends(resid[~np.isnan(resid)], a)
     full = fit(xs, y)
     full = replace(full, lo=float(lo), hi=float(hi), rows=len(y), sources=len(names))
     return Validation(full, held, covered, names, ratio=held / y, held_fits=held_fits)

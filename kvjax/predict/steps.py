@@ -42,7 +42,7 @@ from kvjax.model.config import ModelConfig
 from kvjax.predict.apply import kernel_layers, kernel_seconds
 from kvjax.predict.bounds import attention_fill, special_seconds
 from kvjax.predict.collectives import tensor_parallel_link
-from kvjax.predict.model import LEVEL, Fit, _conformal
+from kvjax.predict.model import LEVEL, Fit, conformal_ends
 
 _T0 = np.concatenate([[0.0], np.geomspace(1e-6, 0.1, 1001)])
 
@@ -138,9 +138,9 @@ def leave_one_group_out(
     for name in names:
         calib = [np.log(y[g == h] / (t0_without(name, h) * n[g == h] + s[g == h]))
                  for h in names if h != name]  # fmt: skip
-        lo, hi = _conformal(np.concatenate(calib), a)
+        lo, hi = conformal_ends(np.concatenate(calib), a)
         held[name] = Overhead(alone[name], lo, hi, int((g != name).sum()), len(names) - 1)
-    lo, hi = _conformal(resid, a)
+    lo, hi = conformal_ends(resid, a)
     return held, Overhead(fit_t0(s, y, n), lo, hi, len(y), len(names)), resid
 
 

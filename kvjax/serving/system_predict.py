@@ -153,9 +153,10 @@ def why_not(row: dict[str, Any]) -> str | None:
             return "server and interactive rows: only output tokens/s under both stated SLOs"
         if row["chip"] not in kernel_chips():
             return (
-                f"server and interactive rows are searched only on chips with kernels in the "
-                f"corpus (not {row['chip']}: a search is 17 simulations, and the chip's "
-                f"offline rows already show what its missing kernels cost)"
+                f"server and interactive rows are searched only on chips whose prefill, decode "
+                f"and GEMM kernels are all in the corpus (not {row['chip']}: a search is 17 "
+                f"simulations, and the chip's offline rows already show what its missing kernels "
+                f"cost)"
             )
     elif row["scenario"] not in ("offline", "rate", "concurrency") or row["metric"] not in METRICS:
         return (
@@ -185,10 +186,15 @@ def why_not(row: dict[str, Any]) -> str | None:
 
 @cache
 def kernel_chips() -> frozenset[str]:
-    """The chips the published kernel corpus measured (experiments/published/*.csv)."""
+    """The chips whose fused prefill, decode attention and GEMMs the published kernel corpus all
+    measured (experiments/published/*.csv): a server row's search turns on its TTFT, which is
+    the prefill's (the B200 has GEMMs and decode in the corpus, not yet its prefill)."""
     from kvjax.predict.corpus import read_corpus
 
-    return frozenset(r.chip for r in read_corpus())
+    rows = read_corpus()
+    kinds = ("attention_prefill", "attention_decode", "matmul")
+    return frozenset.intersection(*(frozenset(r.chip for r in rows if r.kernel == k)
+                                    for k in kinds))  # fmt: skip
 
 
 def predict_row(row: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:
