@@ -177,7 +177,8 @@ def test_a_published_row_is_predicted_by_the_fit_that_left_its_group_out():
     assert {"h100-sxm", "h200"} <= kernel_chips() and "b200" not in kernel_chips()
     slo = {"scenario": "server", "chip": "b200", "slo_ttft_s": 2.0, "slo_tpot_s": 0.2}
     assert "whose prefill, decode and GEMM kernels are all in the corpus (not b200" in why_not(
-        {**row, **slo})
+        {**row, **slo}
+    )
     committed = read_predictions()
     keyed = {(r["source"], r["metric"]): r for r in read_systems()}  # a server row has 3 metrics
     out, summary = validate_systems(list(keyed.values()))
