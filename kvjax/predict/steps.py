@@ -83,10 +83,12 @@ def kernels_s(
     bytes, computed in bf16 as `bounds.closed_form` counts it)."""
     peak = chip.peak(cfg.peak_dtype)
     layers = kernel_layers(cfg, chip)
+    ks = step_kernels(cfg, wl, chip)
+    # the fused attention's pipeline fill, once a step (kernel_s applies it to that kernel only)
+    fill = attention_fill(cfg, wl, chip) if kernels.ATTENTION in ks else 1.0
     total = 0.0
-    for name, k in step_kernels(cfg, wl, chip).items():
+    for name, k in ks.items():
         k = scale_weights(k, 0.5) if int4 else k
-        fill = attention_fill(cfg, wl, chip) if name == kernels.ATTENTION else 1.0
         total += kernel_s(fits, name, k, attention_form(cfg, wl), layers.get(name, 1), chip,
                           peak, chips, fill)  # fmt: skip
     return total
