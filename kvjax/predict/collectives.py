@@ -46,6 +46,25 @@ ALL_REDUCE = {
     ),
 }
 ALL_REDUCE["a100-40gb"] = ALL_REDUCE["a100-80gb"]
+# NVLink 5 (900 GB/s a direction): no nccl-tests table of 8 x B200 is in the stored sources, so
+# the two numbers below are the closest published ones, each said for what it is
+ALL_REDUCE["b200"] = AllReduce(
+    830e9,
+    8.7e-6,
+    "busbw: 8 x B200 in one node, nccl-tests all_reduce_perf, NCCL 2.27.1: 'Ours is 830+' "
+    "(github.com/NVIDIA/nccl/issues/1807, a user's number, no message size given); latency: "
+    "8 x B200, tp 8, the TensorRT-LLM all-reduce fused with the residual add and RMSNorm "
+    "(FlashInfer) in SGLang serving DeepSeek-R1-FP4: '13.5us->8.7us' "
+    "(github.com/sgl-project/sglang/pull/7621; the norm included, so at most the all-reduce's)",
+)
+ALL_REDUCE["gb200"] = AllReduce(
+    679.61e9,
+    8e-6,
+    "busbw: 4 x GB200 (one tray), nccl-tests AllReduce, ring, in place, 8 GB, NCCL 2.25.1: "
+    "679.61 GB/s (github.com/Azure/AI-benchmarking-guide Azure_Results/ND_GB200_v6_results.md);"
+    " latency: 'under 8us with all_reduce_perf for messages sizes up to 1KB, on a single-node "
+    "GB200 (4 GPUs)' (an NVIDIA engineer, github.com/NVIDIA/nccl-tests/issues/333)",
+)
 
 
 def all_reduce(chip_name: str, line_rate: float) -> AllReduce:
