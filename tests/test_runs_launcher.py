@@ -243,10 +243,9 @@ def test_quality_experiments_run_small_and_draw(tmp_path):
         "experiment: hkv_quality"
         + QUALITY_MODEL
         + """  kv_group_size: 4
-options: {steps: 6, batch_size: 2, seq_len: 16, eval_every: 3, eval_batches: 1, warmup_steps: 1,
-          max_bytes: 65536, num_pairs: 4, num_queries: 2, eval_kv_dtypes: [int8, int4]}
+options: {task: stdlib, steps: 6, batch_size: 2, seq_len: 16, eval_every: 3, eval_batches: 1,
+          warmup_steps: 1, max_bytes: 65536, eval_kv_dtypes: [int8, int4]}
 sweep:
-  options.task: [stdlib, recall]
   model.num_kv_heads: [4, 1]
   options.seed: [0, 1]
 """,
@@ -265,8 +264,10 @@ options: {task: stdlib, steps: 10, batch_size: 2, seq_len: 16, eval_every: 5, ev
     )
     q = run_experiment(quality, runs_root=tmp_path / "runs", progress=False).records()
     got = sorted((r["task"], r["num_kv_heads"], r["seed"], r["eval_kv_dtype"]) for r in q)
+    # (the recall task runs in tests/test_mla_quality.py; the cache re-evaluation is the same
+    # for every task)
     assert got == sorted(
-        (t, k, seed, dtype) for t in ("stdlib", "recall") for k in (4, 1) for seed in (0, 1)
+        ("stdlib", k, seed, dtype) for k in (4, 1) for seed in (0, 1)
         for dtype in ("f32", "int8", "int4")
     )  # fmt: skip
     # one layer, H = 8: f32 K and V rows; int8 rows with an f32 scale each; int4 rows of 4 bytes
