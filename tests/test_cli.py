@@ -133,7 +133,7 @@ def test_calc_table_output_names_units(capsys):
 )
 def test_bad_input_is_one_line_exit_2(argv, message):
     proc = subprocess.run(
-        [sys.executable, "-m", "kvjax", "calc", *argv], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "kvjax", "calc", *argv], capture_output=True, text=True, timeout=1800
     )
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
@@ -148,7 +148,7 @@ def test_incomplete_config_json_exit_2(tmp_path):
         [sys.executable, "-m", "kvjax", "calc", "--model", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=1800,
     )
     assert proc.returncode == 2 and "is incomplete: missing 'num_hidden_layers'" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -191,7 +191,7 @@ def test_trace_bad_context_is_one_line():
         [sys.executable, "-m", "kvjax", "trace", "--model", "tiny-gqa", "--context", "1"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=1800,
     )
     assert proc.returncode == 2 and "needs context >= 2" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -183,7 +183,7 @@ def test_figures_command_reads_the_results_folder(tmp_path):
 
     out = tmp_path / "f"
     argv = [sys.executable, "-m", "kvjax", "figures", "--results", str(RESULTS), "--out", str(out)]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=1800)
     assert proc.returncode == 0, proc.stderr
     csvs = [pd.read_csv(RESULTS / f"{e}.csv") for e in ("hkv_quality", "gqa_uptrain")]
     runs = sum(c.run_id.nunique() for c in csvs)

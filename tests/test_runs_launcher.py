@@ -177,7 +177,7 @@ def test_bad_configs_are_one_line_exit_2(tmp_path, text, override, message):
     if override:
         argv.append(override)
     argv += ["--runs", str(tmp_path / "runs")]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
