@@ -163,8 +163,12 @@ def test_a_predicted_step_runs_its_all_reduces_as_engines_reach_them():
     assert achieved.decode_steps([100] * 3, 2)[0] == pytest.approx(achieved(batch), rel=1e-12)
     a100 = all_reduce("a100-80gb", 300e9)
     assert (a100.bus_bytes_per_s, a100.latency_s) == (230e9, 0.0)
-    b200 = all_reduce("b200", 900e9)  # sourced: below NVLink 5's line rate, with a latency
-    assert b200.bus_bytes_per_s < 900e9 and b200.latency_s > 0 and "nccl/issues/1807" in b200.source
+    # Blackwell's: each number the one its source's quote states, below NVLink 5's line rate
+    b200, gb200 = all_reduce("b200", 900e9), all_reduce("gb200", 900e9)
+    assert (b200.bus_bytes_per_s, b200.latency_s) == (830e9, 8.7e-6)
+    assert "'Ours is 830+'" in b200.source and "'13.5us->8.7us'" in b200.source
+    assert (gb200.bus_bytes_per_s, gb200.latency_s) == (679.61e9, 8e-6)
+    assert "679.61 GB/s" in gb200.source and "'under 8us" in gb200.source
     mi300x = all_reduce("mi300x", 448e9)
     assert (mi300x.bus_bytes_per_s, mi300x.latency_s) == (448e9, 0.0)
     assert "no source" in mi300x.source
