@@ -467,3 +467,61 @@ def test_cpu_check_summary_is_its_points_refitted():
         assert want["loso_median_abs_error"] == pytest.approx(np.median(errors), rel=1e-9)
         assert want["groups"] == len(groups) == 3 and want["points"] == len(points) >= 18
     assert result["device"] and result["jax"]
+
+
+def test_a_tensor_parallel_step_is_bounded_with_its_all_reduces_at_the_line_rate():
+    """TensorRT-LLM 0.5's 70B prefill of 2,048 tokens on 4 H100s: the bound overlaps the step's
+    2 L + 1 all-reduces (each layer's attention and MLP outputs, the vocab-parallel embedding)
+    of 2,048 x 8,192 bf16 activations, 2 (tp - 1) / tp of them a device at NVLink's 450 GB/s, and
+    the sampled row's f32 logits gathered, with the compute and HBM floors (the max); the
+    prediction adds the same collectives serially as NCCL reaches them (slower than the line)."""
+    row = next(r for r in read_corpus() if r.kernel == "prefill_step" and r.context == 2048
+               and r.num_chips == 4 and r.model == "llama-2-70b")  # fmt: skip
+    c = closed_form(row)
+    tp, line, tokens = 4, 450e9, 2048
+    link = (161 * 2 * (tp - 1) / tp * tokens * 8192 * 2 + (tp - 1) / tp * 32000 * 4) / line
+    assert c.link_s == pytest.approx(link, rel=1e-12)
+    floors = (c.floor_flops / c.peak_flops_per_s, c.floor_bytes / c.bandwidth_bytes_per_s)
+    assert c.bound_s == max(*floors, c.link_s) and c.bound_side == "compute"
+    assert c.serial_s > c.link_s
+    # a link slower than the floors makes it the bound's side
+    import dataclasses
+
+    slow = dataclasses.replace(c, link_s=2 * max(floors))
+    assert slow.bound_s == 2 * max(floors) and slow.bound_side == "link"
+
+
+def test_the_prediction_runs_a_steps_collectives_serially():
+    """`Features.serial_s` adds to the prediction outside the max (and a fit on rows carrying it
+    recovers the parameters that made them)."""
+    x = model.Features(1e12, 1e9, 1e15, 2e12, launches=80)
+    f = model.Fit(50e-6, 0.8, 0.9)
+    base = 80 * 50e-6 + max(1e12 / 1e15 / 0.8, 1e9 / 2e12 / 0.9)
+    assert f.predict([x])[0] == pytest.approx(base, rel=1e-12)
+    with_link = model.Features(1e12, 1e9, 1e15, 2e12, launches=80, serial_s=3e-3)
+    assert f.predict([with_link])[0] == pytest.approx(base + 3e-3, rel=1e-12)
+    rng = np.random.default_rng(1)
+    xs = [model.Features(f_, q, 1e15, 2e12, launches=80, serial_s=s) for f_, q, s in
+          zip(10 ** rng.uniform(10, 13, 40), 10 ** rng.uniform(8, 10, 40),
+              rng.uniform(0, 5e-3, 40), strict=True)]  # fmt: skip
+    y = model.Fit(20e-6, 0.7, 0.85).predict(xs)
+    got = model.fit(xs, y)
+    assert got.t0_s == pytest.approx(20e-6, rel=0.1)
+    assert got.compute_efficiency == pytest.approx(0.7, rel=0.06)  # the prior pulls towards 1
+    assert got.bandwidth_efficiency == pytest.approx(0.85, rel=0.06)
+    import dataclasses  # blind to the collectives, the fit puts them in t0
+
+    blind = model.fit([dataclasses.replace(x, serial_s=0.0) for x in xs], y)
+    assert blind.t0_s > 2 * 20e-6
+
+
+def test_huber_is_squared_within_delta_and_linear_beyond():
+    """Huber's loss by hand at delta = 0.1, continuous at the knee: a residual 10x the knee
+    weighs 19x the knee's, not 100x; and an outlier moves a fitted t0 less than under squares."""
+    r = np.array([0.0, 0.05, -0.1, 0.1, -0.3, 1.0])
+    assert model.huber(r, 0.1) == pytest.approx([0, 0.0025, 0.01, 0.01, 0.05, 0.19], abs=1e-15)
+    assert model.huber(np.array([0.1 + 1e-9]), 0.1)[0] == pytest.approx(0.01, abs=1e-9)
+    xs = [model.Features(1e6, 1e6, 1e15, 1e12) for _ in range(9)]  # t0-dominated rows
+    y = np.full(9, 10e-6)
+    y[0] = 100e-6  # one row 10x slow
+    assert model.fit(xs, y).t0_s == pytest.approx(10e-6, rel=0.1)

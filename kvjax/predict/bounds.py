@@ -18,7 +18,10 @@
   weight-only, computed in bf16), the cache in `kv_dtype` (bf16 when the column is absent or
   empty).
 A row over `num_chips` chips is bounded by their aggregate roof (the step's FLOPs and bytes
-spread evenly, collectives free): lower than any real split, so still a bound.
+spread evenly), overlapped with its tensor-parallel all-reduces' bytes at the link's line rate
+(the max, no latency): lower than any real split, so still a bound. The prediction runs the
+all-reduces after compute, as engines reach them (`collectives`: sourced bus bandwidth and
+latency), serial with the rest (`Closed.serial_s`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,10 @@ class Closed:
     family: str = ""
     launches: float = 1.0  # the times the model's fixed term is paid: a whole step's layers
     fill: float = 1.0  # the block loop's software pipeline: (n + 1) / n (`pipeline_fill`)
+    # a step's tensor-parallel collectives as engines reach them (`collectives`), serial
+    serial_s: float = 0.0
+    # the same collectives' bytes at the link's line rate, no latency: the bound overlaps them
+    link_s: float = 0.0
 
     @property
     def floor_flops(self) -> float:
@@ -72,14 +79,18 @@ class Closed:
 
     @property
     def bound_s(self) -> float:
-        """max(exact FLOPs / peak, compulsory bytes / bandwidth): no kernel beats it."""
+        """max(exact FLOPs / peak, compulsory bytes / bandwidth, a step's collectives at the
+        link's line rate): no implementation beats it."""
         return max(self.floor_flops / self.peak_flops_per_s,
-                   self.floor_bytes / self.bandwidth_bytes_per_s)  # fmt: skip
+                   self.floor_bytes / self.bandwidth_bytes_per_s, self.link_s)  # fmt: skip
 
     @property
     def bound_side(self) -> str:
         compute = self.floor_flops / self.peak_flops_per_s
-        return "compute" if compute >= self.floor_bytes / self.bandwidth_bytes_per_s else "memory"
+        memory = self.floor_bytes / self.bandwidth_bytes_per_s
+        if self.link_s > max(compute, memory):
+            return "link"
+        return "compute" if compute >= memory else "memory"
 
     @property
     def intensity(self) -> float:
@@ -185,9 +196,15 @@ def closed_form(row: Row) -> Closed:
     floor_flops, floor_bytes = step_floor(cfg, wl, chip)
     weights = cost.weight_bytes / 2 if dtype == "int4" else cost.weight_bytes
     floor_bytes += weights
+    serial = line = 0.0
+    if chips > 1:  # tensor parallel: the all-reduces, as engines run them and at the line rate
+        from kvjax.predict.collectives import tensor_parallel_link
+
+        serial = tensor_parallel_link(cfg, chip, chips, achieved=True)(wl.tokens, wl.batch)
+        line = tensor_parallel_link(cfg, chip, chips, achieved=False)(wl.tokens, wl.batch)
     return Closed(cost.flops, nbytes, peak, bw, 0, chip.num_cores or 1,
                   bound_flops=floor_flops, bound_bytes=floor_bytes,
-                  launches=cfg.num_layers)  # fmt: skip
+                  launches=cfg.num_layers, serial_s=serial, link_s=line)  # fmt: skip
 
 
 def gemm_tiles(m: int, n: int, k: int, groups: int, cores: int) -> int:

@@ -42,7 +42,7 @@ from kvjax.model.config import ModelConfig
 from kvjax.predict.apply import kernel_layers, kernel_seconds
 from kvjax.predict.bounds import attention_fill, special_seconds
 from kvjax.predict.collectives import tensor_parallel_link
-from kvjax.predict.model import LEVEL, Fit, conformal_ends
+from kvjax.predict.model import LEVEL, Fit, conformal_ends, huber
 
 _T0 = np.concatenate([[0.0], np.geomspace(1e-6, 0.1, 1001)])
 
@@ -105,11 +105,11 @@ def scale_weights(k, scale: float):
 
 
 def fit_t0(kernel_s_: np.ndarray, measured_s: np.ndarray, layers=None) -> float:
-    """The t0 >= 0 that minimizes the squared log error of layers x t0 + kernels against
-    measured (`layers` None: 1 each)."""
+    """The t0 >= 0 that minimizes the Huber loss (`model.huber`) of the log error of
+    layers x t0 + kernels against measured (`layers` None: 1 each)."""
     n = np.ones(len(kernel_s_)) if layers is None else np.asarray(layers, float)
     pred = _T0[:, None] * n[None, :] + kernel_s_[None, :]
-    err = ((np.log(pred) - np.log(measured_s)[None, :]) ** 2).sum(1)
+    err = huber(np.log(pred) - np.log(measured_s)[None, :]).sum(1)
     return float(_T0[int(np.argmin(err))])
 
 

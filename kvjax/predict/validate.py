@@ -34,7 +34,7 @@ def features(closed: bounds.Closed) -> model.Features:
     return model.Features(closed.tile_flops or closed.flops, closed.bytes,
                           closed.peak_flops_per_s, closed.bandwidth_bytes_per_s, closed.tiles,
                           closed.cores, closed.special_s, closed.family,
-                          closed.launches, closed.fill)  # fmt: skip
+                          closed.launches, closed.fill, closed.serial_s)  # fmt: skip
 
 
 def best_of_each_shape(rows: list[Row]) -> list[bool]:
