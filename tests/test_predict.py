@@ -473,11 +473,19 @@ def test_a_tensor_parallel_step_is_bounded_with_its_all_reduces_at_the_line_rate
     """TensorRT-LLM 0.5's 70B prefill of 2,048 tokens on 4 H100s: the bound overlaps the step's
     2 L + 1 all-reduces (each layer's attention and MLP outputs, the vocab-parallel embedding)
     of 2,048 x 8,192 bf16 activations, 2 (tp - 1) / tp of them a device at NVLink's 450 GB/s, and
-    the sampled row's f32 logits gathered, with the compute and HBM floors (the max); the
-    prediction adds the same collectives serially as NCCL reaches them (slower than the line)."""
+    the sampled row's f32 logits gathered, with the compute and HBM floors (the max; an FP8
+    engine's compute at the fp8 peak); the prediction adds the same collectives serially as NCCL
+    reaches them (slower than the line)."""
     row = next(r for r in read_corpus() if r.kernel == "prefill_step" and r.context == 2048
                and r.num_chips == 4 and r.model == "llama-2-70b")  # fmt: skip
     c = closed_form(row)
+    from kvjax import get_chip
+
+    h100 = get_chip("h100-sxm")  # an FP8 engine's floor: its matmuls at the fp8 peak, 4 chips
+    assert row.dtype == "fp8" and c.peak_flops_per_s == 4 * h100.peak("fp8") > 4 * h100.peak("bf16")
+    int8 = next(r for r in read_corpus() if r.kernel == "decode_step" and r.dtype == "int8")
+    chips = int8.num_chips or 1  # weight-only int8: bf16 activations and matmuls
+    assert closed_form(int8).peak_flops_per_s == get_chip(int8.chip).peak("bf16") * chips
     tp, line, tokens = 4, 450e9, 2048
     link = (161 * 2 * (tp - 1) / tp * tokens * 8192 * 2 + (tp - 1) / tp * 32000 * 4) / line
     assert c.link_s == pytest.approx(link, rel=1e-12)

@@ -114,8 +114,8 @@ def test_the_corpus_steps_from_their_kernels_held_out():
                    .split())  # fmt: skip
     said = (
         f"{out['loso_median_abs_error']:.1%} median held-out error (the `step` class: 10.6%; "
-        f"paid once a step, 14.0%), {out['loso_coverage_80']:.0%} coverage, median width "
-        f"{out['interval_80_median_width']:.0%} (68%; once a step, 93%), "
+        f"paid once a step, 15.6%), {out['loso_coverage_80']:.0%} coverage, median width "
+        f"{out['interval_80_median_width']:.0%} (90%; once a step, 95%), "
         f"t0 = {1e6 * out['t0_s']:.1f} us a layer"
     )
     assert said in doc

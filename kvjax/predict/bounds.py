@@ -15,8 +15,9 @@
   the weights, the cache's attended keys read once and the new rows written once
   (`step_floor`); the model the whole step of a preset (fused attention, as compiled engines
   run it, every kernel's activations through HBM), weights in the row's dtype (int8/int4:
-  weight-only, computed in bf16), the cache in `kv_dtype` (bf16 when the column is absent or
-  empty).
+  weight-only, computed in bf16; fp8: weights and activations, every matmul at the chip's fp8
+  peak, as TensorRT-LLM's and torchao's float8 rows run them: `matmul_dtype`), the cache in
+  `kv_dtype` (bf16 when the column is absent or empty).
 A row over `num_chips` chips is bounded by their aggregate roof (the step's FLOPs and bytes
 spread evenly), overlapped with its tensor-parallel all-reduces' bytes at the link's line rate
 (the max, no latency): lower than any real split, so still a bound. The prediction runs the
@@ -184,15 +185,12 @@ def closed_form(row: Row) -> Closed:
         return Closed(groups * one.flops, groups * one.bytes, peak, bw, tiles,
                       chip.num_cores or 1, family=compute_family(chip))  # fmt: skip
     # whole steps of a preset
-    weight = {"int4": "int8"}.get(dtype, dtype)
-    cfg = get_model_config(
-        row.model, weight_dtype=weight, kv_dtype=row.kv_dtype or "bf16", attention_kernel="flash"
-    )  # fmt: skip
+    cfg = step_config(row)
     phase = "decode" if kind == "decode_step" else "prefill"
     wl = Workload(phase, row.batch, row.context)
     cost = step_cost(cfg, wl, chip)
     nbytes = cost.bytes - (cost.weight_bytes / 2 if dtype == "int4" else 0)  # half of int8's
-    peak = _peak(chip, cfg.compute_dtype, row) * chips
+    peak = _peak(chip, cfg.peak_dtype, row) * chips
     floor_flops, floor_bytes = step_floor(cfg, wl, chip)
     weights = cost.weight_bytes / 2 if dtype == "int4" else cost.weight_bytes
     floor_bytes += weights
@@ -205,6 +203,15 @@ def closed_form(row: Row) -> Closed:
     return Closed(cost.flops, nbytes, peak, bw, 0, chip.num_cores or 1,
                   bound_flops=floor_flops, bound_bytes=floor_bytes,
                   launches=cfg.num_layers, serial_s=serial, link_s=line)  # fmt: skip
+
+
+def step_config(row: Row) -> ModelConfig:
+    """A step row's preset in the row's dtypes: int4 weights as int8's config (their bytes
+    halved by the caller), int8 and int4 weight-only in bf16, fp8 weights and activations with
+    every matmul at fp8 (`matmul_dtype`: W8A8, the engines' FP8), fused attention."""
+    return get_model_config(row.model, weight_dtype={"int4": "int8"}.get(row.dtype, row.dtype),
+                            kv_dtype=row.kv_dtype or "bf16", attention_kernel="flash",
+                            matmul_dtype="fp8" if row.dtype == "fp8" else "")  # fmt: skip
 
 
 def gemm_tiles(m: int, n: int, k: int, groups: int, cores: int) -> int:

@@ -40,7 +40,7 @@ from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, get_chip
 from kvjax.model.config import ModelConfig
 from kvjax.predict.apply import kernel_layers, kernel_seconds
-from kvjax.predict.bounds import attention_fill, special_seconds
+from kvjax.predict.bounds import attention_fill, special_seconds, step_config
 from kvjax.predict.collectives import tensor_parallel_link
 from kvjax.predict.model import LEVEL, Fit, conformal_ends, huber
 
@@ -151,7 +151,6 @@ def corpus_steps() -> dict:
     """The committed corpus's step rows (the fastest of each shape) predicted from their
     kernels: `held` (group -> Overhead without it), `all` (Overhead on every group), and per row
     (group, measured, kernels' sum, held-out ratio predicted / measured)."""
-    from kvjax.model.config import get_model_config
     from kvjax.predict.corpus import read_corpus
     from kvjax.predict.validate import best_of_each_shape, corpus_classes, in_corpus
 
@@ -163,8 +162,7 @@ def corpus_steps() -> dict:
         if not b or r.kernel not in ("decode_step", "prefill_step"):
             continue
         fits = kernel_fits(classes, r.group)
-        cfg = get_model_config(r.model, weight_dtype={"int4": "int8"}.get(r.dtype, r.dtype),
-                               kv_dtype=r.kv_dtype or "bf16", attention_kernel="flash")  # fmt: skip
+        cfg = step_config(r)
         wl = Workload("decode" if r.kernel == "decode_step" else "prefill", r.batch, r.context)
         chip, chips = get_chip(r.chip), r.num_chips or 1
         t = kernels_s(fits, cfg, wl, chip, chips, r.dtype == "int4")
