@@ -52,7 +52,9 @@ def test_naive_and_absorbed_decode_agree_step_by_step(name):
     b, cb = stepwise(absorbed, ids, 3)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
     for x, y in zip(ca.latent + ca.k_rope, cb.latent + cb.k_rope, strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)  # same cache
+        # the same cache up to f32 rounding: the two forms compile to different programs, whose
+        # matmuls XLA:CPU may block and sum in another order (1.05e-6 seen on a busy machine)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
 
 
 def test_bf16_forms_agree_to_bf16_precision():
