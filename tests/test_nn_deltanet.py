@@ -101,7 +101,7 @@ def test_prefill_matches_transformers(pair, T):
     y, conv, state = pair[2](jnp.asarray(x))
     assert np.abs(want).max() > 0.5  # not a degenerate layer
     np.testing.assert_allclose(np.asarray(y), want, atol=1e-4)
-    np.testing.assert_allclose(np.asarray(conv), conv_want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(conv), conv_want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(state), state_want, atol=1e-5)
     assert conv.shape == (2, 3, X) and state.dtype == jnp.float32
 
@@ -114,7 +114,7 @@ def test_right_padded_batch_keeps_each_sequences_state(pair):
     for b, n in enumerate(lengths):
         (want,), conv_want, state_want = _hf(pair, x[b : b + 1, :n])
         np.testing.assert_allclose(np.asarray(y[b, :n]), want[0], atol=1e-4)
-        np.testing.assert_allclose(np.asarray(conv[b]), conv_want[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(conv[b]), conv_want[0], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.asarray(state[b]), state_want[0], atol=1e-5)
     assert not np.asarray(conv[1, 0]).any()  # before a 2-token sequence's start: zeros
 
@@ -128,7 +128,7 @@ def test_decode_steps_match_transformers(pair):
     for s, want in zip(steps, outs[1:], strict=True):
         y, conv, state = model.step(jnp.asarray(s), conv, state)
         np.testing.assert_allclose(np.asarray(y), want, atol=1e-4)
-    np.testing.assert_allclose(np.asarray(conv), conv_want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(conv), conv_want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(state), state_want, atol=1e-5)
 
 
@@ -143,7 +143,7 @@ def test_cached_decode_equals_the_uncached_forward(pair):
         y, conv, state = model.step(x[:, t : t + 1], conv, state)
         got.append(y)
     np.testing.assert_allclose(np.asarray(jnp.concatenate(got, 1)), np.asarray(full), atol=2e-5)
-    np.testing.assert_allclose(np.asarray(conv), np.asarray(conv_full), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(conv), np.asarray(conv_full), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(state), np.asarray(state_full), atol=2e-5)
 
 

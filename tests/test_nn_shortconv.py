@@ -111,7 +111,7 @@ def test_right_padded_batch_equals_each_sequence(bias):
         np.testing.assert_allclose(np.asarray(conv[b]), _hf_cache(layer, alone)[0], atol=1e-5)
         _, conv_alone, _ = mixer(jnp.asarray(alone))
         # (the in_proj over 1 row rounds differently from over 7: equal to f32 rounding)
-        np.testing.assert_allclose(np.asarray(conv[b]), np.asarray(conv_alone[0]), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(conv[b]), np.asarray(conv_alone[0]), atol=1e-5)
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
@@ -128,8 +128,8 @@ def test_cached_decode_equals_uncached_forward(bias, prefix):
         y, conv, state = step(mixer, x[:, t : t + 1], conv)
         assert state is None
         outs.append(y)
-    np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1)), want, atol=1e-6, rtol=0)
-    np.testing.assert_allclose(np.asarray(conv), want_conv, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1)), want, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(conv), want_conv, atol=1e-5, rtol=0)
 
 
 def _traced(mixer: ShortConv, fn: str, *args) -> dict:

@@ -176,11 +176,11 @@ def test_packed_cache_quality_switch():
     ids = jax.random.randint(jax.random.key(1), (2, 14), 0, 97)
     full = np.asarray(model(ids))
     err = {kv: np.abs(np.asarray(model(ids, kv)) - full) for kv in ("int8", "int4", "int2")}
-    np.testing.assert_allclose(np.asarray(model(ids, "int4"))[:, :4], full[:, :4], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(model(ids, "int4"))[:, :4], full[:, :4], atol=1e-5)
     assert err["int2"][:, 4:].mean() > err["int4"][:, 4:].mean() > err["int8"][:, 4:].mean() > 0
     later = ids.at[:, 9:].set((ids[:, 9:] + 1) % 97)
     np.testing.assert_allclose(np.asarray(model(later, "int4"))[:, :9],
-                               np.asarray(model(ids, "int4"))[:, :9], atol=1e-6)  # fmt: skip
+                               np.asarray(model(ids, "int4"))[:, :9], atol=1e-5)  # fmt: skip
     with pytest.raises(KvjaxError, match="kv_group_size=32 must divide head_dim=8"):
         Transformer(get_model_config("tiny-gqa"), rngs=nnx.Rngs(0))(ids, "int4")
 
