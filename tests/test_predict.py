@@ -344,6 +344,42 @@ def test_malformed_rows_name_file_line_and_column(tmp_path):
     with pytest.raises(KvjaxError, match="column 'measured_s': '-1' must be a positive"):
         bad.write_text("source,chip,dtype,kernel,m,n,k,measured_s\na,h800,fp8,matmul,1,1,1,-1\n")
         read_csv(bad)
+    bad.write_text("source,chip,dtype,kernel,m,n,k,measured_s,timing\n"
+                   "a,h800,fp8,matmul,1,1,1,1e-6,cudagraph\n")  # fmt: skip
+    with pytest.raises(KvjaxError, match="bad.csv:2: column 'timing': 'cudagraph'; allowed: "
+                       "kernel, graph, events, host"):  # fmt: skip
+        read_csv(bad)
+
+
+def test_held_out_error_by_timing_is_recounted_by_hand_and_is_validate_md(report):
+    """`by_timing`: each class's held-out rows split by how their sources timed them, the
+    medians recounted from the rows; every corpus row's timing is one of the allowed values or
+    unstated; VALIDATE.md's table is these numbers."""
+    from kvjax.predict.corpus import TIMING
+
+    assert {r["timing"] for r in report["rows"]} <= {*TIMING, None}
+    text = (CORPUS / "VALIDATE.md").read_text()
+    for cls in ("attention_prefill", "attention_decode", "matmul", "step"):
+        held = [
+            r
+            for r in report["rows"]
+            if r["held_out_covered"] is not None
+            and (r["kernel"].endswith("_step") if cls == "step" else r["kernel"] == cls)
+        ]
+        by = report["classes"][cls]["by_timing"]
+        assert sum(b["rows"] for b in by.values()) == len(held) == report["classes"][cls][
+            "fitted_rows"]  # fmt: skip
+        for key, b in by.items():
+            sel = [r for r in held if (r["timing"] or "unstated") == key]
+            ratio = [r["held_out_predicted_s"] / r["measured_s"] for r in sel]
+            assert b["rows"] == len(sel) > 0
+            assert b["median_ratio"] == pytest.approx(np.median(ratio), rel=1e-12)
+            assert b["median_abs_error"] == pytest.approx(np.median(np.abs(np.subtract(ratio, 1))))
+            assert b["coverage_80"] == pytest.approx(np.mean([r["held_out_covered"] for r in sel]))
+            line = (f"| {cls} | {key} | {b['rows']} | {b['groups']} | {b['median_abs_error']:.1%} "
+                    f"| {b['median_ratio']:.2f} | {b['coverage_80']:.0%} |")  # fmt: skip
+            assert line in text, line
+    assert report["classes"]["step"]["by_timing"].keys() == {"graph", "host"}
 
 
 def test_a_new_csv_with_optional_columns_missing(tmp_path):

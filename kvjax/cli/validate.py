@@ -12,9 +12,10 @@ DESCRIPTION = """\
 Each CSV row is one published measurement (columns: source, source_group, chip, dtype, kernel,
 implementation, batch, seq_q, seq_kv, num_heads, num_kv_heads, head_dim, causal, latent_dim,
 rope_dim, m, n, k, model, context, measured_s, convention, confidence; optional num_chips,
-kv_dtype, flag_reason). For each row: kvjax's closed form for that exact shape, the bound on
-the chip's spec, fraction_of_bound = bound / measured (above 1: the measurement beats the
-bound, which is then wrong), and the time an efficiency model predicts with its 80% interval:
+kv_dtype, flag_reason, timing: kernel, graph, events or host, how the source timed it). For
+each row: kvjax's closed form for that exact shape, the bound on the chip's spec,
+fraction_of_bound = bound / measured (above 1: the measurement beats the bound, which is then
+wrong), and the time an efficiency model predicts with its 80% interval:
 for a row of the committed corpus, the fit that left the row's source group out (nested
 interval); for a row of another CSV (a new source), the fit on the whole corpus (each row's
 prediction_from says which); per kernel class the distribution of the fraction and the model's
@@ -87,6 +88,12 @@ def print_validate(report: dict[str, Any]) -> None:
             f"{e['loso_coverage_80']:.0%}" if "fit" in e else "-",
         )  # fmt: skip
     con.print(t)
+    for cls, e in report["classes"].items():  # the held-out error by how the sources timed
+        if e.get("by_timing"):
+            con.print(f"{cls} held out, by how the source timed it: " + ", ".join(
+                f"{k} {b['rows']} rows ({b['groups']} groups) {b['median_abs_error']:.1%}, "
+                f"predicted/measured {b['median_ratio']:.2f}"
+                for k, b in e["by_timing"].items()))  # fmt: skip
     flagged = [r for r in report["rows"] if r["above_bound"]]
     rows = flagged or sorted(report["rows"], key=lambda r: -r["fraction_of_bound"])[:10]
     t = Table(title="faster than the bound" if flagged else "closest to their bound (none above)")

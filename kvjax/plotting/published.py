@@ -66,8 +66,10 @@ def published_residuals(records: pd.DataFrame, fig) -> bool | None:
     """Issue 49's check of the implementation model: each row's held-out residual
     log2(predicted / measured) (the fit that never saw the row's source group) against the head
     dimension and S (fused prefill), the implementation (its name up to its first parenthesis),
-    the source group and the chip (every class). Structure left in these panels is what the
-    model absorbs instead of explains."""
+    the source group, the chip and how the source timed the row (`timing`: a profiler's kernel
+    time, a CUDA graph's replay, CUDA events around launches from the host, the host's clock;
+    every class). Structure left in these panels is what the model absorbs instead of
+    explains."""
     import seaborn as sns
 
     df = _kernel_rows(records)
@@ -79,7 +81,9 @@ def published_residuals(records: pd.DataFrame, fig) -> bool | None:
     df["residual"] = np.log2(df.held_out_predicted_s.astype(float) / df.measured_s)
     pre = df[df.kernel == "attention_prefill"]
     df["impl"] = [str(i).split(" (")[0][:28] for i in df.implementation.fillna(df.kernel)]
-    axes = fig.subplots(1, 5, gridspec_kw={"width_ratios": (1, 1, 1.3, 1.3, 1)})
+    timing = df["timing"] if "timing" in df else pd.Series("", index=df.index)
+    df["timing"] = timing.fillna("").replace("", "unstated")
+    axes = fig.subplots(1, 6, gridspec_kw={"width_ratios": (1, 1, 1.3, 1.3, 1, 0.8)})
     colors = dict(zip(MARKERS, sns.color_palette("colorblind", len(MARKERS)), strict=True))
     pre = pre.assign(mask=np.where(pre.causal.astype(bool), "causal", "not causal"),
                      head=pre.head_dim.astype(int))  # fmt: skip
@@ -91,7 +95,7 @@ def published_residuals(records: pd.DataFrame, fig) -> bool | None:
         axes[1].scatter(g.seq_kv.fillna(g.seq_q), g.residual, s=5, alpha=0.7, label=mask, lw=0,
                         color=masks[mask])  # fmt: skip
     axes[1].set(xscale="log", xlabel="S (fused prefill)")
-    for ax, by in zip(axes[2:], ("impl", "source_group", "chip"), strict=True):
+    for ax, by in zip(axes[2:], ("impl", "source_group", "chip", "timing"), strict=True):
         sns.stripplot(data=df, x="residual", y=by, hue="kernel", ax=ax, size=2.5,
                       palette=colors, jitter=0.25)  # fmt: skip
         ax.set(xlabel="log2(predicted / measured)", ylabel="")
@@ -104,7 +108,7 @@ def published_residuals(records: pd.DataFrame, fig) -> bool | None:
         ax.tick_params(axis="y", labelsize=4 if ax in axes[2:4] else 5)
         ax.xaxis.label.set_fontsize(6)
         ax.yaxis.label.set_fontsize(6)
-    for ax in axes[2:4]:  # one legend of the kernel classes, on the chip panel
+    for ax in (*axes[2:4], axes[5]):  # one legend of the kernel classes, on the chip panel
         ax.get_legend().remove()
     axes[4].legend(fontsize=4, frameon=True)
     fig.suptitle(f"Held-out residuals of kvjax's implementation model, the {len(df)} fastest "

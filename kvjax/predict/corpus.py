@@ -6,7 +6,9 @@ and the column. Rows whose `source` agree up to the first ';' are one citation (
 README, a pull request); what follows the ';' locates the number in it. Citations that measured
 the same implementation or came from the same team are one `source_group` (a repository or an
 organisation: DeepGEMM's README, pull requests and issues are one group), the unit a prediction
-is held out by; a row without one is a group of its own citation.
+is held out by; a row without one is a group of its own citation. `timing` says how the source
+timed the row (`TIMING`), as the source or the benchmark script it names says: the model
+predicts a kernel's time on the device, which a source timed from the host adds its dispatch to.
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ COLUMNS = (
     "seq_kv", "num_heads", "num_kv_heads", "head_dim", "causal", "latent_dim", "rope_dim", "m", "n",
     "k", "model", "context", "measured_s", "convention", "confidence",
 )  # fmt: skip
-OPTIONAL = ("num_chips", "kv_dtype", "flag_reason")  # extra columns kvjax reads where present
+OPTIONAL = ("num_chips", "kv_dtype", "flag_reason", "timing")  # extra columns kvjax reads
+# how a row was timed: `kernel`, the kernel's own duration from a profiler or device timer
+# (CUPTI, kineto, nsys, nvbench's GPU time); `graph`, a CUDA graph's replay between CUDA events
+# (no host launch); `events`, CUDA events or one synchronize around back-to-back launches from
+# the host (its dispatch hidden only behind a longer kernel); `host`, the host's clock around each
+# call with its launch and a synchronize; a whole step's row: `graph` where the engine replays
+# CUDA graphs, `host` where it launches each kernel. Empty: the source does not say.
+TIMING = ("kernel", "graph", "events", "host")
 KERNELS = ("attention_prefill", "attention_decode", "matmul", "decode_step", "prefill_step")
 CONFIDENCE = ("exact", "plot")
 INTS = ("batch", "seq_q", "seq_kv", "num_heads", "num_kv_heads", "head_dim", "latent_dim",
@@ -121,6 +130,8 @@ def _cell(path: str, line: int, column: str, text: str) -> Any:
         return dtype_key(text)
     if column == "confidence" and text not in CONFIDENCE:
         raise _bad(path, line, column, f"{text!r}; allowed: {', '.join(CONFIDENCE)}")
+    if column == "timing" and text not in TIMING:
+        raise _bad(path, line, column, f"{text!r}; allowed: {', '.join(TIMING)} (or empty)")
     return text
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from kvjax.predict import bounds, model
-from kvjax.predict.corpus import COLUMNS, CORPUS_DIR, OPTIONAL, Row, read_corpus
+from kvjax.predict.corpus import COLUMNS, CORPUS_DIR, OPTIONAL, TIMING, Row, read_corpus
 
 _SHAPE = ("chip", "dtype", "kernel", "batch", "seq_q", "seq_kv", "num_heads", "num_kv_heads",
           "head_dim", "causal", "latent_dim", "rope_dim", "m", "n", "k", "model", "context",
@@ -90,6 +90,25 @@ def corpus_fits() -> dict[str, model.Fit]:
     return {cls: v.fit for cls, v in corpus_classes().items()}
 
 
+def by_timing(records: list[dict]) -> dict[str, dict[str, Any]]:
+    """The held-out rows of a class by how their sources timed them (`corpus.TIMING`; "unstated"
+    where the source does not say): rows, groups, the median |predicted / measured - 1|, the
+    median predicted / measured (below 1: the rows took longer than the model predicts, as a
+    host's dispatch adds) and the 80% interval's coverage."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in (*TIMING, "unstated"):
+        sel = [r for r in records if (r.get("timing") or "unstated") == key]
+        if not sel:
+            continue
+        ratio = np.array([r["held_out_predicted_s"] / r["measured_s"] for r in sel])
+        covered = [r["held_out_covered"] for r in sel]
+        out[key] = {"rows": len(sel), "groups": len({r["source_group"] for r in sel}),
+                    "median_abs_error": float(np.median(np.abs(ratio - 1))),
+                    "median_ratio": float(np.median(ratio)),
+                    "coverage_80": float(np.mean(covered))}  # fmt: skip
+    return out
+
+
 def validate(rows: list[Row]) -> dict[str, Any]:
     closed = [bounds.closed_form(r) for r in rows]
     corpus = [in_corpus(r) for r in rows]
@@ -154,6 +173,8 @@ def validate(rows: list[Row]) -> dict[str, Any]:
                 fit=v.fit.to_dict(), fitted_rows=v.fit.rows, sources=v.fit.sources,
                 loso_median_abs_error=v.median_abs_error, loso_coverage_80=v.coverage,
                 interval_80_median_width=v.median_interval_width,
+                by_timing=by_timing([rec for rec in out_rows if rec["held_out_covered"] is not None
+                                     and model.kernel_class(rec["kernel"]) == cls]),
             )  # fmt: skip
         classes[cls] = entry
     return {
