@@ -79,6 +79,28 @@ def test_interrupted_sweep_resumes_without_recomputing(tmp_path, monkeypatch):
     assert calls == []  # a finished run recomputes nothing
 
 
+def test_a_run_resumed_under_other_code_says_so(tmp_path, monkeypatch, capsys):
+    """Each environment records the code's fingerprint (kvjax's and the experiments' sources and
+    the corpus); resuming a run whose points another code computed warns, naming both, and keeps
+    the points; under the same code, nothing is said."""
+    from kvjax.runs import records
+
+    config = write(tmp_path, SWEEP.replace("[1, 2, 4, 8, 32]", "[1, 8]"))
+    run = run_experiment(config, runs_root=tmp_path / "runs", progress=False)
+    now = records.code_fingerprint()
+    assert json.loads((run.path / "environment.json").read_text())["code"] == now
+    assert len(now) == 16 and run.stale_points(["no-such-point"]) is None
+    run_experiment(config, runs_root=tmp_path / "runs", progress=False)
+    assert "computed by other code" not in capsys.readouterr().err
+    monkeypatch.setattr(records, "code_fingerprint", lambda: "0123456789abcdef")
+    before = {f.name: f.read_bytes() for f in (run.path / "points").iterdir()}
+    run_experiment(config, runs_root=tmp_path / "runs", progress=False)
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"4 of its 4 points were computed by other code (code {now}; this is "
+            "0123456789abcdef)") in err and "fresh --runs folder" in err  # fmt: skip
+    assert {f.name: f.read_bytes() for f in (run.path / "points").iterdir()} == before
+
+
 def test_overrides_and_explicit_run_id(tmp_path):
     config = write(tmp_path, SWEEP)
     run = run_experiment(

@@ -1,7 +1,9 @@
 """`kvjax run`: an experiment config's points, each written as records into a run folder.
 
 The default run id is a hash of the resolved config, so running the same config again resumes
-it: finished points (their record files exist, written atomically) are skipped.
+it: finished points (their record files exist, written atomically) are skipped. A run resumed
+after the code changed warns that its finished points are other code's (`RunDir.stale_points`:
+each environment records `code_fingerprint`); they are kept, not recomputed.
 
 Several processes (`kvjax.runs.distributed`: `srun`, or `kvjax run --processes N`) run one sweep
 together, writing into one run folder (a folder all hosts share). Process 0 holds the lock and
@@ -144,6 +146,11 @@ def run_experiment(
     keys = [point_key(cfg, p) for p in points]
     run = RunDir(runs_root, cfg.name or cfg.experiment, run_id or default_run_id(config))
     run.check_config(config)
+    stale = run.stale_points(keys)
+    if stale and distributed.process_index() == 0:
+        from kvjax.runs.records import _warn
+
+        _warn(stale)
     if all(run.done(k) for k in keys):
         return run  # finished: nothing is written (a read-only folder resumes as a no-op)
     hosts = distributed.host_names()  # every process takes part (an allgather)

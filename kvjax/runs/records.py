@@ -3,6 +3,8 @@ never leaves half a file."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import re
@@ -47,7 +49,24 @@ def environment(hosts: list[str] | None = None) -> dict[str, Any]:
         "cpu": cpu_description(),
         "process_count": len(hosts) if hosts else 1,
         "hosts": hosts or [platform.node()],
+        "code": code_fingerprint(),
     }
+
+
+CODE_GLOBS = ("kvjax/**/*.py", "experiments/**/*.py", "experiments/published/*.csv")
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """What computed a record, as one hash: the kvjax package's and the experiments' sources and
+    the published corpus (`CODE_GLOBS`, each file's path and bytes), so a run resumed after the
+    code changed can say that its finished points came from other code (`RunDir.stale_points`),
+    with or without git."""
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha1()
+    for path in sorted({f for g in CODE_GLOBS for f in root.glob(g) if f.is_file()}):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def cpu_description() -> str:
@@ -120,6 +139,31 @@ class RunDir:
             / check_plain_name("run id", run_id)
         )
         self.points_dir = self.path / "points"
+
+    def stale_points(self, keys: list[str]) -> str | None:
+        """A warning when finished points of these keys were computed by other code than this
+        (the environments the run recorded, its first and each resume's, name another
+        `code_fingerprint`, or none): resuming keeps them as they are, so a figure drawn from the
+        folder mixes the two. None when every recorded environment is this code's."""
+        done = sum(self.done(k) for k in keys)
+        if not done:
+            return None
+        envs = [self.path / "environment.json", *sorted(self.path.glob("environment-resumed-*"))]
+        codes = set()
+        for env in envs:
+            try:
+                codes.add(json.loads(env.read_text()).get("code"))
+            except (OSError, ValueError):
+                codes.add(None)
+        now = code_fingerprint()
+        if codes <= {now}:
+            return None
+        other = ", ".join(sorted(c or "none recorded" for c in codes - {now}))
+        return (
+            f"{self.path}: {done} of its {len(keys)} points were computed by other code (code "
+            f"{other}; this is {now}) and are kept as they are, not recomputed; for results of "
+            "this code use a fresh --runs folder or another --run-id"
+        )
 
     def check_config(self, config: dict[str, Any]) -> str:
         """The config's text; refused if the folder holds a run of another config."""
