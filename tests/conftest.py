@@ -10,28 +10,9 @@ suite's time is XLA:CPU compiling tiny models, a quarter faster so, while what t
 (HLO cost analysis, logits and tokens within their tolerances, speed-free properties of
 measurements) does not depend on how the machine code was optimised. A test that runs a whole
 benchmark starts it with the optimised flags (`support.optimised_env`).
-
-Compiled programs are shared through JAX's persistent compilation cache, in one temporary folder
-for the whole run (the xdist workers and the child processes inherit it; removed at exit): many
-tests compile the same tiny programs again (each builds its model and its jitted functions
-anew), and a hit skips XLA. It changes no result, only the time: 13% off test_nn.py and
-test_quantized_kv.py in one process (261 s -> 228 s). A JAX_COMPILATION_CACHE_DIR already set is
-kept. No size limit: with one, JAX scans the whole folder (every entry's size and access time)
-on each write, quadratic in the thousands of entries a run makes (a run with a limit took longer
-than one with no cache). Two workers writing one entry at once is harmless: a reader that meets
-a half-written entry fails to decompress it, warns and compiles (`jax._src.compiler._cache_read`).
 """
 
-import atexit
 import os
-import shutil
-import tempfile
-
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # set before jax is imported, here and below
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvjax-tests-jax-cache-")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
 
 from support import UNOPTIMISED, require
 
