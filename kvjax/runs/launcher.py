@@ -35,7 +35,7 @@ from kvjax.errors import KvjaxError
 from kvjax.runs import distributed
 from kvjax.runs.config import expand, load_config, point_key, to_dict
 from kvjax.runs.options import check_options
-from kvjax.runs.records import RunDir
+from kvjax.runs.records import RunDir, _warn
 
 DEFAULT_CONFIG = Path("configs/default.yaml")
 
@@ -148,8 +148,6 @@ def run_experiment(
     run.check_config(config)
     stale = run.stale_points(keys)
     if stale and distributed.process_index() == 0:
-        from kvjax.runs.records import _warn
-
         _warn(stale)
     if all(run.done(k) for k in keys):
         return run  # finished: nothing is written (a read-only folder resumes as a no-op)
