@@ -6,7 +6,7 @@ from flax import nnx
 
 from kvjax import get_model_config
 from kvjax.nn import Transformer
-from kvjax.quality.data import AssociativeRecall, StdlibBytes, stdlib_files
+from kvjax.quality.data import SKIP, AssociativeRecall, StdlibBytes, python_files, stdlib_files
 from kvjax.quality.train import TrainConfig, loss_and_accuracy, make_optimizer, train, train_step
 
 CFG = get_model_config("tiny-gqa").replace(vocab_size=256)
@@ -52,6 +52,19 @@ def test_stdlib_split_is_by_file_and_fixed():
     a, b = train.batch(3, 7, 2, 16), train.batch(3, 7, 2, 16)
     np.testing.assert_array_equal(a.tokens, b.tokens)  # a function of (seed, step)
     np.testing.assert_array_equal(a.targets[:, :-1], a.tokens[:, 1:])
+
+
+def test_python_files_are_what_rglob_finds_outside_the_skipped_folders(tmp_path):
+    for rel in ("a.py", "b.txt", "pkg/c.py", "pkg/tests/d.py", "site-packages/jax/e.py",
+                "pkg/sub/__pycache__/f.py", "pkg/sub/g.py", "lib2to3/h.py"):  # fmt: skip
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    (tmp_path / "linked").symlink_to(tmp_path / "pkg", target_is_directory=True)
+    parts = [p.relative_to(tmp_path).parts for p in tmp_path.rglob("*.py")]
+    by_rglob = sorted(tmp_path.joinpath(*ps) for ps in parts if not set(ps) & set(SKIP))
+    got = python_files(str(tmp_path))
+    assert list(got) == by_rglob
+    assert [str(p.relative_to(tmp_path)) for p in got] == ["a.py", "pkg/c.py", "pkg/sub/g.py"]
 
 
 def test_associative_recall_answers_are_in_context():

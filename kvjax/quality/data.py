@@ -10,7 +10,9 @@ Batches are a pure function of (seed, step), so a resumed run sees exactly the s
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +29,25 @@ class Batch:
     mask: np.ndarray  # [B, T] float32: which targets count
 
 
+SKIP = ("site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__")
+
+
 def stdlib_files() -> list[Path]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    skip = ("site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__")
-    return sorted(
-        p for p in root.rglob("*.py") if not any(part in skip for part in p.relative_to(root).parts)
-    )
+    """The standard library's `.py` files, sorted, none under a folder named in `SKIP`."""
+    return list(python_files(sysconfig.get_paths()["stdlib"]))
+
+
+@functools.lru_cache(maxsize=4)
+def python_files(root: str) -> tuple[Path, ...]:
+    """`.py` files under root, sorted, none under a folder named in `SKIP`: skipped folders are
+    not entered (an interpreter's site-packages can hold a hundred times the standard library:
+    walking it made each call take a second), symbolic links to folders not followed (as
+    `Path.rglob` does not), and the list is made once a process."""
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in SKIP]
+        found.extend(Path(folder, f) for f in files if f.endswith(".py"))
+    return tuple(sorted(found))
 
 
 class StdlibBytes:
