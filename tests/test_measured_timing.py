@@ -71,3 +71,22 @@ def test_time_loop_threads_a_donated_carry():
 def test_read_bandwidth_is_positive():
     bandwidth, stats = measure_read_bandwidth(nbytes=8 * 2**20, budget_s=0.2, trials=2)
     assert stats.median_s > 0 and bandwidth > 0  # how fast depends on the machine
+
+
+def test_random_inputs_are_unit_variance_in_their_dtype_and_fixed_by_the_seed():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from kvjax.measured.timing import random_array, random_inputs
+
+    a, b = random_inputs(7, 2)
+    x = random_array(a, (256, 64), jnp.bfloat16)
+    assert x.shape == (256, 64) and x.dtype == jnp.bfloat16
+    v = np.asarray(x, np.float32)
+    assert abs(v.mean()) < 0.02 and abs(v.var() - 1) < 0.02  # 16,384 draws: sd 0.008, 0.007
+    assert 1.7 < np.abs(v).max() <= 1.7344  # sqrt(3) = 1.732..., rounded to bf16
+    again = random_array(random_inputs(7, 2)[0], (256, 64), jnp.bfloat16)
+    np.testing.assert_array_equal(v, np.asarray(again, np.float32))
+    other = random_array(b, (256, 64), jnp.bfloat16)
+    assert not np.array_equal(v, np.asarray(other, np.float32))
+    assert random_array(3, (5,)).dtype == jnp.float32

@@ -20,6 +20,8 @@ from kvjax.measured.timing import (
     TimingStats,
     available_memory_bytes,
     device_name,
+    random_array,
+    random_inputs,
     time_fn,
 )
 from kvjax.nn.layers import JNP_DTYPES, linear
@@ -40,8 +42,7 @@ def measure_read_bandwidth(
     trial to the next, which a single median would report at random.
     """
     n = nbytes // 4
-    keys = jax.random.split(jax.random.key(seed), copies)
-    arrays = [jax.random.normal(k, (n,), jnp.float32) for k in keys]
+    arrays = [random_array(k, (n,), jnp.float32) for k in random_inputs(seed, copies)]
     total = jax.jit(jnp.sum)
     best = None
     for _ in range(trials):
@@ -51,21 +52,17 @@ def measure_read_bandwidth(
     return n * 4 / best.median_s, best
 
 
-def _rand(key, shape, dtype=jnp.float32):
-    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
-
-
 def bandwidth_probes(nbytes: int) -> dict[str, tuple[Callable, list[tuple], float]]:
     """Memory-bound kernels over f32 arrays of `nbytes` (two copies each, rotated): name ->
     (jitted function, argument sets, bytes moved per call). `gemv` is the model's own `linear`
     at B=1, reading an (out, in) weight as the decode step's products do."""
     n = nbytes // 4
-    k = jax.random.split(jax.random.key(0), 8)
-    vec = [_rand(k[i], (n,)) for i in range(4)]
+    k = random_inputs(0, 8)
+    vec = [random_array(k[i], (n,)) for i in range(4)]
     cols = 4096
     rows = max(1, n // cols)
-    x = _rand(k[4], (1, 1, cols))
-    weights = [_rand(k[5 + i], (rows, cols)) for i in range(2)]
+    x = random_array(k[4], (1, 1, cols))
+    weights = [random_array(k[5 + i], (rows, cols)) for i in range(2)]
     return {
         "read": (jax.jit(jnp.sum), [(v,) for v in vec[:2]], 4.0 * n),
         "gemv": (jax.jit(linear), [(x, w) for w in weights], 4.0 * (rows * cols + cols + rows)),
@@ -90,7 +87,7 @@ def flops_probes(dtype: str, quick: bool) -> dict[str, tuple[Callable, list[tupl
     """Compute-bound products in `dtype` (f32 accumulation): a square `jnp.dot` and the model's
     `linear` at the prefill shapes of a decoder (M tokens x D into F and back)."""
     jdt = JNP_DTYPES[dtype]
-    k = jax.random.split(jax.random.key(1), 8)
+    k = random_inputs(1, 8)
     n = 512 if quick else 2048
     m, d, f = (256, 512, 1024) if quick else (1024, 2048, 5632)
     dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
@@ -98,17 +95,20 @@ def flops_probes(dtype: str, quick: bool) -> dict[str, tuple[Callable, list[tupl
     return {
         f"square{n}": (
             dot,
-            [(_rand(k[i], (n, n), jdt), _rand(k[i + 1], (n, n), jdt)) for i in (0, 2)],
+            [tuple(random_array(k[j], (n, n), jdt) for j in (i, i + 1)) for i in (0, 2)],
             2.0 * n**3,
         ),  # fmt: skip
         f"linear{m}x{d}x{f}": (
             lin,
-            [(_rand(k[4 + i], (1, m, d), jdt), _rand(k[6 + i], (f, d), jdt)) for i in (0, 1)],
+            [
+                (random_array(k[4 + i], (1, m, d), jdt), random_array(k[6 + i], (f, d), jdt))
+                for i in (0, 1)
+            ],
             2.0 * m * d * f,
         ),  # fmt: skip
         f"linear{m}x{f}x{d}": (
             lin,
-            [(_rand(k[5], (1, m, f), jdt), _rand(k[7], (d, f), jdt))],
+            [(random_array(k[5], (1, m, f), jdt), random_array(k[7], (d, f), jdt))],
             2.0 * m * d * f,
         ),  # fmt: skip
     }

@@ -22,7 +22,13 @@ from kvjax import analytic, kernels
 from kvjax.analytic import KernelCost, Workload
 from kvjax.analytic.moe import model_workload
 from kvjax.errors import KvjaxError
-from kvjax.measured.timing import TimingStats, available_memory_bytes, time_fn
+from kvjax.measured.timing import (
+    TimingStats,
+    available_memory_bytes,
+    random_array,
+    random_inputs,
+    time_fn,
+)
 from kvjax.model.config import ModelConfig
 from kvjax.nn import flash, mla, moe
 from kvjax.nn.attention import (
@@ -48,10 +54,6 @@ class KernelBench:
     executed_as: str | None = None  # a fused attention: what runs it here (`flash_execution`)
 
 
-def random_array(key, shape, dtype):
-    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
-
-
 def kernel_benches(cfg: ModelConfig, wl: Workload, chip=None) -> dict[str, KernelBench]:
     """One layer's kernels (and the LM head) as standalone functions with their input makers;
     `chip` (a `ChipSpec`) tiles a fused attention's closed form as the kernel is run for it."""
@@ -70,7 +72,7 @@ def kernel_benches(cfg: ModelConfig, wl: Workload, chip=None) -> dict[str, Kerne
             return  # the unfused attention's kernels: a fused model runs `_add_flash`'s instead
 
         def make(seed):
-            keys = jax.random.split(jax.random.key(seed), len(shapes))
+            keys = random_inputs(seed, len(shapes))
             return tuple(
                 s(keys[i]) if callable(s) else random_array(keys[i], *s)
                 for i, s in enumerate(shapes)

@@ -12,12 +12,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kvjax import analytic
 from kvjax.analytic import Workload
 from kvjax.errors import KvjaxError
-from kvjax.measured.kernels import check_fits, random_array
-from kvjax.measured.timing import TimingStats, time_loop
+from kvjax.measured.kernels import check_fits
+from kvjax.measured.timing import TimingStats, random_array, random_inputs, time_loop
 from kvjax.model.config import ModelConfig
 from kvjax.traced.step import cache_len
 
@@ -58,15 +59,15 @@ def served_step(cfg: ModelConfig, wl: Workload, seed: int = 0) -> ServedStep:
     empty = model.init_cache(wl.batch, rows)
     # every cache array random (K and V, or MLA's latents and RoPE keys), positions 0
     arrays, treedef = jax.tree_util.tree_flatten(_with_pos(empty, None))
-    keys = jax.random.split(jax.random.key(seed + 1), len(arrays))
+    keys = random_inputs(seed + 1, len(arrays))
     cache = _with_pos(
         jax.tree_util.tree_unflatten(
             treedef, [random_array(k, x.shape, x.dtype) for k, x in zip(keys, arrays, strict=True)]
         ),
         jnp.zeros((wl.batch,), jnp.int32),
     )
-    ids = jax.random.randint(jax.random.key(seed + 2), (wl.batch, wl.query_len), 0,
-                             cfg.vocab_size, jnp.int32)  # fmt: skip
+    ids = jnp.asarray(np.random.default_rng(seed + 2).integers(
+        0, cfg.vocab_size, (wl.batch, wl.query_len), dtype=np.int32))  # fmt: skip
     if wl.phase == "decode":
         tokens_B = ids[:, 0]
         # Every step is the same step: positions are rewound to 0 to keep writing inside the

@@ -35,6 +35,23 @@ class TimingStats:
         return {**asdict(self), "iqr_s": self.iqr_s}
 
 
+def random_array(seed, shape, dtype=np.float32) -> jax.Array:
+    """A timed kernel's input: uniform on [-sqrt(3), sqrt(3)) (mean 0, variance 1) in `dtype`,
+    made by numpy on the host from `seed` (an int or a `numpy.random.SeedSequence`) and put on
+    the default device. `jax.random` compiles a program per shape, half a second each on a
+    CPU host, which was most of a quick bench's set-up; numpy compiles nothing. The values only
+    feed kernels whose time does not depend on them."""
+    x = np.random.default_rng(seed).random(shape, dtype=np.float32)
+    x -= np.float32(0.5)  # in place: a bandwidth probe's gigabyte is held once, not thrice
+    x *= np.float32(2 * np.sqrt(3.0))
+    return jax.device_put(x.astype(np.dtype(dtype), copy=False))
+
+
+def random_inputs(seed: int, n: int) -> list[np.random.SeedSequence]:
+    """n independent seeds for `random_array`, from one."""
+    return np.random.SeedSequence(seed).spawn(n)
+
+
 def device_name(device: jax.Device | None = None) -> str:
     device = device or jax.devices()[0]
     return f"{device.platform}:{device.device_kind}"
