@@ -90,3 +90,16 @@ def test_random_inputs_are_unit_variance_in_their_dtype_and_fixed_by_the_seed():
     other = random_array(b, (256, 64), jnp.bfloat16)
     assert not np.array_equal(v, np.asarray(other, np.float32))
     assert random_array(3, (5,)).dtype == jnp.float32
+
+
+def test_a_large_random_input_is_cast_on_the_device_to_the_same_values():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from kvjax.measured.timing import random_array
+
+    big = random_array(5, (2**22,), jnp.bfloat16)  # cast by XLA; a smaller one by ml_dtypes
+    assert big.dtype == jnp.bfloat16
+    head = np.random.default_rng(5).random(2**22, dtype=np.float32)[:1000]
+    want = ((head - np.float32(0.5)) * np.float32(2 * np.sqrt(3.0))).astype(jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(big[:1000]), want)
