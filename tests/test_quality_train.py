@@ -27,6 +27,19 @@ def test_one_train_step_lowers_the_loss_on_a_fixed_batch():
     assert after < before
 
 
+def test_runs_of_one_shape_and_schedule_share_one_compiled_step():
+    """The optimizer's transformation is one object per hyperparameters, so a second run (a
+    seed, a sweep point of the same shapes) reuses the compiled step."""
+    b = StdlibBytes("train", max_bytes=2**16).batch(0, 0, 4, 32)
+    before = train_step.jitted_fn._cache_size()
+    for seed in (0, 1):
+        model = Transformer(CFG, rngs=nnx.Rngs(seed))
+        train_step(model, make_optimizer(model, TC), b.tokens, b.targets, b.mask)
+    assert train_step.jitted_fn._cache_size() - before <= 1
+    other = TrainConfig(**{**TC.__dict__, "learning_rate": 2 * TC.learning_rate})
+    assert make_optimizer(fresh(), other).tx is not make_optimizer(fresh(), TC).tx
+
+
 def test_resumed_run_continues_bit_identically(tmp_path):
     data = StdlibBytes("train", max_bytes=2**18)
     straight = fresh()
