@@ -72,6 +72,8 @@ def kernel_benches(cfg: ModelConfig, wl: Workload, chip=None) -> dict[str, Kerne
             return  # the unfused attention's kernels: a fused model runs `_add_flash`'s instead
 
         def make(seed):
+            # a shape is (dims, dtype), drawn by `random_array`, or a callable of its own seed
+            # (a numpy SeedSequence) that makes the input: positions, fixed expert picks
             keys = random_inputs(seed, len(shapes))
             return tuple(
                 s(keys[i]) if callable(s) else random_array(keys[i], *s)
@@ -121,7 +123,7 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
     sink = jnp.zeros((K, G), w) if cfg.sink_logits else None
     if wl.phase == "decode":
         C = S - 1
-        pos = lambda key: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
+        pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
         # a 1-byte cache's scales: per token per KV head [B, K, C], or one per tensor
         kind = cfg.kv_scale_kind
         scale = [] if kind == "none" else [((B, K, C) if kind == "token_head" else (), jnp.float32)]
@@ -156,7 +158,7 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
 
         add(kernels.ATTENTION, attention, attention_args, analytic.attention_cost(cfg, wl))
     elif wl.phase == "extend":  # T queries over the S cache rows that now hold them
-        held = lambda key: jnp.full((B,), S - T, jnp.int32)  # noqa: E731 (S - T cached before)
+        held = lambda seed: jnp.full((B,), S - T, jnp.int32)  # noqa: E731 (S - T cached before)
         add(
             kernels.ATTENTION,
             partial(attend_extend, scale=cfg.attn_scale, sink_logits_KG=sink),
@@ -181,7 +183,7 @@ def _add_moe(cfg: ModelConfig, wl: Workload, add) -> None:
     M, D, E, k, F = wl.tokens, cfg.d_model, cfg.num_experts, cfg.experts_per_token, cfg.moe_d_ff
     a, w = act_dtype(cfg), weight_dtype(cfg)
 
-    def picks(key):  # token m takes experts m*k .. m*k + k - 1 (mod E)
+    def picks(seed):  # token m takes experts m*k .. m*k + k - 1 (mod E)
         return (jnp.arange(M)[:, None] * k + jnp.arange(k)[None, :]) % E
 
     def gate_up(x, w_all, idx):
@@ -214,7 +216,7 @@ def _add_mla(cfg: ModelConfig, wl: Workload, add) -> None:
         add(kernels.KV_B_PROJ, mla.expand_prefix, [((B, T, A), a), ((N, U, A), w), ((N, W, A), w)])
     elif cfg.mla_decode == "naive":
         C = S - 1
-        pos = lambda key: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
+        pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
         add(
             kernels.KV_B_PROJ,
             mla.expand_latents,
@@ -228,7 +230,7 @@ def _add_mla(cfg: ModelConfig, wl: Workload, add) -> None:
             analytic.attention_cost(cfg, wl))  # fmt: skip
     else:
         C = S - 1
-        pos = lambda key: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
+        pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
         add(kernels.Q_ABSORB, mla.absorb_query, [((B, N, U), a), ((N, U, A), w)])
         cache = [((N, B, A), a), ((B, N, P), a), ((B, A), a), ((B, P), a), ((B, C, A), kv),
                  ((B, C, P), kv)]  # fmt: skip
@@ -280,7 +282,7 @@ def _add_flash(cfg: ModelConfig, wl: Workload, add, closed: dict[str, KernelCost
             cost, runs)  # fmt: skip
         return
     C = S - 1
-    pos = lambda key: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
+    pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
     kv = kv_dtype(cfg)
     if cfg.is_mla:
         A, P = cfg.kv_lora_rank, cfg.qk_rope_head_dim
