@@ -22,7 +22,7 @@ from kvjax.nn.attention import soft_cap
 from kvjax.nn.block import Block
 from kvjax.nn.fake_quant import cache_view
 from kvjax.nn.kv_cache import KVCache
-from kvjax.nn.layers import act_dtype, block_norm, kv_dtype, linear, param, read
+from kvjax.nn.layers import act_dtype, block_norm, kv_dtype, linear, param, read, shapes_only
 from kvjax.nn.mla import LatentCache
 from kvjax.nn.sharding import DATA, MODEL, constrain
 from kvjax.nn.state_cache import HybridCache
@@ -349,7 +349,8 @@ def param_kernel(op_name: str, is_product: bool = False) -> tuple[int | None, st
 
 def abstract_model(cfg: ModelConfig) -> Transformer:
     """The model with `ShapeDtypeStruct` leaves: no weights allocated, so 70B costs nothing."""
-    return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    with shapes_only():
+        return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
 
 
 def param_count(model: Transformer) -> int:
