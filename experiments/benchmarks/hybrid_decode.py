@@ -81,9 +81,9 @@ class _Point:
         cfg = model.cfg
         self.cfg, self.wl = cfg, Workload("decode", batch, context)
         rows = cache_len("decode", context)
-        key_prompt, key_token = jax.random.split(jax.random.key(seed))
-        prompt_BT = jax.random.randint(key_prompt, (batch, rows - room), 0, cfg.vocab_size)
-        self.tokens_B = jax.random.randint(key_token, (batch,), 0, cfg.vocab_size)
+        rng = np.random.default_rng(seed)  # numpy-made ids: no program to compile per shape
+        prompt_BT = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, rows - room)), jnp.int32)
+        self.tokens_B = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch,)), jnp.int32)
         self.steps, self.room = steps, room
         cache = model.init_cache(batch, rows)
         lengths_B = jnp.full((batch,), rows - room, jnp.int32)

@@ -25,7 +25,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from kvjax.measured.timing import device_name, time_fn
+from kvjax.measured.timing import device_name, random_array, random_inputs, time_fn
 from kvjax.runs.records import write_json_atomic
 
 D, F, K = 1024, 512, 2
@@ -64,13 +64,13 @@ def forms(E: int, M: int):
 def run(experts=(8, 32, 64), tokens=(1, 8), budget_s=1.0):
     points = []
     for E in experts:
-        keys = jax.random.split(jax.random.key(E), 4)
-        w_gu = jax.random.normal(keys[0], (E, 2 * F, D), jnp.float32) / 32
-        w_down = jax.random.normal(keys[1], (E, D, F), jnp.float32) / 32
+        seeds = random_inputs(E, 3)  # numpy-made: no threefry program to compile per shape
+        w_gu = random_array(seeds[0], (E, 2 * F, D)) / 32
+        w_down = random_array(seeds[1], (E, D, F)) / 32
         for M in tokens:
             if M * K > E:
                 continue
-            x = jax.random.normal(keys[2], (M, D), jnp.float32)
+            x = random_array(seeds[2], (M, D))
             idx = (jnp.arange(M)[:, None] * K + jnp.arange(K)[None, :]) % E
             gates = jnp.full((M, K), 1.0 / K, jnp.float32)
             args = (x, w_gu, w_down, idx, gates)
