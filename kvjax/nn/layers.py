@@ -68,10 +68,11 @@ def shapes_only():
 def param(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, cfg: ModelConfig) -> nnx.Param:
     """Normal(0, 1/fan_in) weights, stored in the config's weight dtype.
 
-    The same bits as `jax.random.normal(key, shape) / sqrt(fan_in)` run eagerly, drawn in fewer
-    programs: threefry is partitionable (jax's default), so element i of a draw does not depend
-    on the draw's length, and a weight of up to `BUCKETED_PARAM_SIZE` elements is the first
-    `size` elements of a draw of the next power of two. Scaling, rounding and the cast run in
+    The same bits as `jax.random.normal(key, shape) / sqrt(fan_in)` run eagerly on XLA:CPU (on
+    a GPU, whose eager division may round differently, within an ulp of it), in fewer programs:
+    threefry is partitionable (jax's default), so element i of a draw does not depend on the
+    draw's length, and a weight of up to `BUCKETED_PARAM_SIZE` elements is the first `size`
+    elements of a draw of the next power of two. Scaling, rounding and the cast run in
     numpy on the cut draw: XLA:CPU divides by multiplying with the f32 reciprocal, which numpy
     reproduces bit for bit, while a scale fused into the draw's program rounds differently.
     Drawing per shape compiled a program per shape: 0.3-0.6 s each on this 2-core CPU, 58 s of
