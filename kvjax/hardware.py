@@ -148,6 +148,10 @@ def _chip(spec: ChipSpec) -> ChipSpec:
 
 # exp2 units: FlashAttention-3 sec. 3.1, 3.9 TFLOP/s on H100 SXM5 (H800, H200: same GH100); A100:
 HOPPER_SFU, A100_SFU = 3.9 * TERA, 108 * 16 * 1.41e9  # CUDA guide 16/clk/SM x 108 x 1.41 GHz
+# Blackwell (B200, GB200): FlashAttention-4 (Zadouri et al. 2026, arXiv 2603.05451) gives the SM's
+# exp unit (MUFU) 16 ops a clock against 8,192 dense BF16 MMA FLOPs a clock, so the rate is the
+# BF16 peak / 512 at whatever clock the peak assumes (B200: 4.4e12/s)
+BLACKWELL_SFU_PER_BF16_FLOP = 16 / 8192
 
 # Datasheets state sparse tensor-core rates ("with sparsity"); these are the dense halves.
 _chip(
@@ -220,6 +224,7 @@ _chip(
         onchip_bytes_per_core=233472,
         num_cores=148,
         l2_bytes=132644864,
+        special_function_ops_per_s=2250 * TERA * BLACKWELL_SFU_PER_BF16_FLOP,
     )
 )
 _chip(
@@ -367,6 +372,7 @@ _chip(
         source="NVIDIA GB200 NVL72 datasheet (per GPU: the 72-GPU rack's figures / 72)",
         date="2025",
         num_cores=148,
+        special_function_ops_per_s=2500 * TERA * BLACKWELL_SFU_PER_BF16_FLOP,
     )
 )
 _chip(

@@ -315,6 +315,28 @@ def test_the_pipeline_fill_by_hand():
     assert c.fill > 1 and c.tile_flops * c.fill > c.floor_flops  # the model, never the bound
 
 
+def test_the_special_function_rates_per_clock_by_hand():
+    """An SM's exp unit does 16 ops a clock (CUDA guide; FlashAttention-4 for Blackwell), its
+    tensor cores 4,096 dense BF16 FLOPs a clock on Hopper and 8,192 on Blackwell: the H100's
+    sourced 3.9 TFLOP/s (FlashAttention-3) is within 2% of 989e12 / 256, and the B200's and
+    GB200's rates are their BF16 peaks / 512. At head dimension 128 a B200 prefill's
+    exponentials (one a computed pair and query head) take as long as its 4 x 128 matmul FLOPs
+    a pair, as FlashAttention-4 says; on the H100 half as long."""
+    from kvjax.hardware import get_chip
+    from kvjax.predict.bounds import special_seconds
+
+    h100, b200, gb200 = get_chip("h100-sxm"), get_chip("b200"), get_chip("gb200")
+    assert h100.special_function_ops_per_s == pytest.approx(989e12 * 16 / 4096, rel=0.02)
+    for chip in (b200, gb200):
+        assert chip.special_function_ops_per_s == pytest.approx(
+            chip.peak_flops_per_s["bf16"] / 512
+        )
+    pairs = 1e9
+    for chip, ratio in ((b200, 1.0), (h100, 0.5)):
+        matmul_s = pairs * 4 * 128 / chip.peak_flops_per_s["bf16"]
+        assert special_seconds(pairs, chip) / matmul_s == pytest.approx(ratio, rel=0.02)
+
+
 def test_conformal_interval_covers_as_promised():
     rng = np.random.default_rng(1)
     xs = [model.Features(10 ** rng.uniform(9, 12), 10 ** rng.uniform(6, 9), 1e15, 3e12)
