@@ -328,9 +328,7 @@ def test_the_special_function_rates_per_clock_by_hand():
     h100, b200, gb200 = get_chip("h100-sxm"), get_chip("b200"), get_chip("gb200")
     assert h100.special_function_ops_per_s == pytest.approx(989e12 * 16 / 4096, rel=0.02)
     for chip in (b200, gb200):
-        assert chip.special_function_ops_per_s == pytest.approx(
-            chip.peak_flops_per_s["bf16"] / 512
-        )
+        assert chip.special_function_ops_per_s == pytest.approx(chip.peak_flops_per_s["bf16"] / 512)
     pairs = 1e9
     for chip, ratio in ((b200, 1.0), (h100, 0.5)):
         matmul_s = pairs * 4 * 128 / chip.peak_flops_per_s["bf16"]
