@@ -148,11 +148,8 @@ def _chip(spec: ChipSpec) -> ChipSpec:
 
 # exp2 units: FlashAttention-3 sec. 3.1, 3.9 TFLOP/s on H100 SXM5 (H800, H200: same GH100); A100:
 HOPPER_SFU, A100_SFU = 3.9 * TERA, 108 * 16 * 1.41e9  # CUDA guide 16/clk/SM x 108 x 1.41 GHz
-# Blackwell (B200, GB200): FlashAttention-4 (Zadouri et al. 2026, arXiv 2603.05451) gives the SM's
-# exp unit (MUFU) 16 ops a clock against 8,192 dense BF16 MMA FLOPs a clock, so the rate is the
-# BF16 peak / 512 at whatever clock the peak assumes (B200: 4.4e12/s)
-BLACKWELL_SFU_PER_BF16_FLOP = 16 / 8192
-
+# B200, GB200: FlashAttention-4 (arXiv 2603.05451): an SM's exp unit does 16 a clock, its tensor
+BLACKWELL_SFU_PER_BF16_FLOP = 16 / 8192  # cores 8,192 dense BF16 FLOPs: the rate is peak / 512
 # Datasheets state sparse tensor-core rates ("with sparsity"); these are the dense halves.
 _chip(
     ChipSpec(
