@@ -62,3 +62,12 @@ def test_an_abstract_model_has_the_shapes_and_a_jitted_constructor_draws_the_sam
     for e, j in zip(leaves[1], leaves[2], strict=True):  # XLA fuses the scale into the draw
         np.testing.assert_allclose(np.asarray(e), np.asarray(j), rtol=1e-6, atol=1e-7)
     assert not layers._SHAPES_ONLY.get()
+
+
+@pytest.mark.parametrize("weight_dtype", ["bf16", "int8"])
+def test_weights_above_the_bucket_size_are_the_per_shape_draw(weight_dtype, monkeypatch):
+    monkeypatch.setattr(layers, "BUCKETED_PARAM_SIZE", 8)  # (7, 5) drawn as its own shape
+    cfg = PRESETS["tiny-gqa"].replace(weight_dtype=weight_dtype)
+    w = layers.param(nnx.Rngs(3), (7, 5), 5, cfg)[...]
+    want = per_shape(nnx.Rngs(3).params(), (7, 5), 5, weight_dtype)
+    np.testing.assert_array_equal(np.asarray(w).view(np.uint8), np.asarray(want).view(np.uint8))

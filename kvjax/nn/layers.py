@@ -83,14 +83,13 @@ def param(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, cfg: ModelConfig)
         return nnx.Param(jnp.zeros(shape, weight_dtype(cfg)))
     size, key = math.prod(shape), rngs.params()
     if isinstance(key, jax.core.Tracer) or size > BUCKETED_PARAM_SIZE:
-        w = jax.random.normal(key, shape, jnp.float32) / math.sqrt(fan_in)
-        if cfg.weight_dtype == "int8":
-            w = jnp.clip(jnp.round(w * 127), -127, 127)
-        return nnx.Param(w.astype(weight_dtype(cfg)))
-    drawn = np.asarray(_normal(key, (1 << max(size - 1, 0).bit_length(),)))
-    w = drawn[:size].reshape(shape) * (np.float32(1) / np.float32(math.sqrt(fan_in)))
+        w, xp = jax.random.normal(key, shape, jnp.float32) / math.sqrt(fan_in), jnp
+    else:
+        drawn = np.asarray(_normal(key, (1 << max(size - 1, 0).bit_length(),)))
+        w = drawn[:size].reshape(shape) * (np.float32(1) / np.float32(math.sqrt(fan_in)))
+        xp = np
     if cfg.weight_dtype == "int8":
-        w = np.clip(np.round(w * np.float32(127)), -127, 127)
+        w = xp.clip(xp.round(w * xp.float32(127)), -127, 127)
     return nnx.Param(jnp.asarray(w.astype(weight_dtype(cfg))))
 
 
