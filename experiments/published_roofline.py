@@ -1,16 +1,17 @@
 """Published GPU/TPU measurements on their chips' rooflines (issue 38): one record per corpus row,
 placed by its bound (exact FLOPs over compulsory bytes, issue 49), measured FLOP/s (exact FLOPs
 over the published time) beside the bound's; and one record per published serving-system result
-(issue 50, `row_kind` "system"): measured against its system bound and its held-out prediction."""
+(`row_kind` "system"): measured against its system bound and its prediction held out by
+implementation."""
 
 from kvjax.predict.corpus import read_corpus
 from kvjax.predict.validate import validate
 from kvjax.serving.systems import read_systems, validate_systems
 
-SYSTEM_KEEP = ("source", "source_group", "chip", "num_chips", "model", "scenario", "metric",
-               "scope", "measured", "bound_value", "bound_side", "fraction_of_bound",
-               "above_bound", "predicted_value", "predicted_lo", "predicted_hi", "input_len",
-               "output_len")  # fmt: skip
+SYSTEM_KEEP = ("source", "source_group", "implementation", "chip", "num_chips", "model",
+               "scenario", "metric", "scope", "measured", "bound_value", "bound_side",
+               "fraction_of_bound", "above_bound", "predicted_value", "predicted_lo",
+               "predicted_hi", "input_len", "output_len")  # fmt: skip
 
 OPTIONS: dict = {}
 

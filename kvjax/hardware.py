@@ -210,11 +210,11 @@ _chip(
             "fp4": 9000 * TERA,  # HGX B200: FP4 144 PFLOPS sparse for 8 GPUs
             "f32": 75 * TERA,  # HGX B200: 600 TFLOPS FP32 for 8 GPUs
         },
-        bandwidth_bytes_per_s=7.7 * TERA,  # HGX B200: 62 TB/s for 8 GPUs
+        bandwidth_bytes_per_s=8.0 * TERA,  # DGX B200: 64 TB/s for 8 GPUs (HGX B200's page: 62)
         memory_bytes=180 * GIGA,  # HGX B200: 1.44 TB for 8 GPUs
         power_watts=1000,  # HGX B200: up to 1,000 W per GPU
         interconnect_bytes_per_s=900 * GIGA,  # per direction; NVLink 5: 1.8 TB/s bidirectional
-        source="NVIDIA HGX B200 datasheet (per GPU: the 8-GPU board's figures / 8)",
+        source="NVIDIA HGX B200 datasheet and DGX B200 page (per GPU: the 8 GPUs' figures / 8)",
         date="2025",
         # on chip: XLA GPU target spec b200 (shared_memory_per_core 233472, 148 SMs,
         # l2_cache_size 132644864)

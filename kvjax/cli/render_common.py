@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 
-def console():
-    """A console that does not squeeze tables into 80 columns when piped or captured."""
+def console(stderr: bool = False):
+    """A console that does not squeeze tables into 80 columns when piped or captured (`stderr`:
+    one that writes there, beside a JSON report on stdout)."""
     from rich.console import Console
 
-    con = Console(highlight=False, soft_wrap=True)
-    return con if con.is_terminal else Console(highlight=False, soft_wrap=True, width=200)
+    con = Console(highlight=False, soft_wrap=True, stderr=stderr)
+    if con.is_terminal:
+        return con
+    return Console(highlight=False, soft_wrap=True, width=200, stderr=stderr)
 
 
 def attention_label(m: dict[str, Any]) -> str:

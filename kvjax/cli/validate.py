@@ -1,12 +1,15 @@
-"""`kvjax validate`: published accelerator measurements against kvjax's bounds (issue 38)."""
+"""`kvjax validate`: published accelerator measurements against kvjax's bounds, and (`--predict`)
+serving systems predicted by the simulator, held out by implementation."""
 
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from typing import Any
 
 from kvjax.cli.args import emit
 from kvjax.cli.render_common import console
+from kvjax.errors import KvjaxError
 
 DESCRIPTION = """\
 Each CSV row is one published measurement (columns: source, source_group, chip, dtype, kernel,
@@ -23,8 +26,13 @@ leave-one-group-out error, coverage and interval width. A CSV in the form of
 experiments/published/systems.csv (whole serving systems: source, source_group, chip, num_chips,
 model, the dtypes, tp, pp, ep, dp_attention, replicas, scenario, input_len, output_len,
 length_distribution, requests, concurrency, rate_per_s, the SLO columns, metric, scope,
-measured, convention, confidence) is put under the system bound of each row's metric (class
-`system`). Without a CSV: the committed corpus (experiments/published/, systems.csv included)."""
+measured, convention, confidence; optional implementation, spec_tokens, acceptance,
+cached_input_fraction) is put under the system bound of each row's metric (class `system`), with
+the committed prediction where one ran. `--predict` runs the simulator on each system row it can
+(a progress bar, the seconds a row): a row of an implementation the corpus holds is predicted by
+fits that never saw that implementation's rows, and calibrated on other implementations'
+systems; `prediction_from` says what fed it. Without a CSV: the committed corpus
+(experiments/published/, systems.csv included)."""
 
 
 def add_parser(sub) -> None:
@@ -36,6 +44,20 @@ def add_parser(sub) -> None:
     )
     p.add_argument("csv", nargs="*", help="corpus CSV files (default: the committed corpus)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--predict", action="store_true", help="simulate each system row (seconds to minutes a row)"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="with --predict: write the predictions to this CSV as they finish "
+        "(experiments/results/system_predictions.csv is what it wrote for the committed corpus)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --predict --out: keep the rows the CSV already holds and run the others",
+    )
     p.set_defaults(func=run)
 
 
@@ -49,11 +71,50 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"rows": [], "classes": {}, "summary": {}}
     if kernels or not args.csv:
         report = validate(read_corpus(kernels or None))
+    if (args.out or args.resume) and not args.predict:
+        raise KvjaxError("--out and --resume apply to --predict only")
     if systems:
-        rows, summary = validate_systems([r for p in systems for r in read_systems(p)])
+        rows = [r for p in systems for r in read_systems(p)]
+        predictions = predict_systems(rows, args) if args.predict else None
+        rows, summary = validate_systems(rows, predictions)
         report["system_rows"] = rows
         report["classes"]["system"] = summary
     return emit(args, report, print_validate)
+
+
+def predict_systems(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict:
+    """`--predict`: every row the simulator can run, with a progress bar and the seconds a row
+    (on stderr under --json), keyed by (source, metric)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from kvjax.serving.system_predict import predict_rows, runnable
+
+    con = console(stderr=args.json)
+    todo = runnable(rows)
+    skipped: Counter[str] = Counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  console=con, transient=True) as bar:  # fmt: skip
+        task = bar.add_task("predicting", total=len(todo))
+
+        def on_row(row, pred) -> None:
+            where = f"{row['source']} ({row['metric']})"
+            if isinstance(pred, str) and pred.startswith("not predicted"):  # not in the bar
+                if len(rows) > 20:
+                    skipped[pred] += 1  # a long CSV: the reasons counted, below
+                else:
+                    con.print(f"{where}: {pred}")
+                return
+            if isinstance(pred, str):  # a run that failed, said
+                con.print(f"{where}: {pred}")
+            else:
+                con.print(f"{where}: predicted {pred['predicted_value']:.4g}, measured "
+                          f"{row['measured']:.4g}, {pred['seconds']:.1f} s")  # fmt: skip
+            bar.advance(task)
+
+        done = predict_rows(rows, args.out, args.resume, on_row)
+    for reason, n in skipped.most_common():
+        con.print(f"{n} rows {reason}")
+    return {(p["source"], p["metric"]): p for p in done}
 
 
 def print_validate(report: dict[str, Any]) -> None:
@@ -116,33 +177,40 @@ def print_validate(report: dict[str, Any]) -> None:
 
 
 def print_systems(report: dict[str, Any], con) -> None:
-    """The serving systems' rows: the class, and the rows nearest their bound."""
+    """The serving systems' rows: the class, its held-out predictions by implementation and chip
+    family, and the rows (all of a short CSV, else those nearest their bound)."""
     from rich.table import Table
 
     c = report["classes"]["system"]
     f = c["fraction_of_bound"]
     con.print(
-        f"{c['rows']} serving-system results from {c['sources']} source groups; "
-        f"{c['above_bound']} beat their system bound (fraction: min {f['min']:.3g}, median "
-        f"{f['median']:.3g}, max {f['max']:.3g}); the prediction: {c['prediction']}"
+        f"{c['rows']} serving-system results from {c['sources']} source groups and "
+        f"{c['implementations']} implementations; {c['above_bound']} beat their system bound "
+        f"(fraction: min {f['min']:.3g}, median {f['median']:.3g}, max {f['max']:.3g}); the "
+        f"prediction: {c['prediction']}"
     )
     if c["loso_median_abs_error"] is not None:
-
-        def pct(x, digits=0):
-            return "-" if x is None else f"{x:.{digits}%}"
-
-        con.print(f"held out by group: median |predicted/measured - 1| "
-                  f"{pct(c['loso_median_abs_error'], 1)} over {c['predicted_rows']} rows, 80% "
-                  f"interval covering {pct(c['loso_coverage_80'])} (median width "
-                  f"{pct(c['interval_80_median_width'])}); by group: " + ", ".join(
-                      f"{g} {e['rows']} rows {e['median_abs_error']:.1%}"
-                      for g, e in c["by_group"].items()))  # fmt: skip
-    t = Table(title="serving systems closest to their bound")
+        con.print(
+            f"held out by implementation: median |predicted/measured - 1| "
+            f"{_pct(c['loso_median_abs_error'], 1)} over {c['predicted_rows']} rows, 80% interval "
+            f"covering {_pct(c['loso_coverage_80'])} (median width "
+            f"{_pct(c['interval_80_median_width'])}); the median of the implementations' medians "
+            f"{_pct(c['median_of_implementation_medians'], 1)}, of the source groups' "
+            f"{_pct(c['median_of_group_medians'], 1)}"
+        )
+        for key, label in (("by_implementation", "implementation"), ("by_chip_family", "chip")):
+            con.print(f"  by {label}: " + ", ".join(
+                f"{g} {e['rows']} rows {e['median_abs_error']:.1%} (covered "
+                f"{_pct(e['coverage_80'])})" for g, e in c[key].items()))  # fmt: skip
+    t = Table(title="serving systems" if len(report["system_rows"]) <= 20
+              else "serving systems closest to their bound")  # fmt: skip
     for col in ("source", "metric", "scope", "measured", "bound", "fraction", "side",
                 "predicted [80%]"):  # fmt: skip
         t.add_column(col)
     rows = sorted(report["system_rows"], key=lambda r: -r["fraction_of_bound"])
-    for r in [r for r in rows if r["above_bound"]] or rows[:10]:
+    if len(rows) > 20:
+        rows = [r for r in rows if r["above_bound"]] or rows[:10]
+    for r in rows:
         p = r.get("predicted_value")
         span = ("" if r.get("predicted_lo") is None
                 else f" [{r['predicted_lo']:.4g}, {r['predicted_hi']:.4g}]")  # fmt: skip
@@ -151,6 +219,10 @@ def print_systems(report: dict[str, Any], con) -> None:
                   f"{r['bound_value']:.4g}", f"{r['fraction_of_bound']:.3f}",
                   r["bound_side"], pred)  # fmt: skip
     con.print(t)
+
+
+def _pct(x, digits=0) -> str:
+    return "-" if x is None else f"{x:.{digits}%}"
 
 
 def print_predicted(pred: dict[str, Any], con) -> None:

@@ -163,19 +163,23 @@ def published_systems(records: pd.DataFrame, fig) -> bool | None:
                title=f"{title}: {beat} of {len(part)} beat the bound")  # fmt: skip
     axes[0].legend(fontsize=4, frameon=True, loc="upper left")
     pred = df[df.predicted_value.notna()]
-    if not pred.empty:  # each row's predicted / measured, its 80% interval, by group and kind
+    if not pred.empty:  # each row's predicted / measured, its 80% interval, by implementation
+        impl = pred.implementation if "implementation" in pred else pred.family
         pred = pred.assign(ratio=pred.predicted_value.astype(float) / pred.measured,
-                           kind=pred.apply(_prediction_kind, axis=1))  # fmt: skip
-        pred = pred.sort_values(["family", "source_group", "ratio"]).reset_index(drop=True)
-        for (fam, kind), g in pred.groupby(["family", "kind"]):
-            color = colors.get(fam, "0.4")
+                           kind=pred.apply(_prediction_kind, axis=1),
+                           impl=impl.fillna("unstated"))  # fmt: skip
+        pred = pred.sort_values(["impl", "source_group", "ratio"]).reset_index(drop=True)
+        names = sorted(pred.impl.unique())
+        shades = dict(zip(names, sns.color_palette("dark", len(names)), strict=True))
+        for (name, kind), g in pred.groupby(["impl", "kind"]):
+            color = shades[name]
             if "predicted_lo" in g and g.predicted_lo.notna().all():
                 lo, hi = g.predicted_lo.astype(float), g.predicted_hi.astype(float)
                 axes[2].errorbar(g.index, g.ratio, yerr=[g.ratio - lo / g.measured,
                                  hi / g.measured - g.ratio], fmt="none", lw=0.5, alpha=0.5,
                                  color=color)  # fmt: skip
             n = g.source_group.nunique()
-            label = f"{fam}: {kind} ({len(g)}, {n} group{'s' * (n > 1)})"
+            label = f"{name}: {kind} ({len(g)}, {n} group{'s' * (n > 1)})"
             axes[2].scatter(g.index, g.ratio, s=8, lw=0, color=color, marker=_MARKERS[kind],
                             label=label)  # fmt: skip
         axes[2].axhline(1.0, color="0.3", lw=0.7)
@@ -184,9 +188,9 @@ def published_systems(records: pd.DataFrame, fig) -> bool | None:
         lo = min(0.5, float(pred.ratio.min()) / 1.5) / 5  # room under the rows for the legend
         axes[2].set_ylim(lo, max(2.0, float(pred.ratio.max())) * 1.5)
         axes[2].legend(fontsize=4, frameon=True, loc="lower left")
-        axes[2].set_title(f"held out, {len(pred)} rows: median |pred/meas - 1| "
+        axes[2].set_title(f"held out by implementation, {len(pred)} rows: median |pred/meas - 1| "
                           f"{float((pred.ratio - 1).abs().median()):.1%}")  # fmt: skip
-    axes[2].set(yscale="log", xlabel="rows (by family, group, then ratio)",
+    axes[2].set(yscale="log", xlabel="rows (by implementation, group, then ratio)",
                 ylabel="predicted / measured (80% interval)")  # fmt: skip
     axes[2].yaxis.set_major_locator(ticker.FixedLocator([0.1, 0.25, 0.5, 1, 2, 4]))
     axes[2].yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))

@@ -271,19 +271,31 @@ def special_seconds(transcendentals: float, chip: ChipSpec, chips: int = 1) -> f
 
 def step_floor(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> tuple[float, float]:
     """A step's bound for any implementation, weights aside (the caller adds them in the dtype
-    they are stored): the FLOPs of every kernel with the attention's exact pairs in place of a
-    plan's tiles (and no split combine), and the bytes no engine avoids: the cache's keys some
-    query attends read once (`compulsory.compulsory_cost`) and the new rows written once. The
-    activations between kernels are left out: what reaches HBM between them is the engine's
-    fusion, the implementation's choice."""
+    they are stored): the FLOPs of every kernel but attention's core, whose exact pairs replace
+    whatever form the config computes it in (XLA's scores, softmax and a.v, a fused kernel's
+    tiles, a split's combine), and the bytes no engine avoids: the cache's keys some query
+    attends read once (`compulsory.compulsory_cost`) and the new rows written once. An MLA
+    model's step is counted in both of its forms (the latent absorbed or up-projected) and the
+    least FLOPs and the least bytes are kept: an implementation may run either. The activations
+    between kernels are left out: what reaches HBM between them is the engine's fusion, the
+    implementation's choice."""
+    from kvjax.model.checks import MLA_FORMS
+
+    if cfg.is_mla:
+        floors = [_step_floor(cfg.replace(mla_decode=form), wl, chip) for form in MLA_FORMS]
+        return min(f for f, _ in floors), min(b for _, b in floors)
+    return _step_floor(cfg, wl, chip)
+
+
+def _step_floor(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> tuple[float, float]:
     from collections import Counter
 
     from kvjax import kernels
     from kvjax.analytic.step import step_kernels
 
     ks = step_kernels(cfg, wl, chip)
-    fused = (kernels.ATTENTION, kernels.ATTN_COMBINE)
-    flops = sum(k.flops for name, k in ks.items() if name not in fused)
+    core = {kernels.ATTENTION, kernels.ATTN_COMBINE, *kernels.ATTENTION_PARTS}
+    flops = sum(k.flops for name, k in ks.items() if name not in core)
     nbytes = ks[kernels.KV_WRITE].kv_bytes if kernels.KV_WRITE in ks else 0.0
     kinds = Counter((cfg.layer_is_sliding(i), cfg.layer_kind(i)) for i in range(cfg.num_layers))
     for (sliding, letter), count in kinds.items():

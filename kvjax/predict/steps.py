@@ -146,17 +146,18 @@ def leave_one_group_out(
     return held, Overhead(fit_t0(s, y, n), lo, hi, len(y), len(names)), resid
 
 
-@functools.lru_cache(maxsize=1)
-def corpus_steps() -> dict:
+@functools.cache
+def corpus_steps(without: str | None = None) -> dict:
     """The committed corpus's step rows (the fastest of each shape) predicted from their
     kernels: `held` (group -> Overhead without it), `all` (Overhead on every group), and per row
-    (group, measured, kernels' sum, held-out ratio predicted / measured)."""
-    from kvjax.predict.corpus import read_corpus
-    from kvjax.predict.validate import best_of_each_shape, corpus_classes, in_corpus
+    (group, measured, kernels' sum, held-out ratio predicted / measured). `without`: every row
+    of that serving implementation's own code left out, its kernels' and its steps' (the kernel
+    classes fitted without them too)."""
+    from kvjax.predict.validate import best_of_each_shape, corpus_classes, corpus_rows
 
-    rows = [r for r in read_corpus() if in_corpus(r)]
+    rows = corpus_rows(without)
     best = best_of_each_shape(rows)
-    classes = corpus_classes()
+    classes = corpus_classes(without)
     out = []
     for r, b in zip(rows, best, strict=True):
         if not b or r.kernel not in ("decode_step", "prefill_step"):

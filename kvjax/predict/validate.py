@@ -24,6 +24,7 @@ import numpy as np
 
 from kvjax.predict import bounds, model
 from kvjax.predict.corpus import COLUMNS, CORPUS_DIR, OPTIONAL, TIMING, Row, read_corpus
+from kvjax.predict.groups import implementation_of
 
 _SHAPE = ("chip", "dtype", "kernel", "batch", "seq_q", "seq_kv", "num_heads", "num_kv_heads",
           "head_dim", "causal", "latent_dim", "rope_dim", "m", "n", "k", "model", "context",
@@ -76,11 +77,20 @@ def in_corpus(row: Row) -> bool:
     return Path(row.path).resolve().parent == CORPUS_DIR.resolve()
 
 
-@functools.lru_cache(maxsize=1)
-def corpus_classes() -> dict[str, model.Validation]:
-    """The committed corpus's classes, each fitted and validated leaving one group out,
-    computed once a process."""
+def corpus_rows(without: str | None = None) -> list[Row]:
+    """The committed corpus's rows; `without`: but those of that serving implementation's own
+    code (`groups.implementation_of`: what a prediction held out by implementation never sees)."""
     rows = [r for r in read_corpus() if in_corpus(r)]
+    if without is None:
+        return rows
+    return [r for r in rows if implementation_of(r.values.get("implementation")) != without]
+
+
+@functools.cache
+def corpus_classes(without: str | None = None) -> dict[str, model.Validation]:
+    """The committed corpus's classes (`corpus_rows(without)`), each fitted and validated leaving
+    one group out, computed once a process."""
+    rows = corpus_rows(without)
     return fit_classes(rows, [bounds.closed_form(r) for r in rows])
 
 

@@ -1,20 +1,22 @@
 """Published serving-system results (`experiments/published/systems.csv`: MLPerf Inference, the
-engines' performance tables, reports of serving at scale; issue 50) against the system bound of
+engines' performance tables, reports of serving at scale) against the system bound of
 `kvjax.serving.system_bound`, per row: the bound of the row's metric on its chips, measured over
 bound for a throughput (bound over measured for a latency), and whether the row beats it.
 
 A row says what it can; where a source is silent the bound takes what favours the system, so it
-stays a bound: the chips as one replica (more chips together hold a larger batch than apart), the
-shortest prompt where no input length is published (the dataset's shortest where
-experiments/published/lengths.csv states it, else 1 token; a stated placement of
-`replicas` copies is kept: each copy's bound, times the copies), the least per token where no
-output length is, an fp8 cache where the cache dtype is not stated, and the chip's fastest
-matmul dtype the weights allow where the compute dtype is not. FP4 weights (NVFP4: 4.5 bits an
-element) are sized at 4 bits. A `per_node` row is a node of 8 chips. The prediction beside the
-bound (`kvjax.serving.system_predict`: the simulator on the row's engine, held out by group) is
-slow to run for every row: its committed results (experiments/results/system_predictions.csv)
-fill `predicted_value` where it ran (null elsewhere), and its 80% interval (`predicted_lo`,
-`predicted_hi`) is calibrated on the other source groups' whole-system residuals (`_calibrate`)."""
+stays a bound, and `bound_assumes` says what it took: the chips as one replica (more chips
+together hold a larger batch than apart), the shortest prompt where no input length is published
+(the dataset's shortest where experiments/published/lengths.csv states it, else 1 token; a
+stated placement of `replicas` copies is kept: each copy's bound, times the copies), the least
+per token where no output length is, and the lowest precisions the chip computes where the
+source leaves them open (`favourable_dtypes`): FP4 weights and compute and a 4-bit cache on a
+chip with an FP4 peak, else one byte. FP4 weights (NVFP4: 4.5 bits an element) are sized at 4
+bits. A `per_node` row is a node of 8 chips. What an engine did that changes the physics is
+bounded with it (`spec_tokens`: speculative decoding's drafted tokens a step, every draft taken
+as accepted; `cached_input_fraction`: input tokens a prefix cache served), and where a source
+says it was used without a number (`used`), at its most favourable value. Every row names the
+code that ran it (`implementation`, `kvjax.predict.groups`), which is what its prediction is
+held out from (`kvjax.serving.system_predict`, `kvjax.serving.system_summary`)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ COLUMNS = (
     "concurrency, rate_per_s, slo_ttft_s, slo_tpot_s, slo_percentile, metric, scope, measured, "
     "convention, confidence"
 ).split(", ")
+# columns a user's CSV may leave out (empty: not stated); the committed corpus fills them
+OPTIONAL = ("implementation", "spec_tokens", "acceptance", "cached_input_fraction")
+USED = "used"  # a column's value where a source says the feature ran, without a number
 SCENARIOS = ("offline", "server", "interactive", "concurrency", "rate", "prefill_only",
              "decode_only")  # fmt: skip
 SCOPES = ("system", "per_chip", "per_node", "per_user")
@@ -53,17 +58,40 @@ def is_systems_csv(path: str | Path) -> bool:
     return "metric" in header and "scenario" in header
 
 
-def _number(path, line, row, column, integer=False):
+def _number(path, line, row, column, integer=False, zero=False, used=False):
+    """A column's number (None: empty); `zero`: 0 allowed; `used`: the word `used` allowed."""
     text = (row.get(column) or "").strip()
     if not text:
         return None
+    if used and text == USED:
+        return USED
     try:
         value = float(text)
     except ValueError:
-        raise KvjaxError(f"{path}:{line}: {column}={text!r} is not a number") from None
-    if not value > 0 or not math.isfinite(value):
-        raise KvjaxError(f"{path}:{line}: {column}={text!r} must be a positive number")
+        also = f" or {USED!r}" if used else ""
+        raise KvjaxError(f"{path}:{line}: {column}={text!r} is not a number{also}") from None
+    if not (value >= 0 if zero else value > 0) or not math.isfinite(value):
+        least = "a number >= 0" if zero else "a positive number"
+        raise KvjaxError(f"{path}:{line}: {column}={text!r} must be {least}")
+    if integer and value != int(value):
+        raise KvjaxError(f"{path}:{line}: {column}={text!r} must be a whole number")
     return int(value) if integer else value
+
+
+def _engine_columns(path, line, raw, row) -> None:
+    """What an engine did that changes the physics: drafted tokens a step, their acceptance,
+    the input tokens a prefix cache served."""
+    row["implementation"] = (raw.get("implementation") or "").strip()
+    row["spec_tokens"] = _number(path, line, raw, "spec_tokens", integer=True, zero=True,
+                                 used=True)  # fmt: skip
+    row["acceptance"] = _number(path, line, raw, "acceptance")
+    row["cached_input_fraction"] = _number(path, line, raw, "cached_input_fraction", zero=True,
+                                           used=True)  # fmt: skip
+    if row["acceptance"] is not None and row["acceptance"] > 1:
+        raise KvjaxError(f"{path}:{line}: acceptance={row['acceptance']} must lie in (0, 1]")
+    cached = row["cached_input_fraction"]
+    if cached not in (None, USED) and cached >= 1:
+        raise KvjaxError(f"{path}:{line}: cached_input_fraction={cached} must lie in [0, 1)")
 
 
 def read_systems(path: str | Path = SYSTEMS_CSV) -> list[dict[str, Any]]:
@@ -85,6 +113,7 @@ def read_systems(path: str | Path = SYSTEMS_CSV) -> list[dict[str, Any]]:
                 row[column] = _number(path, line, raw, column, integer=True)
             for column in ("input_len", "output_len", "measured", "rate_per_s"):
                 row[column] = _number(path, line, raw, column)
+            _engine_columns(path, line, raw, row)
             if row["measured"] is None or row["num_chips"] is None:
                 raise KvjaxError(f"{path}:{line}: measured and num_chips are required")
             get_chip(row["chip"]), get_model_config(row["model"])  # named, or refused by name
@@ -92,32 +121,73 @@ def read_systems(path: str | Path = SYSTEMS_CSV) -> list[dict[str, Any]]:
     return rows
 
 
+def favourable_dtypes(chip, is_mla: bool, weight: str | None, kv: str | None,
+                      compute: str | None) -> tuple[str, str, str, list[str]]:  # fmt: skip
+    """The row's weight, cache and compute dtypes, each the stated one or, where its source
+    leaves it open, the lowest precision the chip computes (a bound takes the most favourable
+    value): weights and compute in FP4 on a chip with an FP4 peak, else one byte (fp8, or int8
+    where the chip has no fp8); the cache in 4 bits beside FP4 (`int4` with one scale a row,
+    lighter than NVFP4's 4.5 bits; MLA's latent: fp8, the least kvjax models), else one byte;
+    compute the chip's fastest that the weights allow (FP4 only with FP4 weights). The list:
+    what was assumed, in words."""
+    peaks = chip.peak_flops_per_s
+    byte = "fp8" if "fp8" in peaks else "int8"
+    assumed = []
+    if weight is None:
+        weight = "fp4" if "fp4" in peaks else byte
+        assumed.append(f"{weight} weights (the lowest precision {chip.name} computes)")
+    if kv is None:
+        kv = "int4" if "fp4" in peaks and not is_mla else byte
+        said = "a 4-bit" if kv == "int4" else f"an {kv}"
+        assumed.append(f"{said} cache (the lowest precision {chip.name} computes)")
+    if compute is None:
+        compute = next(d for d in ("fp4", "fp8", "int8", "bf16")
+                       if d in peaks and (d != "fp4" or weight == "fp4"))  # fmt: skip
+        assumed.append(f"{compute} matmuls (the chip's fastest the weights allow)")
+    return weight, kv, compute, assumed
+
+
 @cache
-def _bound(model, chip_name, devices, weight, kv, compute, inp, out, phase, prefill_len=None):
+def _bound(model, chip_name, devices, weight, kv, compute, inp, out, phase, prefill_len=None,
+           spec=0, cached=0.0):  # fmt: skip
     chip = get_chip(chip_name)
-    cfg = get_model_config(model, weight_dtype="fp8" if weight == "fp4" else weight, kv_dtype=kv)
-    if compute is None:  # the fastest the chip has that the weights allow
-        compute = next(d for d in ("fp4", "fp8", "bf16") if d in chip.peak_flops_per_s and
-                       (d != "fp4" or weight == "fp4"))  # fmt: skip
-    cfg = cfg.replace(matmul_dtype=compute)
-    return system_bound(cfg, chip, devices, inp, out, weight_scale=0.5 if weight == "fp4" else 1,
-                        phase=phase, prefill_len=prefill_len)  # fmt: skip
+    base = get_model_config(model)
+    group = {"kv_group_size": base.head_dim} if kv == "int4" else {}  # one scale a row
+    cfg = base.replace(weight_dtype="fp8" if weight == "fp4" else weight, kv_dtype=kv,
+                       matmul_dtype=compute, **group)  # fmt: skip
+    return system_bound(cfg, chip, devices, inp, out, spec, 0.5 if weight == "fp4" else 1,
+                        phase, prefill_len, cached)  # fmt: skip
+
+
+def _engine_terms(row, inp) -> tuple[float, float, list[str]]:
+    """The row's drafted tokens a step and cached input share, as the bound takes them."""
+    assumed = []
+    spec = row.get("spec_tokens") or 0
+    if spec == USED:
+        spec = math.inf
+        assumed.append("speculative decoding with no stated draft length: every decode in one "
+                       "verification step")  # fmt: skip
+    elif spec:
+        assumed.append(f"{spec} drafted tokens a step, every draft accepted")
+    cached = row.get("cached_input_fraction") or 0.0
+    if cached == USED:
+        cached = (inp - 1) / inp  # every token of a prompt but its last
+        assumed.append("prefix caching with no stated hit rate: every prompt token but the last "
+                       "served from the cache")  # fmt: skip
+    elif cached:
+        assumed.append(f"{cached:.1%} of input tokens from a prefix cache, charged no prefill "
+                       "FLOPs")  # fmt: skip
+    return spec, cached, assumed
 
 
 def row_bound(row: dict[str, Any]) -> dict[str, Any]:
     """The bound of one row's metric at its scope, and what the row left to the bound."""
-    assumed = []
     chip = get_chip(row["chip"])
-    weight = dtype_key(row["weight_dtype"]) if row["weight_dtype"] else None
-    if weight is None:  # the lightest weights the chip computes
-        weight = "fp4" if "fp4" in chip.peak_flops_per_s else "fp8"
-        assumed.append(f"{weight} weights")
-    kv = dtype_key(row["kv_dtype"]) if row["kv_dtype"] else "fp8"
-    if not row["kv_dtype"]:
-        assumed.append("fp8 cache")
-    compute = dtype_key(row["compute_dtype"]) if row["compute_dtype"] else None
-    if compute is None:
-        assumed.append("the chip's fastest matmul dtype")
+    stated = [dtype_key(row[c]) if row[c] else None
+              for c in ("weight_dtype", "kv_dtype", "compute_dtype")]  # fmt: skip
+    weight, kv, compute, assumed = favourable_dtypes(
+        chip, get_model_config(row["model"]).is_mla, *stated
+    )
     inp, prefill_len = row["input_len"], None
     lengths = read_lengths().get(row.get("length_distribution") or "", {})
     if inp is None and lengths.get("input_min"):  # every prompt at least the dataset's shortest
@@ -129,6 +199,7 @@ def row_bound(row: dict[str, Any]) -> dict[str, Any]:
         )  # fmt: skip
     elif inp is None:
         assumed.append("1-token prompts (no input length published)")
+    inp = max(1, math.floor(inp or 1))  # a mean's floor: still a bound
     out = row["output_len"]
     metric, scenario = row["metric"], row["scenario"]
     phase = {"prefill_only": "prefill", "decode_only": "decode"}.get(scenario, "serve")
@@ -142,18 +213,9 @@ def row_bound(row: dict[str, Any]) -> dict[str, Any]:
                          f"num_chips={chips}")  # fmt: skip
     if replicas == 1 and chips > 1:
         assumed.append(f"the {chips} chips as one replica")
-    b = _bound(
-        row["model"],
-        row["chip"],
-        chips // replicas,
-        weight,
-        kv,
-        compute,
-        max(1, math.floor(inp or 1)),
-        out or 1,
-        phase,
-        prefill_len,
-    )  # a mean's floor: still a bound
+    spec, cached, said = _engine_terms(row, inp)
+    b = _bound(row["model"], row["chip"], chips // replicas, weight, kv, compute, inp, out or 1,
+               phase, prefill_len, spec, cached)  # fmt: skip
     value = metric_bound(b, metric) * (replicas if metric in THROUGHPUT else 1)
     if row["scope"] == "per_chip":
         value /= chips
@@ -164,7 +226,7 @@ def row_bound(row: dict[str, Any]) -> dict[str, Any]:
     latency = metric in LATENCY
     fraction = value / row["measured"] if latency else row["measured"] / value
     return {"bound_value": value, "bound_side": b.side, "fraction_of_bound": fraction,
-            "above_bound": fraction > 1 + 1e-9, "bound_assumes": assumed,
+            "above_bound": fraction > 1 + 1e-9, "bound_assumes": assumed + said,
             "predicted_value": None, "predicted_lo": None, "predicted_hi": None}  # fmt: skip
 
 
@@ -192,84 +254,24 @@ def read_predictions(path: Path = PREDICTIONS_CSV) -> dict[tuple[str, str], dict
                 for r in csv.DictReader(f)}  # fmt: skip
 
 
-def _by_group(held: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per source group: its predicted rows, their median |predicted/measured - 1| and the share
-    inside their 80% interval."""
-    import numpy as np
-
-    out = {}
-    for g in sorted({r["source_group"] for r in held}):
-        rs = [r for r in held if r["source_group"] == g]
-        inside = [r["predicted_lo"] <= r["measured"] <= r["predicted_hi"] for r in rs
-                  if r["predicted_lo"] is not None]  # fmt: skip
-        out[g] = {"rows": len(rs),
-                  "median_abs_error": float(np.median([abs(r["predicted_value"] / r["measured"]
-                                                           - 1) for r in rs])),
-                  "coverage_80": float(np.mean(inside)) if inside else None}  # fmt: skip
-    return out
-
-
-def _calibrate(predicted: list[dict[str, Any]]) -> None:
-    """Each predicted row's 80% interval, calibrated on whole systems: the split-conformal ends of
-    log(measured / predicted) over the other source groups' rows (`conformal_ends`), times its
-    prediction. Nested as it is: no system row enters a fit (the simulator's steps are fitted
-    on kernels and engine steps, without the row's group), so no residual that calibrates a
-    group came from a prediction that saw it. The simulator's own interval, run at the ends of
-    the held-out steps' interval, stays as `simulated_lo`/`_hi`: it carries the steps'
-    uncertainty only, not the engine's (`simulated_coverage_80` in the summary)."""
-    import numpy as np
-
-    from kvjax.predict.model import LEVEL, conformal_ends
-
-    groups = np.array([r["source_group"] for r in predicted])
-    resid = np.log([r["measured"] / r["predicted_value"] for r in predicted])
-    for r in predicted:
-        r.update(simulated_lo=r["predicted_lo"], simulated_hi=r["predicted_hi"])
-    for g in set(groups):
-        others = resid[groups != g]
-        if len(others) < 2:
-            continue
-        lo, hi = conformal_ends(others, (1 - LEVEL) / 2)
-        for r in (r for r, h in zip(predicted, groups, strict=True) if h == g):
-            r.update(predicted_lo=r["predicted_value"] * math.exp(lo),
-                     predicted_hi=r["predicted_value"] * math.exp(hi))  # fmt: skip
-
-
-def validate_systems(rows: list[dict[str, Any]]) -> tuple[list[dict], dict[str, Any]]:
-    """Each row with its bound; the class `system`'s summary (rows, groups, above, fractions)."""
-    import numpy as np
+def validate_systems(
+    rows: list[dict[str, Any]], predictions: dict[tuple[str, str], dict] | None = None
+) -> tuple[list[dict], dict[str, Any]]:
+    """Each row with its bound and, where one ran, its prediction (`predictions`, by (source,
+    metric); None: the committed ones); the class `system`'s summary
+    (`system_summary.summarize`). Fresh predictions of a user's rows are calibrated on the
+    committed corpus's predicted rows beside their own (`system_summary.calibrate`)."""
+    from kvjax.serving.system_summary import attach, summarize
 
     out = [{**r, **row_bound(r)} for r in rows]
-    predicted = read_predictions()
-    for r in out:
-        p = predicted.get((r["source"], r["metric"]))
-        if p is not None:
-            r.update(predicted_value=p["predicted_value"], predicted_lo=p.get("predicted_lo"),
-                     predicted_hi=p.get("predicted_hi"), prediction_from=p["step_fit"],
-                     held_out_predicted_value=p["predicted_value"]
-                     if p["step_fit"].startswith("held out") else None)  # fmt: skip
-    _calibrate([r for r in out if r.get("predicted_value") is not None])
-    held = [r for r in out if r.get("held_out_predicted_value") is not None]
-    errors = [abs(r["predicted_value"] / r["measured"] - 1) for r in held]
-    spans = [r for r in held if r["predicted_lo"] is not None]
-    covered = [r["predicted_lo"] <= r["measured"] <= r["predicted_hi"] for r in spans]
-    widths = [(r["predicted_hi"] - r["predicted_lo"]) / r["predicted_value"] for r in spans]
-    simulated = [r["simulated_lo"] <= r["measured"] <= r["simulated_hi"] for r in spans
-                 if r["simulated_lo"] is not None]  # fmt: skip
-    f = np.array([r["fraction_of_bound"] for r in out])
-    summary = {
-        "rows": len(out), "above_bound": int(sum(r["above_bound"] for r in out)),
-        "sources": len({r["source_group"] for r in out}),
-        "fraction_of_bound": {k: float(v) for k, v in zip(
-            ("min", "p10", "median", "p90", "max"), np.quantile(f, [0, 0.1, 0.5, 0.9, 1]),
-            strict=True)},
-        "predicted_rows": len(errors),
-        "loso_median_abs_error": float(np.median(errors)) if errors else None,
-        "loso_coverage_80": float(np.mean(covered)) if covered else None,
-        "interval_80_median_width": float(np.median(widths)) if widths else None,
-        "simulated_coverage_80": float(np.mean(simulated)) if simulated else None,
-        "by_group": _by_group(held),
-        "prediction": f"the simulator on the row's engine, held out by group, for {len(errors)} "
-                      "rows (experiments/results/system_predictions.csv); none elsewhere",
-    }  # fmt: skip
-    return out, summary
+    if predictions is None:
+        attach(out, read_predictions())
+        return out, summarize(out)
+    ours = {(r["source"], r["metric"]) for r in out}
+    committed = read_predictions()
+    reference = [{**committed[k], **r} for r in read_systems()
+                 if (k := (r["source"], r["metric"])) in committed and k not in ours]  # fmt: skip
+    fresh = [dict(r, **predictions[k]) for r in out
+             if (k := (r["source"], r["metric"])) in predictions]  # fmt: skip
+    attach(out, predictions, reference + fresh)
+    return out, summarize(out)

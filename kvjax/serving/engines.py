@@ -1,0 +1,91 @@
+"""The engine settings a published serving row ran with, keyed by the code that ran it (its
+`implementation`), never by who published the row; the simulator runs them
+(`kvjax.serving.system_predict`).
+
+A row takes, in order: the settings its own source states (`ROW_ENGINES`, by source prefix);
+for an MLPerf submission that ran TensorRT-LLM, the settings its configuration file states
+(experiments/published/mlperf_engines.csv, extracted by `experiments/extract_mlperf_engines.py`);
+else its implementation's defaults (`DEFAULTS`), said so per row. Each setting: `max_batch` (the
+most requests running; None: the row's own prompts), `token_budget` (tokens a step), `reserve`
+(a request's whole cache reserved at admission, else admission without it and preemption by
+recompute), `free` (the share of the cache's pages the engine uses) and `util` (the share of the
+chip's memory the engine takes before sizing its cache).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvjax.predict.groups import TENSORRT_LLM
+
+# TensorRT-LLM as trtllm-bench runs it: max batch 4096, 8192 tokens a step (its max_num_tokens
+# default), each request's cache reserved at admission (the GUARANTEED_NO_EVICT capacity policy)
+# in 0.9 of the memory the weights and the largest step leave (kv_cache_free_gpu_mem_fraction).
+TRTLLM_BENCH = dict(max_batch=4096, token_budget=8192, reserve=True, free=0.9, util=1.0)
+DEFAULTS: dict[str, dict[str, Any]] = {TENSORRT_LLM: TRTLLM_BENCH}
+# Rows whose source states their own engine settings, by source prefix.
+ROW_ENGINES: dict[str, dict[str, Any]] = {
+    # TensorRT-LLM's DeepSeek-R1 best-practice H200 max-throughput run (its `convention`:
+    # trtllm-bench, max_batch_size 128 a rank, max_num_tokens 1151,
+    # kv_cache_free_gpu_mem_fraction 0.8, ADP)
+    "trtllm-bestperf-r1:deepseek-r1:fp8:h200:1k/2k:tp8ep8-adp:max-tput": dict(
+        max_batch=128, token_budget=1151, reserve=True, free=0.8, util=1.0
+    ),
+    # AMD's vLLM dev-docker table (ROCm/vllm docs/dev-docker/README.md, the rows' `convention`):
+    # --max-num-seqs = the prompts (`concurrency`), --max-num-batched-tokens 131072, vLLM's
+    # default gpu_memory_utilization 0.9 of the memory and preemption by recompute
+    "amd-rocm-vllm-devdocker": dict(
+        max_batch=None, token_budget=131072, reserve=False, free=1.0, util=0.9
+    ),
+    # RedHat's MLPerf v5.1 llama3.1-8b on one H100, vLLM 0.10.0 (the rows' `convention`:
+    # mlcommons/inference_results_v5.1@965182b03376a00fcae415c54e560e1c83937932:
+    # closed/RedHat/code/llama3.1-8b/README.md:146 offline, :97 server); vLLM's V1 scheduler
+    # admits without reserving and preempts by recompute; offline at vLLM's default
+    # gpu_memory_utilization 0.9, the server at its stated 0.91
+    "mlperf-inference-v5.1:RedHat:XE8640_4xH100_vLLM:llama3.1-8b:Offline": dict(
+        max_batch=1024, token_budget=4096, reserve=False, free=1.0, util=0.9
+    ),
+    "mlperf-inference-v5.1:RedHat:XE8640_4xH100_vLLM:llama3.1-8b:Server": dict(
+        max_batch=512, token_budget=1024, reserve=False, free=1.0, util=0.91
+    ),
+}
+ROW_STATED = "the row's stated settings"
+STATED_MLPERF = "the submission's configuration file (experiments/published/mlperf_engines.csv)"
+MLPERF_ENGINES_CSV = Path(__file__).parents[2] / "experiments" / "published" / "mlperf_engines.csv"
+UNSTATED = "engine settings unstated: TensorRT-LLM's trtllm-bench defaults; lengths at the means"
+
+
+def engine_of(row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The engine settings the row ran (None: unknown) and where they come from."""
+    for prefix, engine in ROW_ENGINES.items():
+        if row["source"].startswith(prefix):
+            return engine, ROW_STATED
+    implementation = row.get("implementation") or ""
+    if implementation == TENSORRT_LLM and row["source"].startswith("mlperf-"):
+        stated = mlperf_engines().get(row["source"])
+        return (stated, STATED_MLPERF) if stated else (TRTLLM_BENCH, UNSTATED)
+    if implementation in DEFAULTS:
+        return DEFAULTS[implementation], f"{implementation}'s defaults (the row states none)"
+    return None, f"no engine settings known for implementation {implementation or 'unstated'!r}"
+
+
+@cache
+def mlperf_engines() -> dict[str, dict[str, Any]]:
+    """MLPerf TensorRT-LLM rows' engine settings by source, as their configuration files state
+    them: the max batch, the tokens a step, and TensorRT-LLM's scheduler policy:
+    GUARANTEED_NO_EVICT reserves each request's cache at admission, MAX_UTILIZATION admits
+    without and pauses a request when the cache runs out (kvjax: preemption by recompute)."""
+    if not MLPERF_ENGINES_CSV.exists():
+        return {}
+    return {
+        r["source"]: dict(
+            max_batch=int(r["max_batch"]), token_budget=int(r["max_num_tokens"]),
+            reserve=r["batch_scheduler_policy"] != "max_util",
+            free=float(r["kvcache_free_gpu_mem_frac"] or 0.9), util=1.0,
+        )
+        for r in pd.read_csv(MLPERF_ENGINES_CSV, keep_default_na=False).to_dict("records")
+    }  # fmt: skip
