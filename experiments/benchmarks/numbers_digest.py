@@ -50,9 +50,14 @@ def _json(args: list[str]) -> str:
 
 
 def _drop_timings(x):
-    """Seconds a command took (`seconds`, `wall_s`) vary run to run; everything else must not."""
+    """Seconds a command took (`seconds`, `wall_s`, `*_seconds`) vary run to run; everything
+    else must not."""
     if isinstance(x, dict):
-        return {k: _drop_timings(v) for k, v in x.items() if k not in ("seconds", "wall_s")}
+        return {
+            k: _drop_timings(v)
+            for k, v in x.items()
+            if k not in ("seconds", "wall_s") and not k.endswith("_seconds")
+        }
     if isinstance(x, list):
         return [_drop_timings(v) for v in x]
     return x
