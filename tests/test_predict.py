@@ -583,8 +583,8 @@ def test_huber_is_squared_within_delta_and_linear_beyond():
     """Huber's loss by hand at delta = 0.1, continuous at the knee: a residual 10x the knee
     weighs 19x the knee's, not 100x; and an outlier moves a fitted t0 less than under squares."""
     r = np.array([0.0, 0.05, -0.1, 0.1, -0.3, 1.0])
-    assert model.huber(r, 0.1) == pytest.approx([0, 0.0025, 0.01, 0.01, 0.05, 0.19], abs=1e-15)
-    assert model.huber(np.array([0.1 + 1e-9]), 0.1)[0] == pytest.approx(0.01, abs=1e-9)
+    assert model.huber_loss(r, 0.1) == pytest.approx([0, 0.0025, 0.01, 0.01, 0.05, 0.19], abs=1e-15)
+    assert model.huber_loss(np.array([0.1 + 1e-9]), 0.1)[0] == pytest.approx(0.01, abs=1e-9)
     xs = [model.Features(1e6, 1e6, 1e15, 1e12) for _ in range(9)]  # t0-dominated rows
     y = np.full(9, 10e-6)
     y[0] = 100e-6  # one row 10x slow

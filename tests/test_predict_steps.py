@@ -13,7 +13,7 @@ from kvjax.analytic.step import step_kernels
 from kvjax.hardware import get_chip
 from kvjax.model.config import get_model_config
 from kvjax.predict import model, steps
-from kvjax.predict.model import conformal_ends
+from kvjax.predict.heldout import conformal_ends
 
 
 def test_a_step_is_its_kernels_by_their_classes_plus_one_fixed_time():
@@ -106,7 +106,7 @@ def test_the_corpus_steps_from_their_kernels_held_out():
     assert out["rows"] == 67 and out["groups"] == 5
     assert 2e-6 < out["t0_s"] < 1e-3
     c = steps.corpus_steps()
-    ratio = [r[3] for r in c["rows"]]
+    ratio = [r.ratio for r in c["rows"]]
     assert out["loso_median_abs_error"] == float(np.median(np.abs(np.array(ratio) - 1)))
     from pathlib import Path
 

@@ -46,14 +46,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from kvjax.errors import KvjaxError
+from kvjax.predict import heldout
 
 CLASSES = ("attention_prefill", "attention_decode", "matmul", "step")
-LEVEL = 0.8  # the intervals' nominal coverage
 _T0 = np.concatenate([[0.0], np.logspace(-7, -2.5, 28)])
 _E = np.linspace(0.04, 1.0, 25)
 
@@ -147,10 +147,10 @@ PRIOR = 0.01  # per row, on log(e)^2: an efficiency the rows cannot see stays ne
 FAMILY_ROWS = 3  # compute-bound rows of a chip family that give it its own e_c
 
 
-HUBER = 0.1  # log residuals beyond 10% weigh linearly, not squared (`huber`)
+HUBER = 0.1  # log residuals beyond 10% weigh linearly, not squared (`huber_loss`)
 
 
-def huber(r: np.ndarray, delta: float = HUBER) -> np.ndarray:
+def huber_loss(r: np.ndarray, delta: float = HUBER) -> np.ndarray:
     """Huber's loss of log residuals: r^2 within +-delta, linear beyond. A robust fit: a row an
     implementation leaves far from its bound for reasons outside the model (TensorRT-LLM 0.6.1's
     70B at batch 480 at 0.21 of its bound, vLLM's int8 path at 0.25) pulls t0 and the
@@ -160,7 +160,7 @@ def huber(r: np.ndarray, delta: float = HUBER) -> np.ndarray:
     return np.where(a <= delta, r**2, 2 * delta * a - delta**2)
 
 
-def _sse(tc, tm, y, t0, ec, eb, n0, serial):
+def _loss(tc, tm, y, t0, ec, eb, n0, serial):
     pred = (
         t0[:, None, None, None] * n0[None, None, None, :]
         + serial
@@ -170,11 +170,12 @@ def _sse(tc, tm, y, t0, ec, eb, n0, serial):
         )
     )
     prior = PRIOR * len(y) * (np.log(ec)[None, :, None] ** 2 + np.log(eb)[None, None, :] ** 2)
-    return huber(np.log(pred) - y).sum(-1) + prior
+    return huber_loss(np.log(pred) - y).sum(-1) + prior
 
 
 def fit(xs: Sequence[Features], measured_s: Sequence[float]) -> Fit:
-    """Least squares on log time over (t0, e_c, e_b), a grid refined twice around its best."""
+    """Huber's loss (`huber_loss`) of log time over (t0, e_c, e_b), with the prior on the
+    efficiencies, on a grid refined twice around its best."""
     if len(xs) < 2:
         raise KvjaxError(f"fitting needs at least 2 measurements, got {len(xs)}")
     tc, tm = _arrays(xs)
@@ -183,7 +184,7 @@ def fit(xs: Sequence[Features], measured_s: Sequence[float]) -> Fit:
     t0, ec, eb = _T0, _E, _E
     best = None
     for _ in range(3):
-        err = _sse(tc, tm, y, t0, ec, eb, n0, serial)
+        err = _loss(tc, tm, y, t0, ec, eb, n0, serial)
         i, j, k = np.unravel_index(np.argmin(err), err.shape)
         best = (float(t0[i]), float(ec[j]), float(eb[k]))
         t0 = _around(t0, i, log=True)
@@ -211,7 +212,7 @@ def _families(
             + serial[sel]
             + np.maximum(tc[sel][None, :] / grid[:, None], tm[sel][None, :] / eb)
         )
-        err = huber(np.log(pred) - y[sel]).sum(1) + PRIOR * sel.sum() * np.log(grid / ec) ** 2
+        err = huber_loss(np.log(pred) - y[sel]).sum(1) + PRIOR * sel.sum() * np.log(grid / ec) ** 2
         out.append((str(name), float(grid[np.argmin(err)])))
     return tuple(out)
 
@@ -259,15 +260,6 @@ class Validation:
         return float(np.median(widths)) if widths else float("nan")
 
 
-def conformal_ends(resid: np.ndarray, a: float) -> tuple[float, float]:
-    """Split-conformal ends: the order statistics ceil((n + 1)(1 - a)) from each side of n
-    calibration residuals (the finite-sample rank that keeps coverage >= 1 - 2a)."""
-    r = np.sort(resid)
-    n = len(r)
-    k = min(n, math.ceil((n + 1) * (1 - a)))
-    return float(r[n - k]), float(r[k - 1])
-
-
 @dataclass(frozen=True)
 class HeldFit(Fit):
     """A fit without one source, its interval ends nested (from residuals of fits that left
@@ -275,15 +267,19 @@ class HeldFit(Fit):
 
     rows_held: int = 0
 
+    @classmethod
+    def of(cls, model: Fit, lo: float, hi: float, sources: int, rows_held: int) -> HeldFit:
+        """`model` (fitted without the source) with its nested interval's ends."""
+        base = {f.name: getattr(model, f.name) for f in fields(Fit)}
+        return cls(**{**base, "lo": lo, "hi": hi, "sources": sources}, rows_held=rows_held)
+
 
 def leave_one_source_out(
     xs: Sequence[Features], measured_s: Sequence[float], sources: Sequence[str]
 ) -> Validation:
-    """Fit once per source on the others: each row's held-out prediction. Its 80% interval is
-    nested split-conformal: for source g, the residuals of every other source h predicted by a
-    fit on neither g nor h (so no residual that calibrates g's interval came from a fit that saw
-    g). The whole fit (for a source not in these rows) takes its interval from every source's
-    held-out residuals."""
+    """Fit once per source on the others: each row's held-out prediction, inside its nested
+    80% interval (`heldout.leave_one_group_out`). The whole fit (for a source not in these
+    rows) takes its interval from every source's held-out residuals."""
     y = np.asarray(measured_s, float)
     src = np.asarray(sources)
     names = sorted(set(sources))
@@ -296,40 +292,17 @@ def leave_one_source_out(
             return None
         return fit([x for x, k in zip(xs, keep, strict=True) if k], y[keep])
 
-    def predict(model: Fit, name: str) -> np.ndarray:
-        return model.predict([x for x, s in zip(xs, src, strict=True) if s == name])
+    def predict(model: Fit, rows: np.ndarray) -> np.ndarray:
+        return model.predict([x for x, r in zip(xs, rows, strict=True) if r])
 
-    held = np.full(len(y), np.nan)
-    alone = {name: fitted_without(name) for name in names}
-    for name, model in alone.items():
-        if model is not None:
-            held[src == name] = predict(model, name)
-    resid = np.log(y / held)
-    # residuals of h from a fit on neither g nor h, per unordered pair
-    pair: dict[frozenset, Fit | None] = {}
-    a = (1 - LEVEL) / 2
-    covered = np.zeros(len(y), bool)
-    held_fits = {}
-    for g in names:
-        calib = []
-        for h in names:
-            if h == g:
-                continue
-            key = frozenset((g, h))
-            if key not in pair:
-                pair[key] = fitted_without(g, h)
-            if pair[key] is not None:
-                calib.append(np.log(y[src == h] / predict(pair[key], h)))
-        model = alone[g]
-        if model is None or not calib:
-            continue
-        lo, hi = conformal_ends(np.concatenate(calib), a)
-        out = src == g
-        covered[out] = (resid[out] >= lo) & (resid[out] <= hi)
-        held_fits[g] = HeldFit(model.t0_s, model.compute_efficiency, model.bandwidth_efficiency,
-                               lo, hi, model.rows, len(names) - 1, model.family_compute_efficiency,
-                               int(out.sum()))  # fmt: skip
-    lo, hi = conformal_ends(resid[~np.isnan(resid)], a)
+    nested = heldout.leave_one_group_out(sources, y, fitted_without, predict)
+    held_fits = {
+        g: HeldFit.of(nested.alone[g], lo, hi, len(names) - 1, int((src == g).sum()))
+        for g, (lo, hi) in nested.ends.items()
+    }
+    lo, hi = heldout.conformal_ends(nested.resid[~np.isnan(nested.resid)])
     full = fit(xs, y)
     full = replace(full, lo=float(lo), hi=float(hi), rows=len(y), sources=len(names))
-    return Validation(full, held, covered, names, ratio=held / y, held_fits=held_fits)
+    covered = nested.covered(sources)
+    ratio = nested.predicted / y
+    return Validation(full, nested.predicted, covered, names, ratio=ratio, held_fits=held_fits)

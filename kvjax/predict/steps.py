@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,10 +39,11 @@ from kvjax.analytic.step import step_kernels
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, get_chip
 from kvjax.model.config import ModelConfig
+from kvjax.predict import heldout
 from kvjax.predict.apply import kernel_layers, kernel_seconds
 from kvjax.predict.bounds import attention_fill, special_seconds, step_config
 from kvjax.predict.collectives import tensor_parallel_link
-from kvjax.predict.model import LEVEL, Fit, conformal_ends, huber
+from kvjax.predict.model import Fit, huber_loss
 
 _T0 = np.concatenate([[0.0], np.geomspace(1e-6, 0.1, 1001)])
 
@@ -105,11 +106,11 @@ def scale_weights(k, scale: float):
 
 
 def fit_t0(kernel_s_: np.ndarray, measured_s: np.ndarray, layers=None) -> float:
-    """The t0 >= 0 that minimizes the Huber loss (`model.huber`) of the log error of
+    """The t0 >= 0 that minimizes the Huber loss (`model.huber_loss`) of the log error of
     layers x t0 + kernels against measured (`layers` None: 1 each)."""
     n = np.ones(len(kernel_s_)) if layers is None else np.asarray(layers, float)
     pred = _T0[:, None] * n[None, :] + kernel_s_[None, :]
-    err = huber(np.log(pred) - np.log(measured_s)[None, :]).sum(1)
+    err = huber_loss(np.log(pred) - np.log(measured_s)[None, :]).sum(1)
     return float(_T0[int(np.argmin(err))])
 
 
@@ -118,8 +119,9 @@ def leave_one_group_out(
     layers: Sequence[float] | None = None,
 ) -> tuple[dict[str, Overhead], Overhead, np.ndarray]:  # fmt: skip
     """Per group, the overhead (per layer: `layers`, None: 1 a row) fitted on the other groups
-    with its nested interval; the overhead on every group (its interval from every group's
-    held-out residuals); each row's held-out log(measured / predicted)."""
+    with its nested interval (`heldout.leave_one_group_out`); the overhead on every group (its
+    interval from every group's held-out residuals); each row's held-out log(measured /
+    predicted)."""
     s, y = np.asarray(kernel_s_, float), np.asarray(measured_s, float)
     n = np.ones(len(s)) if layers is None else np.asarray(layers, float)
     g = np.asarray(groups)
@@ -131,50 +133,61 @@ def leave_one_group_out(
         keep = ~np.isin(g, left)
         return fit_t0(s[keep], y[keep], n[keep])
 
-    resid = np.full(len(y), np.nan)
-    alone = {n: t0_without(n) for n in names}
-    for name, t0 in alone.items():
-        resid[g == name] = np.log(y[g == name] / (t0 * n[g == name] + s[g == name]))
-    a = (1 - LEVEL) / 2
-    held = {}
-    for name in names:
-        calib = [np.log(y[g == h] / (t0_without(name, h) * n[g == h] + s[g == h]))
-                 for h in names if h != name]  # fmt: skip
-        lo, hi = conformal_ends(np.concatenate(calib), a)
-        held[name] = Overhead(alone[name], lo, hi, int((g != name).sum()), len(names) - 1)
-    lo, hi = conformal_ends(resid, a)
-    return held, Overhead(fit_t0(s, y, n), lo, hi, len(y), len(names)), resid
+    def predict(t0: float, rows: np.ndarray) -> np.ndarray:
+        return t0 * n[rows] + s[rows]
+
+    nested = heldout.leave_one_group_out(groups, y, t0_without, predict)
+    held = {name: Overhead(nested.alone[name], lo, hi, int((g != name).sum()), len(names) - 1)
+            for name, (lo, hi) in nested.ends.items()}  # fmt: skip
+    lo, hi = heldout.conformal_ends(nested.resid)
+    return held, Overhead(fit_t0(s, y, n), lo, hi, len(y), len(names)), nested.resid
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """A published step row as predicted from its kernels: its group, the measured time, the
+    kernels' sum (with its collectives), its layers, and the held-out predicted / measured."""
+
+    group: str
+    measured_s: float
+    kernels_s: float
+    layers: int
+    ratio: float = float("nan")
 
 
 @functools.cache
 def corpus_steps(without: str | None = None) -> dict:
     """The committed corpus's step rows (the fastest of each shape) predicted from their
-    kernels: `held` (group -> Overhead without it), `all` (Overhead on every group), and per row
-    (group, measured, kernels' sum, held-out ratio predicted / measured). `without`: every row
-    of that serving implementation's own code left out, its kernels' and its steps' (the kernel
-    classes fitted without them too)."""
+    kernels: `held` (group -> Overhead without it), `all` (Overhead on every group), and `rows`
+    (`StepRow`s, each with its held-out ratio). `without`: every row of that serving
+    implementation's own code left out, its kernels' and its steps' (the kernel classes fitted
+    without them too)."""
     from kvjax.predict.validate import best_of_each_shape, corpus_classes, corpus_rows
 
     rows = corpus_rows(without)
     best = best_of_each_shape(rows)
     classes = corpus_classes(without)
-    out = []
-    for r, b in zip(rows, best, strict=True):
-        if not b or r.kernel not in ("decode_step", "prefill_step"):
-            continue
-        fits = kernel_fits(classes, r.group)
-        cfg = step_config(r)
-        wl = Workload("decode" if r.kernel == "decode_step" else "prefill", r.batch, r.context)
-        chip, chips = get_chip(r.chip), r.num_chips or 1
-        t = kernels_s(fits, cfg, wl, chip, chips, r.dtype == "int4")
-        if chips > 1:  # tensor parallel: its collectives as engines reach them, after compute
-            t += tensor_parallel_link(cfg, chip, chips, achieved=True)(wl.tokens, wl.batch)
-        out.append((r.group, r.measured_s, t, cfg.num_layers))
-    held, whole, resid = leave_one_group_out([o[2] for o in out], [o[1] for o in out],
-                                             [o[0] for o in out], [o[3] for o in out])  # fmt: skip
-    ratios = [float(np.exp(-e)) for e in resid]
-    return {"held": held, "all": whole,
-            "rows": [(*o[:3], x) for o, x in zip(out, ratios, strict=True)]}  # fmt: skip
+    out = [_step_row(r, classes) for r, b in zip(rows, best, strict=True)
+           if b and r.kernel in ("decode_step", "prefill_step")]  # fmt: skip
+    held, whole, resid = leave_one_group_out(
+        [o.kernels_s for o in out], [o.measured_s for o in out], [o.group for o in out],
+        [o.layers for o in out],
+    )  # fmt: skip
+    rows_out = [replace(o, ratio=float(np.exp(-e))) for o, e in zip(out, resid, strict=True)]
+    return {"held": held, "all": whole, "rows": rows_out}
+
+
+def _step_row(r, classes: dict) -> StepRow:
+    """One step row's kernels predicted by the fits that left its group out, and its
+    collectives over several chips as engines reach them (after compute)."""
+    fits = kernel_fits(classes, r.group)
+    cfg = step_config(r)
+    wl = Workload("decode" if r.kernel == "decode_step" else "prefill", r.batch, r.context)
+    chip, chips = get_chip(r.chip), r.num_chips or 1
+    t = kernels_s(fits, cfg, wl, chip, chips, r.dtype == "int4")
+    if chips > 1:
+        t += tensor_parallel_link(cfg, chip, chips, achieved=True)(wl.tokens, wl.batch)
+    return StepRow(r.group, r.measured_s, t, cfg.num_layers)
 
 
 def kernel_fits(classes: dict, group: str | None) -> dict[str, Fit]:
@@ -187,15 +200,16 @@ def kernel_fits(classes: dict, group: str | None) -> dict[str, Fit]:
 def step_summary() -> dict:
     """The held-out error, coverage and interval width of steps predicted from their kernels."""
     c = corpus_steps()
-    ratio = np.array([r[3] for r in c["rows"]])
-    groups = [r[0] for r in c["rows"]]
-    covered = [c["held"][g].lo <= -np.log(x) <= c["held"][g].hi
-               for g, x in zip(groups, ratio, strict=True)]  # fmt: skip
-    widths = [np.exp(c["held"][g].hi) - np.exp(c["held"][g].lo) for g in groups]
-    return {"rows": len(ratio), "groups": len(set(groups)),
-            "loso_median_abs_error": float(np.median(np.abs(ratio - 1))),
-            "loso_coverage_80": float(np.mean(covered)),
-            "interval_80_median_width": float(np.median(widths)),
+    rows = c["rows"]
+    ends = [(c["held"][r.group].lo, c["held"][r.group].hi) for r in rows]
+    e = heldout.summary(
+        [r.ratio for r in rows],
+        [lo <= -np.log(r.ratio) <= hi for r, (lo, hi) in zip(rows, ends, strict=True)],
+        [np.exp(hi) - np.exp(lo) for lo, hi in ends],
+    )
+    return {"rows": e["rows"], "groups": len({r.group for r in rows}),
+            "loso_median_abs_error": e["median_abs_error"], "loso_coverage_80": e["coverage_80"],
+            "interval_80_median_width": e["interval_80_median_width"],
             "t0_s": c["all"].t0_s}  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from kvjax.predict import bounds, model
+from kvjax.predict import bounds, heldout, model
 from kvjax.predict.corpus import COLUMNS, CORPUS_DIR, OPTIONAL, TIMING, Row, read_corpus
 from kvjax.predict.groups import implementation_of
 
@@ -110,12 +110,9 @@ def by_timing(records: list[dict]) -> dict[str, dict[str, Any]]:
         sel = [r for r in records if (r.get("timing") or "unstated") == key]
         if not sel:
             continue
-        ratio = np.array([r["held_out_predicted_s"] / r["measured_s"] for r in sel])
-        covered = [r["held_out_covered"] for r in sel]
-        out[key] = {"rows": len(sel), "groups": len({r["source_group"] for r in sel}),
-                    "median_abs_error": float(np.median(np.abs(ratio - 1))),
-                    "median_ratio": float(np.median(ratio)),
-                    "coverage_80": float(np.mean(covered))}  # fmt: skip
+        ratio = [r["held_out_predicted_s"] / r["measured_s"] for r in sel]
+        out[key] = {**heldout.summary(ratio, [r["held_out_covered"] for r in sel]),
+                    "groups": len({r["source_group"] for r in sel})}  # fmt: skip
     return out
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from kvjax.predict.groups import chip_family
-from kvjax.predict.model import LEVEL, conformal_ends
+from kvjax.predict.heldout import conformal_ends, summary
 
 MIN_CALIBRATION = 20  # system rows of other implementations an interval is calibrated on, least
 
@@ -67,23 +67,20 @@ def calibrate(predicted: list[dict[str, Any]], reference: list[dict[str, Any]]) 
                 f"rows: {len(others)}, under {MIN_CALIBRATION})"
             )
             continue
-        lo, hi = conformal_ends(others, (1 - LEVEL) / 2)
+        lo, hi = conformal_ends(others)
         r["predicted_lo"] = r["predicted_value"] * math.exp(lo)
         r["predicted_hi"] = r["predicted_value"] * math.exp(hi)
         r["interval_from"] = f"the other implementations' {len(others)} system rows"
 
 
 def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Rows, median |predicted / measured - 1|, median predicted / measured, the 80% interval's
-    coverage and median width (relative to the prediction)."""
-    ratio = np.array([r["predicted_value"] / r["measured"] for r in rows])
+    """`heldout.summary` of the rows' predicted / measured, coverage and interval widths."""
     spans = [r for r in rows if r.get("predicted_lo") is not None]
-    covered = [r["predicted_lo"] <= r["measured"] <= r["predicted_hi"] for r in spans]
-    widths = [(r["predicted_hi"] - r["predicted_lo"]) / r["predicted_value"] for r in spans]
-    return {"rows": len(rows), "median_abs_error": float(np.median(np.abs(ratio - 1))),
-            "median_ratio": float(np.median(ratio)),
-            "coverage_80": float(np.mean(covered)) if covered else None,
-            "interval_80_median_width": float(np.median(widths)) if widths else None}  # fmt: skip
+    return summary(
+        [r["predicted_value"] / r["measured"] for r in rows],
+        [r["predicted_lo"] <= r["measured"] <= r["predicted_hi"] for r in spans],
+        [(r["predicted_hi"] - r["predicted_lo"]) / r["predicted_value"] for r in spans],
+    )
 
 
 def by(rows: list[dict[str, Any]], key) -> dict[str, dict[str, Any]]:
