@@ -217,15 +217,25 @@ def fraction(text: str) -> float:
     return value
 
 
-def add_serving_args(parser: argparse.ArgumentParser, speculative: bool = True) -> None:
-    """--page-size, and (speculative) --spec-tokens/--acceptance/--draft-model."""
-    g = parser.add_argument_group("serving")
+def add_serving_args(
+    parser, page_size: int = 0, speculative: bool = True, draft: bool = True
+) -> None:
+    """The serving flags, defined once: --page-size (default `page_size`: 0, an unpaged cache
+    as the closed form sizes it; an engine's 16, vLLM's default block), and (`speculative`)
+    --spec-tokens and --acceptance, and (`draft`) --draft-model. `parser`: a parser, or the
+    argument group to add them to."""
+    g = (
+        parser.add_argument_group("serving")
+        if isinstance(parser, argparse.ArgumentParser)
+        else parser
+    )
     g.add_argument(
         "--page-size",
         type=positive_int,
-        default=0,
+        default=page_size,
         metavar="P",
-        help="a paged KV cache of P-token pages (vLLM: 16): sizes and capacity on pages",
+        help=f"a paged KV cache of P-token pages (vLLM: 16): sizes and capacity on pages "
+        f"(default {page_size or 'unpaged'})",
     )
     if speculative:
         g.add_argument(
@@ -233,7 +243,8 @@ def add_serving_args(parser: argparse.ArgumentParser, speculative: bool = True) 
             type=positive_int,
             default=None,
             metavar="K",
-            help="speculative decoding: K draft tokens verified in one step of K + 1",
+            help="speculative decoding (DeepSeek's MTP as the draft): K drafted tokens verified "
+            "in one step of K + 1, kept up to the first rejected",
         )
         g.add_argument(
             "--acceptance",
@@ -242,9 +253,14 @@ def add_serving_args(parser: argparse.ArgumentParser, speculative: bool = True) 
             metavar="A",
             help="with --spec-tokens: each draft token's acceptance probability",
         )
-        g.add_argument("--draft-model", default=None, metavar="NAME",
-                       help="with --spec-tokens: the draft (preset or config.json) whose K "
-                       "decode steps are added per verify step")  # fmt: skip
+    if draft:
+        g.add_argument(
+            "--draft-model",
+            default=None,
+            metavar="NAME",
+            help="with --spec-tokens: the draft (preset or config.json) whose K decode steps are "
+            "added per verify step",
+        )
 
 
 def add_chip_args(parser: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvjax.cli.args import positive_float, positive_int
+from kvjax.cli.args import add_serving_args, positive_float, positive_int
 from kvjax.errors import KvjaxError
 
 
@@ -52,8 +52,9 @@ def add_load_args(p, requests: int = 200, prompt: str = "1024", output: str = "2
     g.add_argument("--seed", type=int, default=0)
 
 
-def add_engine_args(p, max_batch: int = 256, token_budget: int = 2048):
-    """The scheduler's limits and the SLO both clocks are judged by; returns the group."""
+def add_engine_args(p, max_batch: int = 256, token_budget: int = 2048, speculative: bool = False):
+    """The scheduler's limits (pages of 16 tokens; `speculative`: drafted tokens a step) and the
+    SLO both clocks are judged by; returns the group."""
     s = p.add_argument_group("engine")
     s.add_argument(
         "--max-batch",
@@ -67,7 +68,7 @@ def add_engine_args(p, max_batch: int = 256, token_budget: int = 2048):
         default=token_budget,
         help=f"tokens a step computes at most (chunked prefill; default {token_budget})",
     )
-    s.add_argument("--page-size", type=positive_int, default=16, help="tokens a page (default 16)")
+    add_serving_args(s, page_size=16, speculative=speculative, draft=False)
     s.add_argument(
         "--slo-ttft",
         type=positive_float,

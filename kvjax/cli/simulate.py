@@ -13,7 +13,6 @@ from kvjax.cli.args import (
     add_chip_args,
     add_model_args,
     emit,
-    fraction,
     positive_float,
     positive_int,
     resolve_chip,
@@ -42,7 +41,7 @@ def add_parser(sub) -> None:
     add_model_args(p)
     add_chip_args(p)
     add_load_args(p)
-    s = add_engine_args(p)
+    s = add_engine_args(p, speculative=True)
     s.add_argument(
         "--memory-utilization",
         type=positive_float,
@@ -50,39 +49,23 @@ def add_parser(sub) -> None:
         help="share of the chip's memory the engine takes (default 0.9)",
     )
     s.add_argument("--no-prefix-caching", action="store_true")
-    s.add_argument("--replicas", type=positive_int, default=1,
-                   help="copies of the deployment behind a router, each its own scheduler and "
-                   "pool")  # fmt: skip
-    s.add_argument("--route", choices=ROUTES, default="round-robin",
-                   help="with --replicas: round-robin (the i-th arrival to copy i mod N) or "
-                   "least-loaded (to the copy with the fewest unfinished requests)")  # fmt: skip
-    s.add_argument("--admission", choices=("recompute", "reserve"), default="recompute",
-                   help="recompute: pages as a request grows, the last admitted preempted when "
-                   "they run out (vLLM; default); reserve: admitted only with pages for its "
-                   "prompt and all its output (TensorRT-LLM's GUARANTEED_NO_EVICT)")  # fmt: skip
-    s.add_argument("--tp", type=positive_int, default=None,
-                   help="tensor-parallel chips serving as one (each step a device's shard, then "
-                   "its all-reduces over the link); default: 1, or the fewest of 2, 4, 8 that "
-                   "hold the model when one chip does not (said in the output)")  # fmt: skip
     s.add_argument(
-        "--pp",
-        type=positive_int,
-        default=1,
-        help="pipeline stages, pp micro-batches in flight (kvjax.serving.placed)",
+        "--admission",
+        choices=("recompute", "reserve"),
+        default="recompute",
+        help="recompute: pages as a request grows, the last admitted preempted when they run out "
+        "(vLLM; default); reserve: admitted only with pages for its prompt and all its output "
+        "(TensorRT-LLM's GUARANTEED_NO_EVICT)",
     )
-    s.add_argument(
-        "--dp-attention",
-        type=positive_int,
-        default=1,
-        metavar="D",
-        help="data-parallel attention groups, each an engine copy; with --ep D",
-    )
-    s.add_argument(
-        "--ep",
-        type=positive_int,
-        default=1,
-        help="expert parallelism over the --dp-attention D devices (tp = 1)",
-    )
+    _add_step_time_args(s)
+    _add_placement_args(p.add_argument_group("placement"))
+    _add_cost_args(p.add_argument_group("cost and disaggregation"))
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def _add_step_time_args(s) -> None:
+    """--step-time and the steps it may be fitted to."""
     s.add_argument(
         "--step-time",
         choices=sorted(STEP_TIMES),
@@ -100,147 +83,185 @@ def add_parser(sub) -> None:
         metavar="JSON",
         help="the measured steps of `kvjax serve --save-steps JSON`, for --step-time fitted",
     )
-    s.add_argument("--spec-tokens", type=positive_int, default=0, metavar="K",
-                   help="speculative decoding (DeepSeek's MTP as the draft): each decode "
-                   "verifies K drafted tokens in its step, keeping them up to the first "
-                   "rejected")  # fmt: skip
-    s.add_argument("--acceptance", type=fraction, default=None, metavar="A",
-                   help="with --spec-tokens: each draft's acceptance probability")  # fmt: skip
-    c = p.add_argument_group("cost and disaggregation")
-    c.add_argument("--price-per-chip-hour", type=positive_float, default=None, metavar="USD",
-                   help="cost per million output tokens at this price (energy: the chip's rated "
-                   "power)")  # fmt: skip
-    c.add_argument("--disaggregate", action="store_true", help="prefill on one chip, decode on "
-                   "another, the prompt's KV over the link between")  # fmt: skip
-    c.add_argument("--link-gb-per-s", type=positive_float, default=None, help="the KV "
-                   "transfer's bandwidth, GB/s (default: the chip's interconnect)")  # fmt: skip
+
+
+def _add_placement_args(g) -> None:
+    """The chips a deployment spreads over: tensor, pipeline, expert parallel, replicas."""
+    g.add_argument(
+        "--tp",
+        type=positive_int,
+        default=None,
+        help="tensor-parallel chips serving as one (each step a device's shard, then its "
+        "all-reduces over the link); default: 1, or the fewest of 2, 4, 8 that hold the model "
+        "when one chip does not (said in the output)",
+    )
+    g.add_argument(
+        "--pp",
+        type=positive_int,
+        default=1,
+        help="pipeline stages, pp micro-batches in flight (kvjax.serving.placed)",
+    )
+    g.add_argument(
+        "--dp-attention",
+        type=positive_int,
+        default=1,
+        metavar="D",
+        help="data-parallel attention groups, each an engine copy; with --ep D",
+    )
+    g.add_argument(
+        "--ep",
+        type=positive_int,
+        default=1,
+        help="expert parallelism over the --dp-attention D devices (tp = 1)",
+    )
+    g.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="copies of the deployment behind a router, each its own scheduler and pool",
+    )
+    g.add_argument(
+        "--route",
+        choices=ROUTES,
+        default="round-robin",
+        help="with --replicas: round-robin (the i-th arrival to copy i mod N) or least-loaded "
+        "(to the copy with the fewest unfinished requests)",
+    )
+
+
+def _add_cost_args(c) -> None:
+    """Cost a million tokens, and prefill and decode on two chips."""
+    c.add_argument(
+        "--price-per-chip-hour",
+        type=positive_float,
+        default=None,
+        metavar="USD",
+        help="cost per million output tokens at this price (energy: the chip's rated power)",
+    )
+    c.add_argument(
+        "--disaggregate",
+        action="store_true",
+        help="prefill on one chip, decode on another, the prompt's KV over the link between",
+    )
+    c.add_argument(
+        "--link-gb-per-s",
+        type=positive_float,
+        default=None,
+        help="the KV transfer's bandwidth, GB/s (default: the chip's interconnect)",
+    )
     c.add_argument("--link-latency-us", type=float, default=0.0, help="per transfer (default 0)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     return emit(args, simulate_report(args), print_simulation)
 
 
-def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
-    from kvjax.analytic.params import weight_bytes
-    from kvjax.serving import placed as placed_step
-    from kvjax.serving.cost import energy_and_cost
-    from kvjax.serving.disagg import kv_transfer_s, simulate_disaggregated
-    from kvjax.serving.memory import kv_pool, whole_prefill_reason
-    from kvjax.serving.pages import PagePool
-    from kvjax.serving.router import simulate_replicas
-    from kvjax.serving.scheduler import Scheduler
-    from kvjax.serving.simulate import report
-    from kvjax.serving.step_time import STEP_MODELS
-
-    cfg = resolve_model(args)
-    if bool(args.spec_tokens) != (args.acceptance is not None):
+def _check(args: argparse.Namespace) -> None:
+    """Flags that do not go together, refused by name."""
+    spec = bool(args.spec_tokens)
+    if spec != (args.acceptance is not None):
         raise KvjaxError("speculative decoding needs --spec-tokens K and --acceptance A together")
-    if args.spec_tokens and (args.disaggregate or args.steps is not None):
-        raise KvjaxError("--spec-tokens runs on one colocated engine (not with --disaggregate or "
-                         "--step-time fitted)")  # fmt: skip
+    if spec and (args.disaggregate or args.steps is not None):
+        raise KvjaxError(
+            "--spec-tokens runs on one colocated engine (not with --disaggregate or --step-time "
+            "fitted)"
+        )
     if (args.step_time == "fitted") != (args.steps is not None):
         raise KvjaxError("--step-time fitted and --steps JSON go together (one without the other)")
     placed = args.pp > 1 or args.ep > 1 or args.dp_attention > 1
     if args.steps is not None and (placed or args.tp or args.replicas > 1):
-        raise KvjaxError("--step-time fitted runs the one engine that measured --steps (not "
-                         "with --tp/--pp/--ep/--dp-attention/--replicas)")  # fmt: skip
+        raise KvjaxError(
+            "--step-time fitted runs the one engine that measured --steps (not with "
+            "--tp/--pp/--ep/--dp-attention/--replicas)"
+        )
     if args.tp and args.tp > 1 and args.ep > 1:
-        raise KvjaxError(f"--tp {args.tp} with --ep {args.ep}: expert parallelism is modelled over "
-                         "data-parallel attention groups of one chip each (tp = 1)")  # fmt: skip
-    requests = load_requests(args)
-    if args.steps is not None:
-        return fitted_report(args, cfg, requests)
-    chip = resolve_chip(args, cfg)
-    longest = max(r.prompt_len + r.output_len for r in requests)
-    # no closed-form extend for sliding-window or state layers: prompts prefilled whole (the
-    # budget raised to the longest request, as an engine without chunked prefill runs)
-    whole = whole_prefill_reason(cfg)
-    budget = max(args.token_budget, longest - 1) if whole else args.token_budget
+        raise KvjaxError(
+            f"--tp {args.tp} with --ep {args.ep}: expert parallelism is modelled over "
+            "data-parallel attention groups of one chip each (tp = 1)"
+        )
     if args.disaggregate and (args.tp or args.replicas > 1 or placed):
-        raise KvjaxError("--tp/--pp/--ep/--dp-attention/--replicas and --disaggregate do not go "
-                         "together (one chip an instance)")  # fmt: skip
+        raise KvjaxError(
+            "--tp/--pp/--ep/--dp-attention/--replicas and --disaggregate do not go together "
+            "(one chip an instance)"
+        )
     if args.ep != args.dp_attention or (args.pp > 1 and args.ep > 1):
         raise KvjaxError(
             f"--ep {args.ep} --dp-attention {args.dp_attention} --pp {args.pp}: "
             "experts spread over the data-parallel attention groups, --ep D "
             "--dp-attention D, without --pp (--dp-attention alone is --replicas)"
         )
-    # no --tp and weights one chip cannot hold: the fewest of 2, 4, 8 that hold --max-batch
-    # requests at once (else the fewest that hold any), as `kvjax frontier` chooses
-    auto = not (args.tp or args.disaggregate or placed) and chip.memory_bytes is not None and (
-        weight_bytes(cfg) >= args.memory_utilization * chip.memory_bytes)  # fmt: skip
-    tp, tp_note, dev, fits = args.tp or 1, None, cfg, None
-    for tp in [2, 4, 8] if auto else [args.tp or 1]:
-        dev, held = placed_step.device_configs(cfg, tp, args.pp, args.ep)
-        try:
-            pool = kv_pool(held, chip, args.page_size, budget, longest,
-                           args.memory_utilization, max_batch=args.max_batch)  # fmt: skip
-        except KvjaxError:
-            if not auto or (tp == 8 and fits is None):
-                raise
-            continue
-        fits = fits or (tp, dev, pool)
-        if not auto or pool.tokens >= args.max_batch * longest:
-            break
-    else:  # no placement holds --max-batch requests at once: the fewest that holds one
-        tp, dev, pool = fits
-    if auto:
-        tp_note = (f"no --tp given and one {chip.name} cannot hold the weights: tp={tp}, the "
-                   f"fewest of 2, 4, 8 whose pool holds --max-batch {args.max_batch} requests of "
-                   f"{longest} tokens (or any)")  # fmt: skip
 
-    def scheduler():  # an engine copy (a micro-batch of pp shares a stage's cache)
-        return Scheduler(PagePool(pool.pages // args.pp, pool.page_size), args.max_batch, budget,
-                         prefix_caching=not (args.no_prefix_caching or whole),
-                         chunked_prefill=not whole, reserve=args.admission == "reserve",
-                         spec_tokens=args.spec_tokens,
-                         acceptance=args.acceptance or 0.0)  # fmt: skip
 
-    sched = scheduler()
-    step = STEP_MODELS[args.step_time](dev, chip)
-    step = placed_step.placed_step(step, cfg, chip, tp, args.pp, args.ep,
-                                   achieved=args.step_time != "bound")  # fmt: skip
-    chips = tp
+def deployment_of(args: argparse.Namespace, cfg, chip, longest: int):
+    """The deployment the flags describe (`kvjax.serving.deployment`), on the fewest
+    tensor-parallel chips that hold the model where --tp is not given, and why in words."""
+    from kvjax.serving.deployment import (
+        Deployment,
+        EngineSettings,
+        Placement,
+        fewest_tensor_parallel,
+    )
+    from kvjax.serving.step_time import STEP_MODELS
+
+    placement = Placement(args.tp or 1, args.pp, args.ep, args.dp_attention, args.replicas)
+    engine = EngineSettings(
+        max_batch=args.max_batch,
+        token_budget=args.token_budget,
+        page_size=args.page_size,
+        memory_utilization=args.memory_utilization,
+        reserve=args.admission == "reserve",
+        prefix_caching=not args.no_prefix_caching,
+        spec_tokens=args.spec_tokens or 0,
+        acceptance=args.acceptance or 0.0,
+        route=args.route,
+    )
+    d = Deployment(cfg, chip, longest, placement, engine, STEP_MODELS[args.step_time],
+                   achieved=args.step_time != "bound")  # fmt: skip
+    if args.tp or args.disaggregate or placement != Placement(replicas=args.replicas):
+        return d, None
+    return fewest_tensor_parallel(d)
+
+
+def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
+    from kvjax.serving.cost import energy_and_cost
+    from kvjax.serving.simulate import report
+
+    cfg = resolve_model(args)
+    _check(args)
+    requests = load_requests(args)
+    if args.steps is not None:
+        return fitted_report(args, cfg, requests)
+    chip = resolve_chip(args, cfg)
+    d, tp_note = deployment_of(args, cfg, chip, max(r.prompt_len + r.output_len for r in requests))
     if args.disaggregate:
         link = args.link_gb_per_s * 1e9 if args.link_gb_per_s else chip.interconnect_bytes_per_s
         if not link:
             raise KvjaxError(
                 f"chip {chip.name!r} has no interconnect bandwidth; give --link-gb-per-s"
             )
-        decode = Scheduler(PagePool(pool.pages, pool.page_size), args.max_batch, budget,
-                           prefix_caching=False, chunked_prefill=not whole)  # fmt: skip
-        move = kv_transfer_s(pool.bytes_per_token, link, args.link_latency_us * 1e-6)
-        result = simulate_disaggregated(requests, sched, decode, step, step, move)
+        result = d.run_disaggregated(requests, link, args.link_latency_us * 1e-6)
         chips = 2
     else:  # copies behind a router (kvjax.serving.router)
-        n = args.replicas * args.pp * args.dp_attention
-        copies = [sched] + [scheduler() for _ in range(n - 1)]
-        result = simulate_replicas(requests, copies, step, args.route)
-        chips = tp * args.pp * args.dp_attention * args.replicas
+        result = d.run(requests)
+        chips = d.placement.chips
     out = report(result, args.slo_ttft, args.slo_itl)
-    out.update(energy_and_cost(out["output_tokens"], out["duration_s"], chips, chip.power_watts,
-                               args.price_per_chip_hour))  # fmt: skip
-    out["disaggregated"] = bool(args.disaggregate)
     out.update(
-        tp=tp,
-        tp_note=tp_note,
-        replicas=args.replicas,
-        route=args.route,
-        pp=args.pp,
-        ep=args.ep,
-        dp_attention=args.dp_attention,
-        chips=chips,
-    )
+        energy_and_cost(
+            out["output_tokens"], out["duration_s"], chips, chip.power_watts,
+            args.price_per_chip_hour,
+        )
+    )  # fmt: skip
+    out["disaggregated"] = bool(args.disaggregate)
+    p, pool = d.placement, d.pool
+    out.update(tp=p.tp, tp_note=tp_note, replicas=p.replicas, route=args.route, pp=p.pp,
+               ep=p.ep, dp_attention=p.dp_attention, chips=chips)  # fmt: skip
     out.update(
         model=cfg.name, chip=chip.name, rate_requests_per_s=args.rate if not args.trace else None,
         kv_pool_tokens=pool.tokens, kv_pool_pages=pool.pages, page_size=pool.page_size,
         kv_bytes_per_token=pool.bytes_per_token, weight_bytes=pool.weight_bytes,
         activation_bytes=pool.activation_bytes, reserve_bytes=pool.reserve_bytes,
-        slot_bytes_per_request=pool.slot_bytes, token_budget=budget,
-        chunked_prefill=not whole, whole_prefill_reason=whole,
+        slot_bytes_per_request=pool.slot_bytes, token_budget=d.token_budget,
+        chunked_prefill=not d.whole_prefill, whole_prefill_reason=d.whole_prefill,
         step_time=STEP_TIMES[args.step_time],
     )  # fmt: skip
     return out

@@ -92,11 +92,13 @@ class ExpertParallelStepTime(_Around):
     all-to-alls of its M_l k rows of D, (ep - 1) / ep of them sent."""
 
     def __init__(self, inner, cfg: ModelConfig, chip: ChipSpec, ep: int, achieved: bool = False):
+        from kvjax.analytic.parallel import all_to_all_bytes
+
         super().__init__(inner)
         self.link, self.latency = _link(chip, achieved)
         self.count = 2 * cfg.num_moe_layers
-        self.row = (ep - 1) / ep * cfg.experts_per_token * cfg.d_model * DTYPE_BYTES[
-            cfg.compute_dtype]  # fmt: skip
+        # a token's share of one all-to-all (ragged), the part that leaves the device
+        self.row = (ep - 1) / ep * all_to_all_bytes(cfg, ep, 1)
 
     def extra_s(self, tokens: int) -> float:
         return self.count * (tokens * self.row / self.link + self.latency)

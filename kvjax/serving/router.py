@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from kvjax.errors import KvjaxError
 from kvjax.serving.scheduler import Request, Scheduled, Scheduler
-from kvjax.serving.simulate import SimulationResult, merge_replicas, simulate
+from kvjax.serving.simulate import SimulationResult, in_arrival_order, merge_replicas, simulate
 
 ROUTES = ("round-robin", "least-loaded")
 
@@ -58,12 +58,7 @@ def joint(
 ) -> SimulationResult:
     """The copies on one clock, the i-th arrival to copy `pick(i, load)` (load: the requests each
     copy holds, routed and not finished)."""
-    pending = sorted(requests, key=lambda r: (r.arrival_s, r.id))
-    if len({r.id for r in pending}) != len(pending):
-        raise KvjaxError("request ids must be unique")
-    for r in pending:  # refused before anything runs (every copy is configured alike)
-        for s in schedulers:
-            s.check(r)
+    pending = in_arrival_order(requests, schedulers)
     n, inf = len(schedulers), float("inf")
     batch: list[list[Scheduled] | None] = [None] * n
     start, end, load = [0.0] * n, [inf] * n, [0] * n

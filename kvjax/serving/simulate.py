@@ -33,6 +33,18 @@ class SimulationResult:
     prefix_lookup_pages: int
 
 
+def in_arrival_order(requests: list[Request], schedulers: list[Scheduler]) -> list[Request]:
+    """The requests by arrival (ties by id), each checked against every engine copy before
+    anything runs (a request that can never fit is refused by name); ids must be unique."""
+    pending = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+    if len({r.id for r in pending}) != len(pending):
+        raise KvjaxError("request ids must be unique")
+    for r in pending:
+        for s in schedulers:
+            s.check(r)
+    return pending
+
+
 def simulate(
     requests: list[Request],
     scheduler: Scheduler,
@@ -42,11 +54,7 @@ def simulate(
     """Every request from its arrival to its last token (none lost, none served twice). `speed`,
     a function of the time a step starts, multiplies the step's time: a machine whose speed moves
     (`kvjax.serving.fitted.SpeedTrace`, measured on an engine's run)."""
-    pending = sorted(requests, key=lambda r: (r.arrival_s, r.id))
-    if len({r.id for r in pending}) != len(pending):
-        raise KvjaxError("request ids must be unique")
-    for r in pending:  # refused before anything runs: a request that can never fit
-        scheduler.check(r)
+    pending = in_arrival_order(requests, [scheduler])
     now, i, steps, busy, in_system, done = 0.0, 0, 0, 0.0, 0.0, 0
     pages: list[tuple[float, int]] = []
     runs = getattr(step_time, "decode_steps", None)  # the fast path's step times

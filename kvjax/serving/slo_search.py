@@ -11,9 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from kvjax.serving import placed
-from kvjax.serving.load import generate
-from kvjax.serving.router import simulate_replicas
 from kvjax.serving.simulate import report
 
 SLO_SCENARIOS = ("server", "interactive")
@@ -32,26 +29,22 @@ def slo_percentiles(result, pct: float) -> tuple[float, float]:
 
 
 def slo_prediction(
-    row: dict[str, Any], step, ends: tuple[float, float], fresh_copies: Callable[[], list],
-    n: int, prompts: str, output_len: int, replicas: int,
+    row: dict[str, Any], serve: Callable[[float, float], Any], ends: tuple[float, float],
+    output_len: int, replicas: int,
 ) -> dict[str, Any]:  # fmt: skip
     """A server row's output tokens/s: the largest Poisson rate (a replica's share, bisected on a
     log scale) whose TTFT and TPOT hold at the row's percentile, found again with every step
-    `ends` times as long for the interval. Above the rate one replica's offline run sustains no
-    SLO holds, so that rate brackets the search from above."""
+    `ends` times as long for the interval. `serve(rate, factor)`: a replica's run at that rate,
+    each step `factor` times as long. Above the rate one replica's offline run sustains no SLO
+    holds, so that rate brackets the search from above."""
     pct = 100 * float(row["slo_percentile"] or 0.99)  # the column is a fraction (0.99)
     ttft, tpot = float(row["slo_ttft_s"]), float(row["slo_tpot_s"])
 
-    def served(timed, rate: float):
-        return simulate_replicas(generate(n, rate, prompts, str(output_len), 0), fresh_copies(),
-                                 timed, "round-robin")  # fmt: skip
-
     def largest(factor: float, lo: float, hi: float, steps: int) -> tuple[float, float]:
-        timed = step if factor == 1 else placed.Scaled(step, factor)
         ok = None
         for _ in range(steps):
             mid = math.sqrt(lo * hi)
-            result = served(timed, mid)
+            result = serve(mid, factor)
             t, p = slo_percentiles(result, pct)
             if t <= ttft and p <= tpot:
                 lo, ok = mid, report(result)["throughput_tokens_per_s"]
@@ -59,7 +52,7 @@ def slo_prediction(
                 hi = mid
         return lo, (ok or 0.0) * replicas
 
-    top = report(served(step, 1e9))["throughput_tokens_per_s"] / output_len
+    top = report(serve(1e9, 1.0))["throughput_tokens_per_s"] / output_len
     rate, value = largest(1.0, top / 16, top, SLO_STEPS)
     # at an end every step is f times as long: its rate near rate / f (within 1.25x, 2.8%)
     found = []

@@ -44,11 +44,9 @@ from kvjax.files import write_text_atomic
 from kvjax.hardware import get_chip
 from kvjax.model.config import get_model_config
 from kvjax.predict.steps import Overhead, corpus_steps, kernel_fits
+from kvjax.serving.deployment import Deployment, EngineSettings, Placement
 from kvjax.serving.engines import engine_of
 from kvjax.serving.load import generate
-from kvjax.serving.memory import kv_pool
-from kvjax.serving.pages import PagePool
-from kvjax.serving.scheduler import Scheduler
 from kvjax.serving.simulate import report
 from kvjax.serving.slo_search import SLO_REQUESTS, SLO_SCENARIOS, slo_prediction
 from kvjax.serving.step_time import KernelStepTime
@@ -174,44 +172,6 @@ def kernel_chips() -> frozenset[str]:
                                     for k in kinds))  # fmt: skip
 
 
-@dataclass
-class _Deployment:
-    """One row's deployment as the simulator runs it: the placed step and the engine copies."""
-
-    row: dict[str, Any]
-    step: Any
-    overhead: Overhead
-    engine: dict[str, Any]
-    pages: int
-    copies: int
-    replicas: int
-    max_batch: int
-    requests: int
-    input_len: int
-    output_len: int
-
-    def fresh_copies(self) -> list[Scheduler]:
-        e = self.engine
-        return [Scheduler(PagePool(self.pages, 16), self.max_batch, e["token_budget"],
-                          prefix_caching=False, reserve=e["reserve"])
-                for _ in range(self.copies)]  # fmt: skip
-
-    def run(self, rate: float, factor: float = 1.0) -> tuple[float, int]:
-        """The row's metric and the preemptions, each step `factor` times as long."""
-        from kvjax.serving import placed
-        from kvjax.serving.router import simulate_replicas
-
-        timed = self.step if factor == 1 else placed.Scaled(self.step, factor)
-        requests = generate(self.requests, rate, str(self.input_len), str(self.output_len), 0)
-        out = report(simulate_replicas(requests, self.fresh_copies(), timed, "round-robin"))
-        latency = METRICS[self.row["metric"]]
-        if latency is not None:
-            return out[latency[0]][latency[1]], out["preemptions"]
-        value = out["throughput_tokens_per_s"] * self.replicas
-        per_chip = self.row["scope"] == "per_chip"
-        return (value / self.row["num_chips"] if per_chip else value), out["preemptions"]
-
-
 def _dtypes(row: dict[str, Any]) -> tuple[str, str, str, float]:
     """(weights, cache, compute, the weights' byte scale): an unstated cache is the weights'
     (TensorRT-LLM: "If you specify FP8 quantization, the KV cache will automatically be set to
@@ -225,36 +185,65 @@ def _dtypes(row: dict[str, Any]) -> tuple[str, str, str, float]:
     return weight, kv, d["compute_dtype"], scale
 
 
-def deployment(row: dict[str, Any], fits: HeldFits) -> _Deployment:
-    """The row's deployment: its model in its dtypes on its placement, each step from the
-    held-out kernels, its engine's scheduler over the cache its memory leaves."""
-    from kvjax.serving import placed
+@dataclass(frozen=True)
+class RowRun:
+    """A row's deployment (one replica: the row's throughput is its replicas' times theirs) and
+    the workload it serves: `requests` of `input_len` and `output_len` tokens."""
 
-    chip = get_chip(row["chip"])
+    deployment: Deployment
+    replicas: int
+    requests: int
+    input_len: int
+    output_len: int
+
+    def serve(self, rate: float, factor: float = 1.0):
+        """One replica's run at `rate` (Poisson arrivals), each step `factor` times as long."""
+        prompts = generate(self.requests, rate, str(self.input_len), str(self.output_len), 0)
+        return self.deployment.run(prompts, factor)
+
+
+def deployment(row: dict[str, Any], fits: HeldFits) -> RowRun:
+    """The row's deployment: its model in its dtypes on one replica's placement, each step from
+    the held-out kernels, its engine's scheduler over the cache its memory leaves."""
     tp, pp, ep = placement_of(row)
     weight, kv, compute, scale = _dtypes(row)
     cfg = get_model_config(row["model"], weight_dtype=weight, kv_dtype=kv, attention_kernel="flash",
                            matmul_dtype=compute)  # fmt: skip
-    dev, held = placed.device_configs(cfg, tp, pp, ep)
     engine, _ = engine_of(row)
-    step = KernelStepTime(dev, chip, fits.kernels, fits.overhead, scale)
-    step = placed.placed_step(step, cfg, chip, tp, pp, ep, achieved=True)
     I, O = lengths_of(row)  # noqa: E741
     # every prompt at the mean: drawing MLPerf's from its dataset (`sample:` lengths,
     # experiments/published/lengths/) moved the v4.1 H200 llama2-70b Server row by 0.1% and
     # its Offline one by 0.2%, at 4-10x the time (cached step costs miss on varied shapes)
     cap = SLO_REQUESTS if row["scenario"] in SLO_SCENARIOS else MAX_REQUESTS
     n = min(row["requests"] or cap, cap)
-    copies = pp * ep  # pp micro-batches in flight, or ep attention groups
+    placement = Placement(tp=tp, pp=pp, ep=ep, dp_attention=ep)  # ADP: a group an ep rank
     replicas = row["num_chips"] // (tp * pp * ep)
     max_batch = engine["max_batch"] or int(row["concurrency"] or n)
     if row["scenario"] == "concurrency":  # at most `concurrency` in flight over the copies
-        max_batch = min(max_batch, max(1, int(row["concurrency"]) // (copies * replicas)))
-    pool = kv_pool(held, chip, 16, engine["token_budget"], I + O, engine["util"],
-                   reserve_bytes=0, max_batch=max_batch, weight_scale=scale)  # fmt: skip
-    pages = int(engine["free"] * pool.pages) // pp
-    return _Deployment(row, step, fits.overhead, engine, pages, copies, replicas, max_batch, n,
-                       I, O)  # fmt: skip
+        max_batch = min(max_batch, max(1, int(row["concurrency"]) // (placement.copies * replicas)))
+    settings = EngineSettings(
+        max_batch=max_batch, token_budget=engine["token_budget"], page_size=16,
+        memory_utilization=engine["util"], cache_fraction=engine["free"], reserve_bytes=0,
+        reserve=engine["reserve"], prefix_caching=False,
+    )  # fmt: skip
+
+    def step_model(dev, chip):
+        return KernelStepTime(dev, chip, fits.kernels, fits.overhead, scale)
+
+    d = Deployment(cfg, get_chip(row["chip"]), I + O, placement, settings, step_model,
+                   achieved=True, weight_scale=scale)  # fmt: skip
+    return RowRun(d, replicas, n, I, O)
+
+
+def _value(row: dict[str, Any], run: RowRun, rate: float, factor: float = 1.0):
+    """The row's metric at its scope from one replica's run, and the preemptions."""
+    out = report(run.serve(rate, factor))
+    latency = METRICS[row["metric"]]
+    if latency is not None:
+        return out[latency[0]][latency[1]], out["preemptions"]
+    value = out["throughput_tokens_per_s"] * run.replicas
+    per_chip = row["scope"] == "per_chip"
+    return (value / row["num_chips"] if per_chip else value), out["preemptions"]
 
 
 def predict_row(row: dict[str, Any], fits: HeldFits | None = None) -> dict[str, Any]:
@@ -262,39 +251,39 @@ def predict_row(row: dict[str, Any], fits: HeldFits | None = None) -> dict[str, 
     (`fits`: default, the ones held out from the row's implementation)."""
     fits = fits or held_fits(row.get("implementation"))
     start = time.perf_counter()
-    d = deployment(row, fits)
+    run = deployment(row, fits)
     ends = (math.exp(fits.overhead.lo), math.exp(fits.overhead.hi))
     if row["scenario"] in SLO_SCENARIOS:
-        value = slo_prediction(row, d.step, ends, d.fresh_copies, d.requests, str(d.input_len),
-                               d.output_len, d.replicas)  # fmt: skip
+        value = slo_prediction(row, run.serve, ends, run.output_len, run.replicas)
     else:
         # a replica's share of a rate (the replicas serve the arrivals round-robin)
-        rate = row["rate_per_s"] / d.replicas if row["scenario"] == "rate" else 1e9
-        v, preemptions = d.run(rate)
+        rate = row["rate_per_s"] / run.replicas if row["scenario"] == "rate" else 1e9
+        v, preemptions = _value(row, run, rate)
         # the steps' 80% interval on log(measured / predicted) time: offline, every step
         # scales and a latency's ends are the step time's, a throughput's their inverse; at a
         # fixed rate the queue does not scale with the step, so the run is repeated at the ends
         if row["scenario"] == "rate":
-            lo, hi = sorted((d.run(rate, ends[0])[0], d.run(rate, ends[1])[0]))
+            lo, hi = sorted(_value(row, run, rate, end)[0] for end in ends)
         elif METRICS[row["metric"]]:
             lo, hi = v * ends[0], v * ends[1]
         else:
             lo, hi = v / ends[1], v / ends[0]
         value = {"predicted_value": v, "predicted_lo": lo, "predicted_hi": hi,
                  "rate_per_s": rate, "preemptions": preemptions}  # fmt: skip
-    return {"source": row["source"], "metric": row["metric"], **value, **_how(row, d, fits),
+    return {"source": row["source"], "metric": row["metric"], **value, **_how(row, run, fits),
             "seconds": time.perf_counter() - start}  # fmt: skip
 
 
-def _how(row: dict[str, Any], d: _Deployment, fits: HeldFits) -> dict[str, Any]:
+def _how(row: dict[str, Any], run: RowRun, fits: HeldFits) -> dict[str, Any]:
     """How a row was simulated: what fed it, its engine, placement and workload."""
     tp, pp, ep = placement_of(row)
+    e = run.deployment.engine
     return {
         "implementation": fits.implementation, "prediction_from": fits.source,
-        "engine": engine_of(row)[1], "tp": tp, "pp": pp, "ep": ep, "replicas": d.replicas,
-        "input_len": d.input_len, "output_len": d.output_len, "requests_simulated": d.requests,
-        "max_batch": d.max_batch, "token_budget": d.engine["token_budget"],
-        "admission": "reserve" if d.engine["reserve"] else "recompute",
+        "engine": engine_of(row)[1], "tp": tp, "pp": pp, "ep": ep, "replicas": run.replicas,
+        "input_len": run.input_len, "output_len": run.output_len,
+        "requests_simulated": run.requests, "max_batch": e.max_batch,
+        "token_budget": e.token_budget, "admission": "reserve" if e.reserve else "recompute",
         "kv_dtype": _dtypes(row)[1] + ("" if row["kv_dtype"] else " (unstated: the weights')"),
     }  # fmt: skip
 
