@@ -11,12 +11,27 @@ DTYPE_BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "fp8": 1, "int8": 
 # Every other spelling kvjax reads (CLI flags, experiment configs, the corpus CSVs, a config.json's
 # torch_dtype): the one table of them. Both fp8 formats are one byte, sized alike.
 _DTYPE_ALIASES = {
-    "float32": "f32", "fp32": "f32", "bfloat16": "bf16", "float16": "f16", "fp16": "f16",
-    "half": "f16", "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e4m3": "fp8",
-    "float8_e4m3fnuz": "fp8", "float8_e5m2": "fp8", "float8_e5m2fnuz": "fp8", "fp8_e4m3": "fp8",
-    "fp8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8", "nvfp4": "fp4", "float4_e2m1": "fp4",
-    "float4_e2m1fn": "fp4", "e2m1": "fp4",
-}  # fmt: skip
+    "float32": "f32",
+    "fp32": "f32",
+    "bfloat16": "bf16",
+    "float16": "f16",
+    "fp16": "f16",
+    "half": "f16",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e4m3": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "float8_e5m2": "fp8",
+    "float8_e5m2fnuz": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "e4m3": "fp8",
+    "e5m2": "fp8",
+    "nvfp4": "fp4",
+    "float4_e2m1": "fp4",
+    "float4_e2m1fn": "fp4",
+    "e2m1": "fp4",
+}
 # Matmul input dtypes with no array of their own here: a chip's FP4 tensor-core rate (NVFP4 on
 # Blackwell), named by `--compute-dtype` and a chip's peaks, never a weight or cache dtype.
 COMPUTE_ONLY_DTYPES = ("fp4",)
@@ -48,8 +63,11 @@ def dtype_key(dtype: str) -> str:
 
 def allowed_dtypes(packed: bool = False, compute: bool = False) -> list[str]:
     """The canonical names; `packed`: the 4/2-bit KV dtypes too; `compute`: fp4 (a matmul's)."""
-    return [*DTYPE_BYTES, *(PACKED_KV_BYTES if packed else ()),
-            *(COMPUTE_ONLY_DTYPES if compute else ())]  # fmt: skip
+    return [
+        *DTYPE_BYTES,
+        *(PACKED_KV_BYTES if packed else ()),
+        *(COMPUTE_ONLY_DTYPES if compute else ()),
+    ]
 
 
 def dtype_choices(allowed) -> str:

@@ -85,8 +85,7 @@ def summarize(
             if values.empty:
                 continue
             ci = mean_interval(values, level)
-            row.update({m: ci.mean, f"{m}_ci": ci.half_width, f"{m}_n": ci.n,
-                        f"{m}_std": ci.std})  # fmt: skip
+            row.update({m: ci.mean, f"{m}_ci": ci.half_width, f"{m}_n": ci.n, f"{m}_std": ci.std})
         rows.append(row)
     return pd.DataFrame(rows)
 

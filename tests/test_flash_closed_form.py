@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvjax import hardware, kernels
-from kvjax.analytic import compulsory, flash, keys, step
+from kvjax.analytic import compulsory, flash, keys, pairs, step
 from kvjax.analytic.costs import Workload
 from kvjax.errors import KvjaxError
 from kvjax.model.config import get_model_config
@@ -42,14 +42,14 @@ def _brute(T, S, bq, bk, window=0, sinks=0):
 )  # fmt: skip
 def test_pair_counts_equal_brute_force(T, S, bq, bk, window, sinks):
     exact, computed, loaded = _brute(T, S, bq, bk, window, sinks)
-    assert flash.exact_pairs(T, S, window, sinks) == exact
-    assert flash.block_pairs(T, S, bq, bk, window, sinks) == (computed, loaded)
+    assert pairs.exact_pairs(T, S, window, sinks) == exact
+    assert pairs.block_pairs(T, S, bq, bk, window, sinks) == (computed, loaded)
 
 
 def test_hand_counts():
-    assert flash.exact_pairs(4, 4) == 10  # T(T+1)/2
-    assert flash.exact_pairs(4, 4, window=2) == 1 + 2 + 2 + 2
-    assert flash.block_pairs(4, 4, 2, 2) == (4 + 8, 2 + 4)
+    assert pairs.exact_pairs(4, 4) == 10  # T(T+1)/2
+    assert pairs.exact_pairs(4, 4, window=2) == 1 + 2 + 2 + 2
+    assert pairs.block_pairs(4, 4, 2, 2) == (4 + 8, 2 + 4)
 
 
 def test_llama_prefill_8k_on_h100_is_the_exact_causal_count():
@@ -152,7 +152,7 @@ def test_sliding_layer_computes_the_band():
     wl = Workload("prefill", 1, 16384)
     W = cfg.sliding_window
     cost = flash.flash_attention_cost(cfg, wl, flash.FlashPlan(128, 128), sliding=True)
-    assert cost.exact_pairs == flash.exact_pairs(16384, 16384, W) < 16384 * W
+    assert cost.exact_pairs == pairs.exact_pairs(16384, 16384, W) < 16384 * W
     assert 1.0 <= cost.computed_pairs / cost.exact_pairs < 1.05
 
 
@@ -287,10 +287,10 @@ def test_closed_form_block_pairs_equal_the_loop(S, t, bq, bk, window, sinks):
     """The O(log S) counts equal the block loop wherever the loop can run (T, S, window, sinks)."""
     T = max(1, int(t * S))
     sinks = sinks if window else 0
-    assert flash.block_pairs(T, S, bq, bk, window, sinks) == _loop(T, S, bq, bk, window, sinks)
+    assert pairs.block_pairs(T, S, bq, bk, window, sinks) == _loop(T, S, bq, bk, window, sinks)
     if T <= 200 and S <= 400:
         exact = _brute(T, S, bq, bk, window, sinks)[0]
-        assert flash.exact_pairs(T, S, window, sinks) == exact
+        assert pairs.exact_pairs(T, S, window, sinks) == exact
 
 
 @pytest.mark.parametrize("S,C,bq,bk", [(1000, 64, 16, 32), (8192 * 3 + 77, 8192, 128, 128),
@@ -298,22 +298,22 @@ def test_closed_form_block_pairs_equal_the_loop(S, t, bq, bk, window, sinks):
 def test_chunked_block_pairs_equal_the_loop(S, C, bq, bk):
     """Llama 4's chunked layers: each query block reaches back to its chunk's start."""
     for T in (S, S - (S // 3) // bq * bq):
-        assert flash.block_pairs(T, S, bq, bk, chunk=C) == _loop(T, S, bq, bk, chunk=C)
+        assert pairs.block_pairs(T, S, bq, bk, chunk=C) == _loop(T, S, bq, bk, chunk=C)
         want = sum(p % C + 1 for p in range(S - T, S))
-        assert flash.exact_pairs(T, S, chunk=C) == want
+        assert pairs.exact_pairs(T, S, chunk=C) == want
     with pytest.raises(KvjaxError, match="chunk=100 .* multiples of the tiles block_q=64"):
-        flash.block_pairs(1000, 1000, 64, 64, chunk=100)
+        pairs.block_pairs(1000, 1000, 64, 64, chunk=100)
 
 
 def test_ten_million_tokens_in_closed_form():
     """T = S = 10M with 128 x 128 tiles: query block j computes (j + 1) key blocks, so the
     pairs are 128^2 n (n + 1) / 2 over n = 78,125 blocks; exact, T(T+1)/2."""
     n, T = 78125, 10_000_000
-    assert flash.block_pairs(T, T, 128, 128) == (
+    assert pairs.block_pairs(T, T, 128, 128) == (
         128 * 128 * n * (n + 1) // 2,
         128 * n * (n + 1) // 2,
     )
-    assert flash.exact_pairs(T, T) == T * (T + 1) // 2
+    assert pairs.exact_pairs(T, T) == T * (T + 1) // 2
     cfg = get_model_config("llama-4-scout", attention_kernel="flash")
     cost = step.step_cost(cfg, Workload("prefill", 1, T), hardware.get_chip("h100-sxm"))
     assert cost.flops > 0  # chunked layers are modelled now, at any S
@@ -369,7 +369,7 @@ def test_chunked_waves_read_each_chunk_once_when_a_wave_spans_chunks():
     got, rule = flash.hbm_kv_positions(S, S, tiles, G, cfg.num_kv_heads, 512, chunk=8192)
     rows = 132 // G * 128
     assert rule == "per wave"
-    assert got == 4 * flash.block_pairs(8192, 8192, math.gcd(rows, 8192), 128)[1]
+    assert got == 4 * pairs.block_pairs(8192, 8192, math.gcd(rows, 8192), 128)[1]
     big = dataclasses.replace(tiles, cores=1000)  # a wave of more rows than a chunk
     assert flash.hbm_kv_positions(S, S, big, G, cfg.num_kv_heads, 512, chunk=8192)[0] == S
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from kvjax import kernels
 from kvjax.analytic.costs import EXTEND, KernelCost, Workload
-from kvjax.analytic.flash import _sinks, attention_form, attention_shape, exact_pairs
+from kvjax.analytic.flash import _sinks, attention_form, attention_shape
 from kvjax.analytic.keys import key_union
+from kvjax.analytic.pairs import exact_pairs
 from kvjax.analytic.primitives import _act_bytes
 from kvjax.analytic.quant import scale_bytes_per_row
 from kvjax.model.config import ModelConfig
@@ -44,7 +45,10 @@ def compulsory_cost(
     kv = B * Kh * key_union(T, S, window, sinks, chunk, causal) * per_position
     q_bytes, o_bytes = B * T * N * Hk * a, B * T * N * Hv * a
     cost = KernelCost(
-        kernels.ATTENTION, flops=N * pairs * (2 * Hk + 2 * Hv), bytes=q_bytes + kv + o_bytes,
-        transcendentals=N * pairs, kv_bytes=kv,
-    )  # fmt: skip
+        kernels.ATTENTION,
+        flops=N * pairs * (2 * Hk + 2 * Hv),
+        bytes=q_bytes + kv + o_bytes,
+        transcendentals=N * pairs,
+        kv_bytes=kv,
+    )
     return cost + _sinks(cfg, B * T * N)

@@ -91,15 +91,24 @@ class KernelCost:
         return self.flops / self.bytes if self.bytes else math.inf
 
     def scaled(self, factor: int) -> KernelCost:
-        return KernelCost(self.name, self.flops * factor, self.bytes * factor,
-                          self.transcendentals * factor, self.weight_bytes * factor,
-                          self.kv_bytes * factor)  # fmt: skip
+        return KernelCost(
+            self.name,
+            self.flops * factor,
+            self.bytes * factor,
+            self.transcendentals * factor,
+            self.weight_bytes * factor,
+            self.kv_bytes * factor,
+        )
 
     def __add__(self, other: KernelCost) -> KernelCost:
-        return KernelCost(self.name, self.flops + other.flops, self.bytes + other.bytes,
-                          self.transcendentals + other.transcendentals,
-                          self.weight_bytes + other.weight_bytes,
-                          self.kv_bytes + other.kv_bytes)  # fmt: skip
+        return KernelCost(
+            self.name,
+            self.flops + other.flops,
+            self.bytes + other.bytes,
+            self.transcendentals + other.transcendentals,
+            self.weight_bytes + other.weight_bytes,
+            self.kv_bytes + other.kv_bytes,
+        )
 
 
 @dataclass(frozen=True)

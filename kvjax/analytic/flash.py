@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from kvjax import kernels
 from kvjax.analytic.costs import EXTEND, SCORE_BYTES, KernelCost, Workload
 from kvjax.analytic.keys import key_union
+from kvjax.analytic.pairs import block_pairs, ceil_div, exact_pairs
 from kvjax.analytic.primitives import _act_bytes
 from kvjax.analytic.quant import scale_bytes_per_row
 from kvjax.errors import KvjaxError
@@ -127,9 +128,15 @@ def attention_form(cfg: ModelConfig, wl: Workload) -> str:
 
 
 def plan(
-    cfg: ModelConfig, wl: Workload, onchip_bytes: float | None = None, cores: int | None = None,
-    block_q: int = 0, block_k: int = 0, splits: int = 0, l2_bytes: float | None = None,
-) -> FlashPlan:  # fmt: skip
+    cfg: ModelConfig,
+    wl: Workload,
+    onchip_bytes: float | None = None,
+    cores: int | None = None,
+    block_q: int = 0,
+    block_k: int = 0,
+    splits: int = 0,
+    l2_bytes: float | None = None,
+) -> FlashPlan:
     """The kernel's tiles: given, or from the chip's on-chip memory per core (Dao 2022's rule),
     or 128 x 128 when neither is known; decode splits: given, or enough chunks of at least B_c
     positions that B * K * splits programs cover the chip's cores, rounded down to a power of
@@ -159,15 +166,27 @@ def plan(
 def plan_for_chip(cfg: ModelConfig, wl: Workload, chip=None, **tiles) -> FlashPlan:
     """`plan` with the chip's on-chip memory, cores and L2 (none known without a chip)."""
     return plan(
-        cfg, wl, getattr(chip, "onchip_bytes_per_core", None), getattr(chip, "num_cores", None),
-        l2_bytes=getattr(chip, "l2_bytes", None), **tiles,
-    )  # fmt: skip
+        cfg,
+        wl,
+        getattr(chip, "onchip_bytes_per_core", None),
+        getattr(chip, "num_cores", None),
+        l2_bytes=getattr(chip, "l2_bytes", None),
+        **tiles,
+    )
 
 
 def hbm_kv_positions(
-    T: int, S: int, flash: FlashPlan, group: int, kv_heads: int, kv_per_position: float,
-    window: int = 0, sinks: int = 0, chunk: int = 0, causal: bool = True,
-) -> tuple[float, str]:  # fmt: skip
+    T: int,
+    S: int,
+    flash: FlashPlan,
+    group: int,
+    kv_heads: int,
+    kv_per_position: float,
+    window: int = 0,
+    sinks: int = 0,
+    chunk: int = 0,
+    causal: bool = True,
+) -> tuple[float, str]:
     """Key positions of one KV head (of one sequence) that prefill reads from HBM, and which
     rule set it.
 
@@ -191,8 +210,8 @@ def hbm_kv_positions(
         return once, "on chip"
     if not flash.l2_bytes or not flash.cores:
         return group * block_pairs(T, S, bq, bk, window, sinks, chunk, causal)[1], "per program"
-    q_blocks = _ceil_div(T, bq)
-    live_heads = min(kv_heads, _ceil_div(flash.cores, group * q_blocks) + 1)
+    q_blocks = ceil_div(T, bq)
+    live_heads = min(kv_heads, ceil_div(flash.cores, group * q_blocks) + 1)
     if live_heads * once * kv_per_position <= flash.l2_bytes / 2:
         return once, "L2 holds the heads' K/V"
     tile = max(1, flash.cores // group) * bq
@@ -208,113 +227,6 @@ def attended_positions(cfg: ModelConfig, wl: Workload, sliding: bool = False) ->
     if window and cfg.chunked_attention:  # Llama 4: the keys of the query's own chunk
         return (wl.context - 1) % window + 1
     return min(wl.context, window + cfg.sink_tokens) if window else wl.context
-
-
-def floor_sum(n: int, m: int, a: int, b: int) -> int:
-    """sum_{i=0}^{n-1} floor((a*i + b) / m) in O(log) steps (the Euclid-like reduction of
-    floor sums), for integers n >= 0, m > 0; a and b of any sign."""
-    if n <= 0:
-        return 0
-    total = 0
-    if a < 0 or a >= m:
-        total += (n - 1) * n // 2 * (a // m)
-        a %= m
-    if b < 0 or b >= m:
-        total += n * (b // m)
-        b %= m
-    while True:
-        if a >= m:
-            total += (n - 1) * n // 2 * (a // m)
-            a %= m
-        if b >= m:
-            total += n * (b // m)
-            b %= m
-        y_max = a * n + b
-        if y_max < m:
-            return total
-        n, b, m, a = y_max // m, y_max % m, a, m
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _sum_range(lo: int, hi: int) -> int:
-    """lo + (lo+1) + ... + hi (0 when hi < lo)."""
-    return (lo + hi) * (hi - lo + 1) // 2 if hi >= lo else 0
-
-
-def _sum_min(lo: int, hi: int, cap: int) -> int:
-    """sum of min(x, cap) for x in lo .. hi."""
-    if hi < lo:
-        return 0
-    below = min(hi, cap)
-    return _sum_range(lo, below) + cap * max(0, hi - max(lo - 1, below))
-
-
-def exact_pairs(T: int, S: int, window: int = 0, sinks: int = 0, chunk: int = 0) -> int:
-    """Causal (query, key) pairs for T queries at the end of S positions, in closed form: query
-    at position p = S - T + t sees p + 1 keys, at most `window`, plus the `sinks` first keys
-    below its window; under Llama 4's chunked attention (`chunk` C) the keys of its own chunk,
-    p mod C + 1. T(T+1)/2 when T = S, no window."""
-    first = S - T + 1  # keys seen by the first query
-    if chunk:  # sum over p of (p mod C) + 1 = sum p - C * sum floor(p / C) + T
-        return _sum_range(S - T, S - 1) - chunk * floor_sum(T, chunk, 1, S - T) + T
-    if not window or window >= S:
-        return T * first + T * (T - 1) // 2
-    seen = _sum_min(first, S, window)  # x = first + t keys up to the query, capped at W
-    # sinks below the window: min(sinks, x - W) for x > W
-    hi, lo = S, max(first, window + 1)
-    sink = _sum_min(lo - window, hi - window, sinks) if hi >= lo else 0
-    return seen + (sink if sinks else 0)
-
-
-def block_pairs(
-    T: int, S: int, bq: int, bk: int, window: int = 0, sinks: int = 0, chunk: int = 0,
-    causal: bool = True,
-) -> tuple[int, int]:  # fmt: skip
-    """(pairs computed, key positions loaded summed over query blocks) of a block loop: a
-    (query block, key block) tile is computed whole when any of its pairs is unmasked; the
-    sinks' blocks join every query block's band; a chunked layer's query block reaches back to
-    its chunk's start. Closed form in O(log S): the band edges of query block j are floors of
-    linear functions of j, summed by `floor_sum` (the reference loop is in the tests)."""
-    if not causal:  # every query block loads every key
-        n_q = _ceil_div(T, bq)
-        return T * S, n_q * S
-    if chunk and (chunk % bq or chunk % bk or (S - T) % bq):
-        raise KvjaxError(
-            f"chunked attention with chunk={chunk} needs the chunk and the query offset "
-            f"{S - T} to be multiples of the tiles block_q={bq}, block_k={bk}"
-        )
-    offset, last = S - T, (S - 1) // bk
-    excess = (last + 1) * bk - S  # the last key block is cut at S
-
-    def loaded(n: int, rows: int, j0: int) -> int:
-        """Keys loaded by query blocks j0 .. j0+n-1 of `rows` rows each."""
-        if n <= 0:
-            return 0
-        base = offset + j0 * bq
-        hi_blocks = floor_sum(n, bk, bq, base + rows - 1) + n  # sum of (hi // bk + 1)
-        # blocks whose band reaches the last key block: cut at S
-        j_last = max(0, _ceil_div(last * bk - base - rows + 1, bq))
-        total = hi_blocks * bk - max(0, n - j_last) * excess
-        if chunk:  # the band starts at the chunk's first key: floor(p / C) * C / bk blocks
-            total -= floor_sum(n, chunk, bq, base) * chunk
-        elif window and window < S:
-            # lo = max(0, p - W + 1): zero until p >= W
-            j1 = min(n, max(0, _ceil_div(window - base, bq)))
-            lo_blocks = floor_sum(n - j1, bk, bq, base + j1 * bq - window + 1)
-            total -= lo_blocks * bk
-            if sinks:  # sink blocks below the band: min(sink blocks, lo // bk) of them
-                sb = (sinks - 1) // bk + 1
-                j2 = min(n, max(j1, _ceil_div(sb * bk - base + window - 1, bq)))
-                total += bk * (floor_sum(j2 - j1, bk, bq, base + j1 * bq - window + 1)
-                               + sb * (n - j2))  # fmt: skip
-        return total
-
-    full, rest = divmod(T, bq)
-    keys_full, keys_rest = loaded(full, bq, 0), loaded(1 if rest else 0, rest, full)
-    return bq * keys_full + rest * keys_rest, keys_full + keys_rest
 
 
 def flash_attention_cost(
@@ -348,12 +260,14 @@ def flash_attention_cost(
             kv_per_position = shape.kv_bytes_per_position + 2 * scale_bytes_per_row(cfg)
         positions, _ = hbm_kv_positions(
             T, S, flash, N // Kh, B * Kh, kv_per_position, window, sinks, chunk, causal
-        )  # fmt: skip
+        )
         kv_read = B * Kh * positions * kv_per_position
         attention = KernelCost(
-            kernels.ATTENTION, flops=N * computed * per_pair,
-            bytes=q_bytes + kv_read + o_bytes, transcendentals=N * computed,
-        )  # fmt: skip
+            kernels.ATTENTION,
+            flops=N * computed * per_pair,
+            bytes=q_bytes + kv_read + o_bytes,
+            transcendentals=N * computed,
+        )
         return FlashCost(attention + _sinks(cfg, B * T * N), None, flash, exact, computed)
     # the keys some query attends: the last query's (`attended_positions`) for one query; a
     # window's band widens by T - 1 for T queries
@@ -368,17 +282,21 @@ def flash_attention_cost(
     spilled = partials if partials and partials > (flash.l2_bytes or 0) / 2 else 0
     computed = B * T * positions
     attention = KernelCost(
-        kernels.ATTENTION, flops=N * computed * per_pair,
+        kernels.ATTENTION,
+        flops=N * computed * per_pair,
         bytes=q_bytes + cache + (spilled if partials else o_bytes),
-        transcendentals=N * computed, kv_bytes=cache,
-    )  # fmt: skip
+        transcendentals=N * computed,
+        kv_bytes=cache,
+    )
     attention = attention + _sinks(cfg, B * T * N)
     combine = None
     if partials:  # rescale each split's output by exp(m_i - m), sum, divide by the summed l
         combine = KernelCost(
-            kernels.ATTN_COMBINE, flops=B * T * N * flash.splits * (2 * Hv + 4),
-            bytes=spilled + o_bytes, transcendentals=B * T * N * flash.splits,
-        )  # fmt: skip
+            kernels.ATTN_COMBINE,
+            flops=B * T * N * flash.splits * (2 * Hv + 4),
+            bytes=spilled + o_bytes,
+            transcendentals=B * T * N * flash.splits,
+        )
     return FlashCost(attention, combine, flash, exact, computed)
 
 
@@ -389,6 +307,9 @@ def _sinks(cfg: ModelConfig, rows: int) -> KernelCost:
         return KernelCost(kernels.ATTENTION, 0.0, 0.0)
     w = cfg.weight_bytes_per_element
     return KernelCost(
-        kernels.ATTENTION, flops=2 * rows, bytes=cfg.num_heads * w, transcendentals=rows,
+        kernels.ATTENTION,
+        flops=2 * rows,
+        bytes=cfg.num_heads * w,
+        transcendentals=rows,
         weight_bytes=cfg.num_heads * w,
-    )  # fmt: skip
+    )

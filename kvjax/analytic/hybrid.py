@@ -96,9 +96,13 @@ def _conv(cfg: ModelConfig, wl: Workload, name: str, X: int, act: bool) -> Kerne
     cache = (w - 1) * X * a * B
     traffic = 2 * cache if wl.phase == "decode" else cache  # read and written / written
     return KernelCost(
-        name, flops=M * X * per, bytes=2 * M * X * a + weights + traffic,
-        transcendentals=M * X if act else 0, weight_bytes=weights, kv_bytes=traffic,
-    )  # fmt: skip
+        name,
+        flops=M * X * per,
+        bytes=2 * M * X * a + weights + traffic,
+        transcendentals=M * X if act else 0,
+        weight_bytes=weights,
+        kv_bytes=traffic,
+    )
 
 
 def _gated_norm(cfg: ModelConfig, name: str, rows: int, d: int) -> KernelCost:
@@ -153,9 +157,12 @@ def deltanet_scan(cfg: ModelConfig, wl: Workload) -> KernelCost:
     io = B * T * (Y * 2 * dk * 4 + J * (dv * a + 2 * 4 + dv * a))  # q, k (f32), v, beta, g; out
     if wl.phase == "decode":
         return KernelCost(
-            kernels.LINEAR_SCAN, flops=B * J * (7 * dk * dv + 2 * dv) + converts,
-            bytes=2 * state + io, transcendentals=B * J, kv_bytes=2 * state,
-        )  # fmt: skip
+            kernels.LINEAR_SCAN,
+            flops=B * J * (7 * dk * dv + 2 * dv) + converts,
+            bytes=2 * state + io,
+            transcendentals=B * J,
+            kv_bytes=2 * state,
+        )
     Z = DELTANET_CHUNK
     Tp = -(-T // Z) * Z
     nc = Tp // Z
@@ -163,16 +170,24 @@ def deltanet_scan(cfg: ModelConfig, wl: Workload) -> KernelCost:
         Z * (Z - 1)  # cumsum of the decays
         + 5 * Z * Z  # pairwise decays: subtract, mask; * beta, * k k^T; q k^T * decay
         + Z * (dv + 1 + dk)  # v * beta, beta * exp(cum), k * that
-        + Z + _doubling_inverse_flops(Z) + 2 * Z * Z * (dk + dv)  # -beta, the inverse, [u, w]
+        + Z
+        + _doubling_inverse_flops(Z)
+        + 2 * Z * Z * (dk + dv)  # -beta, the inverse, [u, w]
         + Z * (2 * dk + 1)  # q * exp(cum), last - cum, k * exp(last - cum)
-        + 6 * Z * dk * dv + 2 * Z * Z * dv + 2 * Z * dv + 2 * dk * dv  # the scan over chunks
-    )  # fmt: skip
+        + 6 * Z * dk * dv
+        + 2 * Z * Z * dv
+        + 2 * Z * dv
+        + 2 * dk * dv  # the scan over chunks
+    )
     flops = B * nc * (J * per_chunk + Y * 4 * Z * Z * dk) + converts
     chunks = B * J * (4 * 2 * nc * Z * Z * 4 + 2 * 2 * Tp * (dk + dv) * 4)  # 4 Z x Z; u, w
     return KernelCost(
-        kernels.LINEAR_SCAN, flops=flops, bytes=io + chunks + state,
-        transcendentals=B * J * (nc * Z * Z + 2 * Tp), kv_bytes=state,
-    )  # fmt: skip
+        kernels.LINEAR_SCAN,
+        flops=flops,
+        bytes=io + chunks + state,
+        transcendentals=B * J * (nc * Z * Z + 2 * Tp),
+        kv_bytes=state,
+    )
 
 
 def mamba_scan(cfg: ModelConfig, wl: Workload) -> KernelCost:
@@ -195,10 +210,12 @@ def mamba_scan(cfg: ModelConfig, wl: Workload) -> KernelCost:
     widen = B * T * (J * P + 2 * Y * N) + J if a != 4 else 0
     if wl.phase == "decode":
         return KernelCost(
-            kernels.SSM_SCAN, flops=B * J * (5 * P * N + 3 * P + 1) + widen,
+            kernels.SSM_SCAN,
+            flops=B * J * (5 * P * N + 3 * P + 1) + widen,
             bytes=2 * state + B * (2 * J * P * a + 2 * Y * N * a + J * 4) + J * w,
-            transcendentals=B * J, kv_bytes=2 * state,
-        )  # fmt: skip
+            transcendentals=B * J,
+            kv_bytes=2 * state,
+        )
     Z = cfg.scan_chunk
     Tp = -(-T // Z) * Z
     nc = Tp // Z
@@ -219,10 +236,12 @@ def mamba_scan(cfg: ModelConfig, wl: Workload) -> KernelCost:
     chunks = B * (2 * J + Y) * 2 * nc * Z * Z * 4 + B * J * 3 * (nc + 1) * P * N * 4  # L, G, M
     io = B * T * (2 * Y * N * 4 + J * P * a + J * 4 + J * P * 4)  # B, C, x (f32), dt; y
     return KernelCost(
-        kernels.SSM_SCAN, flops=B * J * (products + elementwise) + B * Y * per_group + widen,
+        kernels.SSM_SCAN,
+        flops=B * J * (products + elementwise) + B * Y * per_group + widen,
         bytes=io + chunks + state,
-        transcendentals=B * J * (nc * Z * Z + 2 * Tp + (nc + 1) ** 2), kv_bytes=state,
-    )  # fmt: skip
+        transcendentals=B * J * (nc * Z * Z + 2 * Tp + (nc + 1) ** 2),
+        kv_bytes=state,
+    )
 
 
 def mixer_kernels(cfg: ModelConfig, wl: Workload, kind: str) -> list[KernelCost]:
@@ -245,17 +264,21 @@ def mixer_kernels(cfg: ModelConfig, wl: Workload, kind: str) -> list[KernelCost]
         # f32: a 2-byte model converts b and a (2 a token and head) and dt_bias, A_log (2J)
         cv = 0 if a == 4 else 1
         gates = KernelCost(
-            kernels.LINEAR_GATES, flops=(7 + 2 * cv) * M * J + (1 + 2 * cv) * J,
-            bytes=2 * M * J * (a + 4) + 2 * J * w, transcendentals=3 * M * J + J,
+            kernels.LINEAR_GATES,
+            flops=(7 + 2 * cv) * M * J + (1 + 2 * cv) * J,
+            bytes=2 * M * J * (a + 4) + 2 * J * w,
+            transcendentals=3 * M * J + J,
             weight_bytes=2 * J * w,
-        )  # fmt: skip
+        )
         # q and k L2-normalised in f32 on their Y heads (3dk a row, one rsqrt), q's d_k^-0.5
         # folded into its inverse norm (one product a row); a 2-byte model converts them first
         rows = 2 * M * Y
         qk_norm = KernelCost(
-            kernels.LINEAR_QK_NORM, flops=rows * (3 + cv) * dk + M * Y,
-            bytes=rows * dk * (a + 4), transcendentals=rows,
-        )  # fmt: skip
+            kernels.LINEAR_QK_NORM,
+            flops=rows * (3 + cv) * dk + M * Y,
+            bytes=rows * dk * (a + 4),
+            transcendentals=rows,
+        )
         # Qwen3NextRMSNormGated in a 2-byte model also converts z, the product's promotion and
         # the result: 3 more converts an element than the norm's own two
         norm = _gated_norm(cfg, kernels.LINEAR_NORM, M * J, dv)
@@ -277,9 +300,12 @@ def mixer_kernels(cfg: ModelConfig, wl: Workload, kind: str) -> list[KernelCost]
     # and A_log)
     widen = M * J + 2 * J if a != 4 else 0
     dt = KernelCost(
-        kernels.SSM_DT, flops=M * J * 4 + J + widen, bytes=2 * M * J * a + 2 * J * w,
-        transcendentals=2 * M * J + J, weight_bytes=2 * J * w,
-    )  # fmt: skip
+        kernels.SSM_DT,
+        flops=M * J * 4 + J + widen,
+        bytes=2 * M * J * a + 2 * J * w,
+        transcendentals=2 * M * J + J,
+        weight_bytes=2 * J * w,
+    )
     # in f32 (y is f32 from the scan): a 2-byte model converts z and the result (2n), the norm's
     # weight (J*P; _gated_norm's 2n are z's and the result's here)
     n = M * J * dv

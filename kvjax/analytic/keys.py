@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def key_union(
     T: int, S: int, window: int = 0, sinks: int = 0, chunk: int = 0, causal: bool = True
-) -> int:  # fmt: skip
+) -> int:
     """Key positions that at least one of T queries at the end of S positions attends: what any
     implementation must read once. Causal: keys 0 .. S-1 (the last query sees them all); a
     sliding window W: the band from the first query's window start, S-T-W+1, to S-1, and the

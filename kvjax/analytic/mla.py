@@ -65,7 +65,7 @@ def mla_attention_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
             False,
             cfg.rope_table(False),
             cfg.rope_table(False) and cfg.rope_attention_factor != 1.0,
-        ),  # fmt: skip
+        ),
     ]
     if wl.phase == "prefill":
         k += _prefill(cfg, wl, widen)
@@ -88,8 +88,11 @@ def _absorbed_extend(cfg: ModelConfig, wl: Workload) -> bool:
     `flash.DECODE_FORM_MAX_QUERIES` queries a sequence; a longer chunk expands the latents."""
     from kvjax.analytic.flash import DECODE_FORM_MAX_QUERIES
 
-    return (cfg.attention_kernel == "flash" and cfg.mla_decode == "absorbed"
-            and wl.query_len <= DECODE_FORM_MAX_QUERIES)  # fmt: skip
+    return (
+        cfg.attention_kernel == "flash"
+        and cfg.mla_decode == "absorbed"
+        and wl.query_len <= DECODE_FORM_MAX_QUERIES
+    )
 
 
 def _write(cfg: ModelConfig, rows: int, decode: bool, B: int, a: int, kv: int) -> KernelCost:
@@ -112,8 +115,13 @@ def _prefill(cfg: ModelConfig, wl: Workload, widen: bool) -> list[KernelCost]:
     q_rope . k_rope (2*E*U + 2*E*P, E = R*T*S f32 scores each) and their sum (E); av: 2*E*W.
     """
     B, T, S = wl.batch, wl.query_len, wl.context
-    N, A, P, U, W = (cfg.num_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
-                     cfg.qk_nope_head_dim, cfg.v_head_dim)  # fmt: skip
+    N, A, P, U, W = (
+        cfg.num_heads,
+        cfg.kv_lora_rank,
+        cfg.qk_rope_head_dim,
+        cfg.qk_nope_head_dim,
+        cfg.v_head_dim,
+    )
     M, R = B * T, B * N
     w, a, kv = cfg.weight_bytes_per_element, _act_bytes(cfg), cfg.kv_bytes_per_element
     E = R * T * S
@@ -126,10 +134,14 @@ def _prefill(cfg: ModelConfig, wl: Workload, widen: bool) -> list[KernelCost]:
     scores = KernelCost(
         kernels.SCORES,
         flops=2 * E * U + 2 * E * P + E,
-        bytes=M * N * U * a + B * S * N * U * a + E * F32  # q_nope . k_nope
-        + M * N * P * a + B * S * P * a + E * F32  # q_rope . k_rope (one key for all heads)
+        bytes=M * N * U * a
+        + B * S * N * U * a
+        + E * F32  # q_nope . k_nope
+        + M * N * P * a
+        + B * S * P * a
+        + E * F32  # q_rope . k_rope (one key for all heads)
         + 3 * E * F32,  # their sum
-    )  # fmt: skip
+    )
     av = KernelCost(kernels.AV, flops=2 * E * W, bytes=E * a + B * S * N * W * a + M * N * W * a)
     return [_write(cfg, M, False, B, a, kv), kv_b, scores, prefill_softmax(R, T, S, a), av]
 
@@ -144,8 +156,13 @@ def _extend(cfg: ModelConfig, wl: Workload, widen: bool) -> list[KernelCost]:
     MLA); at T = S it is prefill with the latents read back from the cache.
     """
     B, T, S = wl.batch, wl.query_len, wl.context
-    N, A, P, U, W = (cfg.num_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
-                     cfg.qk_nope_head_dim, cfg.v_head_dim)  # fmt: skip
+    N, A, P, U, W = (
+        cfg.num_heads,
+        cfg.kv_lora_rank,
+        cfg.qk_rope_head_dim,
+        cfg.qk_nope_head_dim,
+        cfg.v_head_dim,
+    )
     M, R, E = B * T, B * N, B * N * T * S
     w, a, kv = cfg.weight_bytes_per_element, _act_bytes(cfg), cfg.kv_bytes_per_element
     elems = M * (A + P)
@@ -159,20 +176,26 @@ def _extend(cfg: ModelConfig, wl: Workload, widen: bool) -> list[KernelCost]:
     kv_b = KernelCost(
         kernels.KV_B_PROJ,
         flops=2 * B * S * A * N * (U + W) + (latents if widen else 0),
-        bytes=N * (U + W) * A * w + 2 * latents * (a if widen else kv)
-        + (latents * (kv + a) if widen else 0) + B * S * N * (U + W) * a,
+        bytes=N * (U + W) * A * w
+        + 2 * latents * (a if widen else kv)
+        + (latents * (kv + a) if widen else 0)
+        + B * S * N * (U + W) * a,
         weight_bytes=N * (U + W) * A * w,
         kv_bytes=latents * kv,
-    )  # fmt: skip
+    )
     scores = KernelCost(
         kernels.SCORES,
         flops=2 * E * U + 2 * E * P + E + (rope_keys if widen else 0),
-        bytes=M * N * U * a + B * S * N * U * a + E * F32  # q_nope . k_nope
-        + M * N * P * a + rope_keys * (a if widen else kv) + E * F32  # q_rope . k_rope
+        bytes=M * N * U * a
+        + B * S * N * U * a
+        + E * F32  # q_nope . k_nope
+        + M * N * P * a
+        + rope_keys * (a if widen else kv)
+        + E * F32  # q_rope . k_rope
         + (rope_keys * (kv + a) if widen else 0)
         + 3 * E * F32,  # their sum
         kv_bytes=rope_keys * kv,
-    )  # fmt: skip
+    )
     av = KernelCost(kernels.AV, flops=2 * E * W, bytes=E * a + B * S * N * W * a + M * N * W * a)
     return [write, kv_b, scores, extend_softmax(R, B, T, S, a), av]
 
@@ -187,8 +210,14 @@ def _decode_naive(cfg: ModelConfig, wl: Workload, widen: bool) -> list[KernelCos
     """
     B, S = wl.batch, wl.context
     C = S - 1
-    N, H, A, P, U, W = (cfg.num_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
-                        cfg.qk_nope_head_dim, cfg.v_head_dim)  # fmt: skip
+    N, H, A, P, U, W = (
+        cfg.num_heads,
+        cfg.head_dim,
+        cfg.kv_lora_rank,
+        cfg.qk_rope_head_dim,
+        cfg.qk_nope_head_dim,
+        cfg.v_head_dim,
+    )
     R = B * N
     w, a, kv = cfg.weight_bytes_per_element, _act_bytes(cfg), cfg.kv_bytes_per_element
     c_read = B * C * A * (a if widen else kv)
@@ -196,29 +225,45 @@ def _decode_naive(cfg: ModelConfig, wl: Workload, widen: bool) -> list[KernelCos
         kernels.KV_B_PROJ,
         flops=2 * B * S * A * N * (U + W) + (B * C * A if widen else 0),
         bytes=2 * N * (U + W) * A * w  # W_uk, W_uv: for the cache and for the new latent
-        + 2 * c_read + (B * C * A * (kv + a) if widen else 0)  # latents (converted)
+        + 2 * c_read
+        + (B * C * A * (kv + a) if widen else 0)  # latents (converted)
         + 2 * B * A * a  # the new latent, twice
-        + B * C * N * (U + W) * a + R * (U + W) * a,  # expanded keys and values
+        + B * C * N * (U + W) * a
+        + R * (U + W) * a,  # expanded keys and values
         weight_bytes=2 * N * (U + W) * A * w,
         kv_bytes=B * C * A * kv,
-    )  # fmt: skip
+    )
     kr_read = B * C * P * (a if widen else kv)
     scores = KernelCost(
         kernels.SCORES,
         flops=2 * R * C * H + R * C + 2 * R * H + R + (B * C * P if widen else 0),
-        bytes=R * U * a + B * C * N * U * a + R * C * F32  # q_nope . k_nope (cache)
-        + R * P * a + kr_read + R * C * F32 + (B * C * P * (kv + a) if widen else 0)
+        bytes=R * U * a
+        + B * C * N * U * a
+        + R * C * F32  # q_nope . k_nope (cache)
+        + R * P * a
+        + kr_read
+        + R * C * F32
+        + (B * C * P * (kv + a) if widen else 0)
         + 3 * R * C * F32  # the sum of the two
-        + 2 * R * U * a + R * F32 + R * P * a + B * P * a + R * F32 + 3 * R * F32,  # own
+        + 2 * R * U * a
+        + R * F32
+        + R * P * a
+        + B * P * a
+        + R * F32
+        + 3 * R * F32,  # own
         kv_bytes=B * C * P * kv,
-    )  # fmt: skip
+    )
     av = KernelCost(
         kernels.AV,
         flops=2 * R * C * W + 2 * R * W + R * W,
-        bytes=R * C * a + B * C * N * W * a + R * W * a  # P . V (cache)
-        + R * a + R * W * a + R * W * a  # p_self x v_new
+        bytes=R * C * a
+        + B * C * N * W * a
+        + R * W * a  # P . V (cache)
+        + R * a
+        + R * W * a
+        + R * W * a  # p_self x v_new
         + 3 * R * W * a,  # the sum
-    )  # fmt: skip
+    )
     return [_write(cfg, B, True, B, a, kv), kv_b, scores, decode_softmax(R, B, S, a), av]
 
 
@@ -233,8 +278,13 @@ def _decode_absorbed(cfg: ModelConfig, wl: Workload, widen: bool) -> list[Kernel
     """
     B, S = wl.batch, wl.context
     C = S - 1
-    N, A, P, U, W = (cfg.num_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
-                     cfg.qk_nope_head_dim, cfg.v_head_dim)  # fmt: skip
+    N, A, P, U, W = (
+        cfg.num_heads,
+        cfg.kv_lora_rank,
+        cfg.qk_rope_head_dim,
+        cfg.qk_nope_head_dim,
+        cfg.v_head_dim,
+    )
     R = B * N
     w, a, kv = cfg.weight_bytes_per_element, _act_bytes(cfg), cfg.kv_bytes_per_element
     absorb = KernelCost(
@@ -247,29 +297,36 @@ def _decode_absorbed(cfg: ModelConfig, wl: Workload, widen: bool) -> list[Kernel
     scores = KernelCost(
         kernels.SCORES,
         flops=2 * R * C * (A + P) + R * C + 2 * R * (A + P) + R + (B * C * (A + P) if widen else 0),
-        bytes=R * (A + P) * a + read + 2 * R * C * F32  # two products over the cache
+        bytes=R * (A + P) * a
+        + read
+        + 2 * R * C * F32  # two products over the cache
         + (B * C * (A + P) * (kv + a) if widen else 0)  # converted first
         + 3 * R * C * F32  # their sum (then a layout change to [B, N, S]: free)
-        + R * (A + P) * a + B * (A + P) * a + 2 * R * F32 + 3 * R * F32,  # own score
+        + R * (A + P) * a
+        + B * (A + P) * a
+        + 2 * R * F32
+        + 3 * R * F32,  # own score
         kv_bytes=B * C * (A + P) * kv,
-    )  # fmt: skip
+    )
     av = KernelCost(
         kernels.AV,
         flops=2 * R * C * A + 2 * R * A + R * A,
-        bytes=R * C * a + B * C * A * a + R * A * a  # P . c (the converted latents)
-        + R * a + B * A * a + R * A * a  # p_self x c_new
+        bytes=R * C * a
+        + B * C * A * a
+        + R * A * a  # P . c (the converted latents)
+        + R * a
+        + B * A * a
+        + R * A * a  # p_self x c_new
         + 3 * R * A * a,  # the sum
         kv_bytes=B * C * A * kv,
-    )  # fmt: skip
+    )
     v_up = KernelCost(
         kernels.V_UP,
         flops=2 * R * A * W,
         bytes=R * A * a + N * W * A * w + R * W * a,
         weight_bytes=N * W * A * w,
     )
-    return [
-        _write(cfg, B, True, B, a, kv), absorb, scores, decode_softmax(R, B, S, a), av, v_up
-    ]  # fmt: skip
+    return [_write(cfg, B, True, B, a, kv), absorb, scores, decode_softmax(R, B, S, a), av, v_up]
 
 
 def mla_attention_intensity(cfg: ModelConfig) -> float:
@@ -277,8 +334,13 @@ def mla_attention_intensity(cfg: ModelConfig) -> float:
     absorbed 2N(2A + P) / ((A + P) * bytes); naive 2N(H + W) / (N(U + W) * a + P * bytes), the
     expanded keys and values (compute dtype, a bytes) and the shared RoPE key being what its
     scores and av read: 1.25 for DeepSeek-V3 in bf16, MHA's 1 but for the shared RoPE key."""
-    N, H, A, P, W = (cfg.num_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
-                     cfg.v_head_dim)  # fmt: skip
+    N, H, A, P, W = (
+        cfg.num_heads,
+        cfg.head_dim,
+        cfg.kv_lora_rank,
+        cfg.qk_rope_head_dim,
+        cfg.v_head_dim,
+    )
     kv, U = cfg.kv_bytes_per_element, cfg.qk_nope_head_dim
     if cfg.mla_decode == "naive":
         return 2 * N * (H + W) / (N * (U + W) * _act_bytes(cfg) + P * kv)

@@ -100,9 +100,11 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
         # (4E + 4ME) and the add (12ME)
         widen_b = E * w + 4 * E if w != 4 else 0
         router = router + KernelCost(
-            kernels.MOE_ROUTER, flops=M * E + (E if w != 4 else 0),
-            bytes=widen_b + 28 * E + 16 * M * E, weight_bytes=E * w,
-        )  # fmt: skip
+            kernels.MOE_ROUTER,
+            flops=M * E + (E if w != 4 else 0),
+            bytes=widen_b + 28 * E + 16 * M * E,
+            weight_bytes=E * w,
+        )
     bias = E * BIAS_BYTES if cfg.router == "sigmoid" else 0  # DeepSeek-V3's correction bias
     scaled_in = cfg.router == "topk_sigmoid"  # Llama 4: sigmoids of the k picks only
     topk = KernelCost(
@@ -144,10 +146,15 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
         # w_g, x and g; the sigmoid's steps on M values (14 M a); g broadcast to [M, D] and
         # the multiply (4 M D a)
         gate_w = D * w
-        gate = [KernelCost(
-            kernels.MOE_SHARED_GATE, flops=2 * M * D + 3 * M + M * D,
-            bytes=gate_w + 5 * M * D * a + 16 * M * a, transcendentals=M, weight_bytes=gate_w,
-        )]  # fmt: skip
+        gate = [
+            KernelCost(
+                kernels.MOE_SHARED_GATE,
+                flops=2 * M * D + 3 * M + M * D,
+                bytes=gate_w + 5 * M * D * a + 16 * M * a,
+                transcendentals=M,
+                weight_bytes=gate_w,
+            )
+        ]
     shared = cfg.num_shared_experts > 0  # their output added here
     # the k outputs weighted and summed; Llama 4's already weighted: summed (k - 1 adds)
     weigh = (M * (k - 1) * D) if scaled_in else 2 * M * k * D + (M * k if a != 4 else 0)
@@ -167,9 +174,11 @@ def expert_bias_cost(name: str, picks: int, width: int, touched: float, w: int, 
     gather's index arithmetic and the add; the touched experts' rows read."""
     bias_w = touched * width * w
     return KernelCost(
-        name, flops=picks * width + gather_flops(picks),
-        bytes=bias_w + 3 * picks * width * a, weight_bytes=bias_w,
-    )  # fmt: skip
+        name,
+        flops=picks * width + gather_flops(picks),
+        bytes=bias_w + 3 * picks * width * a,
+        weight_bytes=bias_w,
+    )
 
 
 def gather_flops(picks: int) -> int:

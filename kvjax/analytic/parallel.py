@@ -184,8 +184,11 @@ class Placement:
         return self.tp * self.dp_attention
 
     def describe(self) -> str:
-        parts = [f"{n}={v}" for n, v in (("tp", self.tp), ("dp_attention", self.dp_attention),
-                                         ("ep", self.ep)) if v > 1]  # fmt: skip
+        parts = [
+            f"{n}={v}"
+            for n, v in (("tp", self.tp), ("dp_attention", self.dp_attention), ("ep", self.ep))
+            if v > 1
+        ]
         return " x ".join(parts) or "one device"
 
 
@@ -290,8 +293,10 @@ def placed_collectives(
         act = dev_wl.tokens * cfg.d_model * a
         logits = dev_wl.tokens * math.ceil(cfg.vocab_size / tp) * tp * SCORE_BYTES
         counts = collective_counts_per_step(cfg, tp)
-        sent = {"all-reduce": allreduce_bytes_per_device(act, tp),  # one of each kind
-                "all-gather": (tp - 1) / tp * logits}  # fmt: skip
+        sent = {
+            "all-reduce": allreduce_bytes_per_device(act, tp),  # one of each kind
+            "all-gather": (tp - 1) / tp * logits,
+        }
         # MoE: shared and routed sums in one all-reduce, as engines (`shared_expert_message`)
         for kind, n in counts.items():
             out[kind] = {"count": n, "bytes_per_device": n * sent[kind]}

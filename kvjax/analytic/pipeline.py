@@ -46,8 +46,10 @@ def stage_layers(cfg: ModelConfig, pp: int) -> list[int]:
         raise KvjaxError(f"pp={pp!r} must be a positive integer")
     if pp > cfg.num_layers:
         raise KvjaxError(f"pp={pp} exceeds num_layers={cfg.num_layers}: a stage holds a layer")
-    kinds = {(cfg.layer_is_sliding(i), cfg.layer_is_moe(i), cfg.layer_has_rope(i),
-              cfg.layer_kind(i)) for i in range(cfg.num_layers)}  # fmt: skip
+    kinds = {
+        (cfg.layer_is_sliding(i), cfg.layer_is_moe(i), cfg.layer_has_rope(i), cfg.layer_kind(i))
+        for i in range(cfg.num_layers)
+    }
     if pp > 1 and len(kinds) > 1:
         raise KvjaxError(
             f"{cfg.name}: pp={pp} needs layers of one kind (this model mixes {len(kinds)}: "
@@ -75,9 +77,16 @@ def stages(cfg: ModelConfig, pp: int, wl: Workload, device_cfg: ModelConfig | No
         nbytes = sum(k.bytes for name, k in mine.items() if name not in ENDS)
         flops += sum(end_cost[name].flops for name in held if name in end_cost)
         nbytes += sum(end_cost[name].bytes for name in held if name in end_cost)
-        out.append(Stage(i, n, body * n / cfg.num_layers + sum(ends[k] for k in held),
-                         kv_cache_bytes(dev.replace(num_layers=n), wl.context, wl.batch),
-                         flops, nbytes))  # fmt: skip
+        out.append(
+            Stage(
+                i,
+                n,
+                body * n / cfg.num_layers + sum(ends[k] for k in held),
+                kv_cache_bytes(dev.replace(num_layers=n), wl.context, wl.batch),
+                flops,
+                nbytes,
+            )
+        )
     return out
 
 
@@ -100,16 +109,22 @@ def pipeline_report(cfg: ModelConfig, wl: Workload, chip, pp: int, tp: int = 1) 
 
     dev = device_config(cfg, tp) if tp > 1 else cfg
     peak, bw = chip.peak(cfg.peak_dtype), chip.bandwidth_bytes_per_s
-    out = [st.to_dict() | {"bound_s": roofline.bound_time_s(st.flops, st.bytes, peak, bw)}
-           for st in stages(cfg, pp, wl, dev)]  # fmt: skip
+    out = [
+        st.to_dict() | {"bound_s": roofline.bound_time_s(st.flops, st.bytes, peak, bw)}
+        for st in stages(cfg, pp, wl, dev)
+    ]
     message = stage_message_bytes(cfg, wl) / tp  # each device sends its share of the rows
     link = chip.interconnect_bytes_per_s
     hop = message / link if link else None
     return {
-        "pp": pp, "tp": tp, "devices": pp * tp, "stages": out,
+        "pp": pp,
+        "tp": tp,
+        "devices": pp * tp,
+        "stages": out,
         "weight_bytes_per_device": max(st["weight_bytes"] for st in out),
-        "stage_message_bytes": message, "stage_link_s": hop,
+        "stage_message_bytes": message,
+        "stage_link_s": hop,
         "period_s": max(st["bound_s"] for st in out),
         "latency_s": sum(st["bound_s"] for st in out) + (pp - 1) * (hop or 0.0),
         "bubble_with_one_micro_batch": bubble_fraction(pp, 1),
-    }  # fmt: skip
+    }

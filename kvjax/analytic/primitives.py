@@ -187,9 +187,14 @@ def extend_softmax(R: int, B: int, T: int, S: int, a: int) -> KernelCost:
 
 
 def rope_cost(
-    M: int, heads: int, H: int, a: int, scaled: bool = False, table: bool = False,
+    M: int,
+    heads: int,
+    H: int,
+    a: int,
+    scaled: bool = False,
+    table: bool = False,
     attention_factor: bool = False,
-) -> KernelCost:  # fmt: skip
+) -> KernelCost:
     """RoPE over `heads` rotated vectors of H per token (q's and k's): x1*cos - x2*sin,
     x2*cos + x1*sin, 3 FLOPs an element. Tables: angles = position * inv_freq (M*H/2), inv_freq =
     1/theta^(2i/H) (3*H/2 incl. one power each), positions to f32 (M); cos and sin: M*H

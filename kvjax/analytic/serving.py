@@ -56,9 +56,13 @@ def expected_tokens(spec_tokens: int, acceptance: float) -> float:
 
 
 def speculative(
-    cfg: ModelConfig, wl: Workload, chip: ChipSpec, spec_tokens: int, acceptance: float,
+    cfg: ModelConfig,
+    wl: Workload,
+    chip: ChipSpec,
+    spec_tokens: int,
+    acceptance: float,
     draft: ModelConfig | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """A verify step of T = k + 1 new tokens on the S - 1 cached (the decode step at context S
     is the k = 0 case) against plain decode, per generated token."""
     if wl.phase != "decode":
@@ -87,8 +91,11 @@ def speculative(
     }
     if draft is not None:
         draft_s = step_bound_s(draft, wl, chip)
-        out.update(draft_model=draft.name, draft_step_s=draft_s,
-                   s_per_token=(verify_s + k * draft_s) / tokens)  # fmt: skip
+        out.update(
+            draft_model=draft.name,
+            draft_step_s=draft_s,
+            s_per_token=(verify_s + k * draft_s) / tokens,
+        )
     out["speedup_over_decode"] = decode_s / out["s_per_token"]
     return out
 
@@ -162,9 +169,15 @@ def frontier_batches(max_batch: int) -> list[int]:
 
 
 def frontier(
-    cfg: ModelConfig, chip: ChipSpec, context: int, page_size: int = 0, label: str | None = None,
-    tp: int = 1, ep: int = 1, dp_attention: int = 1,
-) -> dict[str, Any]:  # fmt: skip
+    cfg: ModelConfig,
+    chip: ChipSpec,
+    context: int,
+    page_size: int = 0,
+    label: str | None = None,
+    tp: int = 1,
+    ep: int = 1,
+    dp_attention: int = 1,
+) -> dict[str, Any]:
     """One variant's throughput-latency curve at context S, its batches up to `max_batch`.
     Placed on tp x dp_attention chips (`kvjax.analytic.parallel.Placement`), memory and the step
     are one device's share (B / dp_attention sequences; under ep, the experts it holds and
@@ -190,8 +203,11 @@ def frontier(
             )
             step_s = max(step_s, link_s)
         held = placed_memory_bytes(cfg, pl, wl, page_size)
-        points.append(FrontierPoint(label or cfg.name, wl.batch, step_s, wl.batch / step_s / n,
-                                    1e3 * step_s, held))  # fmt: skip
+        points.append(
+            FrontierPoint(
+                label or cfg.name, wl.batch, step_s, wl.batch / step_s / n, 1e3 * step_s, held
+            )
+        )
     return {
         "variant": label or cfg.name,
         "num_kv_heads": cfg.num_kv_heads,

@@ -43,16 +43,34 @@ def mla_variant(cfg: ModelConfig) -> ModelConfig:
     H = cfg.head_dim
     rope = max(2, H // 4 * 2)  # H/2, kept even for RoPE's pairs
     return cfg.replace(
-        num_kv_heads=cfg.num_heads, head_dim=H + rope, kv_lora_rank=4 * H, qk_rope_head_dim=rope,
-        v_head_dim=H, q_lora_rank=0, qkv_bias=False, o_bias=False, rotary_dim=0,
+        num_kv_heads=cfg.num_heads,
+        head_dim=H + rope,
+        kv_lora_rank=4 * H,
+        qk_rope_head_dim=rope,
+        v_head_dim=H,
+        q_lora_rank=0,
+        qkv_bias=False,
+        o_bias=False,
+        rotary_dim=0,
         mla_decode="absorbed",
-        sliding_window=0, sink_tokens=0, sink_logits=False, layer_pattern="G", rope_pattern="R",
-        qk_norm=False, qk_norm_full=False, chunked_attention=False, qk_l2_norm=False,
+        sliding_window=0,
+        sink_tokens=0,
+        sink_logits=False,
+        layer_pattern="G",
+        rope_pattern="R",
+        qk_norm=False,
+        qk_norm_full=False,
+        chunked_attention=False,
+        qk_l2_norm=False,
         temperature_floor=0,
-        attn_softcap=0.0, query_pre_attn_scalar=0.0,
-        rope_local_theta=0.0, rope_linear_factor=1.0, norm_plus_one=False, norm_kind="rms",
+        attn_softcap=0.0,
+        query_pre_attn_scalar=0.0,
+        rope_local_theta=0.0,
+        rope_linear_factor=1.0,
+        norm_plus_one=False,
+        norm_kind="rms",
         norm_bias=False,
-    )  # fmt: skip
+    )
 
 
 def variant_configs(cfg: ModelConfig) -> list[tuple[str, int, ModelConfig | None, int]]:
@@ -121,7 +139,7 @@ def variant_rows(
                         "kv_cache_bytes": variant_cache_bytes(variant, per_token, s, b),
                     }
                     for s, b in points
-                ],  # fmt: skip
+                ],
                 "params": None if variant is None else analytic.num_params(variant),
                 "weight_bytes": None if variant is None else analytic.weight_bytes(variant),
                 "attention_intensity": intensity,

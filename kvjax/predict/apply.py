@@ -26,27 +26,50 @@ from kvjax.predict.validate import corpus_fits
 def kernel_class(name: str, phase: str) -> str | None:
     if name == kernels.ATTENTION:
         return "attention_prefill" if phase == "prefill" else "attention_decode"
-    if name in kernels.REGISTRY and kernels.REGISTRY[name].kind == kernels.MATMUL and name not in (
-        kernels.SCORES, kernels.AV,
-    ):  # fmt: skip
+    if (
+        name in kernels.REGISTRY
+        and kernels.REGISTRY[name].kind == kernels.MATMUL
+        and name
+        not in (
+            kernels.SCORES,
+            kernels.AV,
+        )
+    ):
         return "matmul"
     return None
 
 
 def _interval(
-    fit: Fit, flops: float, nbytes: float, peak: float, chip: ChipSpec, calls: int = 1,
-    special_s: float = 0.0, launches: int = 1, fill: float = 1.0,
-) -> dict[str, float]:  # fmt: skip
+    fit: Fit,
+    flops: float,
+    nbytes: float,
+    peak: float,
+    chip: ChipSpec,
+    calls: int = 1,
+    special_s: float = 0.0,
+    launches: int = 1,
+    fill: float = 1.0,
+) -> dict[str, float]:
     """`calls` launches of one kernel (its layers), each of 1/calls of the FLOPs and bytes (and of
     the exponentials' `special_s`; `fill`: a block loop's `bounds.pipeline_fill`), on `chip` (its
     bandwidth, its compute family's e_c); a whole step pays the fit's fixed term once per layer
     (`launches`)."""
-    x = Features(flops / calls, nbytes / calls, peak, chip.bandwidth_bytes_per_s,
-                 special_s=special_s / calls, family=compute_family(chip),
-                 launches=launches, fill=fill)  # fmt: skip
+    x = Features(
+        flops / calls,
+        nbytes / calls,
+        peak,
+        chip.bandwidth_bytes_per_s,
+        special_s=special_s / calls,
+        family=compute_family(chip),
+        launches=launches,
+        fill=fill,
+    )
     p, lo, hi = fit.interval([x])
-    return {"predicted_s": calls * float(p[0]), "predicted_lo_s": calls * float(lo[0]),
-            "predicted_hi_s": calls * float(hi[0])}  # fmt: skip
+    return {
+        "predicted_s": calls * float(p[0]),
+        "predicted_lo_s": calls * float(lo[0]),
+        "predicted_hi_s": calls * float(hi[0]),
+    }
 
 
 def kernel_layers(cfg: ModelConfig, chip=None) -> dict[str, int]:
@@ -65,9 +88,17 @@ def kernel_layers(cfg: ModelConfig, chip=None) -> dict[str, int]:
 
 
 def kernel_seconds(
-    fits: dict[str, Fit], name: str, flops: float, nbytes: float, phase: str, layers: int,
-    chip: ChipSpec, peak: float, special_s: float = 0.0, fill: float = 1.0,
-) -> float | None:  # fmt: skip
+    fits: dict[str, Fit],
+    name: str,
+    flops: float,
+    nbytes: float,
+    phase: str,
+    layers: int,
+    chip: ChipSpec,
+    peak: float,
+    special_s: float = 0.0,
+    fill: float = 1.0,
+) -> float | None:
     """One kernel of a step (summed over its layers) as its class predicts it: `layers` launches
     of 1/layers of its FLOPs, bytes and exponentials' `special_s` (a per-layer kernel), with the
     fused attention's pipeline `fill`, no wave term; None where the kernel has no class (norms,
@@ -76,14 +107,24 @@ def kernel_seconds(
     if cls not in fits or flops + nbytes <= 0:
         return None
     calls = layers if kernels.REGISTRY[name].per_layer else 1
-    x = Features(flops / calls, nbytes / calls, peak, chip.bandwidth_bytes_per_s,
-                 special_s=special_s / calls, family=compute_family(chip), fill=fill)  # fmt: skip
+    x = Features(
+        flops / calls,
+        nbytes / calls,
+        peak,
+        chip.bandwidth_bytes_per_s,
+        special_s=special_s / calls,
+        family=compute_family(chip),
+        fill=fill,
+    )
     return calls * float(fits[cls].predict([x])[0])
 
 
 def predict_step(
-    placed: list[dict[str, Any]], cfg: ModelConfig, wl: Workload, chip: ChipSpec,
-) -> dict[str, Any]:  # fmt: skip
+    placed: list[dict[str, Any]],
+    cfg: ModelConfig,
+    wl: Workload,
+    chip: ChipSpec,
+) -> dict[str, Any]:
     """Per kernel (the placed kernels of `kvjax calc`, summed over their layers: a per-layer
     kernel is predicted as one launch a layer that runs it, `kernel_layers`) and for the whole
     step as an engine runs it (`engine_step_cost`): predicted time and its 80% interval, with the
@@ -106,25 +147,35 @@ def predict_step(
         if cls in fits and k["flops"] + k["bytes"] > 0:
             calls = layers.get(k["name"], 1) if kernels.REGISTRY[k["name"]].per_layer else 1
             attn = k["name"] == kernels.ATTENTION
-            row.update(_interval(fits[cls], k["flops"], k["bytes"], peak, chip, calls,
-                                 exps if attn else 0.0, fill=fill if attn else 1.0))  # fmt: skip
+            row.update(
+                _interval(
+                    fits[cls],
+                    k["flops"],
+                    k["bytes"],
+                    peak,
+                    chip,
+                    calls,
+                    exps if attn else 0.0,
+                    fill=fill if attn else 1.0,
+                )
+            )
         else:
             row.update(predicted_s=None, predicted_lo_s=None, predicted_hi_s=None)
         out.append(row)
     engine = engine_step_cost(cfg, wl, chip)
-    step = {"class": "step", **_interval(fits["step"], engine.flops, engine.bytes, peak, chip,
-                                         launches=cfg.num_layers)}  # fmt: skip
-    return {"kernels": out, "step": step,
-            "fits": {c: f.to_dict() for c, f in fits.items()}}  # fmt: skip
+    step = {
+        "class": "step",
+        **_interval(fits["step"], engine.flops, engine.bytes, peak, chip, launches=cfg.num_layers),
+    }
+    return {"kernels": out, "step": step, "fits": {c: f.to_dict() for c, f in fits.items()}}
 
 
 def predict_step_s(
     flops: float, nbytes: float, chip: ChipSpec, dtype: str, layers: int
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """The whole step's prediction: what a compiled engine's step of `layers` layers (each
     paying the fit's fixed term once) is predicted to take."""
-    return _interval(corpus_fits()["step"], flops, nbytes, chip.peak(dtype), chip,
-                     launches=layers)  # fmt: skip
+    return _interval(corpus_fits()["step"], flops, nbytes, chip.peak(dtype), chip, launches=layers)
 
 
 def engine_step_cost(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> StepCost:

@@ -82,8 +82,11 @@ class Closed:
     def bound_s(self) -> float:
         """max(exact FLOPs / peak, compulsory bytes / bandwidth, a step's collectives at the
         link's line rate): no implementation beats it."""
-        return max(self.floor_flops / self.peak_flops_per_s,
-                   self.floor_bytes / self.bandwidth_bytes_per_s, self.link_s)  # fmt: skip
+        return max(
+            self.floor_flops / self.peak_flops_per_s,
+            self.floor_bytes / self.bandwidth_bytes_per_s,
+            self.link_s,
+        )
 
     @property
     def bound_side(self) -> str:
@@ -111,22 +114,39 @@ def _attention_config(row: Row, dtype: str) -> ModelConfig:
     N = row.num_heads
     if row.latent_dim:  # MLA: DeepSeek-V3's layer with the row's heads and latent widths
         return get_model_config(
-            "deepseek-v3", num_layers=1, num_heads=N, num_kv_heads=N, kv_lora_rank=row.latent_dim,
-            qk_rope_head_dim=row.rope_dim or 64, attention_kernel="flash", kv_dtype=dtype,
-            first_dense_layers=0, mla_decode="absorbed",
-        )  # fmt: skip
+            "deepseek-v3",
+            num_layers=1,
+            num_heads=N,
+            num_kv_heads=N,
+            kv_lora_rank=row.latent_dim,
+            qk_rope_head_dim=row.rope_dim or 64,
+            attention_kernel="flash",
+            kv_dtype=dtype,
+            first_dense_layers=0,
+            mla_decode="absorbed",
+        )
     K = row.num_kv_heads or N
     if N % K:
-        raise KvjaxError(f"{row.where}: column 'num_kv_heads': num_heads={N} is not "
-                         f"divisible by num_kv_heads={K}")  # fmt: skip
+        raise KvjaxError(
+            f"{row.where}: column 'num_kv_heads': num_heads={N} is not "
+            f"divisible by num_kv_heads={K}"
+        )
     if not row.head_dim:
         raise KvjaxError(f"{row.where}: column 'head_dim': is empty; a GQA/MHA row needs it")
     w = dtype if DTYPE_BYTES.get(dtype, 1) >= 2 else "bf16"
     return ModelConfig(
-        name="corpus-row", num_layers=1, d_model=N * row.head_dim, num_heads=N,
-        num_kv_heads=K, head_dim=row.head_dim, d_ff=4 * N * row.head_dim, vocab_size=256,
-        weight_dtype=w, kv_dtype=dtype, attention_kernel="flash",
-    )  # fmt: skip
+        name="corpus-row",
+        num_layers=1,
+        d_model=N * row.head_dim,
+        num_heads=N,
+        num_kv_heads=K,
+        head_dim=row.head_dim,
+        d_ff=4 * N * row.head_dim,
+        vocab_size=256,
+        weight_dtype=w,
+        kv_dtype=dtype,
+        attention_kernel="flash",
+    )
 
 
 def closed_form(row: Row) -> Closed:
@@ -144,8 +164,11 @@ def closed_form(row: Row) -> Closed:
                 wl = Workload("extend", row.batch, wl.context, new_tokens=T)
         else:
             T = row.seq_q or 1
-            wl = (Workload("decode", row.batch, row.seq_kv) if T == 1
-                  else Workload("extend", row.batch, row.seq_kv, new_tokens=T))  # fmt: skip
+            wl = (
+                Workload("decode", row.batch, row.seq_kv)
+                if T == 1
+                else Workload("extend", row.batch, row.seq_kv, new_tokens=T)
+            )
         tiles = flash.plan_for_chip(cfg, wl, chip)
         causal = True if row.causal is None else row.causal
         cost = flash.flash_attention_cost(cfg, wl, tiles, causal=causal)
@@ -172,9 +195,19 @@ def closed_form(row: Row) -> Closed:
             rows = shape.query_heads // shape.kv_heads * T
             padded = flops * math.ceil(rows / MMA_ROWS) * MMA_ROWS / rows
         exps = sum(k.transcendentals for k in cost.kernels())
-        return Closed(flops, nbytes, peak, bw, programs, chip.num_cores or 1, padded,
-                      floor.flops, floor_bytes, special_seconds(exps, chip, chips),
-                      fill=fill)  # fmt: skip
+        return Closed(
+            flops,
+            nbytes,
+            peak,
+            bw,
+            programs,
+            chip.num_cores or 1,
+            padded,
+            floor.flops,
+            floor_bytes,
+            special_seconds(exps, chip, chips),
+            fill=fill,
+        )
     if kind == "matmul":
         groups = row.batch or 1
         a = DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else 0.5
@@ -182,8 +215,15 @@ def closed_form(row: Row) -> Closed:
         one = _matmul("matmul", row.m, row.k, row.n, a, a, out=out)
         peak = _peak(chip, "bf16" if dtype == "int4" else dtype, row) * chips
         tiles = gemm_tiles(row.m, row.n, row.k, groups, chip.num_cores or 1)
-        return Closed(groups * one.flops, groups * one.bytes, peak, bw, tiles,
-                      chip.num_cores or 1, family=compute_family(chip))  # fmt: skip
+        return Closed(
+            groups * one.flops,
+            groups * one.bytes,
+            peak,
+            bw,
+            tiles,
+            chip.num_cores or 1,
+            family=compute_family(chip),
+        )
     # whole steps of a preset
     cfg = step_config(row)
     phase = "decode" if kind == "decode_step" else "prefill"
@@ -200,18 +240,32 @@ def closed_form(row: Row) -> Closed:
 
         serial = tensor_parallel_link(cfg, chip, chips, achieved=True)(wl.tokens, wl.batch)
         line = tensor_parallel_link(cfg, chip, chips, achieved=False)(wl.tokens, wl.batch)
-    return Closed(cost.flops, nbytes, peak, bw, 0, chip.num_cores or 1,
-                  bound_flops=floor_flops, bound_bytes=floor_bytes,
-                  launches=cfg.num_layers, serial_s=serial, link_s=line)  # fmt: skip
+    return Closed(
+        cost.flops,
+        nbytes,
+        peak,
+        bw,
+        0,
+        chip.num_cores or 1,
+        bound_flops=floor_flops,
+        bound_bytes=floor_bytes,
+        launches=cfg.num_layers,
+        serial_s=serial,
+        link_s=line,
+    )
 
 
 def step_config(row: Row) -> ModelConfig:
     """A step row's preset in the row's dtypes: int4 weights as int8's config (their bytes
     halved by the caller), int8 and int4 weight-only in bf16, fp8 weights and activations with
     every matmul at fp8 (`matmul_dtype`: W8A8, the engines' FP8), fused attention."""
-    return get_model_config(row.model, weight_dtype={"int4": "int8"}.get(row.dtype, row.dtype),
-                            kv_dtype=row.kv_dtype or "bf16", attention_kernel="flash",
-                            matmul_dtype="fp8" if row.dtype == "fp8" else "")  # fmt: skip
+    return get_model_config(
+        row.model,
+        weight_dtype={"int4": "int8"}.get(row.dtype, row.dtype),
+        kv_dtype=row.kv_dtype or "bf16",
+        attention_kernel="flash",
+        matmul_dtype="fp8" if row.dtype == "fp8" else "",
+    )
 
 
 def gemm_tiles(m: int, n: int, k: int, groups: int, cores: int) -> int:

@@ -26,10 +26,30 @@ from kvjax.hardware import CHIPS
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "published"
 
 COLUMNS = (
-    "source", "source_group", "chip", "dtype", "kernel", "implementation", "batch", "seq_q",
-    "seq_kv", "num_heads", "num_kv_heads", "head_dim", "causal", "latent_dim", "rope_dim", "m", "n",
-    "k", "model", "context", "measured_s", "convention", "confidence",
-)  # fmt: skip
+    "source",
+    "source_group",
+    "chip",
+    "dtype",
+    "kernel",
+    "implementation",
+    "batch",
+    "seq_q",
+    "seq_kv",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "causal",
+    "latent_dim",
+    "rope_dim",
+    "m",
+    "n",
+    "k",
+    "model",
+    "context",
+    "measured_s",
+    "convention",
+    "confidence",
+)
 OPTIONAL = ("num_chips", "kv_dtype", "flag_reason", "timing")  # extra columns kvjax reads
 # how a row was timed: `kernel`, the kernel's own duration from a profiler or device timer
 # (CUPTI, kineto, nsys, nvbench's GPU time); `graph`, a CUDA graph's replay between CUDA events
@@ -40,8 +60,21 @@ OPTIONAL = ("num_chips", "kv_dtype", "flag_reason", "timing")  # extra columns k
 TIMING = ("kernel", "graph", "events", "host")
 KERNELS = ("attention_prefill", "attention_decode", "matmul", "decode_step", "prefill_step")
 CONFIDENCE = ("exact", "plot")
-INTS = ("batch", "seq_q", "seq_kv", "num_heads", "num_kv_heads", "head_dim", "latent_dim",
-        "rope_dim", "m", "n", "k", "context", "num_chips")  # fmt: skip
+INTS = (
+    "batch",
+    "seq_q",
+    "seq_kv",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "latent_dim",
+    "rope_dim",
+    "m",
+    "n",
+    "k",
+    "context",
+    "num_chips",
+)
 # A row's dtype: int4 is weight-only (gpt-fast's int4 rows: half of int8's weight bytes, computed
 # in bf16); fp4 a GEMM's (both operands 4-bit, block-scaled: NVFP4, MXFP4) at the chip's fp4
 # peak, its elements at 4 bits (the scales' 0.25-0.5 bit an element left out: the bound stays
@@ -160,9 +193,14 @@ def read_csv(path: str | Path) -> list[Row]:
                 if values[column] is None:
                     raise _bad(name, i, column, "is empty; every row needs it")
             if values["dtype"] in ONLY_MATMUL and values["kernel"] != "matmul":
-                raise _bad(name, i, "dtype", f"{values['dtype']!r} is a GEMM's dtype; a "
-                           f"{values['kernel']} row takes one of "
-                           f"{', '.join(d for d in DTYPES if d not in ONLY_MATMUL)}")  # fmt: skip
+                raise _bad(
+                    name,
+                    i,
+                    "dtype",
+                    f"{values['dtype']!r} is a GEMM's dtype; a "
+                    f"{values['kernel']} row takes one of "
+                    f"{', '.join(d for d in DTYPES if d not in ONLY_MATMUL)}",
+                )
             for column in REQUIRED[values["kernel"]]:
                 if values[column] is None:
                     raise _bad(name, i, column, f"is empty; a {values['kernel']} row needs it")

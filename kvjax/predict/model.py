@@ -189,8 +189,9 @@ def fit(xs: Sequence[Features], measured_s: Sequence[float]) -> Fit:
         best = (float(t0[i]), float(ec[j]), float(eb[k]))
         t0 = _around(t0, i, log=True)
         ec, eb = _around(ec, j, hi=1.0), _around(eb, k, hi=1.0)
-    return Fit(*best, rows=len(xs),
-               family_compute_efficiency=_families(xs, tc, tm, n0, serial, y, *best))  # fmt: skip
+    return Fit(
+        *best, rows=len(xs), family_compute_efficiency=_families(xs, tc, tm, n0, serial, y, *best)
+    )
 
 
 def _families(
@@ -255,8 +256,11 @@ class Validation:
     def median_interval_width(self) -> float:
         """The 80% interval's median width over the held-out rows, as a fraction of the
         prediction: (hi - lo) / predicted."""
-        widths = [math.exp(f.hi) - math.exp(f.lo) for f in self.held_fits.values()
-                  for _ in range(f.rows_held)]  # fmt: skip
+        widths = [
+            math.exp(f.hi) - math.exp(f.lo)
+            for f in self.held_fits.values()
+            for _ in range(f.rows_held)
+        ]
         return float(np.median(widths)) if widths else float("nan")
 
 

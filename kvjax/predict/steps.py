@@ -63,9 +63,16 @@ class Overhead:
 
 
 def kernel_s(
-    fits: dict[str, Fit], name: str, k, phase: str, layers: int, chip: ChipSpec, peak: float,
-    chips: int = 1, fill: float = 1.0,
-) -> float:  # fmt: skip
+    fits: dict[str, Fit],
+    name: str,
+    k,
+    phase: str,
+    layers: int,
+    chip: ChipSpec,
+    peak: float,
+    chips: int = 1,
+    fill: float = 1.0,
+) -> float:
     """One kernel of a step (summed over the `layers` that run it: `kernel_layers`; over `chips`
     chips as one aggregate roof) by its class, or at its bound where it has none; `fill`: the
     fused attention's pipeline fill (`bounds.attention_fill`)."""
@@ -77,9 +84,13 @@ def kernel_s(
 
 
 def kernels_s(
-    fits: dict[str, Fit], cfg: ModelConfig, wl: Workload, chip: ChipSpec, chips: int = 1,
+    fits: dict[str, Fit],
+    cfg: ModelConfig,
+    wl: Workload,
+    chip: ChipSpec,
+    chips: int = 1,
     int4: bool = False,
-) -> float:  # fmt: skip
+) -> float:
     """A whole step's kernels, each by its class (weight-only int4: half of int8's weight
     bytes, computed in bf16 as `bounds.closed_form` counts it)."""
     peak = chip.peak(cfg.peak_dtype)
@@ -90,8 +101,9 @@ def kernels_s(
     total = 0.0
     for name, k in ks.items():
         k = scale_weights(k, 0.5) if int4 else k
-        total += kernel_s(fits, name, k, attention_form(cfg, wl), layers.get(name, 1), chip,
-                          peak, chips, fill)  # fmt: skip
+        total += kernel_s(
+            fits, name, k, attention_form(cfg, wl), layers.get(name, 1), chip, peak, chips, fill
+        )
     return total
 
 
@@ -101,8 +113,9 @@ def scale_weights(k, scale: float):
     if scale == 1 or not k.weight_bytes:
         return k
     cut = k.weight_bytes * (1 - scale)
-    return type(k)(k.name, k.flops, k.bytes - cut, k.transcendentals, k.weight_bytes - cut,
-                   k.kv_bytes)  # fmt: skip
+    return type(k)(
+        k.name, k.flops, k.bytes - cut, k.transcendentals, k.weight_bytes - cut, k.kv_bytes
+    )
 
 
 def fit_t0(kernel_s_: np.ndarray, measured_s: np.ndarray, layers=None) -> float:
@@ -115,9 +128,11 @@ def fit_t0(kernel_s_: np.ndarray, measured_s: np.ndarray, layers=None) -> float:
 
 
 def leave_one_group_out(
-    kernel_s_: Sequence[float], measured_s: Sequence[float], groups: Sequence[str],
+    kernel_s_: Sequence[float],
+    measured_s: Sequence[float],
+    groups: Sequence[str],
     layers: Sequence[float] | None = None,
-) -> tuple[dict[str, Overhead], Overhead, np.ndarray]:  # fmt: skip
+) -> tuple[dict[str, Overhead], Overhead, np.ndarray]:
     """Per group, the overhead (per layer: `layers`, None: 1 a row) fitted on the other groups
     with its nested interval (`heldout.leave_one_group_out`); the overhead on every group (its
     interval from every group's held-out residuals); each row's held-out log(measured /
@@ -137,8 +152,10 @@ def leave_one_group_out(
         return t0 * n[rows] + s[rows]
 
     nested = heldout.leave_one_group_out(groups, y, t0_without, predict)
-    held = {name: Overhead(nested.alone[name], lo, hi, int((g != name).sum()), len(names) - 1)
-            for name, (lo, hi) in nested.ends.items()}  # fmt: skip
+    held = {
+        name: Overhead(nested.alone[name], lo, hi, int((g != name).sum()), len(names) - 1)
+        for name, (lo, hi) in nested.ends.items()
+    }
     lo, hi = heldout.conformal_ends(nested.resid)
     return held, Overhead(fit_t0(s, y, n), lo, hi, len(y), len(names)), nested.resid
 
@@ -167,12 +184,17 @@ def corpus_steps(without: str | None = None) -> dict:
     rows = corpus_rows(without)
     best = best_of_each_shape(rows)
     classes = corpus_classes(without)
-    out = [_step_row(r, classes) for r, b in zip(rows, best, strict=True)
-           if b and r.kernel in ("decode_step", "prefill_step")]  # fmt: skip
+    out = [
+        _step_row(r, classes)
+        for r, b in zip(rows, best, strict=True)
+        if b and r.kernel in ("decode_step", "prefill_step")
+    ]
     held, whole, resid = leave_one_group_out(
-        [o.kernels_s for o in out], [o.measured_s for o in out], [o.group for o in out],
+        [o.kernels_s for o in out],
+        [o.measured_s for o in out],
+        [o.group for o in out],
         [o.layers for o in out],
-    )  # fmt: skip
+    )
     rows_out = [replace(o, ratio=float(np.exp(-e))) for o, e in zip(out, resid, strict=True)]
     return {"held": held, "all": whole, "rows": rows_out}
 
@@ -193,8 +215,11 @@ def _step_row(r, classes: dict) -> StepRow:
 def kernel_fits(classes: dict, group: str | None) -> dict[str, Fit]:
     """The kernel classes' fits for a row of `group`: each class's fit that left the group out
     where the class has its rows, else the fit on every group."""
-    return {cls: (v.held_fits.get(group) if group else None) or v.fit
-            for cls, v in classes.items() if cls != "step"}  # fmt: skip
+    return {
+        cls: (v.held_fits.get(group) if group else None) or v.fit
+        for cls, v in classes.items()
+        if cls != "step"
+    }
 
 
 def step_summary() -> dict:
@@ -207,10 +232,14 @@ def step_summary() -> dict:
         [lo <= -np.log(r.ratio) <= hi for r, (lo, hi) in zip(rows, ends, strict=True)],
         [np.exp(hi) - np.exp(lo) for lo, hi in ends],
     )
-    return {"rows": e["rows"], "groups": len({r.group for r in rows}),
-            "loso_median_abs_error": e["median_abs_error"], "loso_coverage_80": e["coverage_80"],
-            "interval_80_median_width": e["interval_80_median_width"],
-            "t0_s": c["all"].t0_s}  # fmt: skip
+    return {
+        "rows": e["rows"],
+        "groups": len({r.group for r in rows}),
+        "loso_median_abs_error": e["median_abs_error"],
+        "loso_coverage_80": e["coverage_80"],
+        "interval_80_median_width": e["interval_80_median_width"],
+        "t0_s": c["all"].t0_s,
+    }
 
 
 def step_from_kernels(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, float]:
@@ -227,10 +256,15 @@ def step_from_kernels(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[st
         engine = cfg
         t = kernels_s(fits, cfg, wl, chip)
     peak, bw = chip.peak(engine.peak_dtype), chip.bandwidth_bytes_per_s
-    bound = sum(roofline.bound_time_s(k.flops, k.bytes, peak, bw)
-                for k in step_kernels(engine, wl, chip).values())  # fmt: skip
+    bound = sum(
+        roofline.bound_time_s(k.flops, k.bytes, peak, bw)
+        for k in step_kernels(engine, wl, chip).values()
+    )
     o = corpus_steps()["all"]
     p = o.t0_s * engine.num_layers + t
-    return {"class": "kernels", "predicted_s": p,
-            "predicted_lo_s": max(p * math.exp(o.lo), bound),  # no lower than its kernels' bounds
-            "predicted_hi_s": p * math.exp(o.hi)}  # fmt: skip
+    return {
+        "class": "kernels",
+        "predicted_s": p,
+        "predicted_lo_s": max(p * math.exp(o.lo), bound),  # no lower than its kernels' bounds
+        "predicted_hi_s": p * math.exp(o.hi),
+    }

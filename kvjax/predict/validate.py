@@ -26,16 +26,43 @@ from kvjax.predict import bounds, heldout, model
 from kvjax.predict.corpus import COLUMNS, CORPUS_DIR, OPTIONAL, TIMING, Row, read_corpus
 from kvjax.predict.groups import implementation_of
 
-_SHAPE = ("chip", "dtype", "kernel", "batch", "seq_q", "seq_kv", "num_heads", "num_kv_heads",
-          "head_dim", "causal", "latent_dim", "rope_dim", "m", "n", "k", "model", "context",
-          "num_chips", "kv_dtype")  # fmt: skip
+_SHAPE = (
+    "chip",
+    "dtype",
+    "kernel",
+    "batch",
+    "seq_q",
+    "seq_kv",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "causal",
+    "latent_dim",
+    "rope_dim",
+    "m",
+    "n",
+    "k",
+    "model",
+    "context",
+    "num_chips",
+    "kv_dtype",
+)
 
 
 def features(closed: bounds.Closed) -> model.Features:
-    return model.Features(closed.tile_flops or closed.flops, closed.bytes,
-                          closed.peak_flops_per_s, closed.bandwidth_bytes_per_s, closed.tiles,
-                          closed.cores, closed.special_s, closed.family,
-                          closed.launches, closed.fill, closed.serial_s)  # fmt: skip
+    return model.Features(
+        closed.tile_flops or closed.flops,
+        closed.bytes,
+        closed.peak_flops_per_s,
+        closed.bandwidth_bytes_per_s,
+        closed.tiles,
+        closed.cores,
+        closed.special_s,
+        closed.family,
+        closed.launches,
+        closed.fill,
+        closed.serial_s,
+    )
 
 
 def best_of_each_shape(rows: list[Row]) -> list[bool]:
@@ -64,9 +91,10 @@ def fit_classes(rows: list[Row], closed: list[bounds.Closed]) -> dict[str, model
         if len(by_group) < 2 or len(idx) - max(by_group.values()) < 2:
             continue  # too few rows to hold a group out
         out[cls] = model.leave_one_source_out(
-            [features(closed[i]) for i in idx], [rows[i].measured_s for i in idx],
+            [features(closed[i]) for i in idx],
+            [rows[i].measured_s for i in idx],
             [rows[i].group for i in idx],
-        )  # fmt: skip
+        )
     return out
 
 
@@ -111,8 +139,10 @@ def by_timing(records: list[dict]) -> dict[str, dict[str, Any]]:
         if not sel:
             continue
         ratio = [r["held_out_predicted_s"] / r["measured_s"] for r in sel]
-        out[key] = {**heldout.summary(ratio, [r["held_out_covered"] for r in sel]),
-                    "groups": len({r["source_group"] for r in sel})}  # fmt: skip
+        out[key] = {
+            **heldout.summary(ratio, [r["held_out_covered"] for r in sel]),
+            "groups": len({r["source_group"] for r in sel}),
+        }
     return out
 
 
@@ -145,12 +175,20 @@ def validate(rows: list[Row]) -> dict[str, Any]:
         record.update(file=r.path, line=r.line, source_group=r.group)
         fraction = c.bound_s / r.measured_s
         record.update(
-            bound_flops=c.floor_flops, bound_bytes=c.floor_bytes, bound_intensity=c.intensity,
-            closed_flops=c.flops, closed_bytes=c.bytes, closed_intensity=c.flops / c.bytes,
-            peak_flops_per_s=c.peak_flops_per_s, bandwidth_bytes_per_s=c.bandwidth_bytes_per_s,
-            bound_s=c.bound_s, bound_side=c.bound_side,
-            fraction_of_bound=fraction, above_bound=bool(fraction > 1.0), best_of_shape=best[i],
-        )  # fmt: skip
+            bound_flops=c.floor_flops,
+            bound_bytes=c.floor_bytes,
+            bound_intensity=c.intensity,
+            closed_flops=c.flops,
+            closed_bytes=c.bytes,
+            closed_intensity=c.flops / c.bytes,
+            peak_flops_per_s=c.peak_flops_per_s,
+            bandwidth_bytes_per_s=c.bandwidth_bytes_per_s,
+            bound_s=c.bound_s,
+            bound_side=c.bound_side,
+            fraction_of_bound=fraction,
+            above_bound=bool(fraction > 1.0),
+            best_of_shape=best[i],
+        )
         if fitted is not None:
             p, lo, hi = (float(x[0]) for x in fitted.interval([features(c)]))
             lo = max(lo, c.bound_s)  # no implementation beats the bound
@@ -158,31 +196,45 @@ def validate(rows: list[Row]) -> dict[str, Any]:
         else:
             record.update(predicted_s=None, predicted_lo_s=None, predicted_hi_s=None)
         held_out = source is not None and source.startswith("held out")
-        record.update(prediction_from=source,
-                      held_out_predicted_s=record["predicted_s"] if held_out else None,
-                      held_out_covered=held.get(i))  # fmt: skip
+        record.update(
+            prediction_from=source,
+            held_out_predicted_s=record["predicted_s"] if held_out else None,
+            held_out_covered=held.get(i),
+        )
         out_rows.append(record)
     classes = {}
     for cls in model.CLASSES:
-        fr = [rec["fraction_of_bound"] for rec in out_rows
-              if model.kernel_class(rec["kernel"]) == cls]  # fmt: skip
+        fr = [
+            rec["fraction_of_bound"] for rec in out_rows if model.kernel_class(rec["kernel"]) == cls
+        ]
         if not fr:
             continue
         q = np.quantile(fr, [0.0, 0.1, 0.5, 0.9, 1.0])
         entry: dict[str, Any] = {
-            "rows": len(fr), "above_bound": int(sum(f > 1 for f in fr)),
-            "fraction_of_bound": dict(zip(("min", "p10", "median", "p90", "max"),
-                                          map(float, q), strict=True)),
-        }  # fmt: skip
+            "rows": len(fr),
+            "above_bound": int(sum(f > 1 for f in fr)),
+            "fraction_of_bound": dict(
+                zip(("min", "p10", "median", "p90", "max"), map(float, q), strict=True)
+            ),
+        }
         v = fits.get(cls)
         if v is not None:
             entry.update(
-                fit=v.fit.to_dict(), fitted_rows=v.fit.rows, sources=v.fit.sources,
-                loso_median_abs_error=v.median_abs_error, loso_coverage_80=v.coverage,
+                fit=v.fit.to_dict(),
+                fitted_rows=v.fit.rows,
+                sources=v.fit.sources,
+                loso_median_abs_error=v.median_abs_error,
+                loso_coverage_80=v.coverage,
                 interval_80_median_width=v.median_interval_width,
-                by_timing=by_timing([rec for rec in out_rows if rec["held_out_covered"] is not None
-                                     and model.kernel_class(rec["kernel"]) == cls]),
-            )  # fmt: skip
+                by_timing=by_timing(
+                    [
+                        rec
+                        for rec in out_rows
+                        if rec["held_out_covered"] is not None
+                        and model.kernel_class(rec["kernel"]) == cls
+                    ]
+                ),
+            )
         classes[cls] = entry
     return {
         "rows": out_rows,

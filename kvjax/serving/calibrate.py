@@ -58,18 +58,21 @@ def _scenarios(buckets, max_batch: int, cap: int, token_budget: int) -> list[lis
     return [s for s in scenarios for _ in range(REPEATS)]
 
 
-def plan(buckets, max_batch: int, max_len: int, token_budget: int, pool_pages: int,
-         page_size: int) -> list[Request]:  # fmt: skip
+def plan(
+    buckets, max_batch: int, max_len: int, token_budget: int, pool_pages: int, page_size: int
+) -> list[Request]:
     """The calibration's requests, `arrival_s` in steps (each scenario after the one before it
     has finished), for an engine of these limits."""
     cap = min(max_len, pool_pages * page_size)
     reqs: list[Request] = []
     start = 0
     for scenario in _scenarios(buckets, max_batch, cap, token_budget):
-        batch = [Request(len(reqs) + i, float(start + at), p, o)
-                 for i, (at, p, o) in enumerate(scenario)]  # fmt: skip
-        sched = Scheduler(PagePool(pool_pages, page_size), max_batch, token_budget,
-                          prefix_caching=False)  # fmt: skip
+        batch = [
+            Request(len(reqs) + i, float(start + at), p, o) for i, (at, p, o) in enumerate(scenario)
+        ]
+        sched = Scheduler(
+            PagePool(pool_pages, page_size), max_batch, token_budget, prefix_caching=False
+        )
         start += len(batches(batch, sched, offset=start))
         reqs += batch
     return reqs

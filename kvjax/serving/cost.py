@@ -14,9 +14,12 @@ from kvjax.errors import KvjaxError
 
 
 def energy_and_cost(
-    output_tokens: int, duration_s: float, chips: int = 1, power_watts: float | None = None,
+    output_tokens: int,
+    duration_s: float,
+    chips: int = 1,
+    power_watts: float | None = None,
     price_per_chip_hour: float | None = None,
-) -> dict[str, float | None]:  # fmt: skip
+) -> dict[str, float | None]:
     """Joules per output token (None without a power) and the price of a million output tokens
     (None without a price)."""
     for name, value in (("power_watts", power_watts), ("price_per_chip_hour", price_per_chip_hour)):
@@ -30,9 +33,11 @@ def energy_and_cost(
     return {
         "chips": chips,
         "power_watts": power_watts,
-        "energy_j_per_output_token": None if power_watts is None
+        "energy_j_per_output_token": None
+        if power_watts is None
         else power_watts * held_s / output_tokens,
         "price_per_chip_hour": price_per_chip_hour,
-        "cost_per_million_output_tokens": None if price_per_chip_hour is None
+        "cost_per_million_output_tokens": None
+        if price_per_chip_hour is None
         else price_per_chip_hour * held_s / 3600 / output_tokens * 1e6,
-    }  # fmt: skip
+    }

@@ -126,9 +126,17 @@ class Deployment:
     def pool(self) -> KvPool:
         """The KV pool one device's memory leaves (refused, with the bytes, where none)."""
         e = self.engine
-        return kv_pool(self.devices[1], self.chip, e.page_size, self.token_budget, self.longest,
-                       e.memory_utilization, reserve_bytes=e.reserve_bytes,
-                       max_batch=e.max_batch, weight_scale=self.weight_scale)  # fmt: skip
+        return kv_pool(
+            self.devices[1],
+            self.chip,
+            e.page_size,
+            self.token_budget,
+            self.longest,
+            e.memory_utilization,
+            reserve_bytes=e.reserve_bytes,
+            max_batch=e.max_batch,
+            weight_scale=self.weight_scale,
+        )
 
     @property
     def pages_per_copy(self) -> int:
@@ -142,16 +150,23 @@ class Deployment:
             raise KvjaxError("a deployment needs a step_model to time its steps")
         p = self.placement
         inner = self.step_model(self.devices[0], self.chip)
-        return placed.placed_step(inner, self.model, self.chip, p.tp, p.pp, p.ep,
-                                  achieved=self.achieved)  # fmt: skip
+        return placed.placed_step(
+            inner, self.model, self.chip, p.tp, p.pp, p.ep, achieved=self.achieved
+        )
 
     def scheduler(self) -> Scheduler:
         """One engine copy, fresh."""
         e, whole = self.engine, self.whole_prefill
-        return Scheduler(PagePool(self.pages_per_copy, self.pool.page_size), e.max_batch,
-                         self.token_budget, prefix_caching=e.prefix_caching and not whole,
-                         chunked_prefill=not whole, reserve=e.reserve,
-                         spec_tokens=e.spec_tokens, acceptance=e.acceptance)  # fmt: skip
+        return Scheduler(
+            PagePool(self.pages_per_copy, self.pool.page_size),
+            e.max_batch,
+            self.token_budget,
+            prefix_caching=e.prefix_caching and not whole,
+            chunked_prefill=not whole,
+            reserve=e.reserve,
+            spec_tokens=e.spec_tokens,
+            acceptance=e.acceptance,
+        )
 
     def schedulers(self) -> list[Scheduler]:
         """Every copy of every replica, fresh."""
@@ -163,18 +178,22 @@ class Deployment:
         step = self.step if factor == 1 else placed.Scaled(self.step, factor)
         return simulate_replicas(requests, self.schedulers(), step, self.engine.route)
 
-    def run_disaggregated(self, requests: list[Request], link_bytes_per_s: float,
-                          latency_s: float = 0.0) -> SimulationResult:  # fmt: skip
+    def run_disaggregated(
+        self, requests: list[Request], link_bytes_per_s: float, latency_s: float = 0.0
+    ) -> SimulationResult:
         """Prefill on one instance, decode on another (one chip each), the prompt's cache over
         a link of `link_bytes_per_s` between them."""
         from kvjax.serving.disagg import kv_transfer_s, simulate_disaggregated
 
         if self.placement != Placement():
-            raise KvjaxError("a disaggregated deployment runs one chip an instance (no "
-                             "--tp/--pp/--ep/--dp-attention/--replicas)")  # fmt: skip
+            raise KvjaxError(
+                "a disaggregated deployment runs one chip an instance (no "
+                "--tp/--pp/--ep/--dp-attention/--replicas)"
+            )
         prefill = self.scheduler()
-        decode = replace(self.engine, prefix_caching=False, reserve=False, spec_tokens=0,
-                         acceptance=0.0)  # fmt: skip
+        decode = replace(
+            self.engine, prefix_caching=False, reserve=False, spec_tokens=0, acceptance=0.0
+        )
         decode = replace(self, engine=decode).scheduler()
         move = kv_transfer_s(self.pool.bytes_per_token, link_bytes_per_s, latency_s)
         return simulate_disaggregated(requests, prefill, decode, self.step, self.step, move)
@@ -204,7 +223,9 @@ def fewest_tensor_parallel(d: Deployment) -> tuple[Deployment, str | None]:
         if tokens >= d.engine.max_batch * d.longest:
             first = option
             break
-    note = (f"no --tp given and one {d.chip.name} cannot hold the weights: "
-            f"tp={first.placement.tp}, the fewest of 2, 4, 8 whose pool holds --max-batch "
-            f"{d.engine.max_batch} requests of {d.longest} tokens (or any)")  # fmt: skip
+    note = (
+        f"no --tp given and one {d.chip.name} cannot hold the weights: "
+        f"tp={first.placement.tp}, the fewest of 2, 4, 8 whose pool holds --max-batch "
+        f"{d.engine.max_batch} requests of {d.longest} tokens (or any)"
+    )
     return first, note

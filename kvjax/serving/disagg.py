@@ -49,17 +49,22 @@ class _Instance:
 
 
 def simulate_disaggregated(
-    requests: list[Request], prefill: Scheduler, decode: Scheduler,
+    requests: list[Request],
+    prefill: Scheduler,
+    decode: Scheduler,
     prefill_time: Callable[[list[Scheduled]], float],
-    decode_time: Callable[[list[Scheduled]], float], transfer_s: Callable[[Request], float],
-) -> SimulationResult:  # fmt: skip
+    decode_time: Callable[[list[Scheduled]], float],
+    transfer_s: Callable[[Request], float],
+) -> SimulationResult:
     """Every request through both instances (none lost, none served twice); the result's pages
     are the decode instance's, its steps and busy time both instances'."""
     pending = sorted(requests, key=lambda r: (r.arrival_s, r.id))
     if len({r.id for r in pending}) != len(pending):
         raise KvjaxError("request ids must be unique")
-    first = {r.id: Request(r.id, r.arrival_s, r.prompt_len, 1, r.prefix_id, r.prefix_len)
-             for r in pending}  # the prefill instance's copy: the prompt and one token  # fmt: skip
+    first = {
+        r.id: Request(r.id, r.arrival_s, r.prompt_len, 1, r.prefix_id, r.prefix_len)
+        for r in pending
+    }  # the prefill instance's copy: the prompt and one token
     for r in pending:
         prefill.check(first[r.id])
         decode.check(r)
@@ -69,10 +74,16 @@ def simulate_disaggregated(
     i, done, n = 0, 0, len(pending)
     while done < n:
         # the instance whose next step can start first moves
-        p_next = p.free_at if (p.sched.waiting or p.sched.running) else (
-            max(p.free_at, pending[i].arrival_s) if i < n else float("inf"))  # fmt: skip
-        d_next = d.free_at if (d.sched.waiting or d.sched.running) else (
-            max(d.free_at, handoffs[0][0]) if handoffs else float("inf"))  # fmt: skip
+        p_next = (
+            p.free_at
+            if (p.sched.waiting or p.sched.running)
+            else (max(p.free_at, pending[i].arrival_s) if i < n else float("inf"))
+        )
+        d_next = (
+            d.free_at
+            if (d.sched.waiting or d.sched.running)
+            else (max(d.free_at, handoffs[0][0]) if handoffs else float("inf"))
+        )
         if p_next <= d_next:
             now = p_next
             while i < n and pending[i].arrival_s <= now:
@@ -108,6 +119,13 @@ def simulate_disaggregated(
     end_s = max(r.finish_s for r in pending)
     in_system = sum(r.finish_s - r.arrival_s for r in pending)  # the integral, request by request
     return SimulationResult(
-        pending, p.steps + d.steps, p.sched.preemptions + d.sched.preemptions, end_s,
-        p.busy + d.busy, in_system, d.pages, prefill.pool.hits, prefill.pool.lookups,
-    )  # fmt: skip
+        pending,
+        p.steps + d.steps,
+        p.sched.preemptions + d.sched.preemptions,
+        end_s,
+        p.busy + d.busy,
+        in_system,
+        d.pages,
+        prefill.pool.hits,
+        prefill.pool.lookups,
+    )

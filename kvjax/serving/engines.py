@@ -83,9 +83,11 @@ def mlperf_engines() -> dict[str, dict[str, Any]]:
         return {}
     return {
         r["source"]: dict(
-            max_batch=int(r["max_batch"]), token_budget=int(r["max_num_tokens"]),
+            max_batch=int(r["max_batch"]),
+            token_budget=int(r["max_num_tokens"]),
             reserve=r["batch_scheduler_policy"] != "max_util",
-            free=float(r["kvcache_free_gpu_mem_frac"] or 0.9), util=1.0,
+            free=float(r["kvcache_free_gpu_mem_frac"] or 0.9),
+            util=1.0,
         )
         for r in pd.read_csv(MLPERF_ENGINES_CSV, keep_default_na=False).to_dict("records")
-    }  # fmt: skip
+    }

@@ -50,8 +50,9 @@ def bucket_of(tokens: int, buckets: Sequence[int]) -> int:
 
 def _pairs(batch) -> list[tuple[int, int]]:
     """(tokens, context) per entry, from `Scheduled` entries or from pairs already."""
-    return [(s.tokens, s.context) if hasattr(s, "tokens") else (int(s[0]), int(s[1]))
-            for s in batch]  # fmt: skip
+    return [
+        (s.tokens, s.context) if hasattr(s, "tokens") else (int(s[0]), int(s[1])) for s in batch
+    ]
 
 
 def feature_names(buckets: Sequence[int]) -> tuple[str, ...]:
@@ -107,9 +108,14 @@ class FittedStepTime:
     cores, its memory's modes), so a simulated percentile above the median sees that spread
     as the engine's does. Without it, every step takes the fit's mean time."""
 
-    def __init__(self, coefficients_s: dict[str, float], buckets: Sequence[int],
-                 spread: Sequence[float] | None = None, seed: int = 0,
-                 names: Sequence[str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        coefficients_s: dict[str, float],
+        buckets: Sequence[int],
+        spread: Sequence[float] | None = None,
+        seed: int = 0,
+        names: Sequence[str] | None = None,
+    ):
         full = feature_names(buckets)
         names = full if names is None else tuple(names)
         unknown = [f for f in names if f not in full]
@@ -167,18 +173,27 @@ class FittedStepTime:
         ratios = []
         for steps in runs:
             trace = self.speed_trace(steps, per_window)
-            ratios += [s.wall_s / (self.mean_s(s.batch) * trace(s.start_s))
-                       for s in steps if self.mean_s(s.batch) > 0]  # fmt: skip
+            ratios += [
+                s.wall_s / (self.mean_s(s.batch) * trace(s.start_s))
+                for s in steps
+                if self.mean_s(s.batch) > 0
+            ]
         r = np.array(ratios)
         return tuple((r / r.mean()).tolist())
 
-    def scaled(self, speed: float, spread: Sequence[float] | None = None,
-               seed: int = 0) -> FittedStepTime:  # fmt: skip
+    def scaled(
+        self, speed: float, spread: Sequence[float] | None = None, seed: int = 0
+    ) -> FittedStepTime:
         """The same model on a machine `speed` times slower (every coefficient times it)."""
         if not speed > 0:
             raise KvjaxError(f"speed={speed!r} must be > 0")
-        return FittedStepTime({f: c * speed for f, c in self.coefficients_s.items()},
-                              self.buckets, spread, seed, self.names)  # fmt: skip
+        return FittedStepTime(
+            {f: c * speed for f, c in self.coefficients_s.items()},
+            self.buckets,
+            spread,
+            seed,
+            self.names,
+        )
 
     def __call__(self, batch) -> float:
         mean_s = self.mean_s(batch)
@@ -188,9 +203,11 @@ class FittedStepTime:
 
     @classmethod
     def fit(
-        cls, steps: Sequence[tuple[Sequence, float]], buckets: Sequence[int],
+        cls,
+        steps: Sequence[tuple[Sequence, float]],
+        buckets: Sequence[int],
         names: Sequence[str] | None = None,
-    ) -> tuple[FittedStepTime, FitReport]:  # fmt: skip
+    ) -> tuple[FittedStepTime, FitReport]:
         """Fitted to (batch, measured seconds) pairs: a batch as `Scheduled` entries or
         (tokens, context) pairs (`kvjax.measured.engine.MeasuredStep`'s `batch`, `wall_s`), on
         `names` (all of `feature_names(buckets)` by default; fewer where an engine's limits merge
@@ -231,16 +248,24 @@ class FittedStepTime:
         # fit's (the ratios themselves average above 1: a slow step is 3x, a fast one 0.8x)
         ratio = y[pred > 0] / pred[pred > 0]
         report = FitReport(
-            len(steps), dict(model.coefficients_s), float(np.median(rel)), float(rel.mean()),
-            float(pred.sum() / y.sum() - 1), tuple((ratio / ratio.mean()).tolist()),
-        )  # fmt: skip
+            len(steps),
+            dict(model.coefficients_s),
+            float(np.median(rel)),
+            float(rel.mean()),
+            float(pred.sum() / y.sum() - 1),
+            tuple((ratio / ratio.mean()).tolist()),
+        )
         return model, report
 
     @classmethod
     def fit_runs(
-        cls, runs: Sequence[Sequence[tuple[Sequence, float]]], buckets: Sequence[int],
-        max_rounds: int = 200, tol: float = 1e-9, names: Sequence[str] | None = None,
-    ) -> tuple[FittedStepTime, FitReport, list[float]]:  # fmt: skip
+        cls,
+        runs: Sequence[Sequence[tuple[Sequence, float]]],
+        buckets: Sequence[int],
+        max_rounds: int = 200,
+        tol: float = 1e-9,
+        names: Sequence[str] | None = None,
+    ) -> tuple[FittedStepTime, FitReport, list[float]]:
         """Fitted to several runs' steps on a machine whose speed moves between runs (a shared
         VM: the hypervisor takes its cores for tens of seconds at a time): each run's steps
         divided by that run's speed (`speed`, against the previous fit, relative to the first
@@ -274,8 +299,16 @@ class FittedStepTime:
 
 
 STEPS_FORMAT = "kvjax serve steps, v1"
-ENGINE_KEYS = ("model", "device", "max_batch", "max_len", "token_budget", "page_size",
-               "kv_pool_tokens", "buckets")  # fmt: skip
+ENGINE_KEYS = (
+    "model",
+    "device",
+    "max_batch",
+    "max_len",
+    "token_budget",
+    "page_size",
+    "kv_pool_tokens",
+    "buckets",
+)
 POSITIVE_KEYS = ("max_batch", "max_len", "token_budget", "page_size", "kv_pool_tokens")
 # written since the calibration on the step clock; a file without them: every feature, and
 # every run but the last a calibration run
@@ -290,8 +323,7 @@ def save_steps(path, engine: dict, runs: Sequence[Sequence]) -> None:
 
     out = [[[[list(e) for e in s.batch], s.wall_s, s.start_s] for s in run] for run in runs]
     keys = [*ENGINE_KEYS, *(k for k in OPTIONAL_KEYS if k in engine)]
-    write_json_atomic(path, {"format": STEPS_FORMAT, **{k: engine[k] for k in keys},
-                             "runs": out})  # fmt: skip
+    write_json_atomic(path, {"format": STEPS_FORMAT, **{k: engine[k] for k in keys}, "runs": out})
 
 
 def load_steps(path) -> tuple[dict, list[list[tuple[tuple, float]]]]:
@@ -308,8 +340,10 @@ def load_steps(path) -> tuple[dict, list[list[tuple[tuple, float]]]]:
             f"{path}: not a steps file of `kvjax serve --save-steps` ({exc})"
         ) from None
     if not isinstance(data, dict) or data.get("format") != STEPS_FORMAT:
-        raise KvjaxError(f"{path}: not a steps file of `kvjax serve --save-steps` "
-                         f"(format {STEPS_FORMAT!r} expected)")  # fmt: skip
+        raise KvjaxError(
+            f"{path}: not a steps file of `kvjax serve --save-steps` "
+            f"(format {STEPS_FORMAT!r} expected)"
+        )
     missing = [k for k in (*ENGINE_KEYS, "runs") if k not in data]
     if missing:
         raise KvjaxError(f"{path}: missing {', '.join(missing)}")
@@ -326,11 +360,14 @@ def load_steps(path) -> tuple[dict, list[list[tuple[tuple, float]]]]:
     ):
         raise KvjaxError(f"{path}: buckets={b!r} must be increasing positive integers")
     if b[-1] != min(data["token_budget"], data["max_len"]):
-        raise KvjaxError(f"{path}: the largest bucket {b[-1]} is not min(token_budget, max_len)"
-                         f" = {min(data['token_budget'], data['max_len'])}")  # fmt: skip
+        raise KvjaxError(
+            f"{path}: the largest bucket {b[-1]} is not min(token_budget, max_len)"
+            f" = {min(data['token_budget'], data['max_len'])}"
+        )
     if data["kv_pool_tokens"] < data["page_size"]:
-        raise KvjaxError(f"{path}: kv_pool_tokens={data['kv_pool_tokens']} holds no page of "
-                         f"{data['page_size']}")  # fmt: skip
+        raise KvjaxError(
+            f"{path}: kv_pool_tokens={data['kv_pool_tokens']} holds no page of {data['page_size']}"
+        )
     if not isinstance(data["runs"], list) or not all(isinstance(r, list) for r in data["runs"]):
         raise KvjaxError(f"{path}: runs must be a list of runs, each a list of steps")
     runs = []
@@ -340,11 +377,14 @@ def load_steps(path) -> tuple[dict, list[list[tuple[tuple, float]]]]:
             try:
                 batch, wall_s = tuple((int(t), int(c)) for t, c in row[0]), float(row[1])
             except (TypeError, ValueError, IndexError, KeyError):
-                raise KvjaxError(f"{path}: run {r} step {i} is not [[[tokens, context], ...], "
-                                 "seconds, start]") from None  # fmt: skip
+                raise KvjaxError(
+                    f"{path}: run {r} step {i} is not [[[tokens, context], ...], seconds, start]"
+                ) from None
             if not batch or not wall_s > 0 or any(t < 1 or t > b[-1] for t, _ in batch):
-                raise KvjaxError(f"{path}: run {r} step {i} has no entry, no time ({wall_s} s) "
-                                 f"or a chunk outside the buckets")  # fmt: skip
+                raise KvjaxError(
+                    f"{path}: run {r} step {i} has no entry, no time ({wall_s} s) "
+                    f"or a chunk outside the buckets"
+                )
             steps.append((batch, wall_s))
         if not steps:
             raise KvjaxError(f"{path}: run {r} has no steps")
@@ -357,7 +397,11 @@ def load_steps(path) -> tuple[dict, list[list[tuple[tuple, float]]]]:
         raise KvjaxError(f"{path}: features={names!r} must be a list of {list(full)}")
     calib = data.get("calibration_runs", max(1, len(runs) - 1))
     if isinstance(calib, bool) or not isinstance(calib, int) or not 1 <= calib <= len(runs):
-        raise KvjaxError(f"{path}: calibration_runs={calib!r} must be an integer in 1.."
-                         f"{len(runs)} (the runs)")  # fmt: skip
-    return {**{k: data[k] for k in ENGINE_KEYS}, "features": tuple(names),
-            "calibration_runs": calib}, runs  # fmt: skip
+        raise KvjaxError(
+            f"{path}: calibration_runs={calib!r} must be an integer in 1..{len(runs)} (the runs)"
+        )
+    return {
+        **{k: data[k] for k in ENGINE_KEYS},
+        "features": tuple(names),
+        "calibration_runs": calib,
+    }, runs

@@ -77,9 +77,15 @@ def arrivals(n: int, rate: float, rng: np.random.Generator, cv: float = 1.0) -> 
 
 
 def generate(
-    n: int, rate: float, prompt: str, output: str, seed: int = 0, cv: float = 1.0,
-    prefix_len: int = 0, prefix_share: float = 0.0,
-) -> list[Request]:  # fmt: skip
+    n: int,
+    rate: float,
+    prompt: str,
+    output: str,
+    seed: int = 0,
+    cv: float = 1.0,
+    prefix_len: int = 0,
+    prefix_share: float = 0.0,
+) -> list[Request]:
     """n requests; a fraction `prefix_share` of them begins with the same prefix_len tokens (one
     system prompt, added to their prompt lengths)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -98,7 +104,7 @@ def generate(
             o,
             prefix_id=0 if s else None,
             prefix_len=prefix_len if s else 0,
-        )  # fmt: skip
+        )
         for i, (t, p, o, s) in enumerate(zip(times, ps, os_, shared, strict=True))
     ]
 

@@ -36,11 +36,17 @@ from kvjax.model.config import ModelConfig
 GIB = 1 << 30
 # (what, bytes, source): the reserves a GPU engine keeps off the KV pool
 GPU_RESERVES = (
-    ("CUDA graphs", 0.36 * GIB,
-     "vLLM 0.27 log 'Estimated CUDA graph memory: 0.36 GiB total' (gpustack/runner#251)"),
-    ("non-torch memory", 0.33 * GIB,
-     "vLLM worker log 'non_torch_memory takes 0.33GiB' (vllm-project/vllm#14452)"),
-)  # fmt: skip
+    (
+        "CUDA graphs",
+        0.36 * GIB,
+        "vLLM 0.27 log 'Estimated CUDA graph memory: 0.36 GiB total' (gpustack/runner#251)",
+    ),
+    (
+        "non-torch memory",
+        0.33 * GIB,
+        "vLLM worker log 'non_torch_memory takes 0.33GiB' (vllm-project/vllm#14452)",
+    ),
+)
 
 
 def engine_reserve_bytes(chip: ChipSpec) -> float:
@@ -79,10 +85,16 @@ def slot_bytes(cfg: ModelConfig, page_size: int, max_context: int) -> int:
 
 
 def kv_pool(
-    cfg: ModelConfig, chip: ChipSpec, page_size: int, token_budget: int, max_context: int,
-    memory_utilization: float = 0.9, reserve_bytes: float | None = None, max_batch: int = 256,
+    cfg: ModelConfig,
+    chip: ChipSpec,
+    page_size: int,
+    token_budget: int,
+    max_context: int,
+    memory_utilization: float = 0.9,
+    reserve_bytes: float | None = None,
+    max_batch: int = 256,
     weight_scale: float = 1.0,
-) -> KvPool:  # fmt: skip
+) -> KvPool:
     """The pool's pages; a KvjaxError with the bytes needed and the bytes there are when the
     weights, the largest step, the reserves and the slots leave no page. `reserve_bytes` None:
     `engine_reserve_bytes(chip)`; `weight_scale`: the weights' bytes against the config's dtype
@@ -96,8 +108,11 @@ def kv_pool(
     global_layers = cfg.num_attention_layers - cfg.num_sliding_layers
     per_token = kv_bytes_per_token_per_layer(cfg) * global_layers
     tokens = min(token_budget, max_context)
-    largest = Workload(EXTEND, 1, max_context, new_tokens=tokens) if tokens < max_context else (
-        Workload("prefill", 1, max_context))  # fmt: skip
+    largest = (
+        Workload(EXTEND, 1, max_context, new_tokens=tokens)
+        if tokens < max_context
+        else (Workload("prefill", 1, max_context))
+    )
     act = activation_bytes(cfg, largest)
     weights = weight_bytes(cfg) * weight_scale
     slot = slot_bytes(cfg, page_size, max_context)
@@ -115,8 +130,19 @@ def kv_pool(
             f"{memory_utilization:g} x {chip.memory_bytes:,.0f} B"
             + (" (lower --max-batch: each running request's slot is reserved)" if slot else "")
         )
-    return KvPool(pages, page_size, per_token, pool, weights, act, reserve_bytes, slot, max_batch,
-                  chip.memory_bytes, memory_utilization)  # fmt: skip
+    return KvPool(
+        pages,
+        page_size,
+        per_token,
+        pool,
+        weights,
+        act,
+        reserve_bytes,
+        slot,
+        max_batch,
+        chip.memory_bytes,
+        memory_utilization,
+    )
 
 
 def whole_prefill_reason(cfg: ModelConfig) -> str | None:

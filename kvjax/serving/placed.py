@@ -76,8 +76,9 @@ class PipelinedStepTime(_Around):
     """A micro-batch's step through pp stages: the whole model's step (`inner`, one tp-way
     device's shapes, all layers) and pp - 1 hops of its activations, M x D / tp a device."""
 
-    def __init__(self, inner, cfg: ModelConfig, chip: ChipSpec, pp: int, tp: int = 1,
-                 achieved: bool = False):  # fmt: skip
+    def __init__(
+        self, inner, cfg: ModelConfig, chip: ChipSpec, pp: int, tp: int = 1, achieved: bool = False
+    ):
         super().__init__(inner)
         self.hops, (self.link, self.latency) = pp - 1, _link(chip, achieved)
         self.row = cfg.d_model * DTYPE_BYTES[cfg.compute_dtype] / tp
@@ -111,8 +112,10 @@ def expert_device_config(cfg: ModelConfig, ep: int) -> ModelConfig:
 
     check_placement(cfg, Placement(tp=1, ep=ep, dp_attention=ep))
     if cfg.num_experts // ep < cfg.experts_per_token:
-        raise KvjaxError(f"ep={ep} leaves {cfg.num_experts // ep} experts a device, fewer than "
-                         f"experts_per_token={cfg.experts_per_token}")  # fmt: skip
+        raise KvjaxError(
+            f"ep={ep} leaves {cfg.num_experts // ep} experts a device, fewer than "
+            f"experts_per_token={cfg.experts_per_token}"
+        )
     return cfg.replace(num_experts=cfg.num_experts // ep)
 
 
@@ -134,8 +137,15 @@ def device_configs(cfg: ModelConfig, tp: int = 1, pp: int = 1, ep: int = 1):
     return dev, stage_config(dev, pp) if pp > 1 else dev
 
 
-def placed_step(step, cfg: ModelConfig, chip: ChipSpec, tp: int = 1, pp: int = 1, ep: int = 1,
-                achieved: bool = False):  # fmt: skip
+def placed_step(
+    step,
+    cfg: ModelConfig,
+    chip: ChipSpec,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    achieved: bool = False,
+):
     """A device's step (`step`, on `device_configs`' first model) with the placement's
     collectives: tp's all-reduces, pp's stage hops, ep's all-to-alls."""
     from kvjax.serving.step_time import PlacedStepTime

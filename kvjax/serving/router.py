@@ -91,8 +91,13 @@ def joint(
                         )
                     batch[r], start[r], end[r] = b, t, t + dt
     return SimulationResult(
-        pending, sum(steps), sum(s.preemptions for s in schedulers),
-        max(r.token_times[-1] for r in pending), sum(busy) / n,
-        sum(r.token_times[-1] - r.arrival_s for r in pending), sorted(pages),
-        sum(s.pool.hits for s in schedulers), sum(s.pool.lookups for s in schedulers),
-    )  # fmt: skip
+        pending,
+        sum(steps),
+        sum(s.preemptions for s in schedulers),
+        max(r.token_times[-1] for r in pending),
+        sum(busy) / n,
+        sum(r.token_times[-1] - r.arrival_s for r in pending),
+        sorted(pages),
+        sum(s.pool.hits for s in schedulers),
+        sum(s.pool.lookups for s in schedulers),
+    )

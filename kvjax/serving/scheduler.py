@@ -91,10 +91,18 @@ class Scheduled:
 
 
 class Scheduler:
-    def __init__(self, pool: PagePool, max_batch: int, token_budget: int,
-                 prefix_caching: bool = True, chunked_prefill: bool = True,
-                 reserve: bool = False, spec_tokens: int = 0, acceptance: float = 0.0,
-                 seed: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        pool: PagePool,
+        max_batch: int,
+        token_budget: int,
+        prefix_caching: bool = True,
+        chunked_prefill: bool = True,
+        reserve: bool = False,
+        spec_tokens: int = 0,
+        acceptance: float = 0.0,
+        seed: int = 0,
+    ):
         for name, value in (("max_batch", max_batch), ("token_budget", token_budget)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KvjaxError(f"{name}={value!r} must be a positive integer")

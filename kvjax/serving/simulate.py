@@ -97,17 +97,25 @@ def simulate(
             in_system += (nxt - now) * (i - done)
             now = nxt
             continue
-        dt, in_system = _clock(step_time(batch), len(batch), now, in_system, pending, i, done,
-                               speed)  # fmt: skip
+        dt, in_system = _clock(
+            step_time(batch), len(batch), now, in_system, pending, i, done, speed
+        )
         now += dt
         busy += dt
         steps += 1
         done += len(scheduler.finish_step(batch, now))
         pages.append((now, scheduler.pool.used_pages))
     return SimulationResult(
-        pending, steps, scheduler.preemptions, now, busy, in_system, pages,
-        scheduler.pool.hits, scheduler.pool.lookups,
-    )  # fmt: skip
+        pending,
+        steps,
+        scheduler.preemptions,
+        now,
+        busy,
+        in_system,
+        pages,
+        scheduler.pool.hits,
+        scheduler.pool.lookups,
+    )
 
 
 def _clock(base, n, now, in_system, pending, i, done, speed) -> tuple[float, float]:
@@ -131,12 +139,15 @@ def merge_replicas(results: list[SimulationResult]) -> SimulationResult:
         return results[0]
     return SimulationResult(
         sorted((r for res in results for r in res.requests), key=lambda r: (r.arrival_s, r.id)),
-        sum(r.steps for r in results), sum(r.preemptions for r in results),
-        max(r.end_s for r in results), sum(r.busy_s for r in results) / len(results),
+        sum(r.steps for r in results),
+        sum(r.preemptions for r in results),
+        max(r.end_s for r in results),
+        sum(r.busy_s for r in results) / len(results),
         sum(r.requests_in_system_s for r in results),
         sorted(p for r in results for p in r.pages_in_use),
-        sum(r.prefix_hit_pages for r in results), sum(r.prefix_lookup_pages for r in results),
-    )  # fmt: skip
+        sum(r.prefix_hit_pages for r in results),
+        sum(r.prefix_lookup_pages for r in results),
+    )
 
 
 def _admission_fails(sch: Scheduler, budget: int) -> bool:
@@ -153,8 +164,11 @@ def _admission_fails(sch: Scheduler, budget: int) -> bool:
         if sch.pool.cached_prefix([r.page_hash(j, sch.pool.page_size) for j in range(full)]):
             return False  # a try would take and release its hits (the free list's order)
     computed = max(0, r.transferred)
-    tokens = r.prompt_len + r.output_len - 1 - computed if sch.reserve else min(
-        r.known - computed, budget)  # fmt: skip
+    tokens = (
+        r.prompt_len + r.output_len - 1 - computed
+        if sch.reserve
+        else min(r.known - computed, budget)
+    )
     return sch.pool.pages_for(computed + tokens) > sch.pool.free_pages
 
 
@@ -224,7 +238,7 @@ def report(
             result.prefix_hit_pages / result.prefix_lookup_pages
             if result.prefix_lookup_pages
             else None
-        ),  # fmt: skip
+        ),
         "output_tokens": out_tokens,
         "duration_s": span,
     }

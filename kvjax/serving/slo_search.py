@@ -23,15 +23,21 @@ def slo_percentiles(result, pct: float) -> tuple[float, float]:
     TPOT a request's time from its first token to its last over its other tokens."""
     rs = result.requests
     ttft = [r.token_times[0] - r.arrival_s for r in rs]
-    tpot = [(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1)
-            for r in rs if len(r.token_times) > 1]  # fmt: skip
+    tpot = [
+        (r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1)
+        for r in rs
+        if len(r.token_times) > 1
+    ]
     return float(np.percentile(ttft, pct)), float(np.percentile(tpot, pct)) if tpot else 0.0
 
 
 def slo_prediction(
-    row: dict[str, Any], serve: Callable[[float, float], Any], ends: tuple[float, float],
-    output_len: int, replicas: int,
-) -> dict[str, Any]:  # fmt: skip
+    row: dict[str, Any],
+    serve: Callable[[float, float], Any],
+    ends: tuple[float, float],
+    output_len: int,
+    replicas: int,
+) -> dict[str, Any]:
     """A server row's output tokens/s: the largest Poisson rate (a replica's share, bisected on a
     log scale) whose TTFT and TPOT hold at the row's percentile, found again with every step
     `ends` times as long for the interval. `serve(rate, factor)`: a replica's run at that rate,
@@ -62,5 +68,10 @@ def slo_prediction(
             end = largest(f, top / f / 16, rate / f / 1.25, SLO_STEPS)[1]
         found.append(end)
     found.sort()
-    return {"predicted_value": value, "predicted_lo": found[0], "predicted_hi": found[1],
-            "rate_per_s": rate, "preemptions": None}  # fmt: skip
+    return {
+        "predicted_value": value,
+        "predicted_lo": found[0],
+        "predicted_hi": found[1],
+        "rate_per_s": rate,
+        "preemptions": None,
+    }

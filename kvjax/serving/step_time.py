@@ -67,8 +67,11 @@ class ClosedFormStepTime:
     def _cost(self, kernels_, keep, phase: str = "decode", wl: Workload | None = None):
         """(sum of the kept kernels' times, their FLOPs, their bytes)."""
         kept = [(n, k) for n, k in kernels_.items() if keep(n)]
-        return (sum(self._kernel_s(n, k, phase, wl) for n, k in kept),
-                sum(k.flops for _, k in kept), sum(k.bytes for _, k in kept))  # fmt: skip
+        return (
+            sum(self._kernel_s(n, k, phase, wl) for n, k in kept),
+            sum(k.flops for _, k in kept),
+            sum(k.bytes for _, k in kept),
+        )
 
     def _shared_s(self, tokens: int, rows: int) -> tuple[float, float, float]:
         """The context-free kernels over `tokens`, the LM head over `rows` sampled positions."""
@@ -94,9 +97,10 @@ class ClosedFormStepTime:
     def step_cost(self, batch) -> tuple[float, float, float]:
         """The batch's (sum of kernel bounds in seconds, FLOPs, bytes), split as above."""
         d = sum(s.tokens == 1 for s in batch)
-        parts = [self._shared(sum(s.tokens for s in batch), len(batch)),
-                 *(self._request(s.tokens, s.context, d if s.tokens == 1 else 1)
-                   for s in batch)]  # fmt: skip
+        parts = [
+            self._shared(sum(s.tokens for s in batch), len(batch)),
+            *(self._request(s.tokens, s.context, d if s.tokens == 1 else 1) for s in batch),
+        ]
         return tuple(sum(p[i] for p in parts) for i in range(3))
 
     def __call__(self, batch) -> float:
@@ -112,8 +116,10 @@ class ClosedFormStepTime:
         n, c = len(contexts), np.asarray(contexts, dtype=np.int64)
         need, at = np.unique(c[:, None] + np.arange(1, steps + 1)[None, :], return_inverse=True)
         per_s = np.array([self._request(1, int(s), n) for s in need])  # (contexts, 3)
-        parts = np.concatenate([np.broadcast_to(self._shared(n, n), (1, steps, 3)),
-                                per_s[at.reshape(n, steps)]], axis=0)  # fmt: skip
+        parts = np.concatenate(
+            [np.broadcast_to(self._shared(n, n), (1, steps, 3)), per_s[at.reshape(n, steps)]],
+            axis=0,
+        )
         t, flops, nbytes = np.cumsum(parts, axis=0)[-1].T
         return self._times(t, flops, nbytes)
 
@@ -180,8 +186,9 @@ class KernelStepTime(PredictedStepTime):
     `fits` and `overhead`: ones that left a source group out (default: every group's);
     `weight_scale`: the weights' bytes against the config's dtype (NVFP4 on an fp8 config)."""
 
-    def __init__(self, cfg: ModelConfig, chip: ChipSpec, fits=None, overhead=None,
-                 weight_scale: float = 1.0):  # fmt: skip
+    def __init__(
+        self, cfg: ModelConfig, chip: ChipSpec, fits=None, overhead=None, weight_scale: float = 1.0
+    ):
         from kvjax.predict import steps
         from kvjax.predict.validate import corpus_classes
 
@@ -196,10 +203,14 @@ class KernelStepTime(PredictedStepTime):
         from kvjax.predict.steps import kernel_s, scale_weights
 
         k = scale_weights(k, self.weight_scale)
-        fill = (attention_fill(self.cfg, wl, self.chip)
-                if name == kernels.ATTENTION and wl is not None else 1.0)  # fmt: skip
-        return kernel_s(self.fits, name, k, phase, self.layers.get(name, 1), self.chip, self.peak,
-                        fill=fill)  # fmt: skip
+        fill = (
+            attention_fill(self.cfg, wl, self.chip)
+            if name == kernels.ATTENTION and wl is not None
+            else 1.0
+        )
+        return kernel_s(
+            self.fits, name, k, phase, self.layers.get(name, 1), self.chip, self.peak, fill=fill
+        )
 
     def __call__(self, batch) -> float:
         return self.overhead.t0_s * self.cfg.num_layers + self.step_cost(batch)[0]
@@ -235,5 +246,8 @@ class PlacedStepTime:
 
 
 # `kvjax simulate --step-time`'s models of a chip's step (`fitted`, the engine's, is apart)
-STEP_MODELS = {"bound": ClosedFormStepTime, "predicted": PredictedStepTime,
-               "kernels": KernelStepTime}  # fmt: skip
+STEP_MODELS = {
+    "bound": ClosedFormStepTime,
+    "predicted": PredictedStepTime,
+    "kernels": KernelStepTime,
+}

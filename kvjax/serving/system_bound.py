@@ -175,9 +175,14 @@ def _request(cfg, chip, devices, weight_scale) -> _Request:
             f"({chip.memory_bytes * devices:,.0f} B): more devices, or lighter weights"
         )
     return _Request(
-        cfg, chip, chip.peak(cfg.peak_dtype) * devices, chip.bandwidth_bytes_per_s * devices,
-        free, step_weight_bytes(cfg) * weight_scale, float(state_bytes(cfg, 1)),
-    )  # fmt: skip
+        cfg,
+        chip,
+        chip.peak(cfg.peak_dtype) * devices,
+        chip.bandwidth_bytes_per_s * devices,
+        free,
+        step_weight_bytes(cfg) * weight_scale,
+        float(state_bytes(cfg, 1)),
+    )
 
 
 def _check(input_len, output_len, phase, spec_tokens, cached_fraction, prefill_len) -> None:
@@ -222,8 +227,18 @@ def system_bound(
     `cached_fraction`: speculation and a prefix cache, as the module docstring takes them."""
     _check(input_len, output_len, phase, spec_tokens, cached_fraction, prefill_len)
     if output_len != int(output_len):  # a mean: interpolate the per-request times
-        return _between_lengths(cfg, chip, devices, input_len, output_len, spec_tokens,
-                                weight_scale, phase, prefill_len, cached_fraction)  # fmt: skip
+        return _between_lengths(
+            cfg,
+            chip,
+            devices,
+            input_len,
+            output_len,
+            spec_tokens,
+            weight_scale,
+            phase,
+            prefill_len,
+            cached_fraction,
+        )
     r = _request(cfg, chip, devices, weight_scale)
     I, O, k = input_len, int(output_len), spec_tokens  # noqa: E741
     computed = 1 - cached_fraction  # the prompts' share whose prefill is computed
@@ -245,11 +260,21 @@ def system_bound(
     ttft = max(first / r.peak, (r.w_step + r.held(I)) / r.bw)
     tpot = max(r.decode_flops(I + 1) / r.peak, (r.w_step + r.held(I + 1)) / r.bw / (1 + k))
     return SystemBound(
-        devices, r.peak, r.bw, flops, nbytes, r.free, compute_s, memory_s,
-        output_tokens_per_s=tokens / t, input_tokens_per_s=(prefill_len or I) / t,
-        requests_per_s=1 / t, ttft_s=ttft, tpot_s=tpot,
+        devices,
+        r.peak,
+        r.bw,
+        flops,
+        nbytes,
+        r.free,
+        compute_s,
+        memory_s,
+        output_tokens_per_s=tokens / t,
+        input_tokens_per_s=(prefill_len or I) / t,
+        requests_per_s=1 / t,
+        ttft_s=ttft,
+        tpot_s=tpot,
         side="compute" if compute_s >= memory_s else "memory",
-    )  # fmt: skip
+    )
 
 
 def _decode_reads(r: _Request, I: int, O: int, k: float) -> float:  # noqa: E741
@@ -266,18 +291,25 @@ def _decode_reads(r: _Request, I: int, O: int, k: float) -> float:  # noqa: E741
 
 def _between_lengths(cfg, chip, devices, I, O, k, scale, phase, prefill_len, cached):  # noqa: E741
     """A mean output length between whole ones: the per-request times interpolated."""
-    lo, hi = (system_bound(cfg, chip, devices, I, n, k, scale, phase, prefill_len, cached)
-              for n in (math.floor(O), math.ceil(O)))  # fmt: skip
+    lo, hi = (
+        system_bound(cfg, chip, devices, I, n, k, scale, phase, prefill_len, cached)
+        for n in (math.floor(O), math.ceil(O))
+    )
     w = O - math.floor(O)
     comp = (1 - w) * lo.compute_s + w * hi.compute_s
     mem = (1 - w) * lo.memory_s + w * hi.memory_s
     t = max(comp, mem)
     return dataclasses.replace(
-        lo, flops=(1 - w) * lo.flops + w * hi.flops, bytes=(1 - w) * lo.bytes + w * hi.bytes,
-        compute_s=comp, memory_s=mem, output_tokens_per_s=O / t,
-        input_tokens_per_s=(prefill_len or I) / t, requests_per_s=1 / t,
+        lo,
+        flops=(1 - w) * lo.flops + w * hi.flops,
+        bytes=(1 - w) * lo.bytes + w * hi.bytes,
+        compute_s=comp,
+        memory_s=mem,
+        output_tokens_per_s=O / t,
+        input_tokens_per_s=(prefill_len or I) / t,
+        requests_per_s=1 / t,
         side="compute" if comp >= mem else "memory",
-    )  # fmt: skip
+    )
 
 
 def metric_bound(b: SystemBound, metric: str) -> float:

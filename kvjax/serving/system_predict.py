@@ -54,8 +54,11 @@ from kvjax.serving.step_time import KernelStepTime
 MAX_REQUESTS = 3000
 NVFP4_BITS = 4.5  # NVIDIA's NVFP4: 4-bit e2m1 elements, one fp8 e4m3 scale a block of 16
 # a metric -> the simulator report's statistic (TensorRT-LLM's online table: TPOT = mean ITL)
-METRICS = {"output_tokens_per_s": None, "ttft_mean_s": ("ttft_s", "mean"),
-           "tpot_mean_s": ("itl_s", "mean")}  # fmt: skip
+METRICS = {
+    "output_tokens_per_s": None,
+    "ttft_mean_s": ("ttft_s", "mean"),
+    "tpot_mean_s": ("itl_s", "mean"),
+}
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,10 @@ def held_fits(implementation: str | None) -> HeldFits:
         source = "every corpus row (the row names no implementation: not held out)"
     else:
         left = len(corpus_rows()) - len(corpus_rows(name))
-        source = (f"held out: kernel classes and the engine-step overhead fitted without "
-                  f"{name}'s own rows ({left} of the corpus's left out)")  # fmt: skip
+        source = (
+            f"held out: kernel classes and the engine-step overhead fitted without "
+            f"{name}'s own rows ({left} of the corpus's left out)"
+        )
     return HeldFits(name or "", kernel_fits(corpus_classes(name), None), steps["all"], source)
 
 
@@ -168,8 +173,9 @@ def kernel_chips() -> frozenset[str]:
 
     rows = read_corpus()
     kinds = ("attention_prefill", "attention_decode", "matmul")
-    return frozenset.intersection(*(frozenset(r.chip for r in rows if r.kernel == k)
-                                    for k in kinds))  # fmt: skip
+    return frozenset.intersection(
+        *(frozenset(r.chip for r in rows if r.kernel == k) for k in kinds)
+    )
 
 
 def _dtypes(row: dict[str, Any]) -> tuple[str, str, str, float]:
@@ -207,8 +213,13 @@ def deployment(row: dict[str, Any], fits: HeldFits) -> RowRun:
     the held-out kernels, its engine's scheduler over the cache its memory leaves."""
     tp, pp, ep = placement_of(row)
     weight, kv, compute, scale = _dtypes(row)
-    cfg = get_model_config(row["model"], weight_dtype=weight, kv_dtype=kv, attention_kernel="flash",
-                           matmul_dtype=compute)  # fmt: skip
+    cfg = get_model_config(
+        row["model"],
+        weight_dtype=weight,
+        kv_dtype=kv,
+        attention_kernel="flash",
+        matmul_dtype=compute,
+    )
     engine, _ = engine_of(row)
     I, O = lengths_of(row)  # noqa: E741
     # every prompt at the mean: drawing MLPerf's from its dataset (`sample:` lengths,
@@ -222,16 +233,29 @@ def deployment(row: dict[str, Any], fits: HeldFits) -> RowRun:
     if row["scenario"] == "concurrency":  # at most `concurrency` in flight over the copies
         max_batch = min(max_batch, max(1, int(row["concurrency"]) // (placement.copies * replicas)))
     settings = EngineSettings(
-        max_batch=max_batch, token_budget=engine["token_budget"], page_size=16,
-        memory_utilization=engine["util"], cache_fraction=engine["free"], reserve_bytes=0,
-        reserve=engine["reserve"], prefix_caching=False,
-    )  # fmt: skip
+        max_batch=max_batch,
+        token_budget=engine["token_budget"],
+        page_size=16,
+        memory_utilization=engine["util"],
+        cache_fraction=engine["free"],
+        reserve_bytes=0,
+        reserve=engine["reserve"],
+        prefix_caching=False,
+    )
 
     def step_model(dev, chip):
         return KernelStepTime(dev, chip, fits.kernels, fits.overhead, scale)
 
-    d = Deployment(cfg, get_chip(row["chip"]), I + O, placement, settings, step_model,
-                   achieved=True, weight_scale=scale)  # fmt: skip
+    d = Deployment(
+        cfg,
+        get_chip(row["chip"]),
+        I + O,
+        placement,
+        settings,
+        step_model,
+        achieved=True,
+        weight_scale=scale,
+    )
     return RowRun(d, replicas, n, I, O)
 
 
@@ -268,10 +292,20 @@ def predict_row(row: dict[str, Any], fits: HeldFits | None = None) -> dict[str, 
             lo, hi = v * ends[0], v * ends[1]
         else:
             lo, hi = v / ends[1], v / ends[0]
-        value = {"predicted_value": v, "predicted_lo": lo, "predicted_hi": hi,
-                 "rate_per_s": rate, "preemptions": preemptions}  # fmt: skip
-    return {"source": row["source"], "metric": row["metric"], **value, **_how(row, run, fits),
-            "seconds": time.perf_counter() - start}  # fmt: skip
+        value = {
+            "predicted_value": v,
+            "predicted_lo": lo,
+            "predicted_hi": hi,
+            "rate_per_s": rate,
+            "preemptions": preemptions,
+        }
+    return {
+        "source": row["source"],
+        "metric": row["metric"],
+        **value,
+        **_how(row, run, fits),
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def _how(row: dict[str, Any], run: RowRun, fits: HeldFits) -> dict[str, Any]:
@@ -279,26 +313,37 @@ def _how(row: dict[str, Any], run: RowRun, fits: HeldFits) -> dict[str, Any]:
     tp, pp, ep = placement_of(row)
     e = run.deployment.engine
     return {
-        "implementation": fits.implementation, "prediction_from": fits.source,
-        "engine": engine_of(row)[1], "tp": tp, "pp": pp, "ep": ep, "replicas": run.replicas,
-        "input_len": run.input_len, "output_len": run.output_len,
-        "requests_simulated": run.requests, "max_batch": e.max_batch,
-        "token_budget": e.token_budget, "admission": "reserve" if e.reserve else "recompute",
+        "implementation": fits.implementation,
+        "prediction_from": fits.source,
+        "engine": engine_of(row)[1],
+        "tp": tp,
+        "pp": pp,
+        "ep": ep,
+        "replicas": run.replicas,
+        "input_len": run.input_len,
+        "output_len": run.output_len,
+        "requests_simulated": run.requests,
+        "max_batch": e.max_batch,
+        "token_budget": e.token_budget,
+        "admission": "reserve" if e.reserve else "recompute",
         "kv_dtype": _dtypes(row)[1] + ("" if row["kv_dtype"] else " (unstated: the weights')"),
-    }  # fmt: skip
+    }
 
 
 def runnable(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows the simulator can run, the quick ones first: offline and fixed-rate runs, then
     the servers' rate searches (each a bisection of simulations)."""
-    return sorted((r for r in rows if why_not(r) is None),
-                  key=lambda r: r["scenario"] in SLO_SCENARIOS)  # fmt: skip
+    return sorted(
+        (r for r in rows if why_not(r) is None), key=lambda r: r["scenario"] in SLO_SCENARIOS
+    )
 
 
 def predict_rows(
-    rows: list[dict[str, Any]], out: str | Path | None = None, resume: bool = False,
+    rows: list[dict[str, Any]],
+    out: str | Path | None = None,
+    resume: bool = False,
     on_row: Callable[[dict[str, Any], dict[str, Any] | str], None] | None = None,
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[dict[str, Any]]:
     """Every runnable row's prediction (`runnable`), each written to `out` (a CSV, atomically)
     as it finishes; `resume`: the rows `out` already holds are kept, not run again. `on_row`
     is called with each row and its prediction, or why it is not predicted (first, for the rows

@@ -28,9 +28,10 @@ MIN_CALIBRATION = 20  # system rows of other implementations an interval is cali
 
 
 def attach(
-    rows: list[dict[str, Any]], predictions: dict[tuple[str, str], dict],
+    rows: list[dict[str, Any]],
+    predictions: dict[tuple[str, str], dict],
     reference: list[dict[str, Any]] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Each row's prediction (by its source and metric), where one ran, and its interval
     calibrated by implementation on `reference`'s predicted rows (None: these rows')."""
     for r in rows:
@@ -38,10 +39,13 @@ def attach(
         if p is None:
             continue
         how = p.get("prediction_from") or p.get("step_fit") or ""
-        r.update(predicted_value=p["predicted_value"], predicted_lo=p.get("predicted_lo"),
-                 predicted_hi=p.get("predicted_hi"), prediction_from=how,
-                 held_out_predicted_value=p["predicted_value"] if how.startswith("held out")
-                 else None)  # fmt: skip
+        r.update(
+            predicted_value=p["predicted_value"],
+            predicted_lo=p.get("predicted_lo"),
+            predicted_hi=p.get("predicted_hi"),
+            prediction_from=how,
+            held_out_predicted_value=p["predicted_value"] if how.startswith("held out") else None,
+        )
     predicted = [r for r in rows if r.get("predicted_value") is not None]
     calibrate(predicted, predicted if reference is None else reference)
 
@@ -99,20 +103,29 @@ def summarize(out: list[dict[str, Any]]) -> dict[str, Any]:
     held = [r for r in out if r.get("held_out_predicted_value") is not None]
     f = np.array([r["fraction_of_bound"] for r in out])
     pooled = _errors(held) if held else {}
-    simulated = [r["simulated_lo"] <= r["measured"] <= r["simulated_hi"] for r in held
-                 if r.get("simulated_lo") is not None]  # fmt: skip
+    simulated = [
+        r["simulated_lo"] <= r["measured"] <= r["simulated_hi"]
+        for r in held
+        if r.get("simulated_lo") is not None
+    ]
     groups = {
         "by_implementation": by(held, lambda r: r.get("implementation") or "unstated"),
         "by_chip_family": by(held, lambda r: chip_family(r["chip"])),
         "by_group": by(held, lambda r: r["source_group"]),
     }
     return {
-        "rows": len(out), "above_bound": int(sum(r["above_bound"] for r in out)),
+        "rows": len(out),
+        "above_bound": int(sum(r["above_bound"] for r in out)),
         "sources": len({r["source_group"] for r in out}),
         "implementations": len({r.get("implementation") or "unstated" for r in out}),
-        "fraction_of_bound": {k: float(v) for k, v in zip(
-            ("min", "p10", "median", "p90", "max"), np.quantile(f, [0, 0.1, 0.5, 0.9, 1]),
-            strict=True)},
+        "fraction_of_bound": {
+            k: float(v)
+            for k, v in zip(
+                ("min", "p10", "median", "p90", "max"),
+                np.quantile(f, [0, 0.1, 0.5, 0.9, 1]),
+                strict=True,
+            )
+        },
         "predicted_rows": len(held),
         "loso_median_abs_error": pooled.get("median_abs_error"),
         "loso_coverage_80": pooled.get("coverage_80"),
@@ -122,6 +135,6 @@ def summarize(out: list[dict[str, Any]]) -> dict[str, Any]:
         "median_of_group_medians": median_of_medians(groups["by_group"]),
         **groups,
         "prediction": f"the simulator on the row's engine, every fit and its interval held out "
-                      f"by implementation, for {len(held)} rows (`kvjax validate --predict`; "
-                      "the committed corpus's: experiments/results/system_predictions.csv)",
-    }  # fmt: skip
+        f"by implementation, for {len(held)} rows (`kvjax validate --predict`; "
+        "the committed corpus's: experiments/results/system_predictions.csv)",
+    }

@@ -45,8 +45,15 @@ COLUMNS = (
 # columns a user's CSV may leave out (empty: not stated); the committed corpus fills them
 OPTIONAL = ("implementation", "spec_tokens", "acceptance", "cached_input_fraction")
 USED = "used"  # a column's value where a source says the feature ran, without a number
-SCENARIOS = ("offline", "server", "interactive", "concurrency", "rate", "prefill_only",
-             "decode_only")  # fmt: skip
+SCENARIOS = (
+    "offline",
+    "server",
+    "interactive",
+    "concurrency",
+    "rate",
+    "prefill_only",
+    "decode_only",
+)
 SCOPES = ("system", "per_chip", "per_node", "per_user")
 NODE_CHIPS = 8
 
@@ -82,11 +89,11 @@ def _engine_columns(path, line, raw, row) -> None:
     """What an engine did that changes the physics: drafted tokens a step, their acceptance,
     the input tokens a prefix cache served."""
     row["implementation"] = (raw.get("implementation") or "").strip()
-    row["spec_tokens"] = _number(path, line, raw, "spec_tokens", integer=True, zero=True,
-                                 used=True)  # fmt: skip
+    row["spec_tokens"] = _number(path, line, raw, "spec_tokens", integer=True, zero=True, used=True)
     row["acceptance"] = _number(path, line, raw, "acceptance")
-    row["cached_input_fraction"] = _number(path, line, raw, "cached_input_fraction", zero=True,
-                                           used=True)  # fmt: skip
+    row["cached_input_fraction"] = _number(
+        path, line, raw, "cached_input_fraction", zero=True, used=True
+    )
     if row["acceptance"] is not None and row["acceptance"] > 1:
         raise KvjaxError(f"{path}:{line}: acceptance={row['acceptance']} must lie in (0, 1]")
     cached = row["cached_input_fraction"]
@@ -103,11 +110,16 @@ def read_systems(path: str | Path = SYSTEMS_CSV) -> list[dict[str, Any]]:
             raise KvjaxError(f"{path}: columns missing: {', '.join(missing)}")
         rows = []
         for line, raw in enumerate(reader, start=2):
-            for column, allowed in (("scenario", SCENARIOS), ("scope", SCOPES),
-                                    ("metric", sorted(THROUGHPUT | LATENCY))):  # fmt: skip
+            for column, allowed in (
+                ("scenario", SCENARIOS),
+                ("scope", SCOPES),
+                ("metric", sorted(THROUGHPUT | LATENCY)),
+            ):
                 if raw[column] not in allowed:
-                    raise KvjaxError(f"{path}:{line}: {column}={raw[column]!r} is not one of: "
-                                     f"{', '.join(allowed)}")  # fmt: skip
+                    raise KvjaxError(
+                        f"{path}:{line}: {column}={raw[column]!r} is not one of: "
+                        f"{', '.join(allowed)}"
+                    )
             row = dict(raw, file_line=f"{Path(path).name}:{line}")
             for column in ("num_chips", "tp", "pp", "ep", "replicas", "requests", "concurrency"):
                 row[column] = _number(path, line, raw, column, integer=True)
@@ -121,8 +133,9 @@ def read_systems(path: str | Path = SYSTEMS_CSV) -> list[dict[str, Any]]:
     return rows
 
 
-def favourable_dtypes(chip, is_mla: bool, weight: str | None, kv: str | None,
-                      compute: str | None) -> tuple[str, str, str, list[str]]:  # fmt: skip
+def favourable_dtypes(
+    chip, is_mla: bool, weight: str | None, kv: str | None, compute: str | None
+) -> tuple[str, str, str, list[str]]:
     """The row's weight, cache and compute dtypes, each the stated one or, where its source
     leaves it open, the lowest precision the chip computes (a bound takes the most favourable
     value): weights and compute in FP4 on a chip with an FP4 peak, else one byte (fp8, or int8
@@ -141,22 +154,51 @@ def favourable_dtypes(chip, is_mla: bool, weight: str | None, kv: str | None,
         said = "a 4-bit" if kv == "int4" else f"an {kv}"
         assumed.append(f"{said} cache (the lowest precision {chip.name} computes)")
     if compute is None:
-        compute = next(d for d in ("fp4", "fp8", "int8", "bf16")
-                       if d in peaks and (d != "fp4" or weight == "fp4"))  # fmt: skip
+        compute = next(
+            d
+            for d in ("fp4", "fp8", "int8", "bf16")
+            if d in peaks and (d != "fp4" or weight == "fp4")
+        )
         assumed.append(f"{compute} matmuls (the chip's fastest the weights allow)")
     return weight, kv, compute, assumed
 
 
 @cache
-def _bound(model, chip_name, devices, weight, kv, compute, inp, out, phase, prefill_len=None,
-           spec=0, cached=0.0):  # fmt: skip
+def _bound(
+    model,
+    chip_name,
+    devices,
+    weight,
+    kv,
+    compute,
+    inp,
+    out,
+    phase,
+    prefill_len=None,
+    spec=0,
+    cached=0.0,
+):
     chip = get_chip(chip_name)
     base = get_model_config(model)
     group = {"kv_group_size": base.head_dim} if kv == "int4" else {}  # one scale a row
-    cfg = base.replace(weight_dtype="fp8" if weight == "fp4" else weight, kv_dtype=kv,
-                       matmul_dtype=compute, **group)  # fmt: skip
-    return system_bound(cfg, chip, devices, inp, out, spec, 0.5 if weight == "fp4" else 1,
-                        phase, prefill_len, cached)  # fmt: skip
+    cfg = base.replace(
+        weight_dtype="fp8" if weight == "fp4" else weight,
+        kv_dtype=kv,
+        matmul_dtype=compute,
+        **group,
+    )
+    return system_bound(
+        cfg,
+        chip,
+        devices,
+        inp,
+        out,
+        spec,
+        0.5 if weight == "fp4" else 1,
+        phase,
+        prefill_len,
+        cached,
+    )
 
 
 def _engine_terms(row, inp) -> tuple[float, float, list[str]]:
@@ -165,26 +207,32 @@ def _engine_terms(row, inp) -> tuple[float, float, list[str]]:
     spec = row.get("spec_tokens") or 0
     if spec == USED:
         spec = math.inf
-        assumed.append("speculative decoding with no stated draft length: every decode in one "
-                       "verification step")  # fmt: skip
+        assumed.append(
+            "speculative decoding with no stated draft length: every decode in one "
+            "verification step"
+        )
     elif spec:
         assumed.append(f"{spec} drafted tokens a step, every draft accepted")
     cached = row.get("cached_input_fraction") or 0.0
     if cached == USED:
         cached = (inp - 1) / inp  # every token of a prompt but its last
-        assumed.append("prefix caching with no stated hit rate: every prompt token but the last "
-                       "served from the cache")  # fmt: skip
+        assumed.append(
+            "prefix caching with no stated hit rate: every prompt token but the last "
+            "served from the cache"
+        )
     elif cached:
-        assumed.append(f"{cached:.1%} of input tokens from a prefix cache, charged no prefill "
-                       "FLOPs")  # fmt: skip
+        assumed.append(
+            f"{cached:.1%} of input tokens from a prefix cache, charged no prefill FLOPs"
+        )
     return spec, cached, assumed
 
 
 def row_bound(row: dict[str, Any]) -> dict[str, Any]:
     """The bound of one row's metric at its scope, and what the row left to the bound."""
     chip = get_chip(row["chip"])
-    stated = [dtype_key(row[c]) if row[c] else None
-              for c in ("weight_dtype", "kv_dtype", "compute_dtype")]  # fmt: skip
+    stated = [
+        dtype_key(row[c]) if row[c] else None for c in ("weight_dtype", "kv_dtype", "compute_dtype")
+    ]
     weight, kv, compute, assumed = favourable_dtypes(
         chip, get_model_config(row["model"]).is_mla, *stated
     )
@@ -194,9 +242,12 @@ def row_bound(row: dict[str, Any]) -> dict[str, Any]:
         inp, prefill_len = lengths["input_min"], lengths.get("input_mean")
         assumed.append(
             f"prompts of {inp:.0f} tokens, the dataset's shortest ({LENGTHS_CSV.name}), but for "
-            + (f"the prefill's FLOPs, at its mean {prefill_len:.0f} (convex: Jensen)"
-               if prefill_len else "nothing")
-        )  # fmt: skip
+            + (
+                f"the prefill's FLOPs, at its mean {prefill_len:.0f} (convex: Jensen)"
+                if prefill_len
+                else "nothing"
+            )
+        )
     elif inp is None:
         assumed.append("1-token prompts (no input length published)")
     inp = max(1, math.floor(inp or 1))  # a mean's floor: still a bound
@@ -209,13 +260,26 @@ def row_bound(row: dict[str, Any]) -> dict[str, Any]:
     chips = row["num_chips"]
     replicas = row["replicas"] or 1
     if chips % replicas:
-        raise KvjaxError(f"{row['file_line']}: replicas={replicas} does not divide "
-                         f"num_chips={chips}")  # fmt: skip
+        raise KvjaxError(
+            f"{row['file_line']}: replicas={replicas} does not divide num_chips={chips}"
+        )
     if replicas == 1 and chips > 1:
         assumed.append(f"the {chips} chips as one replica")
     spec, cached, said = _engine_terms(row, inp)
-    b = _bound(row["model"], row["chip"], chips // replicas, weight, kv, compute, inp, out or 1,
-               phase, prefill_len, spec, cached)  # fmt: skip
+    b = _bound(
+        row["model"],
+        row["chip"],
+        chips // replicas,
+        weight,
+        kv,
+        compute,
+        inp,
+        out or 1,
+        phase,
+        prefill_len,
+        spec,
+        cached,
+    )
     value = metric_bound(b, metric) * (replicas if metric in THROUGHPUT else 1)
     if row["scope"] == "per_chip":
         value /= chips
@@ -225,9 +289,16 @@ def row_bound(row: dict[str, Any]) -> dict[str, Any]:
         value = 1 / b.tpot_s
     latency = metric in LATENCY
     fraction = value / row["measured"] if latency else row["measured"] / value
-    return {"bound_value": value, "bound_side": b.side, "fraction_of_bound": fraction,
-            "above_bound": fraction > 1 + 1e-9, "bound_assumes": assumed + said,
-            "predicted_value": None, "predicted_lo": None, "predicted_hi": None}  # fmt: skip
+    return {
+        "bound_value": value,
+        "bound_side": b.side,
+        "fraction_of_bound": fraction,
+        "above_bound": fraction > 1 + 1e-9,
+        "bound_assumes": assumed + said,
+        "predicted_value": None,
+        "predicted_lo": None,
+        "predicted_hi": None,
+    }
 
 
 @cache
@@ -238,8 +309,10 @@ def read_lengths(path: Path = LENGTHS_CSV) -> dict[str, dict[str, Any]]:
         return {}
     stats = ("samples", "input_min", "input_mean", "input_max", "input_cap", "output_mean")
     with open(path, newline="") as f:
-        return {r["name"]: {**r, **{k: float(r[k]) if r[k] else None for k in stats}}
-                for r in csv.DictReader(f)}  # fmt: skip
+        return {
+            r["name"]: {**r, **{k: float(r[k]) if r[k] else None for k in stats}}
+            for r in csv.DictReader(f)
+        }
 
 
 def read_predictions(path: Path = PREDICTIONS_CSV) -> dict[tuple[str, str], dict[str, Any]]:
@@ -248,10 +321,16 @@ def read_predictions(path: Path = PREDICTIONS_CSV) -> dict[tuple[str, str], dict
     if not path.exists():
         return {}
     with open(path, newline="") as f:
-        return {(r["source"], r.get("metric") or "output_tokens_per_s"): {
-                    **r, **{k: float(r[k]) if r.get(k) else None
-                            for k in ("predicted_value", "predicted_lo", "predicted_hi")}}
-                for r in csv.DictReader(f)}  # fmt: skip
+        return {
+            (r["source"], r.get("metric") or "output_tokens_per_s"): {
+                **r,
+                **{
+                    k: float(r[k]) if r.get(k) else None
+                    for k in ("predicted_value", "predicted_lo", "predicted_hi")
+                },
+            }
+            for r in csv.DictReader(f)
+        }
 
 
 def validate_systems(
@@ -269,9 +348,13 @@ def validate_systems(
         return out, summarize(out)
     ours = {(r["source"], r["metric"]) for r in out}
     committed = read_predictions()
-    reference = [{**committed[k], **r} for r in read_systems()
-                 if (k := (r["source"], r["metric"])) in committed and k not in ours]  # fmt: skip
-    fresh = [dict(r, **predictions[k]) for r in out
-             if (k := (r["source"], r["metric"])) in predictions]  # fmt: skip
+    reference = [
+        {**committed[k], **r}
+        for r in read_systems()
+        if (k := (r["source"], r["metric"])) in committed and k not in ours
+    ]
+    fresh = [
+        dict(r, **predictions[k]) for r in out if (k := (r["source"], r["metric"])) in predictions
+    ]
     attach(out, predictions, reference + fresh)
     return out, summarize(out)
