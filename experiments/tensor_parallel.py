@@ -45,7 +45,7 @@ def runs_together(point) -> bool:
 
 
 def run_point(point) -> list[dict]:
-    from kvjax.analytic.parallel import tensor_parallel_point
+    from kvjax.analytic.placement_point import tensor_parallel_point
     from kvjax.traced.sharded import sharded_memory, trace_in_subprocess
 
     cfg, wl, chip = resolve(point)

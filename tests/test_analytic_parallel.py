@@ -14,9 +14,9 @@ from kvjax.analytic.parallel import (
     kv_cache_bytes_per_device,
     kv_heads_per_device,
     kv_replication,
-    tensor_parallel_point,
     weight_bytes_per_device,
 )
+from kvjax.analytic.placement_point import tensor_parallel_point
 from kvjax.cli import main
 
 

@@ -107,7 +107,8 @@ def test_traced_collectives_of_deepseek_v3_equal_the_closed_form(devices, tp, dp
     weights and latent cache per device equal `placement_point`'s."""
     from kvjax import get_chip
     from kvjax.analytic import Workload
-    from kvjax.analytic.parallel import placement_point, shared_expert_message
+    from kvjax.analytic.parallel import shared_expert_message
+    from kvjax.analytic.placement_point import placement_point
     from kvjax.traced.sharded import trace_sharded_step
     from kvjax.traced.step import cache_len
 

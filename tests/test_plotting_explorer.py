@@ -77,14 +77,14 @@ def _calc_json(argv, capsys):
 def _placed(cfg, chip, batch, context, tp, dp, ep):
     """What the page shows per device and for serving on a placement, from kvjax.analytic (None
     where the placement does not divide the model or the batch)."""
-    from kvjax.analytic import parallel, serving
+    from kvjax.analytic import parallel, placement_point, serving
     from kvjax.errors import KvjaxError
 
     pl = parallel.Placement(tp, ep, dp)
     spec = CHIPS[chip]
     wl = Workload("decode", batch, context)
     try:
-        point = parallel.placement_point(cfg, pl, wl, spec)
+        point = placement_point.placement_point(cfg, pl, wl, spec)
     except KvjaxError:
         return None
     out = {"weights": point.weight_bytes_per_device, "kv": point.kv_cache_bytes_per_device,

@@ -196,7 +196,7 @@ def frontier(
         wl = Workload("decode", b * dp_attention, context)
         dev_wl = parallel.device_workload(cfg, pl, wl)
         step_s = step_bound_s(dev, dev_wl, chip)
-        if n > 1:  # overlapped with compute, the bound (`parallel.placement_point`)
+        if n > 1:  # overlapped with compute, the bound (`placement_point.placement_point`)
             colls = parallel.placed_collectives(cfg, pl, wl)
             link_s = sum(c["bytes_per_device"] for c in colls.values()) / (
                 chip.interconnect_bytes_per_s

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from kvjax import analytic, kernels
-from kvjax.analytic import Workload, flash, moe, parallel, roofline, serving
+from kvjax.analytic import Workload, flash, moe, parallel, placement_point, roofline, serving
 from kvjax.analytic.costs import EXTEND
 from kvjax.analytic.hybrid import state_layer_bytes
 from kvjax.analytic.primitives import _act_bytes
@@ -147,7 +147,7 @@ def placement_report(
     activations; the step's collectives by kind) and one device's kernels."""
     points = []
     for pl in placements:
-        p = parallel.placement_point(cfg, pl, wl, chip, link_latency_s, capacity_factor)
+        p = placement_point.placement_point(cfg, pl, wl, chip, link_latency_s, capacity_factor)
         point = p.to_dict()
         dev_wl = parallel.device_workload(cfg, pl, wl)
         share = analytic.step_kernels(parallel.device_config(cfg, pl.tp), dev_wl)

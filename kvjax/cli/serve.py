@@ -85,7 +85,7 @@ def serve_report(args: argparse.Namespace) -> dict[str, Any]:
         calibration = engine.calibrate()
     result = engine.serve(requests)
     if args.save_steps:
-        from kvjax.serving.fitted import save_steps
+        from kvjax.serving.steps_file import save_steps
 
         save_steps(args.save_steps, {
             "model": cfg.name, "device": device_name(), "max_batch": args.max_batch,

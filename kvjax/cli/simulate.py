@@ -275,10 +275,11 @@ def fitted_report(args: argparse.Namespace, cfg, requests) -> dict[str, Any]:
     the fit is reported (`fit.served_speed`), so a simulation of the served load is an out of
     sample prediction of it."""
     from kvjax.measured.engine import check_requests
-    from kvjax.serving.fitted import FittedStepTime, load_steps
+    from kvjax.serving.fitted import FittedStepTime
     from kvjax.serving.pages import PagePool
     from kvjax.serving.scheduler import Scheduler
     from kvjax.serving.simulate import report, simulate
+    from kvjax.serving.steps_file import load_steps
 
     engine, runs = load_steps(args.steps)
     if engine["model"] != cfg.name:

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from kvjax import analytic, kernels
-from kvjax.analytic import parallel, roofline
+from kvjax.analytic import parallel, placement_point, roofline
 from kvjax.cli import render, render_parallel, render_target
 from kvjax.cli.args import (
     add_chip_args,
@@ -254,7 +254,7 @@ def sharded_trace_report(args: argparse.Namespace, devices=None, count=None) -> 
         )  # fmt: skip
     capacity = cfg.num_experts / cfg.experts_per_token if ep > 1 else None
     pl = parallel.Placement(args.tp, ep, args.dp)
-    closed = parallel.placement_point(cfg, pl, wl, chip, capacity_factor=capacity).to_dict()
+    closed = placement_point.placement_point(cfg, pl, wl, chip, capacity_factor=capacity).to_dict()
     peak, bw = chip.peak(cfg.peak_dtype), chip.bandwidth_bytes_per_s
     link = chip.interconnect_bytes_per_s
     traced_floor = roofline.point(
