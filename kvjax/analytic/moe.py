@@ -81,9 +81,16 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
     choice; gate_up / down: the touched experts' weights read once, M*k rows of products;
     combine: the k outputs weighted and summed (2*M*k*D - M*D... as counted below).
     """
-    M, D, E, k, F = wl.tokens, cfg.d_model, cfg.num_experts, cfg.experts_per_token, cfg.moe_d_ff
+    M = wl.tokens
+    gate = [_shared_gate(cfg, M)] if cfg.shared_expert_gate else []
+    experts = _experts(cfg, M, experts_touched(cfg, wl))
+    return [*_routing(cfg, M), *experts, *gate, _combine(cfg, M)]
+
+
+def _routing(cfg: ModelConfig, M: int) -> list[KernelCost]:
+    """The router's f32 logits (gpt-oss's bias added) and the top-k choice with its weights."""
+    D, E, k = cfg.d_model, cfg.num_experts, cfg.experts_per_token
     w, a = cfg.weight_bytes_per_element, DTYPE_BYTES[cfg.compute_dtype]
-    touched = experts_touched(cfg, wl)
     # the router runs in f32 (as DeepSeek's): a 2-byte model widens x and W_r first (each read
     # in its dtype and written in f32), then the product reads both in f32
     router_w = E * D * w
@@ -114,6 +121,15 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
         transcendentals=M * k if scaled_in else M * E,
         weight_bytes=bias,
     )
+    return [router, topk]
+
+
+def _experts(cfg: ModelConfig, M: int, touched: float) -> list[KernelCost]:
+    """The k picked experts' gate_up, activation and down over the M*k routed rows, the touched
+    experts' weights read once (gpt-oss's expert biases added)."""
+    D, k, F = cfg.d_model, cfg.experts_per_token, cfg.moe_d_ff
+    w, a = cfg.weight_bytes_per_element, DTYPE_BYTES[cfg.compute_dtype]
+    scaled_in = cfg.router == "topk_sigmoid"
     gate_up_w = expert_matrix_bytes(cfg, touched * 2 * F * D)
     # Llama 4: each pick's input x times its weight first (M*k*D, the weights narrowed: M*k)
     scale_in = (M * k * D + (M * k if a != 4 else 0)) if scaled_in else 0
@@ -139,26 +155,32 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
     if cfg.expert_bias:  # gpt-oss: each pick's bias rows gathered and added (2F, then D)
         gate_up = gate_up + expert_bias_cost(kernels.MOE_GATE_UP, M * k, 2 * F, touched, w, a)
         down = down + expert_bias_cost(kernels.MOE_DOWN, M * k, D, touched, w, a)
-    gate = []
-    if cfg.shared_expert_gate:
-        # Qwen2-MoE: g = sigmoid(x @ w_g) (2MD, then 1 / (1 + exp(-y)): 3M and M exps), and
-        # the shared output times g broadcast over D (MD). Bytes as lowered: the product's
-        # w_g, x and g; the sigmoid's steps on M values (14 M a); g broadcast to [M, D] and
-        # the multiply (4 M D a)
-        gate_w = D * w
-        gate = [
-            KernelCost(
-                kernels.MOE_SHARED_GATE,
-                flops=2 * M * D + 3 * M + M * D,
-                bytes=gate_w + 5 * M * D * a + 16 * M * a,
-                transcendentals=M,
-                weight_bytes=gate_w,
-            )
-        ]
+    return [gate_up, act, down]
+
+
+def _shared_gate(cfg: ModelConfig, M: int) -> KernelCost:
+    """Qwen2-MoE: g = sigmoid(x @ w_g) (2MD, then 1 / (1 + exp(-y)): 3M and M exps), and the
+    shared output times g broadcast over D (MD). Bytes as lowered: the product's w_g, x and g;
+    the sigmoid's steps on M values (14 M a); g broadcast to [M, D] and the multiply (4 M D a)."""
+    D, w, a = cfg.d_model, cfg.weight_bytes_per_element, DTYPE_BYTES[cfg.compute_dtype]
+    gate_w = D * w
+    return KernelCost(
+        kernels.MOE_SHARED_GATE,
+        flops=2 * M * D + 3 * M + M * D,
+        bytes=gate_w + 5 * M * D * a + 16 * M * a,
+        transcendentals=M,
+        weight_bytes=gate_w,
+    )
+
+
+def _combine(cfg: ModelConfig, M: int) -> KernelCost:
+    """The k outputs weighted and summed (Llama 4's already weighted: summed, k - 1 adds), the
+    shared experts' output added where there are any."""
+    D, k, a = cfg.d_model, cfg.experts_per_token, DTYPE_BYTES[cfg.compute_dtype]
+    scaled_in = cfg.router == "topk_sigmoid"
     shared = cfg.num_shared_experts > 0  # their output added here
-    # the k outputs weighted and summed; Llama 4's already weighted: summed (k - 1 adds)
     weigh = (M * (k - 1) * D) if scaled_in else 2 * M * k * D + (M * k if a != 4 else 0)
-    combine = KernelCost(
+    return KernelCost(
         kernels.MOE_COMBINE,
         flops=weigh + (M * D if shared else 0),
         # the k outputs (and weights) read, the sum written; one Llama 4 pick is a slice
@@ -166,7 +188,6 @@ def moe_kernels(cfg: ModelConfig, wl: Workload) -> list[KernelCost]:
         if scaled_in
         else M * k * D * a + M * k * a + M * D * a + (2 * M * D * a if shared else 0),
     )
-    return [router, topk, gate_up, act, down, *gate, combine]
 
 
 def expert_bias_cost(name: str, picks: int, width: int, touched: float, w: int, a: int):

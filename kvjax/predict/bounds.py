@@ -150,83 +150,114 @@ def _attention_config(row: Row, dtype: str) -> ModelConfig:
 
 
 def closed_form(row: Row) -> Closed:
+    """A corpus row's closed form on its chip (the module docstring, by kind)."""
+    if row.kernel in ("attention_prefill", "attention_decode"):
+        return _attention_closed(row)
+    if row.kernel == "matmul":
+        return _matmul_closed(row)
+    return _step_closed(row)
+
+
+def _roofs(row: Row) -> tuple[ChipSpec, int, float]:
+    """The row's chip, its chips and their aggregate bandwidth."""
     chip = get_chip(row.chip)
-    kind, dtype = row.kernel, row.dtype
     chips = row.num_chips or 1
-    bw = chip.bandwidth_bytes_per_s * chips
-    if kind in ("attention_prefill", "attention_decode"):
-        cfg = _attention_config(row, dtype)
-        peak = _peak(chip, "fp8" if dtype == "fp8" else cfg.compute_dtype, row) * chips
-        if kind == "attention_prefill":
-            T = row.seq_q
-            wl = Workload("prefill", row.batch, row.seq_kv or T)
-            if wl.context != T:
-                wl = Workload("extend", row.batch, wl.context, new_tokens=T)
-        else:
-            T = row.seq_q or 1
-            wl = (
-                Workload("decode", row.batch, row.seq_kv)
-                if T == 1
-                else Workload("extend", row.batch, row.seq_kv, new_tokens=T)
-            )
-        tiles = flash.plan_for_chip(cfg, wl, chip)
-        causal = True if row.causal is None else row.causal
-        cost = flash.flash_attention_cost(cfg, wl, tiles, causal=causal)
-        floor = compulsory.compulsory_cost(cfg, wl, causal=causal)
-        flops = sum(k.flops for k in cost.kernels())
-        nbytes = sum(k.bytes for k in cost.kernels())
-        floor_bytes = floor.bytes
-        if kind == "attention_prefill" and DTYPE_BYTES[dtype] < 2:
-            # Q, K, V in fp8, O in bf16: the counts above read them in bf16
-            a = DTYPE_BYTES[cfg.compute_dtype]
-            o = row.batch * T * cfg.num_heads * cfg.head_dim * a
-            nbytes = (nbytes - o) * DTYPE_BYTES[dtype] / a + o
-            floor_bytes = (floor_bytes - o) * DTYPE_BYTES[dtype] / a + o
-        shape = flash.attention_shape(cfg, "prefill" if kind == "attention_prefill" else "decode")
-        fill = 1.0
-        if kind == "attention_prefill":
-            programs = row.batch * shape.query_heads * math.ceil(T / tiles.block_q)
-            padded = flops
-            fill = pipeline_fill(cost, row.batch, T)
-        else:
-            programs = row.batch * shape.kv_heads * tiles.splits
-            # a KV head's G x T query rows are one MMA tile of M = 64 rows (Hopper's wgmma,
-            # FlashMLA's block): 16 heads x 1..4 queries cost what 64 rows cost
-            rows = shape.query_heads // shape.kv_heads * T
-            padded = flops * math.ceil(rows / MMA_ROWS) * MMA_ROWS / rows
-        exps = sum(k.transcendentals for k in cost.kernels())
-        return Closed(
-            flops,
-            nbytes,
-            peak,
-            bw,
-            programs,
-            chip.num_cores or 1,
-            padded,
-            floor.flops,
-            floor_bytes,
-            special_seconds(exps, chip, chips),
-            fill=fill,
-        )
-    if kind == "matmul":
-        groups = row.batch or 1
-        a = DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else 0.5
-        out = 2 if a < 2 else a
-        one = _matmul("matmul", row.m, row.k, row.n, a, a, out=out)
-        peak = _peak(chip, "bf16" if dtype == "int4" else dtype, row) * chips
-        tiles = gemm_tiles(row.m, row.n, row.k, groups, chip.num_cores or 1)
-        return Closed(
-            groups * one.flops,
-            groups * one.bytes,
-            peak,
-            bw,
-            tiles,
-            chip.num_cores or 1,
-            family=compute_family(chip),
-        )
-    # whole steps of a preset
+    return chip, chips, chip.bandwidth_bytes_per_s * chips
+
+
+def _attention_workload(row: Row) -> tuple[Workload, int]:
+    """A fused attention row's workload (a prefill, a decode, or an extend of T queries on a
+    longer cache) and its T."""
+    if row.kernel == "attention_prefill":
+        T = row.seq_q
+        wl = Workload("prefill", row.batch, row.seq_kv or T)
+        if wl.context != T:
+            wl = Workload("extend", row.batch, wl.context, new_tokens=T)
+        return wl, T
+    T = row.seq_q or 1
+    if T == 1:
+        return Workload("decode", row.batch, row.seq_kv), T
+    return Workload("extend", row.batch, row.seq_kv, new_tokens=T), T
+
+
+def _attention_closed(row: Row) -> Closed:
+    """A fused attention row: the bound (`compulsory`), the plan's tiles (`flash`), its
+    programs, padded rows and pipeline fill, and its exponentials."""
+    chip, chips, bw = _roofs(row)
+    kind, dtype = row.kernel, row.dtype
+    cfg = _attention_config(row, dtype)
+    peak = _peak(chip, "fp8" if dtype == "fp8" else cfg.compute_dtype, row) * chips
+    wl, T = _attention_workload(row)
+    tiles = flash.plan_for_chip(cfg, wl, chip)
+    causal = True if row.causal is None else row.causal
+    cost = flash.flash_attention_cost(cfg, wl, tiles, causal=causal)
+    floor = compulsory.compulsory_cost(cfg, wl, causal=causal)
+    flops = sum(k.flops for k in cost.kernels())
+    nbytes = sum(k.bytes for k in cost.kernels())
+    floor_bytes = floor.bytes
+    if kind == "attention_prefill" and DTYPE_BYTES[dtype] < 2:
+        # Q, K, V in fp8, O in bf16: the counts above read them in bf16
+        a = DTYPE_BYTES[cfg.compute_dtype]
+        o = row.batch * T * cfg.num_heads * cfg.head_dim * a
+        nbytes = (nbytes - o) * DTYPE_BYTES[dtype] / a + o
+        floor_bytes = (floor_bytes - o) * DTYPE_BYTES[dtype] / a + o
+    shape = flash.attention_shape(cfg, "prefill" if kind == "attention_prefill" else "decode")
+    fill = 1.0
+    if kind == "attention_prefill":
+        programs = row.batch * shape.query_heads * math.ceil(T / tiles.block_q)
+        padded = flops
+        fill = pipeline_fill(cost, row.batch, T)
+    else:
+        programs = row.batch * shape.kv_heads * tiles.splits
+        # a KV head's G x T query rows are one MMA tile of M = 64 rows (Hopper's wgmma,
+        # FlashMLA's block): 16 heads x 1..4 queries cost what 64 rows cost
+        rows = shape.query_heads // shape.kv_heads * T
+        padded = flops * math.ceil(rows / MMA_ROWS) * MMA_ROWS / rows
+    exps = sum(k.transcendentals for k in cost.kernels())
+    return Closed(
+        flops,
+        nbytes,
+        peak,
+        bw,
+        programs,
+        chip.num_cores or 1,
+        padded,
+        floor.flops,
+        floor_bytes,
+        special_seconds(exps, chip, chips),
+        fill=fill,
+    )
+
+
+def _matmul_closed(row: Row) -> Closed:
+    """A GEMM row: 2mnk, each operand once, its work units (`gemm_tiles`), its chip's family."""
+    chip, chips, bw = _roofs(row)
+    dtype = row.dtype
+    groups = row.batch or 1
+    a = DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else 0.5
+    out = 2 if a < 2 else a
+    one = _matmul("matmul", row.m, row.k, row.n, a, a, out=out)
+    peak = _peak(chip, "bf16" if dtype == "int4" else dtype, row) * chips
+    tiles = gemm_tiles(row.m, row.n, row.k, groups, chip.num_cores or 1)
+    return Closed(
+        groups * one.flops,
+        groups * one.bytes,
+        peak,
+        bw,
+        tiles,
+        chip.num_cores or 1,
+        family=compute_family(chip),
+    )
+
+
+def _step_closed(row: Row) -> Closed:
+    """A whole step of a preset: the step's closed form, its floor (`step_floor` and the weights
+    in their dtype), and over several chips its all-reduces, as engines reach them and at the
+    link's line rate."""
+    chip, chips, bw = _roofs(row)
+    dtype = row.dtype
     cfg = step_config(row)
-    phase = "decode" if kind == "decode_step" else "prefill"
+    phase = "decode" if row.kernel == "decode_step" else "prefill"
     wl = Workload(phase, row.batch, row.context)
     cost = step_cost(cfg, wl, chip)
     nbytes = cost.bytes - (cost.weight_bytes / 2 if dtype == "int4" else 0)  # half of int8's

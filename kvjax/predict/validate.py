@@ -147,6 +147,7 @@ def by_timing(records: list[dict]) -> dict[str, dict[str, Any]]:
 
 
 def validate(rows: list[Row]) -> dict[str, Any]:
+    """`kvjax validate`'s report (the module docstring): every row, the classes, the summary."""
     closed = [bounds.closed_form(r) for r in rows]
     corpus = [in_corpus(r) for r in rows]
     ours = [i for i, c in enumerate(corpus) if c]
@@ -158,87 +159,15 @@ def validate(rows: list[Row]) -> dict[str, Any]:
         for j, i in enumerate(idx):
             if not np.isnan(v.held_out[j]):
                 held[i] = bool(v.covered[j])
-    out_rows = []
-    whole = None
-    for i, (r, c) in enumerate(zip(rows, closed, strict=True)):
-        v = fits.get(model.kernel_class(r.kernel)) if corpus[i] else None
-        fitted = v.held_fits.get(r.group) if v is not None else None
-        if fitted is not None:
-            source = f"held out: fitted without the source group {r.group!r}"
-        else:  # a new source's row (or a group no fit can leave out): the whole corpus's fit
-            whole = whole if whole is not None else corpus_fits()
-            fitted = whole.get(model.kernel_class(r.kernel))
-            source = "the committed corpus's fit (every group)" if fitted is not None else None
-            if corpus[i] and fitted is not None:
-                source += ", in sample"
-        record = {k: r.values.get(k) for k in (*COLUMNS, *OPTIONAL)}
-        record.update(file=r.path, line=r.line, source_group=r.group)
-        fraction = c.bound_s / r.measured_s
-        record.update(
-            bound_flops=c.floor_flops,
-            bound_bytes=c.floor_bytes,
-            bound_intensity=c.intensity,
-            closed_flops=c.flops,
-            closed_bytes=c.bytes,
-            closed_intensity=c.flops / c.bytes,
-            peak_flops_per_s=c.peak_flops_per_s,
-            bandwidth_bytes_per_s=c.bandwidth_bytes_per_s,
-            bound_s=c.bound_s,
-            bound_side=c.bound_side,
-            fraction_of_bound=fraction,
-            above_bound=bool(fraction > 1.0),
-            best_of_shape=best[i],
-        )
-        if fitted is not None:
-            p, lo, hi = (float(x[0]) for x in fitted.interval([features(c)]))
-            lo = max(lo, c.bound_s)  # no implementation beats the bound
-            record.update(predicted_s=p, predicted_lo_s=lo, predicted_hi_s=hi)
-        else:
-            record.update(predicted_s=None, predicted_lo_s=None, predicted_hi_s=None)
-        held_out = source is not None and source.startswith("held out")
-        record.update(
-            prediction_from=source,
-            held_out_predicted_s=record["predicted_s"] if held_out else None,
-            held_out_covered=held.get(i),
-        )
-        out_rows.append(record)
-    classes = {}
-    for cls in model.CLASSES:
-        fr = [
-            rec["fraction_of_bound"] for rec in out_rows if model.kernel_class(rec["kernel"]) == cls
-        ]
-        if not fr:
-            continue
-        q = np.quantile(fr, [0.0, 0.1, 0.5, 0.9, 1.0])
-        entry: dict[str, Any] = {
-            "rows": len(fr),
-            "above_bound": int(sum(f > 1 for f in fr)),
-            "fraction_of_bound": dict(
-                zip(("min", "p10", "median", "p90", "max"), map(float, q), strict=True)
-            ),
-        }
-        v = fits.get(cls)
-        if v is not None:
-            entry.update(
-                fit=v.fit.to_dict(),
-                fitted_rows=v.fit.rows,
-                sources=v.fit.sources,
-                loso_median_abs_error=v.median_abs_error,
-                loso_coverage_80=v.coverage,
-                interval_80_median_width=v.median_interval_width,
-                by_timing=by_timing(
-                    [
-                        rec
-                        for rec in out_rows
-                        if rec["held_out_covered"] is not None
-                        and model.kernel_class(rec["kernel"]) == cls
-                    ]
-                ),
-            )
-        classes[cls] = entry
+    whole: list[dict | None] = [None]  # the whole corpus's fits, computed once when needed
+    out_rows = [
+        _record(r, c, fits if corpus[i] else {}, corpus[i], best[i], held.get(i), whole)
+        for i, (r, c) in enumerate(zip(rows, closed, strict=True))
+    ]
+    classes = {cls: _class_entry(cls, out_rows, fits.get(cls)) for cls in model.CLASSES}
     return {
         "rows": out_rows,
-        "classes": classes,
+        "classes": {cls: e for cls, e in classes.items() if e is not None},
         "summary": {
             "rows": len(rows),
             "sources": len({r.source_key for r in rows}),
@@ -246,3 +175,91 @@ def validate(rows: list[Row]) -> dict[str, Any]:
             "above_bound": sum(rec["above_bound"] for rec in out_rows),
         },
     }
+
+
+def _record(
+    r: Row,
+    c: bounds.Closed,
+    fits: dict,
+    in_committed: bool,
+    best: bool,
+    covered: bool | None,
+    whole: list,
+) -> dict[str, Any]:
+    """One row's record: its columns, its bound and the closed form's counts, and the
+    prediction with its interval from the fit that left its group out (the whole corpus's fit
+    for a new source's row, or a group no fit can leave out), saying which."""
+    v = fits.get(model.kernel_class(r.kernel))
+    fitted = v.held_fits.get(r.group) if v is not None else None
+    if fitted is not None:
+        source = f"held out: fitted without the source group {r.group!r}"
+    else:
+        if whole[0] is None:
+            whole[0] = corpus_fits()
+        fitted = whole[0].get(model.kernel_class(r.kernel))
+        source = "the committed corpus's fit (every group)" if fitted is not None else None
+        if in_committed and fitted is not None:
+            source += ", in sample"
+    record = {k: r.values.get(k) for k in (*COLUMNS, *OPTIONAL)}
+    record.update(file=r.path, line=r.line, source_group=r.group)
+    fraction = c.bound_s / r.measured_s
+    record.update(
+        bound_flops=c.floor_flops,
+        bound_bytes=c.floor_bytes,
+        bound_intensity=c.intensity,
+        closed_flops=c.flops,
+        closed_bytes=c.bytes,
+        closed_intensity=c.flops / c.bytes,
+        peak_flops_per_s=c.peak_flops_per_s,
+        bandwidth_bytes_per_s=c.bandwidth_bytes_per_s,
+        bound_s=c.bound_s,
+        bound_side=c.bound_side,
+        fraction_of_bound=fraction,
+        above_bound=bool(fraction > 1.0),
+        best_of_shape=best,
+    )
+    if fitted is not None:
+        p, lo, hi = (float(x[0]) for x in fitted.interval([features(c)]))
+        lo = max(lo, c.bound_s)  # no implementation beats the bound
+        record.update(predicted_s=p, predicted_lo_s=lo, predicted_hi_s=hi)
+    else:
+        record.update(predicted_s=None, predicted_lo_s=None, predicted_hi_s=None)
+    held_out = source is not None and source.startswith("held out")
+    record.update(
+        prediction_from=source,
+        held_out_predicted_s=record["predicted_s"] if held_out else None,
+        held_out_covered=covered,
+    )
+    return record
+
+
+def _class_entry(cls: str, out_rows: list[dict], v) -> dict[str, Any] | None:
+    """A class's fractions of the bound and, where it was fitted, its fit and held-out figures
+    (None: no row of the class)."""
+    fr = [rec["fraction_of_bound"] for rec in out_rows if model.kernel_class(rec["kernel"]) == cls]
+    if not fr:
+        return None
+    q = np.quantile(fr, [0.0, 0.1, 0.5, 0.9, 1.0])
+    entry: dict[str, Any] = {
+        "rows": len(fr),
+        "above_bound": int(sum(f > 1 for f in fr)),
+        "fraction_of_bound": dict(
+            zip(("min", "p10", "median", "p90", "max"), map(float, q), strict=True)
+        ),
+    }
+    if v is not None:
+        held = [
+            rec
+            for rec in out_rows
+            if rec["held_out_covered"] is not None and model.kernel_class(rec["kernel"]) == cls
+        ]
+        entry.update(
+            fit=v.fit.to_dict(),
+            fitted_rows=v.fit.rows,
+            sources=v.fit.sources,
+            loso_median_abs_error=v.median_abs_error,
+            loso_coverage_80=v.coverage,
+            interval_80_median_width=v.median_interval_width,
+            by_timing=by_timing(held),
+        )
+    return entry

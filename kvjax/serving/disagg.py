@@ -85,31 +85,18 @@ def simulate_disaggregated(
             else (max(d.free_at, handoffs[0][0]) if handoffs else float("inf"))
         )
         if p_next <= d_next:
-            now = p_next
-            while i < n and pending[i].arrival_s <= now:
+            while i < n and pending[i].arrival_s <= p_next:
                 p.sched.add(first[pending[i].id])
                 i += 1
-            ran = p.run_step(now)
+            ran = p.run_step(p_next)
             if ran is None:  # idle until the next arrival
                 p.free_at = pending[i].arrival_s if i < n else float("inf")
                 continue
-            end, batch = ran
-            for f in p.sched.finish_step(batch, end):
-                r = by_id[f.id]
-                r.token_times.append(end)
-                r.generated, r.cached_tokens = 1, f.cached_tokens
-                r.preemptions += f.preemptions
-                if r.done:  # one output token: served by the prefill instance alone
-                    r.finish_s = end
-                    done += 1
-                else:
-                    r.transferred = r.prompt_len
-                    heapq.heappush(handoffs, (end + transfer_s(r), r.id))
+            done += _prefilled(p, *ran, by_id, handoffs, transfer_s)
         else:
-            now = d_next
-            while handoffs and handoffs[0][0] <= now:
+            while handoffs and handoffs[0][0] <= d_next:
                 d.sched.add(by_id[heapq.heappop(handoffs)[1]])
-            ran = d.run_step(now)
+            ran = d.run_step(d_next)
             if ran is None:
                 d.free_at = handoffs[0][0] if handoffs else float("inf")
                 continue
@@ -129,3 +116,22 @@ def simulate_disaggregated(
         prefill.pool.hits,
         prefill.pool.lookups,
     )
+
+
+def _prefilled(p: _Instance, end: float, batch, by_id: dict, handoffs: list, transfer_s) -> int:
+    """A prefill step's requests: each its first token; one done there (a single output
+    token), the others handed to the decode instance once their KV has crossed the link. The
+    requests done."""
+    done = 0
+    for f in p.sched.finish_step(batch, end):
+        r = by_id[f.id]
+        r.token_times.append(end)
+        r.generated, r.cached_tokens = 1, f.cached_tokens
+        r.preemptions += f.preemptions
+        if r.done:  # one output token: served by the prefill instance alone
+            r.finish_s = end
+            done += 1
+        else:
+            r.transferred = r.prompt_len
+            heapq.heappush(handoffs, (end + transfer_s(r), r.id))
+    return done
