@@ -203,7 +203,7 @@ MOE_COMBINE = _k(
     "reshaped output again",
 )  # fmt: skip
 
-# Layers whose state does not grow (issue 31; closed forms: `kvjax.analytic.hybrid`). Their
+# Layers whose state does not grow (closed forms: `kvjax.analytic.hybrid`). Their
 # recurrent states and conv caches are counted as the kernels' kv_bytes (the cache traffic).
 _STATE_NOTE = (
     "unfused elementwise ops: the lowered module counts every intermediate's bytes (the convs' "

@@ -1,14 +1,24 @@
 """The closed-form view: FLOPs, bytes and sizes of every kernel from formulas. Pure Python: this
-package never imports jax or flax (tests/test_layout.py checks it).
+package never imports jax or flax (tests/test_layout.py checks it). Its modules:
 
-- `costs`: Workload, KernelCost, StepCost;
-- `sizes`: parameters, weights and the KV cache; `hybrid`: the layers whose state does not grow
-  (Gated DeltaNet, Mamba-2, short convolutions: issue 31);
-- `step`: every kernel of a prefill or decode step (keyed by `kvjax.kernels` names); `mla`, `moe`
-  and `quant`: multi-head latent attention, mixtures of experts, quantized caches;
-- `attention`: decode attention as the seed states it (fused cost, intensity h/h_kv);
-- `roofline`: ridge, bounds and the one `point` every view places its numbers with;
-- `parallel`: tensor-parallel placement per device; `variants`: the seed's MHA/GQA/MQA table.
+    costs            Workload, KernelCost, StepCost: the closed form's vocabulary
+    primitives       one matmul, norm, residual add, soft cap, softmax and RoPE
+    sizes, params    parameters, weight bytes, the KV cache (2 L K H S B bytes) and activations
+    step             every kernel of a prefill, decode or extend step (`kvjax.kernels` names)
+    gqa              an MHA/GQA/MQA layer's attention kernels
+    mla, moe         multi-head latent attention; mixtures of experts
+    hybrid           the layers whose state does not grow (Gated DeltaNet, Mamba-2, short convs)
+    quant            a quantized KV cache's quantize and dequantize work
+    flash, pairs     fused attention as accelerators run it; the pairs a mask allows
+    keys             the key positions a block of queries attends
+    compulsory       the bound's count of a fused attention, for any implementation
+    attention        decode attention as the seed states it (intensity h / h_kv)
+    roofline         ridge, bounds and the one `point` every view places its numbers with
+    parallel         tensor, expert and data-parallel-attention placements per device
+    placement_point  one device's share of a step under a placement, with its bound
+    pipeline         pipeline stages
+    serving          speculative decoding, paged caches, TTFT and the batch frontier
+    variants         the seed's MHA/GQA/MQA table for any model
 """
 
 from kvjax.analytic.attention import attention_intensity, fused_attention_cost

@@ -1,4 +1,4 @@
-"""The bound's count of a fused attention, for any implementation (issue 49): exact pairs, each
+"""The bound's count of a fused attention, for any implementation: exact pairs, each
 input read once and each output written once (`kvjax.analytic.flash` is one plan's count)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Closed forms of the layers whose state does not grow (issue 31): Gated DeltaNet (Qwen3-Next's
+"""Closed forms of the layers whose state does not grow: Gated DeltaNet (Qwen3-Next's
 linear attention), Mamba-2 heads beside attention (Falcon-H1) and LFM2's short gated
 convolution: parameters, the state a sequence holds, and every kernel's FLOPs and bytes.
 

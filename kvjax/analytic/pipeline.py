@@ -1,4 +1,4 @@
-"""Pipeline parallelism (issue 50): the L layers split into pp stages of consecutive layers (the
+"""Pipeline parallelism: the L layers split into pp stages of consecutive layers (the
 first L mod pp stages one layer more, as vLLM's and TensorRT-LLM's default partition), the
 embedding table on the first stage, the final norm and the LM head on the last; each stage
 tp-way tensor parallel inside (`kvjax.analytic.parallel.device_config`).

@@ -98,8 +98,8 @@ def variant_configs(cfg: ModelConfig) -> list[tuple[str, int, ModelConfig | None
 
 
 def all_attention(cfg: ModelConfig) -> ModelConfig:
-    """A hybrid with its attention in every layer instead of its state layers (issue 31's GQA
-    model "of the same attention"): the transformer its states replace."""
+    """A hybrid with its attention in every layer instead of its state layers (the GQA model "of
+    the same attention"): the transformer its states replace."""
     state = ("state_heads", "state_groups", "state_key_dim", "state_value_dim", "conv_kernel")
     return cfg.replace(
         layer_kinds="A", conv_bias=False, state_norm=False, **dict.fromkeys(state, 0)

@@ -7,13 +7,10 @@ tiles over c cores, the time predicted is
 
 with X / R the fused attention's exponentials (one a computed (query, key) pair and query
 head) at the chip's special-function rate R (`ChipSpec.special_function_ops_per_s`, sourced;
-0 where not), serial with the matmuls as FlashAttention-2 runs them: no fitted parameter. It is
-what made the fused prefill's held-out residuals stop tracking the head dimension (issue 49):
-the exponentials' count per pair is the same at every head dimension, their share of the work
-largest at 64. f = (b + 1) / b is a block loop's two-stage pipeline over the b key blocks each of
-its programs runs (`bounds.pipeline_fill`; 1 elsewhere), also no fitted parameter: with it the
-fused prefill's held-out error on short sequences and causal bands (fewer blocks a program)
-stopped leaning fast, and its 80% interval covers 82% of rows held out where it covered 69%.
+0 where not), serial with the matmuls as FlashAttention-2 runs them: no fitted parameter (the
+exponentials' count per pair is the same at every head dimension, their share of the work
+largest at 64). f = (b + 1) / b is a block loop's two-stage pipeline over the b key blocks each
+of its programs runs (`bounds.pipeline_fill`; 1 elsewhere), also no fitted parameter.
 
 three physical parameters per class: a fixed launch and latency term t0, paid n_0 times (once for
 a kernel; once per layer for a whole step, whose layers each launch their kernels and wait on

@@ -1,18 +1,16 @@
-"""A whole step predicted from its kernels (issue 50): each kernel by the corpus class that
+"""A whole step predicted from its kernels: each kernel by the corpus class that
 fits its kind (`apply.kernel_seconds`: GEMMs by `matmul`, the fused attention by
 `attention_prefill` or `attention_decode`), a kernel with no class (norms, RoPE, elementwise
 ops) at its bound, plus one fixed time `t0` per layer (each layer's launches and the tails of
 its kernels, over several chips its all-reduces' latency; the engine's host work between steps
 spread over them), the only parameter fitted on whole steps. Per layer, not per step: a 70B
-model's 80 layers pay it 2.5 times as often as an 8B's 32, as the published steps do (one t0
-per step, held-out median error 13.8% and interval width 72%; per layer 12.4% and 60%).
+model's 80 layers pay it 2.5 times as often as an 8B's 32, as the published steps do.
 
 Why beside the `step` class (t0 + max(F / (e_c P), Q / (e_b BW)) on a step's totals): every
 published step but TensorRT-LLM's is a memory-bound decode, so the `step` fit that leaves
-TensorRT-LLM out cannot see a compute efficiency (its prior keeps e_c = 1) and predicted
-TensorRT-LLM's compute-bound serving rows up to 2.1x fast. Here the compute side comes from the
-GEMMs and attention kernels of other groups (DeepGEMM, cuBLAS, FlashAttention), measured where
-they are compute-bound.
+TensorRT-LLM out cannot see a compute efficiency (its prior keeps e_c = 1). Here the compute
+side comes from the GEMMs and attention kernels of other groups (DeepGEMM, cuBLAS,
+FlashAttention), measured where they are compute-bound.
 
 A row over several chips (tensor parallel) adds its collectives as engines reach them
 (`kvjax.predict.collectives`), as the simulator's placed steps do. Held out as everything in

@@ -1,4 +1,4 @@
-"""The placements `kvjax calc` has, as the simulator runs them (issue 50): pipeline stages with
+"""The placements `kvjax calc` has, as the simulator runs them: pipeline stages with
 micro-batches in flight (`--pp`) and data-parallel attention groups with their experts spread
 over them (`--dp-attention D --ep D`), around a tensor-parallel step (`PlacedStepTime`).
 
