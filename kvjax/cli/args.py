@@ -1,5 +1,5 @@
-"""Arguments every `kvjax` subcommand shares: types whose failures name the flag, the model /
-workload / chip option groups and their resolution, and `--json` output."""
+"""Arguments every `kvjax` subcommand shares: the model / workload / chip / serving option
+groups and their resolution, and `--json` output (the flags' value types: `arg_types`)."""
 
 from __future__ import annotations
 
@@ -12,84 +12,22 @@ from typing import Any
 
 from kvjax.analytic import PHASES, Workload
 from kvjax.analytic.costs import EXTEND
-from kvjax.dtypes import allowed_dtypes, dtype_refusal
+from kvjax.cli.arg_types import (
+    dtype_name,
+    fraction,
+    in_range,
+    int_list,
+    kv_dtype_name,
+    matmul_dtype_name,
+    positive_int,
+)
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, chip_from_numbers, get_chip
-from kvjax.model.config import KV_SCALES, MLA_FORMS, ModelConfig, canonical_dtype, get_model_config
+from kvjax.model.config import KV_SCALES, MLA_FORMS, ModelConfig, get_model_config
 from kvjax.model.hf import from_hf_config
 
 DEFAULT_MODEL = "seed-70b"
 DEFAULT_CHIP = "h100-sxm"
-_SUFFIXES = {"k": 2**10, "m": 2**20}
-MAX_INT = 2**53  # beyond this an integer is no longer exact as a float: no real batch or context
-
-
-# ---------------------------------------------------------------------------------------------
-# Argument types: each failure is one line naming the flag (argparse adds "argument --flag:").
-# ---------------------------------------------------------------------------------------------
-def positive_int(text: str) -> int:
-    """An integer > 0; '8k' = 8192 and '1m' = 1048576 (binary, as context lengths are quoted)."""
-    raw = text.strip().lower().replace("_", "")
-    scale = 1
-    if raw and raw[-1] in _SUFFIXES:
-        raw, scale = raw[:-1], _SUFFIXES[raw[-1]]
-    try:
-        value = int(raw) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a positive integer (e.g. 8192 or 8k)"
-        ) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer (> 0)")
-    if value > MAX_INT:
-        raise argparse.ArgumentTypeError(f"{text[:20]!r}... is too large (at most 2**53)")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 3.35e12)") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
-    return value
-
-
-def in_range(low: float, high: float, unit: str):
-    """A positive number within [low, high] (a chip's rate or size): 1e-300 B/s is a typo, not
-    a chip, and would print infinite times."""
-
-    def parse(text: str) -> float:
-        value = positive_float(text)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is outside the sane range {low:g} .. {high:g} {unit}"
-            )
-        return value
-
-    return parse
-
-
-def dtype_name(text: str, packed: bool = False, compute: bool = False) -> str:
-    """A dtype flag's value, canonical ('fp16' -> 'f16'); refused with the names and aliases."""
-    try:
-        return canonical_dtype(text, packed=packed, compute=compute)
-    except KvjaxError:
-        allowed = allowed_dtypes(packed, compute)
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a dtype{dtype_refusal(text, allowed)}"
-        ) from None
-
-
-def matmul_dtype_name(text: str) -> str:
-    """A matmul input dtype: the model dtypes and fp4 (a chip's FP4 tensor-core peak)."""
-    return dtype_name(text, compute=True)
-
-
-def kv_dtype_name(text: str) -> str:
-    """A KV-cache dtype: the model dtypes and the packed int4 / int2 (closed form only)."""
-    return dtype_name(text, packed=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,24 +51,6 @@ _MLA_FLAGS = {
 }
 
 
-def int_list(text: str) -> list[int]:
-    """A comma-separated list of positive integers: 1,2,4,8."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a list of integers, e.g. 1,2,4,8"
-        ) from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r} must list positive integers, e.g. 1,2,4,8")
-    if any(v > MAX_INT for v in values):
-        raise argparse.ArgumentTypeError(f"{text[:20]!r}... lists a value too large (> 2**53)")
-    repeated = sorted({v for v in values if values.count(v) > 1})
-    if repeated:
-        raise argparse.ArgumentTypeError(f"{text!r} lists {repeated[0]} more than once")
-    return values
-
-
 def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False) -> None:
     """Model options; with `kv_heads_sweep`, --kv-heads takes a list (1,2,4,8) to sweep."""
     g = parser.add_argument_group("model")
@@ -149,8 +69,12 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
             f"--{flag.replace('_', '-')}", dest=flag, type=positive_int, help=f"override {field}"
         )
     for flag, field in _MLA_FLAGS.items():
-        g.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=int,
-                       help=f"override {field} (MLA; 0 = off)")  # fmt: skip
+        g.add_argument(
+            f"--{flag.replace('_', '-')}",
+            dest=flag,
+            type=int,
+            help=f"override {field} (MLA; 0 = off)",
+        )
     g.add_argument("--mla-decode", choices=MLA_FORMS, help="MLA decode form (default absorbed)")
     g.add_argument("--sliding-window", type=int, help="override sliding_window (0 = none)")
     g.add_argument(
@@ -159,14 +83,19 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
         metavar="S",
         help="sliding layers keep the first S tokens beside their window (StreamingLLM)",
     )
-    g.add_argument("--kv-budget", type=positive_int, metavar="N",
-                   help="evict to N positions a layer: every layer sliding over N - S recent "
-                   "tokens beside the --sink-tokens S (default 0)")  # fmt: skip
     g.add_argument(
-        "--kv-scales", choices=KV_SCALES,
+        "--kv-budget",
+        type=positive_int,
+        metavar="N",
+        help="evict to N positions a layer: every layer sliding over N - S recent "
+        "tokens beside the --sink-tokens S (default 0)",
+    )
+    g.add_argument(
+        "--kv-scales",
+        choices=KV_SCALES,
         help="a quantized cache's scales (auto: per token per head for int8, per tensor for fp8, "
         "per group for int4/int2)",
-    )  # fmt: skip
+    )
     g.add_argument(
         "--kv-group-size", type=int, help="int4/int2: elements per f16 scale + zero (default 32)"
     )
@@ -174,18 +103,24 @@ def add_model_args(parser: argparse.ArgumentParser, kv_heads_sweep: bool = False
         "--layer-pattern", help="override layer_pattern: G global / L sliding, tiled (L, LG, ...)"
     )
     g.add_argument("--weight-dtype", type=dtype_name, help="override the weight dtype")
-    g.add_argument("--compute-dtype", type=matmul_dtype_name, dest="matmul_dtype",
-                   help="the matmuls' input dtype, whose peak they run at (fp8: TensorRT-LLM's "
-                   "FP8 engines, fp4: NVFP4; default bf16 for int8/fp8 weights)")  # fmt: skip
     g.add_argument(
-        "--attention-kernel", choices=("xla", "flash"),
+        "--compute-dtype",
+        type=matmul_dtype_name,
+        dest="matmul_dtype",
+        help="the matmuls' input dtype, whose peak they run at (fp8: TensorRT-LLM's "
+        "FP8 engines, fp4: NVFP4; default bf16 for int8/fp8 weights)",
+    )
+    g.add_argument(
+        "--attention-kernel",
+        choices=("xla", "flash"),
         help="xla: scores, softmax and av as XLA runs the einsums (default); flash: one fused "
         "kernel (FlashAttention-2 prefill, flash-decoding), tiled for the chip",
-    )  # fmt: skip
+    )
     g.add_argument(
-        "--kv-dtype", type=kv_dtype_name,
+        "--kv-dtype",
+        type=kv_dtype_name,
         help="override the KV-cache dtype (int4/int2: KIVI-style packed, closed form only)",
-    )  # fmt: skip
+    )
 
 
 def add_workload_args(parser: argparse.ArgumentParser, extend: bool = False) -> None:
@@ -201,20 +136,12 @@ def add_workload_args(parser: argparse.ArgumentParser, extend: bool = False) -> 
     g.add_argument("--phase", choices=(*PHASES, EXTEND) if extend else PHASES, default="decode")
     if extend:
         g.add_argument(
-            "--new-tokens", type=positive_int, default=None, metavar="T",
+            "--new-tokens",
+            type=positive_int,
+            default=None,
+            metavar="T",
             help="with --phase extend: T new tokens on context - T cached",
-        )  # fmt: skip
-
-
-def fraction(text: str) -> float:
-    """A number in [0, 1] (a probability)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number in [0, 1]") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must lie in [0, 1]")
-    return value
+        )
 
 
 def add_serving_args(
@@ -306,23 +233,33 @@ def resolve_model(args: argparse.Namespace) -> ModelConfig:
             field: getattr(args, flag)
             for flag, field in _MLA_FLAGS.items()
             if getattr(args, flag, None) is not None
-        }  # fmt: skip
+        }
     )
     if getattr(args, "mla_decode", None):
         changes["mla_decode"] = args.mla_decode
-    for flag in ("sliding_window", "layer_pattern", "kv_scales", "kv_group_size",
-                 "attention_kernel", "sink_tokens"):  # fmt: skip
+    for flag in (
+        "sliding_window",
+        "layer_pattern",
+        "kv_scales",
+        "kv_group_size",
+        "attention_kernel",
+        "sink_tokens",
+    ):
         if getattr(args, flag, None) is not None:
             changes[flag] = getattr(args, flag)
     budget = getattr(args, "kv_budget", None)
     if budget is not None:  # eviction to a budget: sinks + a window of the rest, every layer
         sinks = changes.get("sink_tokens") or 0
         if "sliding_window" in changes or "layer_pattern" in changes:
-            raise KvjaxError("--kv-budget sets the window and the pattern itself; drop "
-                             "--sliding-window / --layer-pattern")  # fmt: skip
+            raise KvjaxError(
+                "--kv-budget sets the window and the pattern itself; drop "
+                "--sliding-window / --layer-pattern"
+            )
         if budget <= sinks:
-            raise KvjaxError(f"--kv-budget {budget} must exceed --sink-tokens {sinks} (the "
-                             "recent window is the budget minus the sinks)")  # fmt: skip
+            raise KvjaxError(
+                f"--kv-budget {budget} must exceed --sink-tokens {sinks} (the "
+                "recent window is the budget minus the sinks)"
+            )
         changes.update(sliding_window=budget - sinks, layer_pattern="L", sink_tokens=sinks)
     if isinstance(changes.get("num_kv_heads"), list):  # a sweep: the first value is the base
         changes["num_kv_heads"] = changes["num_kv_heads"][0]
@@ -351,8 +288,10 @@ def custom_name(cfg: ModelConfig, named: bool) -> str:
     when no preset was named, `<preset>-custom-<hash>` of its fields when one was (what a
     profile folder or record is named after: never the preset's own name, which it is not)."""
     if not named:
-        dims = (f"L{cfg.num_layers}-D{cfg.d_model}-N{cfg.num_heads}-K{cfg.num_kv_heads}-"
-                f"H{cfg.head_dim}-F{cfg.d_ff}-V{cfg.vocab_size}")  # fmt: skip
+        dims = (
+            f"L{cfg.num_layers}-D{cfg.d_model}-N{cfg.num_heads}-K{cfg.num_kv_heads}-"
+            f"H{cfg.head_dim}-F{cfg.d_ff}-V{cfg.vocab_size}"
+        )
         return f"custom-{dims}" + (f"-A{cfg.kv_lora_rank}" if cfg.kv_lora_rank else "")
     import hashlib
 

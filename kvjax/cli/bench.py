@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from kvjax.cli import render
+from kvjax.cli.arg_types import positive_float
 from kvjax.cli.args import (
     add_chip_args,
     add_model_args,
@@ -14,7 +15,6 @@ from kvjax.cli.args import (
     dequantized_experts,
     dumps,
     emit,
-    positive_float,
     resolve_chip,
     resolve_model,
     resolve_workload,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvjax.cli.args import add_serving_args, positive_float, positive_int
+from kvjax.cli.arg_types import positive_float, positive_int
+from kvjax.cli.args import add_serving_args
 from kvjax.errors import KvjaxError
 
 
@@ -95,6 +96,12 @@ def load_requests(args: argparse.Namespace):
     if not 0 <= args.prefix_share <= 1:
         raise KvjaxError(f"--prefix-share {args.prefix_share} must lie in [0, 1]")
     return load.generate(
-        args.requests, args.rate, args.prompt_len, args.output_len, args.seed,
-        args.arrival_cv, args.prefix_len or 0, args.prefix_share if args.prefix_len else 0.0,
-    )  # fmt: skip
+        args.requests,
+        args.rate,
+        args.prompt_len,
+        args.output_len,
+        args.seed,
+        args.arrival_cv,
+        args.prefix_len or 0,
+        args.prefix_share if args.prefix_len else 0.0,
+    )

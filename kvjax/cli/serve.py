@@ -10,7 +10,7 @@ from typing import Any
 
 from kvjax.cli.args import add_model_args, emit, positive_int, resolve_model
 from kvjax.cli.load_args import add_engine_args, add_load_args, load_requests
-from kvjax.cli.simulate import print_simulation
+from kvjax.cli.render_simulation import print_simulation
 
 DEFAULT_MODEL = "tiny-gqa"
 

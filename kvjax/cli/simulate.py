@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kvjax.cli.arg_types import positive_float, positive_int
 from kvjax.cli.args import (
     add_chip_args,
     add_model_args,
     emit,
-    positive_float,
-    positive_int,
     resolve_chip,
     resolve_model,
 )
@@ -153,6 +152,8 @@ def _add_cost_args(c) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvjax.cli.render_simulation import print_simulation
+
     return emit(args, simulate_report(args), print_simulation)
 
 
@@ -215,8 +216,15 @@ def deployment_of(args: argparse.Namespace, cfg, chip, longest: int):
         acceptance=args.acceptance or 0.0,
         route=args.route,
     )
-    d = Deployment(cfg, chip, longest, placement, engine, STEP_MODELS[args.step_time],
-                   achieved=args.step_time != "bound")  # fmt: skip
+    d = Deployment(
+        cfg,
+        chip,
+        longest,
+        placement,
+        engine,
+        STEP_MODELS[args.step_time],
+        achieved=args.step_time != "bound",
+    )
     if args.tp or args.disaggregate or placement != Placement(replicas=args.replicas):
         return d, None
     return fewest_tensor_parallel(d)
@@ -247,23 +255,42 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     out = report(result, args.slo_ttft, args.slo_itl)
     out.update(
         energy_and_cost(
-            out["output_tokens"], out["duration_s"], chips, chip.power_watts,
+            out["output_tokens"],
+            out["duration_s"],
+            chips,
+            chip.power_watts,
             args.price_per_chip_hour,
         )
-    )  # fmt: skip
+    )
     out["disaggregated"] = bool(args.disaggregate)
     p, pool = d.placement, d.pool
-    out.update(tp=p.tp, tp_note=tp_note, replicas=p.replicas, route=args.route, pp=p.pp,
-               ep=p.ep, dp_attention=p.dp_attention, chips=chips)  # fmt: skip
     out.update(
-        model=cfg.name, chip=chip.name, rate_requests_per_s=args.rate if not args.trace else None,
-        kv_pool_tokens=pool.tokens, kv_pool_pages=pool.pages, page_size=pool.page_size,
-        kv_bytes_per_token=pool.bytes_per_token, weight_bytes=pool.weight_bytes,
-        activation_bytes=pool.activation_bytes, reserve_bytes=pool.reserve_bytes,
-        slot_bytes_per_request=pool.slot_bytes, token_budget=d.token_budget,
-        chunked_prefill=not d.whole_prefill, whole_prefill_reason=d.whole_prefill,
+        tp=p.tp,
+        tp_note=tp_note,
+        replicas=p.replicas,
+        route=args.route,
+        pp=p.pp,
+        ep=p.ep,
+        dp_attention=p.dp_attention,
+        chips=chips,
+    )
+    out.update(
+        model=cfg.name,
+        chip=chip.name,
+        rate_requests_per_s=args.rate if not args.trace else None,
+        kv_pool_tokens=pool.tokens,
+        kv_pool_pages=pool.pages,
+        page_size=pool.page_size,
+        kv_bytes_per_token=pool.bytes_per_token,
+        weight_bytes=pool.weight_bytes,
+        activation_bytes=pool.activation_bytes,
+        reserve_bytes=pool.reserve_bytes,
+        slot_bytes_per_request=pool.slot_bytes,
+        token_budget=d.token_budget,
+        chunked_prefill=not d.whole_prefill,
+        whole_prefill_reason=d.whole_prefill,
         step_time=STEP_TIMES[args.step_time],
-    )  # fmt: skip
+    )
     return out
 
 
@@ -283,13 +310,19 @@ def fitted_report(args: argparse.Namespace, cfg, requests) -> dict[str, Any]:
 
     engine, runs = load_steps(args.steps)
     if engine["model"] != cfg.name:
-        raise KvjaxError(f"--steps {args.steps} were measured on {engine['model']!r}, not "
-                         f"{cfg.name!r}: give --model {engine['model']}")  # fmt: skip
+        raise KvjaxError(
+            f"--steps {args.steps} were measured on {engine['model']!r}, not "
+            f"{cfg.name!r}: give --model {engine['model']}"
+        )
     if args.disaggregate:
         raise KvjaxError("--disaggregate needs a chip (--step-time bound, predicted or kernels)")
     page = engine["page_size"]
-    sched = Scheduler(PagePool(engine["kv_pool_tokens"] // page, page), engine["max_batch"],
-                      engine["token_budget"], prefix_caching=False)  # fmt: skip
+    sched = Scheduler(
+        PagePool(engine["kv_pool_tokens"] // page, page),
+        engine["max_batch"],
+        engine["token_budget"],
+        prefix_caching=False,
+    )
     check_requests(requests, engine["max_len"], sched)  # what the engine would refuse
     # one shape over the calibration runs (each at its own speed: the machine's moves between
     # runs), at their median speed; the served runs (after them) left out
@@ -301,77 +334,25 @@ def fitted_report(args: argparse.Namespace, cfg, requests) -> dict[str, Any]:
     step = mean.scaled(1.0, fit.spread, args.seed)
     out = report(simulate(requests, sched, step), args.slo_ttft, args.slo_itl)
     out.update(
-        model=cfg.name, chip=engine["device"], disaggregated=False,
+        model=cfg.name,
+        chip=engine["device"],
+        disaggregated=False,
         rate_requests_per_s=args.rate if not args.trace else None,
         kv_pool_tokens=engine["kv_pool_tokens"] // page * page,
-        kv_pool_pages=engine["kv_pool_tokens"] // page, page_size=page,
-        max_batch=engine["max_batch"], token_budget=engine["token_budget"],
-        chunked_prefill=True, whole_prefill_reason=None, step_time=STEP_TIMES["fitted"],
-        fit={"steps": fit.steps, "coefficients_s": fit.coefficients_s,
-             "median_relative_error": fit.median_relative_error,
-             "calibration_runs": len(calib),
-             # measured / fitted time of each served run left out of the fit (1: as fitted)
-             "served_speed": [mean.speed(run) for run in served]},
-    )  # fmt: skip
+        kv_pool_pages=engine["kv_pool_tokens"] // page,
+        page_size=page,
+        max_batch=engine["max_batch"],
+        token_budget=engine["token_budget"],
+        chunked_prefill=True,
+        whole_prefill_reason=None,
+        step_time=STEP_TIMES["fitted"],
+        fit={
+            "steps": fit.steps,
+            "coefficients_s": fit.coefficients_s,
+            "median_relative_error": fit.median_relative_error,
+            "calibration_runs": len(calib),
+            # measured / fitted time of each served run left out of the fit (1: as fitted)
+            "served_speed": [mean.speed(run) for run in served],
+        },
+    )
     return out
-
-
-def print_simulation(r: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from kvjax.cli.render import console
-    from kvjax.units import fmt_seconds
-
-    con = console()
-    on = f"{r['tp']} x {r['chip']} (tensor parallel)" if r.get("tp", 1) > 1 else r["chip"]
-    con.print(
-        f"[bold]{r['model']}[/bold] on {on} | KV cache: {r['kv_pool_tokens']:,} tokens "
-        f"({r['kv_pool_pages']:,} pages of {r['page_size']}"
-        + (", each device its share of the heads" if r.get("tp", 1) > 1 else "")
-        + f") | step time: {r['step_time']}"
-    )
-    if r.get("tp_note"):
-        con.print(f"  ({r['tp_note']})")
-    if r.get("slot_bytes_per_request"):
-        con.print(f"  each running request also holds {r['slot_bytes_per_request']:,} B of "
-                  "sliding windows and states (reserved for --max-batch requests)")  # fmt: skip
-    fit = r.get("fit")
-    if fit:
-        served = ", ".join(f"{v:.2f}x" for v in fit["served_speed"]) or "none saved"
-        con.print(f"  fitted to {fit['steps']:,} steps of {fit['calibration_runs']} calibration "
-                  f"run(s) (median step error {fit['median_relative_error']:.1%}); the served "
-                  f"run, left out, ran at {served} the fit's time")  # fmt: skip
-    if r.get("whole_prefill_reason"):
-        con.print(f"  prompts prefilled whole (token budget {r['token_budget']:,}), no prefix "
-                  f"cache: {r['whole_prefill_reason']}")  # fmt: skip
-    t = Table(title=f"{r['requests_out']:,} of {r['requests_in']:,} requests served")
-    for col in ("", "mean", "P50", "P90", "P99"):
-        t.add_column(col, justify="left" if not col else "right")
-    for name, key in (("time to first token", "ttft_s"), ("inter-token latency", "itl_s"),
-                      ("end to end", "e2e_s")):  # fmt: skip
-        s = r[key]
-        t.add_row(name, *("-" if s[k] is None else fmt_seconds(s[k])
-                          for k in ("mean", "p50", "p90", "p99")))  # fmt: skip
-    con.print(t)
-    if r.get("disaggregated"):
-        con.print("  disaggregated: prefill on one chip, decode on another (2 chips)")
-    if r.get("energy_j_per_output_token") is not None:
-        price = r.get("cost_per_million_output_tokens")
-        con.print(
-            f"  energy {r['energy_j_per_output_token']:.3g} J/output token ({r['chips']} x "
-            f"{r['power_watts']:g} W for the run)"
-            + ("" if price is None else f"; ${price:.3g} per million output tokens")
-        )
-    slo = r["slo"]
-    hit = "-" if r["prefix_hit_rate"] is None else f"{r['prefix_hit_rate']:.1%}"
-    limits = [
-        f"{name} <= {v} s"
-        for name, v in (("TTFT", slo["ttft_s"]), ("ITL P99", slo["itl_p99_s"]))
-        if v is not None
-    ]
-    met = f"{slo['met']} met " + ", ".join(limits) if limits else "no SLO given"
-    con.print(
-        f"  throughput {r['throughput_tokens_per_s']:,.0f} tokens/s; goodput "
-        f"{r['goodput_requests_per_s']:.3g} requests/s ({met}); {r['preemptions']} preemptions; "
-        f"peak {r['peak_pages_in_use']:,} pages; prefix hit rate {hit}"
-    )
