@@ -37,7 +37,7 @@ ALL_REDUCE = {
     "h100-sxm": _NVLINK4,
     "h200": _NVLINK4,  # the same NVLink 4 and NVSwitch as the H100 SXM's HGX board
     # a latency is published (NCCL 2.17.1, 8 x A100, 1 KB all-reduce: 16.96 us under CUDA graphs,
-    # github.com/microsoft/mscclpp docs/performance-ndmv4.md; nccl-tests issue 123: 16.88 us at
+    # github.com/microsoft/mscclpp docs/performance-ndmv4.md; NVIDIA/nccl-tests#123: 16.88 us at
     # 4 GPUs, 33.7 us at 8, one channel) but left at 0: the corpus's A100 steps (LMDeploy v0.1,
     # no CUDA graphs) carry their per-layer latency in the step's fitted t0, and charging 17 us
     # beside it moved the step class's held-out error from 10.6% to 15.6% (VALIDATE.md)

@@ -26,27 +26,9 @@ from kvjax.predict import bounds, heldout, model
 from kvjax.predict.corpus import COLUMNS, CORPUS_DIR, OPTIONAL, TIMING, Row, read_corpus
 from kvjax.predict.groups import implementation_of
 
-_SHAPE = (
-    "chip",
-    "dtype",
-    "kernel",
-    "batch",
-    "seq_q",
-    "seq_kv",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "causal",
-    "latent_dim",
-    "rope_dim",
-    "m",
-    "n",
-    "k",
-    "model",
-    "context",
-    "num_chips",
-    "kv_dtype",
-)
+# a row's shape: its columns but where it came from and what it measured, and its chips and cache
+_NOT_SHAPE = ("source", "source_group", "implementation", "measured_s", "convention", "confidence")
+_SHAPE = (*(c for c in COLUMNS if c not in _NOT_SHAPE), "num_chips", "kv_dtype")
 
 
 def features(closed: bounds.Closed) -> model.Features:
