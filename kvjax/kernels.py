@@ -77,8 +77,14 @@ class Kernel:
 REGISTRY: dict[str, Kernel] = {}
 
 
-def _k(name: str, kind: str, per_layer: bool, summary: str, bytes_note: str | None = None,
-       members: tuple[str, ...] = ()) -> str:  # fmt: skip
+def _k(
+    name: str,
+    kind: str,
+    per_layer: bool,
+    summary: str,
+    bytes_note: str | None = None,
+    members: tuple[str, ...] = (),
+) -> str:
     REGISTRY[name] = Kernel(name, kind, per_layer, summary, bytes_note, members)
     return name
 
