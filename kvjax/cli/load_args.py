@@ -10,10 +10,25 @@ from kvjax.cli.args import add_serving_args
 from kvjax.errors import KvjaxError
 
 
-def add_load_args(p, requests: int = 200, prompt: str = "1024", output: str = "256") -> None:
-    """The load both clocks serve (`kvjax simulate`, `kvjax serve`): arrivals and lengths."""
+def add_load_args(
+    p, requests: int = 200, prompt: str = "1024", output: str = "256", closed_loop: bool = False
+) -> None:
+    """The load both clocks serve (`kvjax simulate`, `kvjax serve`): arrivals and lengths;
+    `closed_loop`: or --concurrency clients, each sending its next request when one finishes."""
     g = p.add_argument_group("load")
-    g.add_argument("--rate", type=positive_float, required=True, help="requests per second")
+    if not closed_loop:
+        g.add_argument("--rate", type=positive_float, required=True, help="requests per second")
+    else:
+        one = g.add_mutually_exclusive_group(required=True)
+        one.add_argument("--rate", type=positive_float, help="requests per second (open loop)")
+        one.add_argument(
+            "--concurrency",
+            type=positive_int,
+            metavar="C",
+            help="a closed loop of C clients: the first C requests sent at once, each later one "
+            "when one finishes (vllm bench serve --max-concurrency, genai-perf, trtllm-bench "
+            "--concurrency)",
+        )
     g.add_argument(
         "--requests", type=positive_int, default=requests, help=f"how many (default {requests})"
     )
@@ -92,12 +107,14 @@ def load_requests(args: argparse.Namespace):
     from kvjax.serving import load
 
     if args.trace:
+        if getattr(args, "concurrency", None):
+            raise KvjaxError("--trace gives each request's arrival: not with --concurrency")
         return load.read_trace(args.trace)
     if not 0 <= args.prefix_share <= 1:
         raise KvjaxError(f"--prefix-share {args.prefix_share} must lie in [0, 1]")
     return load.generate(
         args.requests,
-        args.rate,
+        args.rate or 1.0,  # a closed loop sets the arrivals itself
         args.prompt_len,
         args.output_len,
         args.seed,

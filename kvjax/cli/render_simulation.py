@@ -40,7 +40,8 @@ def print_simulation(r: dict[str, Any]) -> None:
             f"  prompts prefilled whole (token budget {r['token_budget']:,}), no prefix "
             f"cache: {r['whole_prefill_reason']}"
         )
-    t = Table(title=f"{r['requests_out']:,} of {r['requests_in']:,} requests served")
+    load = f", a closed loop of {r['concurrency']} clients" if r.get("concurrency") else ""
+    t = Table(title=f"{r['requests_out']:,} of {r['requests_in']:,} requests served{load}")
     for col in ("", "mean", "P50", "P90", "P99"):
         t.add_column(col, justify="left" if not col else "right")
     for name, key in (

@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
     )
     add_model_args(p)
     add_chip_args(p)
-    add_load_args(p)
+    add_load_args(p, closed_loop=True)
     s = add_engine_args(p, speculative=True)
     s.add_argument(
         "--memory-utilization",
@@ -180,6 +180,8 @@ def _check(args: argparse.Namespace) -> None:
             f"--tp {args.tp} with --ep {args.ep}: expert parallelism is modelled over "
             "data-parallel attention groups of one chip each (tp = 1)"
         )
+    if args.disaggregate and args.concurrency:
+        raise KvjaxError("--disaggregate runs arrivals at --rate (not a --concurrency loop)")
     if args.disaggregate and (args.tp or args.replicas > 1 or placed):
         raise KvjaxError(
             "--tp/--pp/--ep/--dp-attention/--replicas and --disaggregate do not go together "
@@ -250,7 +252,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
         result = d.run_disaggregated(requests, link, args.link_latency_us * 1e-6)
         chips = 2
     else:  # copies behind a router (kvjax.serving.router)
-        result = d.run(requests)
+        result = d.run(requests, concurrency=args.concurrency)
         chips = d.placement.chips
     out = report(result, args.slo_ttft, args.slo_itl)
     out.update(
@@ -277,6 +279,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
     out.update(
         model=cfg.name,
         chip=chip.name,
+        **({"concurrency": args.concurrency} if args.concurrency else {}),
         rate_requests_per_s=args.rate if not args.trace else None,
         kv_pool_tokens=pool.tokens,
         kv_pool_pages=pool.pages,
@@ -304,6 +307,7 @@ def fitted_report(args: argparse.Namespace, cfg, requests) -> dict[str, Any]:
     from kvjax.measured.engine import check_requests
     from kvjax.serving.fitted import FittedStepTime
     from kvjax.serving.pages import PagePool
+    from kvjax.serving.router import closed_loop
     from kvjax.serving.scheduler import Scheduler
     from kvjax.serving.simulate import report, simulate
     from kvjax.serving.steps_file import load_steps
@@ -332,10 +336,15 @@ def fitted_report(args: argparse.Namespace, cfg, requests) -> dict[str, Any]:
     except KvjaxError as exc:  # a hand-made file: named, with what its steps lack
         raise KvjaxError(f"--steps {args.steps}: its calibration runs: {exc}") from None
     step = mean.scaled(1.0, fit.spread, args.seed)
-    out = report(simulate(requests, sched, step), args.slo_ttft, args.slo_itl)
+    if args.concurrency:  # a closed loop of clients on the one engine
+        result = closed_loop(requests, [sched], step, args.concurrency)
+    else:
+        result = simulate(requests, sched, step)
+    out = report(result, args.slo_ttft, args.slo_itl)
     out.update(
         model=cfg.name,
         chip=engine["device"],
+        **({"concurrency": args.concurrency} if args.concurrency else {}),
         disaggregated=False,
         rate_requests_per_s=args.rate if not args.trace else None,
         kv_pool_tokens=engine["kv_pool_tokens"] // page * page,

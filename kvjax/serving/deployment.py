@@ -25,7 +25,7 @@ from kvjax.model.config import ModelConfig
 from kvjax.serving import placed
 from kvjax.serving.memory import KvPool, kv_pool, whole_prefill_reason
 from kvjax.serving.pages import PagePool
-from kvjax.serving.router import ROUTES, simulate_replicas
+from kvjax.serving.router import ROUTES, closed_loop, simulate_replicas
 from kvjax.serving.scheduler import Request, Scheduler
 from kvjax.serving.simulate import SimulationResult
 
@@ -172,10 +172,15 @@ class Deployment:
         """Every copy of every replica, fresh."""
         return [self.scheduler() for _ in range(self.placement.copies * self.placement.replicas)]
 
-    def run(self, requests: list[Request], factor: float = 1.0) -> SimulationResult:
+    def run(
+        self, requests: list[Request], factor: float = 1.0, concurrency: int | None = None
+    ) -> SimulationResult:
         """The requests served by the copies behind the engine's router, each step `factor`
-        times as long (a prediction's interval ends)."""
+        times as long (a prediction's interval ends); at their arrivals, or (`concurrency`) by a
+        closed loop of that many clients (`router.closed_loop`)."""
         step = self.step if factor == 1 else placed.Scaled(self.step, factor)
+        if concurrency is not None:
+            return closed_loop(requests, self.schedulers(), step, concurrency, self.engine.route)
         return simulate_replicas(requests, self.schedulers(), step, self.engine.route)
 
     def run_disaggregated(

@@ -50,15 +50,40 @@ def round_robin(i: int, load: list[int]) -> int:
     return i % len(load)
 
 
+def closed_loop(
+    requests: list[Request],
+    schedulers: list[Scheduler],
+    step_time: Callable[[list[Scheduled]], float],
+    concurrency: int,
+    route: str = "round-robin",
+) -> SimulationResult:
+    """A closed loop of `concurrency` clients, as `vllm bench serve --max-concurrency`,
+    genai-perf's and trtllm-bench's concurrency modes run one: the first `concurrency` requests
+    (by id) sent at once, each later one the moment an earlier one finishes; every request
+    counted from the first sent to the last done (the runs count no warm-up apart). The copies
+    run on one clock (`joint`), the arrivals routed by `route`."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise KvjaxError(f"concurrency={concurrency!r} must be an integer >= 1")
+    if route not in ROUTES:
+        raise KvjaxError(f"route={route!r} is not supported; allowed: {', '.join(ROUTES)}")
+    for k, r in enumerate(sorted(requests, key=lambda r: r.id)):
+        r.arrival_s = 0.0 if k < concurrency else float("inf")  # sent when a slot frees
+    pick = least_loaded if route == "least-loaded" else round_robin
+    return joint(requests, schedulers, step_time, pick, release=True)
+
+
 def joint(
     requests: list[Request],
     schedulers: list[Scheduler],
     step_time: Callable[[list[Scheduled]], float],
     pick: Callable[[int, list[int]], int],
+    release: bool = False,
 ) -> SimulationResult:
     """The copies on one clock, the i-th arrival to copy `pick(i, load)` (load: the requests each
-    copy holds, routed and not finished)."""
+    copy holds, routed and not finished). `release`: a closed loop, each finish sending the next
+    request not yet sent (its arrival, inf until then, set to the finish)."""
     pending = in_arrival_order(requests, schedulers)
+    sent = sum(r.arrival_s < float("inf") for r in pending)
     n, inf = len(schedulers), float("inf")
     batch: list[list[Scheduled] | None] = [None] * n
     start, end, load = [0.0] * n, [inf] * n, [0] * n
@@ -72,6 +97,9 @@ def joint(
             if end[r] == t:
                 finished = len(schedulers[r].finish_step(batch[r], t))
                 done, load[r] = done + finished, load[r] - finished
+                for _ in range(finished if release else 0):
+                    if sent < len(pending):  # the next client's request, sent now
+                        pending[sent].arrival_s, sent = t, sent + 1
                 steps[r], busy[r] = steps[r] + 1, busy[r] + t - start[r]
                 pages.append((t, schedulers[r].pool.used_pages))
                 batch[r], end[r] = None, inf
