@@ -36,11 +36,36 @@ from kvjax.nn.mlp import XIELU_BETA, XIELU_EPS
 from kvjax.nn.mxfp4 import load_gpt_oss_experts
 from kvjax.nn.transformer import Transformer
 
-SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
-             "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
-             "smollm3", "phi3", "starcoder2", "stablelm", "olmo2", "qwen2_moe",
-             "olmoe", "glm4", "ernie4_5", "exaone4", "cohere2", "internlm3",
-             "apertus", "gpt_oss", "llama4_text")  # fmt: skip
+SUPPORTED = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "deepseek_v2",
+    "deepseek_v3",
+    "seed_oss",
+    "granite",
+    "smollm3",
+    "phi3",
+    "starcoder2",
+    "stablelm",
+    "olmo2",
+    "qwen2_moe",
+    "olmoe",
+    "glm4",
+    "ernie4_5",
+    "exaone4",
+    "cohere2",
+    "internlm3",
+    "apertus",
+    "gpt_oss",
+    "llama4_text",
+)
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -90,8 +115,14 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
         model_type, "mlp."
     )
     norms = ("attention_layernorm", "feedforward_layernorm") if model_type == "apertus" else None
-    return from_hf_tensors(cfg, tensors, rope_interleaved=interleaved, moe_prefix=moe_prefix,
-                           glm=model_type == "glm4", norm_names=norms)  # fmt: skip
+    return from_hf_tensors(
+        cfg,
+        tensors,
+        rope_interleaved=interleaved,
+        moe_prefix=moe_prefix,
+        glm=model_type == "glm4",
+        norm_names=norms,
+    )
 
 
 def _load_mla(cfg: ModelConfig, a, get, put, p: str, interleaved: bool) -> None:

@@ -26,10 +26,14 @@ from kvjax.nn.hf_parts import (
 from kvjax.nn.transformer import Transformer
 
 _DEFAULTS = {  # FalconH1Config's multipliers when a config.json omits them
-    "attention_in_multiplier": 1.0, "key_multiplier": 1.0, "attention_out_multiplier": 1.0,
-    "ssm_in_multiplier": 1.0, "ssm_out_multiplier": 1.0, "mlp_multipliers": [1.0, 1.0],
+    "attention_in_multiplier": 1.0,
+    "key_multiplier": 1.0,
+    "attention_out_multiplier": 1.0,
+    "ssm_in_multiplier": 1.0,
+    "ssm_out_multiplier": 1.0,
+    "mlp_multipliers": [1.0, 1.0],
     "ssm_multipliers": [1.0] * 5,
-}  # fmt: skip
+}
 
 
 def _conv(get, name: str, X: int, w: int) -> np.ndarray:

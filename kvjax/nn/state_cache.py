@@ -56,18 +56,25 @@ class HybridCache:
                 "keeps positions in the attention layers' cache; add one"
             )
         kv = KVCache.zeros(
-            len(attn), batch_size, cfg.num_kv_heads, max_len, cfg.head_dim, kv_dtype(cfg),
-            scales=cfg.kv_scale_kind, layer_ids=attn,
-        )  # fmt: skip
+            len(attn),
+            batch_size,
+            cfg.num_kv_heads,
+            max_len,
+            cfg.head_dim,
+            kv_dtype(cfg),
+            scales=cfg.kv_scale_kind,
+            layer_ids=attn,
+        )
         w = cfg.conv_kernel - 1
         conv = tuple(
             jnp.zeros((batch_size, w, conv_channels(cfg, kinds[i])), act_dtype(cfg)) for i in states
         )
         state = tuple(
-            None if kinds[i] not in STATE_KINDS
+            None
+            if kinds[i] not in STATE_KINDS
             else jnp.zeros(state_shape(cfg, kinds[i], batch_size), jnp.float32)
             for i in states
-        )  # fmt: skip
+        )
         return cls(kv, conv, state, attn, states)
 
     # -- the KVCache protocol, by model layer ----------------------------------------------------
