@@ -21,8 +21,14 @@ KV_SCALES = ("auto", "none", "tensor", "token_head", "group")
 MLA_FORMS = ("absorbed", "naive")
 # topk_sigmoid (Llama 4): the top-k logits' sigmoids, each scaling the token's input to its expert
 ROUTERS = ("softmax", "sigmoid", "topk_sigmoid")
-_MOE_INT_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", "moe_d_ff",
-                   "first_dense_layers", "shared_expert_d_ff")  # fmt: skip
+_MOE_INT_FIELDS = (
+    "num_experts",
+    "experts_per_token",
+    "num_shared_experts",
+    "moe_d_ff",
+    "first_dense_layers",
+    "shared_expert_d_ff",
+)
 _MLA_INT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
 
@@ -62,8 +68,15 @@ def check_mla(cfg: Fields) -> None:
             f"rope_linear_factor={cfg.rope_linear_factor} is not supported with MLA "
             f"(kv_lora_rank > 0)"
         )
-    for field in ("qkv_bias", "o_bias", "qk_norm", "attn_softcap", "norm_plus_one", "qk_l2_norm",
-                  "temperature_floor"):  # fmt: skip
+    for field in (
+        "qkv_bias",
+        "o_bias",
+        "qk_norm",
+        "attn_softcap",
+        "norm_plus_one",
+        "qk_l2_norm",
+        "temperature_floor",
+    ):
         if getattr(cfg, field):
             raise KvjaxError(
                 f"{field}={getattr(cfg, field)!r} is not supported with MLA (kv_lora_rank > 0)"
@@ -157,9 +170,16 @@ def check_moe(cfg: Fields) -> None:
                 f"moe_layer_step={cfg.moe_layer_step} is an MoE field, but num_experts=0 (dense); "
                 "set num_experts > 0 or moe_layer_step=1"
             )
-        for field in ("experts_per_token", "num_shared_experts", "moe_d_ff",
-                      "first_dense_layers", "router_bias", "expert_bias", "shared_expert_d_ff",
-                      "expert_weight_dtype"):  # fmt: skip
+        for field in (
+            "experts_per_token",
+            "num_shared_experts",
+            "moe_d_ff",
+            "first_dense_layers",
+            "router_bias",
+            "expert_bias",
+            "shared_expert_d_ff",
+            "expert_weight_dtype",
+        ):
             if getattr(cfg, field):
                 raise KvjaxError(
                     f"{field}={getattr(cfg, field)} is an MoE field, but num_experts=0 "
@@ -241,8 +261,10 @@ def check_window(cfg: Fields) -> None:
     if not cfg.pre_norms and not cfg.sandwich_norms:
         raise KvjaxError("pre_norms=False needs sandwich_norms=True (a block with no norm at all)")
     if cfg.parallel_block and (cfg.sandwich_norms or not cfg.pre_norms):
-        raise KvjaxError("parallel_block=True has one norm before attention and MLP: it takes "
-                         "neither sandwich_norms nor pre_norms=False")  # fmt: skip
+        raise KvjaxError(
+            "parallel_block=True has one norm before attention and MLP: it takes "
+            "neither sandwich_norms nor pre_norms=False"
+        )
     if cfg.norm_kind not in ("rms", "layer"):
         raise KvjaxError(f"norm_kind={cfg.norm_kind!r} is not supported; allowed: rms, layer")
     if cfg.norm_bias and cfg.norm_kind != "layer":
@@ -354,11 +376,16 @@ def check_extend(cfg: Fields, model: bool = False) -> None:
     if cfg.attn_softcap:
         reasons.append(f"attn_softcap={cfg.attn_softcap:g}")
     if cfg.is_hybrid and not model:
-        reasons.append(f"state layers (layer_kinds={cfg.layer_kinds!r}: the closed form of "
-                       "their extend step is not written; the model runs it)")  # fmt: skip
+        reasons.append(
+            f"state layers (layer_kinds={cfg.layer_kinds!r}: the closed form of "
+            "their extend step is not written; the model runs it)"
+        )
     if reasons:
-        runs = ("MHA/GQA/MQA global layers of an unscaled cache with attention_kernel='xla'"
-                if model else "MHA/GQA/MQA and MLA global layers")  # fmt: skip
+        runs = (
+            "MHA/GQA/MQA global layers of an unscaled cache with attention_kernel='xla'"
+            if model
+            else "MHA/GQA/MQA and MLA global layers"
+        )
         where = "the model's" if model else "the closed form's"
         raise KvjaxError(
             f"phase 'extend' (T new tokens on a cache): {where} runs {runs}; {cfg.name} has "
