@@ -243,8 +243,16 @@ def trace_in_subprocess(
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if FLAG not in f)
     request_host_devices(tp * dp, env)
     env["JAX_PLATFORMS"] = "cpu"
-    request = dict(cfg=cfg.to_dict(), phase=phase, batch=batch, context=context, tp=tp, dp=dp,
-                   layers=layers, devices_per_host=devices_per_host)  # fmt: skip
+    request = dict(
+        cfg=cfg.to_dict(),
+        phase=phase,
+        batch=batch,
+        context=context,
+        tp=tp,
+        dp=dp,
+        layers=layers,
+        devices_per_host=devices_per_host,
+    )
     done = subprocess.run(
         [sys.executable, "-m", "kvjax.traced.sharded"],
         input=json.dumps(request),
