@@ -103,9 +103,15 @@ class Engine:
     """The model with random seeded weights and its slotted cache, compiled and warmed up."""
 
     def __init__(
-        self, cfg: ModelConfig, max_batch: int, max_len: int, token_budget: int,
-        page_size: int = 16, kv_pool_tokens: int | None = None, seed: int = 0,
-    ):  # fmt: skip
+        self,
+        cfg: ModelConfig,
+        max_batch: int,
+        max_len: int,
+        token_budget: int,
+        page_size: int = 16,
+        kv_pool_tokens: int | None = None,
+        seed: int = 0,
+    ):
         import jax
         import jax.numpy as jnp
         from flax import nnx
@@ -115,8 +121,12 @@ class Engine:
         if cfg.is_hybrid:
             raise KvjaxError(f"{cfg.name}: state layers are not slotted by the engine yet")
         check_extend(cfg, model=True)
-        for name, value in (("max_batch", max_batch), ("max_len", max_len),
-                            ("token_budget", token_budget), ("page_size", page_size)):  # fmt: skip
+        for name, value in (
+            ("max_batch", max_batch),
+            ("max_len", max_len),
+            ("token_budget", token_budget),
+            ("page_size", page_size),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KvjaxError(f"{name}={value!r} must be a positive integer")
         self.cfg, self.max_batch, self.max_len = cfg, max_batch, max_len
@@ -133,8 +143,9 @@ class Engine:
         if jax.default_backend() == "cpu" and cfg.weight_bytes_per_element < 4:
             # XLA:CPU converts narrower dots to f32 (DESIGN.md): a step holds f32 weights too
             needed += weight_bytes(cfg) * 4 / cfg.weight_bytes_per_element
-        check_fits(f"{cfg.name} with {max_batch} slots of {max_len} (weights + cache + step)",
-                   needed)  # fmt: skip
+        check_fits(
+            f"{cfg.name} with {max_batch} slots of {max_len} (weights + cache + step)", needed
+        )
 
         model = Transformer(cfg, rngs=nnx.Rngs(seed))
         graphdef, self.state = nnx.split(model)
@@ -173,11 +184,15 @@ class Engine:
             traced()
             return dataclasses.replace(
                 cache,
-                k=tuple(jax.lax.dynamic_update_slice_in_dim(k, r, slot, 0)
-                        for k, r in zip(cache.k, k_rows, strict=True)),
-                v=tuple(jax.lax.dynamic_update_slice_in_dim(v, r, slot, 0)
-                        for v, r in zip(cache.v, v_rows, strict=True)),
-            )  # fmt: skip
+                k=tuple(
+                    jax.lax.dynamic_update_slice_in_dim(k, r, slot, 0)
+                    for k, r in zip(cache.k, k_rows, strict=True)
+                ),
+                v=tuple(
+                    jax.lax.dynamic_update_slice_in_dim(v, r, slot, 0)
+                    for v, r in zip(cache.v, v_rows, strict=True)
+                ),
+            )
 
         self._attend, self._append, self._extend, self._write = attend, append, extend, write_slot
         start = time.perf_counter()
@@ -201,8 +216,9 @@ class Engine:
         tokens_1T = np.zeros((1, T), np.int32)
         tokens_1T[0, : len(ids)] = ids
         i32 = np.int32
-        token, k_rows, v_rows = self._extend(self.state, jnp.asarray(tokens_1T), self.cache,
-                                             i32(slot), i32(pos), i32(len(ids)))  # fmt: skip
+        token, k_rows, v_rows = self._extend(
+            self.state, jnp.asarray(tokens_1T), self.cache, i32(slot), i32(pos), i32(len(ids))
+        )
         self.cache = self._write(self.cache, i32(slot), k_rows, v_rows)
         return token
 
@@ -218,16 +234,26 @@ class Engine:
 
     # -- serving -------------------------------------------------------------------------------
     def scheduler(self) -> Scheduler:
-        return Scheduler(PagePool(self.pool_pages, self.page_size), self.max_batch,
-                         self.token_budget, prefix_caching=False)  # fmt: skip
+        return Scheduler(
+            PagePool(self.pool_pages, self.page_size),
+            self.max_batch,
+            self.token_budget,
+            prefix_caching=False,
+        )
 
     def calibration(self) -> list[Request]:
         """This engine's calibration requests (`kvjax.serving.calibrate.plan`), on the step
         clock."""
         from kvjax.serving.calibrate import plan
 
-        return plan(self.buckets, self.max_batch, self.max_len, self.token_budget,
-                    self.pool_pages, self.page_size)  # fmt: skip
+        return plan(
+            self.buckets,
+            self.max_batch,
+            self.max_len,
+            self.token_budget,
+            self.pool_pages,
+            self.page_size,
+        )
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -245,8 +271,9 @@ class Engine:
     def check(self, requests: list[Request], sched: Scheduler) -> None:
         check_requests(requests, self.max_len, sched)
 
-    def serve(self, requests: list[Request], sched: Scheduler | None = None,
-              clock: str = "wall") -> EngineResult:  # fmt: skip
+    def serve(
+        self, requests: list[Request], sched: Scheduler | None = None, clock: str = "wall"
+    ) -> EngineResult:
         """Every request from its arrival (seconds after the start) to its last token; `sched`
         a scheduler of its own (a smaller pool, say) instead of `scheduler()`. With
         `clock="steps"` a request's `arrival_s` counts steps instead (it joins before the step of
@@ -312,17 +339,27 @@ class Engine:
             for slot in [k for k, r in occupant.items() if r.id in finished]:
                 del occupant[slot]
             stop = time.perf_counter() - t0
-            measured.append(MeasuredStep(tuple((s.tokens, s.context) for s in batch), stop - now,
-                                         now))  # fmt: skip
+            measured.append(
+                MeasuredStep(tuple((s.tokens, s.context) for s in batch), stop - now, now)
+            )
             done += len(finished)
             pages.append((stop, sched.pool.used_pages))
         in_system = sum(r.finish_s - r.arrival_s for r in pending)  # the integral, exactly
         return EngineResult(
-            pending, len(measured), sched.preemptions, time.perf_counter() - t0,
-            sum(m.wall_s for m in measured), in_system, pages, 0, 0, measured=measured,
-            compilations_after_warmup=self.compilations - compiled, warmup_s=self.warmup_s,
+            pending,
+            len(measured),
+            sched.preemptions,
+            time.perf_counter() - t0,
+            sum(m.wall_s for m in measured),
+            in_system,
+            pages,
+            0,
+            0,
+            measured=measured,
+            compilations_after_warmup=self.compilations - compiled,
+            warmup_s=self.warmup_s,
             outputs=outputs,
-        )  # fmt: skip
+        )
 
     def _seat(self, sched: Scheduler, batch: list[Scheduled], occupant: dict) -> None:
         """Slots given back by the requests the scheduler preempted, then taken by those it

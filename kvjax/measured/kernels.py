@@ -117,8 +117,11 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
             norm = partial(rms_norm, eps=cfg.norm_eps, plus_one=cfg.norm_plus_one)
             return norm(q, q_scale), norm(k, k_scale)
 
-        add(kernels.QK_NORM, qk_norm,
-            [((B, T, K, G, H), a), ((B, T, K, H), a), ((H,), w), ((H,), w)])  # fmt: skip
+        add(
+            kernels.QK_NORM,
+            qk_norm,
+            [((B, T, K, G, H), a), ((B, T, K, H), a), ((H,), w), ((H,), w)],
+        )
     # gpt-oss's sink logits, as the model's softmax takes them ([K, G], a constant here)
     sink = jnp.zeros((K, G), w) if cfg.sink_logits else None
     if wl.phase == "decode":
@@ -127,8 +130,11 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
         # a 1-byte cache's scales: per token per KV head [B, K, C], or one per tensor
         kind = cfg.kv_scale_kind
         scale = [] if kind == "none" else [((B, K, C) if kind == "token_head" else (), jnp.float32)]
-        add(kernels.SCORES, decode_scores,
-            [((B, K, G, H), a), ((B, K, H), a), ((B, K, H, C), kv), *scale])  # fmt: skip
+        add(
+            kernels.SCORES,
+            decode_scores,
+            [((B, K, G, H), a), ((B, K, H), a), ((B, K, H, C), kv), *scale],
+        )
         add(
             kernels.SOFTMAX,
             partial(
@@ -138,7 +144,7 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
                 scale=cfg.attn_scale,
                 softcap=cfg.attn_softcap,
                 sink_logits_KG=sink,
-            ),  # fmt: skip
+            ),
             [((B, K, G, C), jnp.float32), ((B, K, G), jnp.float32), pos],
         )
         add(
@@ -147,14 +153,32 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
             [((B, K, G, C), a), ((B, K, G), a), ((B, K, H), a), ((B, K, C, H), kv), *scale],
         )
         attention_args = [
-            ((B, K, G, H), a), ((B, K, H), a), ((B, K, H), a),
-            ((B, K, H, C), kv), ((B, K, C, H), kv), pos, *(scale * 2),
-        ]  # fmt: skip
+            ((B, K, G, H), a),
+            ((B, K, H), a),
+            ((B, K, H), a),
+            ((B, K, H, C), kv),
+            ((B, K, C, H), kv),
+            pos,
+            *(scale * 2),
+        ]
 
         def attention(q, kn, vn, kc, vc, pos_B, *scales):
             k_scale, v_scale = scales or (None, None)
-            return attend_cache(q, kn, vn, kc, vc, pos_B, 0, k_scale, v_scale, cfg.attn_scale,
-                                cfg.attn_softcap, 0, sink)  # fmt: skip
+            return attend_cache(
+                q,
+                kn,
+                vn,
+                kc,
+                vc,
+                pos_B,
+                0,
+                k_scale,
+                v_scale,
+                cfg.attn_scale,
+                cfg.attn_softcap,
+                0,
+                sink,
+            )
 
         add(kernels.ATTENTION, attention, attention_args, analytic.attention_cost(cfg, wl))
     elif wl.phase == "extend":  # T queries over the S cache rows that now hold them
@@ -223,17 +247,34 @@ def _add_mla(cfg: ModelConfig, wl: Workload, add) -> None:
             [((B, C, A), kv), ((B, A), a), ((N, U, A), w), ((N, W, A), w)],
         )
         attention_args = [
-            ((B, N, U), a), ((B, N, P), a), ((B, C, N, U), a), ((B, C, N, W), a), ((B, N, U), a),
-            ((B, N, W), a), ((B, C, P), kv), ((B, P), a), pos,
-        ]  # fmt: skip
-        add(kernels.ATTENTION, partial(mla.naive_attention, head_dim=H), attention_args,
-            analytic.attention_cost(cfg, wl))  # fmt: skip
+            ((B, N, U), a),
+            ((B, N, P), a),
+            ((B, C, N, U), a),
+            ((B, C, N, W), a),
+            ((B, N, U), a),
+            ((B, N, W), a),
+            ((B, C, P), kv),
+            ((B, P), a),
+            pos,
+        ]
+        add(
+            kernels.ATTENTION,
+            partial(mla.naive_attention, head_dim=H),
+            attention_args,
+            analytic.attention_cost(cfg, wl),
+        )
     else:
         C = S - 1
         pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
         add(kernels.Q_ABSORB, mla.absorb_query, [((B, N, U), a), ((N, U, A), w)])
-        cache = [((N, B, A), a), ((B, N, P), a), ((B, A), a), ((B, P), a), ((B, C, A), kv),
-                 ((B, C, P), kv)]  # fmt: skip
+        cache = [
+            ((N, B, A), a),
+            ((B, N, P), a),
+            ((B, A), a),
+            ((B, P), a),
+            ((B, C, A), kv),
+            ((B, C, P), kv),
+        ]
         add(kernels.SCORES, lambda *x: mla.absorbed_scores(*x)[:2], cache)
         add(
             kernels.SOFTMAX,
@@ -242,8 +283,12 @@ def _add_mla(cfg: ModelConfig, wl: Workload, add) -> None:
         )
         add(kernels.AV, mla.absorbed_av, [((B, N, C), a), ((B, N), a), ((B, A), a), ((B, C, A), a)])
         add(kernels.V_UP, mla.up_values, [((B, N, A), a), ((N, W, A), w)])
-        add(kernels.ATTENTION, partial(mla.absorbed_attention, head_dim=H), [*cache, pos],
-            analytic.attention_cost(cfg, wl))  # fmt: skip
+        add(
+            kernels.ATTENTION,
+            partial(mla.absorbed_attention, head_dim=H),
+            [*cache, pos],
+            analytic.attention_cost(cfg, wl),
+        )
     add(kernels.O_PROJ, linear, [((B, T, N * W), a), ((D, N * W), w)])
 
 
@@ -267,8 +312,12 @@ def _add_flash(cfg: ModelConfig, wl: Workload, add, closed: dict[str, KernelCost
     B, T, S, N = wl.batch, wl.query_len, wl.context, cfg.num_heads
     a = act_dtype(cfg)
     parts = [closed[n] for n in (kernels.ATTENTION, kernels.ATTN_COMBINE) if n in closed]
-    cost = KernelCost(kernels.ATTENTION, sum(k.flops for k in parts), sum(k.bytes for k in parts),
-                      transcendentals=sum(k.transcendentals for k in parts))  # fmt: skip
+    cost = KernelCost(
+        kernels.ATTENTION,
+        sum(k.flops for k in parts),
+        sum(k.bytes for k in parts),
+        transcendentals=sum(k.transcendentals for k in parts),
+    )
     runs = flash_execution(cfg, wl.phase)
     scale = cfg.attn_scale
     if wl.phase == "prefill":
@@ -278,8 +327,13 @@ def _add_flash(cfg: ModelConfig, wl: Workload, add, closed: dict[str, KernelCost
         else:
             Hk, K, G = cfg.head_dim, cfg.num_kv_heads, cfg.group_size
         fn = partial(flash.flash_causal, scale=scale)
-        add(kernels.ATTENTION, fn, [((B, T, K, G, Hk), a), ((B, T, K, Hk), a), ((B, T, K, Hk), a)],
-            cost, runs)  # fmt: skip
+        add(
+            kernels.ATTENTION,
+            fn,
+            [((B, T, K, G, Hk), a), ((B, T, K, Hk), a), ((B, T, K, Hk), a)],
+            cost,
+            runs,
+        )
         return
     C = S - 1
     pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
@@ -287,13 +341,26 @@ def _add_flash(cfg: ModelConfig, wl: Workload, add, closed: dict[str, KernelCost
     if cfg.is_mla:
         A, P = cfg.kv_lora_rank, cfg.qk_rope_head_dim
         fn = partial(flash.flash_decode_latent, scale=1.0 / math.sqrt(cfg.head_dim))
-        args = [((B, N, A), a), ((B, N, P), a), ((B, A), a), ((B, P), a), ((B, C, A), kv),
-                ((B, C, P), kv), pos]  # fmt: skip
+        args = [
+            ((B, N, A), a),
+            ((B, N, P), a),
+            ((B, A), a),
+            ((B, P), a),
+            ((B, C, A), kv),
+            ((B, C, P), kv),
+            pos,
+        ]
     else:
         K, G, H = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
         fn = partial(flash.flash_decode, scale=scale, softcap=cfg.attn_softcap)
-        args = [((B, K, G, H), a), ((B, K, H), a), ((B, K, H), a), ((B, K, H, C), kv),
-                ((B, K, C, H), kv), pos]  # fmt: skip
+        args = [
+            ((B, K, G, H), a),
+            ((B, K, H), a),
+            ((B, K, H), a),
+            ((B, K, H, C), kv),
+            ((B, K, C, H), kv),
+            pos,
+        ]
     add(kernels.ATTENTION, fn, args, cost, runs)
 
 
