@@ -111,9 +111,12 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         if section in raw and not isinstance(raw[section], dict):
             raise KvjaxError(
                 f"{source}: {section}: must be a mapping of keys, got {type(raw[section]).__name__}"
-                + (" (a sweep maps keys to lists: 'model.num_kv_heads: [1, 8]')"
-                   if section == "sweep" else "")
-            )  # fmt: skip
+                + (
+                    " (a sweep maps keys to lists: 'model.num_kv_heads: [1, 8]')"
+                    if section == "sweep"
+                    else ""
+                )
+            )
     schema = OmegaConf.structured(ExperimentConfig)
     try:
         cfg = OmegaConf.merge(schema, OmegaConf.create(raw))
