@@ -31,7 +31,7 @@ from kvjax.measured.timing import (
 )
 from kvjax.model.config import ModelConfig
 from kvjax.nn import flash, mla, moe
-from kvjax.nn.attention import (
+from kvjax.nn.attend import (
     attend_cache,
     attend_causal,
     attend_extend,

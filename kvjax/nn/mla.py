@@ -32,7 +32,7 @@ from kvjax import kernels
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
 from kvjax.nn import flash
-from kvjax.nn.attention import NEG_INF, decode_softmax
+from kvjax.nn.attend import NEG_INF, decode_softmax
 from kvjax.nn.kv_cache import check_cache_size, write_rows
 from kvjax.nn.layers import (
     apply_rope,

@@ -18,7 +18,7 @@ from kvjax import kernels
 from kvjax.errors import KvjaxError
 from kvjax.model.checks import check_extend
 from kvjax.model.config import ModelConfig
-from kvjax.nn.attention import soft_cap
+from kvjax.nn.attend import soft_cap
 from kvjax.nn.block import Block
 from kvjax.nn.fake_quant import cache_view
 from kvjax.nn.kv_cache import KVCache
