@@ -30,7 +30,7 @@ from kvjax.measured.timing import (
     time_fn,
 )
 from kvjax.model.config import ModelConfig
-from kvjax.nn import flash, mla, moe
+from kvjax.nn import flash, flash_mla, mla, moe
 from kvjax.nn.attend import (
     attend_cache,
     attend_causal,
@@ -340,7 +340,7 @@ def _add_flash(cfg: ModelConfig, wl: Workload, add, closed: dict[str, KernelCost
     kv = kv_dtype(cfg)
     if cfg.is_mla:
         A, P = cfg.kv_lora_rank, cfg.qk_rope_head_dim
-        fn = partial(flash.flash_decode_latent, scale=1.0 / math.sqrt(cfg.head_dim))
+        fn = partial(flash_mla.flash_decode_latent, scale=1.0 / math.sqrt(cfg.head_dim))
         args = [
             ((B, N, A), a),
             ((B, N, P), a),

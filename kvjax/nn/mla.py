@@ -31,7 +31,7 @@ from flax import nnx
 from kvjax import kernels
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
-from kvjax.nn import flash
+from kvjax.nn import flash, flash_mla
 from kvjax.nn.attend import NEG_INF, decode_softmax
 from kvjax.nn.kv_cache import check_cache_size, write_rows
 from kvjax.nn.layers import (
@@ -206,7 +206,7 @@ class LatentAttention(nnx.Module):
         with jax.named_scope(kernels.Q_ABSORB):
             q_lat_NBA = absorb_query(q_nope_BNU, read(self.k_up, cfg))
         if cfg.attention_kernel == "flash":
-            o_lat_BNA = flash.flash_decode_latent(
+            o_lat_BNA = flash_mla.flash_decode_latent(
                 jnp.transpose(q_lat_NBA, (1, 0, 2)), q_rope_BNP, c_new_BA, kr_new_BP,
                 c_cache_BSA, kr_cache_BSP, pos_B, scale=cfg.attn_scale,
             )  # fmt: skip
