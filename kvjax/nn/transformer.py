@@ -22,8 +22,8 @@ from kvjax.nn.attend import soft_cap
 from kvjax.nn.block import Block
 from kvjax.nn.fake_quant import cache_view
 from kvjax.nn.kv_cache import KVCache
+from kvjax.nn.latent_cache import LatentCache
 from kvjax.nn.layers import act_dtype, block_norm, kv_dtype, linear, param, read, shapes_only
-from kvjax.nn.mla import LatentCache
 from kvjax.nn.sharding import DATA, MODEL, constrain
 from kvjax.nn.state_cache import HybridCache
 
