@@ -29,9 +29,10 @@ from kvjax.devices import batch_per_replica
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
 from kvjax.nn import sharding as sh
+from kvjax.traced.by_kind import by_layer_kind, check_layers, layer_kinds
 from kvjax.traced.collectives import Collective, collectives, summarize
 from kvjax.traced.sharded_program import served_pieces, sharded_memory
-from kvjax.traced.step import as_the_model_runs, by_layer_kind, cache_len, check_layers, layer_kinds
+from kvjax.traced.step import as_the_model_runs, cache_len
 
 __all__ = ["ShardedTrace", "sharded_memory", "trace_in_subprocess", "trace_sharded_step"]
 
@@ -164,7 +165,7 @@ def trace_sharded_step(
     if layers == "all" or L <= len(layer_kinds(cfg)):
         cost, colls = _compile(cfg, mesh, phase, batch, context, count, host_of, expert_parallel)
         traced_layers: tuple[int, ...] = (L,)
-    else:  # one (and two) layers of each kind, extrapolated (`traced.step.by_layer_kind`)
+    else:  # one (and two) layers of each kind, extrapolated (`traced.by_kind.by_layer_kind`)
         (cost, colls), traced_layers = by_layer_kind(
             cfg,
             lambda c: _compile(c, mesh, phase, batch, context, count, host_of, expert_parallel),
