@@ -24,8 +24,9 @@ from kvjax.analytic import Workload
 from kvjax.analytic.moe import model_workload
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
+from kvjax.traced.target_compile import compile_for_target
 from kvjax.traced.target_costs import TargetModuleCosts, dumps_thunk, module_kernel_costs
-from kvjax.traced.targets import Target, compile_for_target
+from kvjax.traced.targets import Target
 
 CACHE_ARG = 2  # step(state, tokens, cache)
 
