@@ -1,5 +1,6 @@
-"""Validation of `ModelConfig` by part (MLA, MoE, windows, KV scales): each error one line naming
-the field and what is allowed. Imported by `kvjax.model.config`, which re-exports the constants."""
+"""Validation of `ModelConfig` by part (features, RoPE, MLA, windows, KV scales, the extend step):
+each error one line naming the field and what is allowed. The experts' checks are
+`kvjax.model.moe_checks`. Imported by `kvjax.model.config`, which re-exports the constants."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from kvjax.dtypes import canonical_dtype
 from kvjax.errors import KvjaxError
 from kvjax.model.rope import SCALINGS
 
-EXPERT_DTYPES = ("", "mxfp4")  # kvjax.model.config re-exports it
 # xielu: Apertus's, with learned alphas; clamped_swiglu: gpt-oss's (kvjax.nn.mlp)
 ACTIVATIONS = ("silu", "gelu", "xielu", "clamped_swiglu")
 
@@ -19,16 +19,6 @@ Fields = Any
 
 KV_SCALES = ("auto", "none", "tensor", "token_head", "group")
 MLA_FORMS = ("absorbed", "naive")
-# topk_sigmoid (Llama 4): the top-k logits' sigmoids, each scaling the token's input to its expert
-ROUTERS = ("softmax", "sigmoid", "topk_sigmoid")
-_MOE_INT_FIELDS = (
-    "num_experts",
-    "experts_per_token",
-    "num_shared_experts",
-    "moe_d_ff",
-    "first_dense_layers",
-    "shared_expert_d_ff",
-)
 _MLA_INT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
 
@@ -146,91 +136,6 @@ def check_rope(cfg: Fields) -> None:
         raise KvjaxError(
             f"rope_low_freq_factor={cfg.rope_low_freq_factor} must be below "
             f"rope_high_freq_factor={cfg.rope_high_freq_factor}"
-        )
-
-
-def check_moe(cfg: Fields) -> None:
-    for field in _MOE_INT_FIELDS:
-        value = getattr(cfg, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise KvjaxError(f"{field}={value!r} must be a non-negative integer (0: dense)")
-    E, k = cfg.num_experts, cfg.experts_per_token
-    f = cfg.routed_scaling_factor
-    if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < float("inf"):
-        raise KvjaxError(f"routed_scaling_factor={f!r} must be a positive number")
-    if cfg.router not in ROUTERS:
-        raise KvjaxError(f"router={cfg.router!r} is not supported; allowed: {', '.join(ROUTERS)}")
-    for field in ("expert_groups", "topk_groups", "moe_layer_step"):
-        value = getattr(cfg, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise KvjaxError(f"{field}={value!r} must be a positive integer (1: no groups)")
-    if not E:
-        if cfg.moe_layer_step != 1:
-            raise KvjaxError(
-                f"moe_layer_step={cfg.moe_layer_step} is an MoE field, but num_experts=0 (dense); "
-                "set num_experts > 0 or moe_layer_step=1"
-            )
-        for field in (
-            "experts_per_token",
-            "num_shared_experts",
-            "moe_d_ff",
-            "first_dense_layers",
-            "router_bias",
-            "expert_bias",
-            "shared_expert_d_ff",
-            "expert_weight_dtype",
-        ):
-            if getattr(cfg, field):
-                raise KvjaxError(
-                    f"{field}={getattr(cfg, field)} is an MoE field, but num_experts=0 "
-                    f"(dense); set num_experts > 0 or {field}=0"
-                )
-        return
-    if not 1 <= k <= E:
-        raise KvjaxError(f"experts_per_token={k} must be in 1 .. num_experts={E}")
-    if cfg.moe_d_ff <= 0:
-        raise KvjaxError(f"moe_d_ff={cfg.moe_d_ff} must be a positive integer for MoE")
-    if cfg.first_dense_layers + cfg.moe_layer_step > cfg.num_layers:
-        raise KvjaxError(
-            f"first_dense_layers={cfg.first_dense_layers} leaves no MoE layer of num_layers="
-            f"{cfg.num_layers} (moe_layer_step={cfg.moe_layer_step}); allowed: "
-            f"first_dense_layers + moe_layer_step <= {cfg.num_layers}"
-        )
-    if cfg.router == "topk_sigmoid" and (
-        cfg.norm_topk_prob or cfg.routed_scaling_factor != 1.0 or cfg.expert_groups != 1
-    ):
-        raise KvjaxError(
-            "router='topk_sigmoid' (Llama 4) scales each expert's input by the sigmoid of its "
-            "logit: it takes norm_topk_prob=False, routed_scaling_factor=1 and expert_groups=1"
-        )
-    if not cfg.gated_mlp:
-        raise KvjaxError("num_experts > 0 needs gated_mlp=True (every expert is gated)")
-    if cfg.mlp_bias:
-        raise KvjaxError("mlp_bias=True is not supported with experts (num_experts > 0)")
-    if cfg.expert_weight_dtype not in EXPERT_DTYPES:
-        raise KvjaxError(
-            f"expert_weight_dtype={cfg.expert_weight_dtype!r} is not supported; allowed: "
-            f"'' (weight_dtype), {', '.join(d for d in EXPERT_DTYPES if d)}"
-        )
-    if cfg.expert_weight_dtype == "mxfp4" and (cfg.d_model % 32 or cfg.moe_d_ff % 32):
-        raise KvjaxError(
-            f"expert_weight_dtype='mxfp4' packs blocks of 32 along each expert matrix's input: "
-            f"d_model={cfg.d_model} and moe_d_ff={cfg.moe_d_ff} must be multiples of 32"
-        )
-    if cfg.shared_expert_d_ff and cfg.num_shared_experts != 1:
-        raise KvjaxError(
-            f"shared_expert_d_ff={cfg.shared_expert_d_ff} is the width of one shared expert: it "
-            f"takes num_shared_experts=1, got {cfg.num_shared_experts}"
-        )
-    if cfg.shared_expert_gate and not cfg.num_shared_experts:
-        raise KvjaxError("shared_expert_gate=True needs shared experts (num_shared_experts > 0)")
-    G, g = cfg.expert_groups, cfg.topk_groups
-    if E % G:
-        raise KvjaxError(f"expert_groups={G} must divide num_experts={E}")
-    if g > G or g * (E // G) < k:
-        raise KvjaxError(
-            f"topk_groups={g} must be in 1 .. expert_groups={G} and leave at least "
-            f"experts_per_token={k} experts ({E // G} per group)"
         )
 
 

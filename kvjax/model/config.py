@@ -3,7 +3,7 @@ properties: levanter's style) and the registry of published presets (`PRESETS`,
 `get_model_config`; the presets themselves are `kvjax.model.presets*`).
 
 Validation: each field's type and range (`kvjax.model.field_checks`), then the features together
-(`kvjax.model.checks`, `kvjax.model.hybrid`). Hugging Face `config.json` import is
+(`kvjax.model.checks`, `moe_checks`, `hybrid`). Hugging Face `config.json` import is
 `kvjax.model.hf`. Letters: `kvjax.kernels`.
 """
 
@@ -27,16 +27,15 @@ from kvjax.model.checks import (  # the constants re-exported for the CLI and th
     ACTIVATIONS,  # noqa: F401 (re-exported)
     KV_SCALES,
     MLA_FORMS,
-    ROUTERS,
     check_features,
     check_mla,
-    check_moe,
     check_rope,
     check_scales,
     check_window,
 )
 from kvjax.model.field_checks import check_numbers, check_shape
 from kvjax.model.hybrid import LAYER_KINDS, check_hybrid
+from kvjax.model.moe_checks import ROUTERS, check_moe
 
 
 @dataclass(frozen=True)
