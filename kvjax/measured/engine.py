@@ -32,7 +32,6 @@ import dataclasses
 import gc
 import time
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 
@@ -86,6 +85,25 @@ def pool_pages(max_batch: int, max_len: int, page_size: int, kv_pool_tokens: int
     return pages
 
 
+def check_engine(
+    cfg: ModelConfig, max_batch: int, max_len: int, token_budget: int, page_size: int
+) -> None:
+    """What the engine runs: no state layers (their slots are not written), a model with an
+    extend step, and positive limits."""
+    if cfg.is_hybrid:
+        raise KvjaxError(f"{cfg.name}: state layers are not slotted by the engine yet")
+    check_extend(cfg, model=True)
+    limits = {
+        "max_batch": max_batch,
+        "max_len": max_len,
+        "token_budget": token_budget,
+        "page_size": page_size,
+    }
+    for name, value in limits.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise KvjaxError(f"{name}={value!r} must be a positive integer")
+
+
 def check_requests(requests: list[Request], max_len: int, sched: Scheduler | None) -> None:
     """Refused before anything runs, by name: a request longer than a slot, or than the pool."""
     for r in requests:
@@ -112,28 +130,38 @@ class Engine:
         kv_pool_tokens: int | None = None,
         seed: int = 0,
     ):
-        import jax
-        import jax.numpy as jnp
         from flax import nnx
 
+        from kvjax.measured.engine_steps import slotted_steps
         from kvjax.nn import Transformer
 
-        if cfg.is_hybrid:
-            raise KvjaxError(f"{cfg.name}: state layers are not slotted by the engine yet")
-        check_extend(cfg, model=True)
-        for name, value in (
-            ("max_batch", max_batch),
-            ("max_len", max_len),
-            ("token_budget", token_budget),
-            ("page_size", page_size),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise KvjaxError(f"{name}={value!r} must be a positive integer")
+        check_engine(cfg, max_batch, max_len, token_budget, page_size)
         self.cfg, self.max_batch, self.max_len = cfg, max_batch, max_len
         self.token_budget, self.seed = token_budget, seed
         self.buckets = buckets_for(min(token_budget, max_len))
         pages = pool_pages(max_batch, max_len, page_size, kv_pool_tokens)
         self.pool_pages, self.page_size = pages, page_size
+        self._check_memory()
+        model = Transformer(cfg, rngs=nnx.Rngs(seed))
+        graphdef, self.state = nnx.split(model)
+        self.cache = model.init_cache(max_batch, max_len)
+        self.compilations = 0
+        steps = slotted_steps(graphdef, self._count_trace)
+        self._attend, self._append, self._extend, self._write = steps
+        start = time.perf_counter()
+        self._warm_up()
+        self.warmup_s = time.perf_counter() - start
+        self.warm_compilations = self.compilations
+
+    def _count_trace(self) -> None:
+        """Counts a trace of a jitted step: runs only when jax traces (a new shape or dtype)."""
+        self.compilations += 1
+
+    def _check_memory(self) -> None:
+        """Refused by name when the weights, the slots' cache and the largest step do not fit."""
+        import jax
+
+        cfg, max_batch, max_len = self.cfg, self.max_batch, self.max_len
         largest = self.buckets[-1] if self.buckets else 1
         needed = (
             weight_bytes(cfg)
@@ -146,59 +174,6 @@ class Engine:
         check_fits(
             f"{cfg.name} with {max_batch} slots of {max_len} (weights + cache + step)", needed
         )
-
-        model = Transformer(cfg, rngs=nnx.Rngs(seed))
-        graphdef, self.state = nnx.split(model)
-        self.cache = model.init_cache(max_batch, max_len)
-        self.compilations = 0
-
-        def traced():
-            self.compilations += 1  # runs only when jax traces: a new shape or dtype
-
-        @jax.jit
-        def attend(state, tokens_B, cache):
-            traced()
-            logits_BV, new_k, new_v = nnx.merge(graphdef, state).decode_logits(tokens_B, cache)
-            return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), new_k, new_v
-
-        @partial(jax.jit, donate_argnums=(0,))
-        def append(cache, new_k, new_v):
-            traced()
-            return cache.append(new_k, new_v)
-
-        @jax.jit
-        def extend(state, tokens_1T, cache, slot, pos, valid):
-            traced()
-            one = dataclasses.replace(
-                cache,
-                k=tuple(jax.lax.dynamic_slice_in_dim(k, slot, 1) for k in cache.k),
-                v=tuple(jax.lax.dynamic_slice_in_dim(v, slot, 1) for v in cache.v),
-                pos=pos[None],
-            )
-            logits_1TV, one = nnx.merge(graphdef, state).extend(tokens_1T, one)
-            token = jnp.argmax(logits_1TV[0, valid - 1]).astype(jnp.int32)
-            return token, one.k, one.v
-
-        @partial(jax.jit, donate_argnums=(0,))
-        def write_slot(cache, slot, k_rows, v_rows):
-            traced()
-            return dataclasses.replace(
-                cache,
-                k=tuple(
-                    jax.lax.dynamic_update_slice_in_dim(k, r, slot, 0)
-                    for k, r in zip(cache.k, k_rows, strict=True)
-                ),
-                v=tuple(
-                    jax.lax.dynamic_update_slice_in_dim(v, r, slot, 0)
-                    for v, r in zip(cache.v, v_rows, strict=True)
-                ),
-            )
-
-        self._attend, self._append, self._extend, self._write = attend, append, extend, write_slot
-        start = time.perf_counter()
-        self._warm_up()
-        self.warmup_s = time.perf_counter() - start
-        self.warm_compilations = self.compilations
 
     # -- the two kinds of device work ----------------------------------------------------------
     def _decode(self, tokens_B: np.ndarray, pos_B: np.ndarray):
