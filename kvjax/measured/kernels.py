@@ -125,62 +125,7 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
     # gpt-oss's sink logits, as the model's softmax takes them ([K, G], a constant here)
     sink = jnp.zeros((K, G), w) if cfg.sink_logits else None
     if wl.phase == "decode":
-        C = S - 1
-        pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
-        # a 1-byte cache's scales: per token per KV head [B, K, C], or one per tensor
-        kind = cfg.kv_scale_kind
-        scale = [] if kind == "none" else [((B, K, C) if kind == "token_head" else (), jnp.float32)]
-        add(
-            kernels.SCORES,
-            decode_scores,
-            [((B, K, G, H), a), ((B, K, H), a), ((B, K, H, C), kv), *scale],
-        )
-        add(
-            kernels.SOFTMAX,
-            partial(
-                decode_softmax,
-                head_dim=H,
-                dtype=a,
-                scale=cfg.attn_scale,
-                softcap=cfg.attn_softcap,
-                sink_logits_KG=sink,
-            ),
-            [((B, K, G, C), jnp.float32), ((B, K, G), jnp.float32), pos],
-        )
-        add(
-            kernels.AV,
-            decode_av,
-            [((B, K, G, C), a), ((B, K, G), a), ((B, K, H), a), ((B, K, C, H), kv), *scale],
-        )
-        attention_args = [
-            ((B, K, G, H), a),
-            ((B, K, H), a),
-            ((B, K, H), a),
-            ((B, K, H, C), kv),
-            ((B, K, C, H), kv),
-            pos,
-            *(scale * 2),
-        ]
-
-        def attention(q, kn, vn, kc, vc, pos_B, *scales):
-            k_scale, v_scale = scales or (None, None)
-            return attend_cache(
-                q,
-                kn,
-                vn,
-                kc,
-                vc,
-                pos_B,
-                0,
-                k_scale,
-                v_scale,
-                cfg.attn_scale,
-                cfg.attn_softcap,
-                0,
-                sink,
-            )
-
-        add(kernels.ATTENTION, attention, attention_args, analytic.attention_cost(cfg, wl))
+        _add_gqa_decode(cfg, wl, add, sink)
     elif wl.phase == "extend":  # T queries over the S cache rows that now hold them
         held = lambda seed: jnp.full((B,), S - T, jnp.int32)  # noqa: E731 (S - T cached before)
         add(
@@ -199,6 +144,50 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
             analytic.attention_cost(cfg, wl),
         )
     add(kernels.O_PROJ, linear, [((B, T, N * H), a), ((D, N * H), w)])
+
+
+def _add_gqa_decode(cfg: ModelConfig, wl: Workload, add, sink) -> None:
+    """Decode's scores, softmax and av over a cache of S - 1 rows (every row valid), each alone
+    and as the one attention; `sink`: gpt-oss's sink logits, or None."""
+    B, S = wl.batch, wl.context
+    K, H, G = cfg.num_kv_heads, cfg.head_dim, cfg.group_size
+    a, kv = act_dtype(cfg), kv_dtype(cfg)
+    C = S - 1
+    pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
+    # a 1-byte cache's scales: per token per KV head [B, K, C], or one per tensor
+    kind = cfg.kv_scale_kind
+    scale = [] if kind == "none" else [((B, K, C) if kind == "token_head" else (), jnp.float32)]
+    add(
+        kernels.SCORES,
+        decode_scores,
+        [((B, K, G, H), a), ((B, K, H), a), ((B, K, H, C), kv), *scale],
+    )
+    add(
+        kernels.SOFTMAX,
+        partial(
+            decode_softmax,
+            head_dim=H,
+            dtype=a,
+            scale=cfg.attn_scale,
+            softcap=cfg.attn_softcap,
+            sink_logits_KG=sink,
+        ),
+        [((B, K, G, C), jnp.float32), ((B, K, G), jnp.float32), pos],
+    )
+    add(
+        kernels.AV,
+        decode_av,
+        [((B, K, G, C), a), ((B, K, G), a), ((B, K, H), a), ((B, K, C, H), kv), *scale],
+    )
+    attention_args = [*_gqa_decode_inputs(cfg, wl, pos), *(scale * 2)]
+
+    def attention(q, kn, vn, kc, vc, pos_B, *scales):
+        k_scale, v_scale = scales or (None, None)
+        return attend_cache(
+            q, kn, vn, kc, vc, pos_B, 0, k_scale, v_scale, cfg.attn_scale, cfg.attn_softcap, 0, sink
+        )
+
+    add(kernels.ATTENTION, attention, attention_args, analytic.attention_cost(cfg, wl))
 
 
 def _add_moe(cfg: ModelConfig, wl: Workload, add) -> None:
@@ -351,17 +340,19 @@ def _add_flash(cfg: ModelConfig, wl: Workload, add, closed: dict[str, KernelCost
             pos,
         ]
     else:
-        K, G, H = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
         fn = partial(flash.flash_decode, scale=scale, softcap=cfg.attn_softcap)
-        args = [
-            ((B, K, G, H), a),
-            ((B, K, H), a),
-            ((B, K, H), a),
-            ((B, K, H, C), kv),
-            ((B, K, C, H), kv),
-            pos,
-        ]
+        args = _gqa_decode_inputs(cfg, wl, pos)
     add(kernels.ATTENTION, fn, args, cost, runs)
+
+
+def _gqa_decode_inputs(cfg: ModelConfig, wl: Workload, pos) -> list:
+    """One decode's inputs over S - 1 cached rows: q, the new k and v, the cached K (B, K, H, C)
+    and V (B, K, C, H), and `pos`, the positions' maker."""
+    B, C = wl.batch, wl.context - 1
+    K, G, H = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
+    a, kv = act_dtype(cfg), kv_dtype(cfg)
+    q, rows = ((B, K, G, H), a), ((B, K, H), a)
+    return [q, rows, rows, ((B, K, H, C), kv), ((B, K, C, H), kv), pos]
 
 
 def _input_bytes(args: tuple) -> int:
