@@ -147,32 +147,20 @@ class Attention(nnx.Module):
     def over_cache(self, proj, cache_arrays, pos_B: jax.Array, window: int = 0) -> jax.Array:
         q_BTKGH, k_BTKH, v_BTKH = proj[:3]
         k_cache_BKHS, v_cache_BKSH, k_scale, v_scale = cache_arrays
-        if self.cfg.attention_kernel == "flash":
-            o_BKGH = flash.flash_decode(
-                q_BTKGH[:, 0],
-                k_BTKH[:, 0],
-                v_BTKH[:, 0],
-                k_cache_BKHS,
-                v_cache_BKSH,
-                pos_B,
-                window,
-                self.cfg.attn_scale,
-                self.cfg.attn_softcap,
-            )
+        cfg = self.cfg
+        # each sequence's one new position (q, k, v) over its cache, as both kernels take them
+        one = (q_BTKGH[:, 0], k_BTKH[:, 0], v_BTKH[:, 0], k_cache_BKHS, v_cache_BKSH, pos_B, window)
+        if cfg.attention_kernel == "flash":
+            o_BKGH = flash.flash_decode(*one, cfg.attn_scale, cfg.attn_softcap)
             return o_BKGH[:, None]
+        sinks = cfg.sink_tokens if window else 0
         o_BKGH = attend_cache(
-            q_BTKGH[:, 0],
-            k_BTKH[:, 0],
-            v_BTKH[:, 0],
-            k_cache_BKHS,
-            v_cache_BKSH,
-            pos_B,
-            window,
+            *one,
             k_scale,
             v_scale,
-            self.cfg.attn_scale,
-            self.cfg.attn_softcap,
-            self.cfg.sink_tokens if window else 0,
+            cfg.attn_scale,
+            cfg.attn_softcap,
+            sinks,
             self._sink_logits(),
             self.chunked,
         )
