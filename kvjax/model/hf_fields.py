@@ -1,6 +1,7 @@
 """What each Hugging Face family's config.json says, read field by field: typed reads (`_Fields`),
-the per-layer pattern helper, and the later families' own fields and class defaults (issue 29).
-`kvjax.model.hf` assembles a `ModelConfig` from them."""
+the per-layer pattern helper, RoPE scaling, and the own fields and config-class defaults of the
+families `kvjax.model.presets_families` lists (Granite, gpt-oss, Llama 4, ...). `kvjax.model.hf`
+assembles a `ModelConfig` from them."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 from kvjax.errors import KvjaxError
 from kvjax.model.rope import yarn_mscale
 
-# The later families' config-class defaults that differ from kvjax's (transformers 5), for the
-# keys a Hub config.json may omit because it equals them.
+# Those families' config-class defaults that differ from kvjax's (transformers 5), for the keys a
+# Hub config.json may omit because it equals them.
 _FAMILY_DEFAULTS = {
     "seed_oss": {"attention_bias": True, "rms_norm_eps": 1e-6},
     "granite": {"rms_norm_eps": 1e-6},
@@ -157,8 +158,7 @@ def _granite_fields(f: _Fields) -> dict:
 
 
 # Families not built yet: a file of one is refused by name, with what it needs, rather than read
-# as a Llama and given a silently wrong cache or FLOP count. (The hybrids of issue 31 are read:
-# `kvjax.model.hf_hybrid`.)
+# as a Llama and given a silently wrong cache or FLOP count.
 _NOT_YET: dict[str, str] = {}
 # Llama4TextConfig's defaults (transformers 5: Llama-4-Scout-17B-16E's text model), for the keys a
 # file omits; the multimodal `llama4` config's text_config is read the same way

@@ -1,7 +1,7 @@
-"""config.json import of the hybrid families (issue 31): Qwen3-Next (Gated DeltaNet layers and
-gated full attention, MoE), Falcon-H1 (Mamba-2 heads beside attention in every layer) and LFM2
-(short gated convolutions and a few GQA layers). Their config classes' defaults (transformers
-5.24) fill what a file omits. The checkpoint loader: `kvjax.nn.hf_hybrid_load`."""
+"""config.json import of the hybrid families: Qwen3-Next (Gated DeltaNet layers and gated full
+attention, MoE), Falcon-H1 (Mamba-2 heads beside attention in every layer) and LFM2 (short gated
+convolutions and a few GQA layers). Their config classes' defaults (transformers 5.24) fill what
+a file omits. The checkpoint loader: `kvjax.nn.hf_hybrid_load`."""
 
 from __future__ import annotations
 

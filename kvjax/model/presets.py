@@ -349,5 +349,5 @@ _preset(
 # Tiny MoE: 6 experts of 20, 2 per token, every dimension distinct from tiny-gqa's.
 _TINY_MOE = dict(num_experts=6, experts_per_token=2, moe_d_ff=20)
 _preset(ModelConfig(name="tiny-moe", num_kv_heads=3, **_TINY, **_TINY_MOE))
-# the families added later (issue 29), the hybrids (issue 31), the serving results' (issue 50)
+# the further families, the hybrids, and the models the published serving results use
 from kvjax.model import presets_families, presets_hybrid, presets_serving  # noqa: E402, F401

@@ -1,4 +1,4 @@
-"""Presets of the families added after the first eleven (issue 29), each citing its source: the
+"""Presets of the decoder families beyond `kvjax.model.presets`'s, each citing its source: the
 model card's architecture table and the transformers config class's defaults (which a Hub
 config.json omits when it equals them). Parameter counts are checked in tests/test_families.py
 against the Hugging Face model built on the meta device."""

@@ -1,5 +1,5 @@
-"""Presets of the hybrids whose layers keep a state that does not grow (issue 31), each citing its
-source, and tiny ones for tests. Parameter counts are checked in tests/test_hybrid.py against
+"""Presets of the hybrids whose layers keep a state that does not grow, each citing its source,
+and tiny ones for tests. Parameter counts are checked in tests/test_hybrid.py against
 the Hugging Face model built on the meta device (and in tests/test_nn.py against kvjax's)."""
 
 from kvjax.model.config import ModelConfig, _preset

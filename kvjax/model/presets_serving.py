@@ -1,5 +1,5 @@
-"""Presets the published serving results use (issue 50: MLPerf Inference, TensorRT-LLM's and the
-engines' tables), each from its Hugging Face config.json. Llama 3.1 and 3.3 keep Llama 3's
+"""Presets the published serving results use (MLPerf Inference, TensorRT-LLM's and the engines'
+tables), each from its Hugging Face config.json. Llama 3.1 and 3.3 keep Llama 3's
 shapes and add rope_scaling "llama3" (factor 8 over 8192 positions, low/high frequency factors 1
 and 4); DeepSeek-R1 is DeepSeek-V3's architecture (its config.json is V3's, weights retrained)."""
 

@@ -1,5 +1,5 @@
-"""Load a local Hugging Face Qwen3-Next, Falcon-H1 or LFM2 checkpoint (issue 31): the attention,
-MLP and MoE tensors as the other families (`kvjax.nn.hf_parts`), and each state mixer's own.
+"""Load a local Hugging Face Qwen3-Next, Falcon-H1 or LFM2 checkpoint: the attention, MLP and MoE
+tensors as the other families (`kvjax.nn.hf_parts`), and each state mixer's own.
 
 Falcon-H1's muP multipliers are folded into the weights they scale, which leaves the function
 unchanged: the attention's input multiplier into q/k/v, key_multiplier into k, the output

@@ -1,4 +1,4 @@
-"""A hybrid's cache (issue 31): the KV cache of its attention layers beside the flat states of its
+"""A hybrid's cache: the KV cache of its attention layers beside the flat states of its
 state layers: per D or H layer a conv cache [B, w-1, X] (the last w-1 inputs of the short causal
 convolution, in the activation dtype) and a recurrent state (f32: DeltaNet [B, J, dk, dv], Mamba-2
 [B, J, P, N]); per C layer (LFM2) a conv cache only. The states do not grow with S: a decode step

@@ -344,7 +344,7 @@ PARAM_KERNELS = {
     "router_bias": kernels.MOE_TOPK,
     "expert_gate_up": kernels.MOE_GATE_UP,
     "expert_down": kernels.MOE_DOWN,
-    # the state layers (issue 31; `kvjax.nn.deltanet`, `mamba2`, `shortconv`)
+    # the state layers (`kvjax.nn.deltanet`, `mamba2`, `shortconv`)
     "in_proj_qkvz": kernels.LINEAR_IN_PROJ,
     "in_proj_ba": kernels.LINEAR_IN_PROJ,
     "linear_conv": kernels.LINEAR_CONV,
