@@ -256,14 +256,7 @@ def _add_mla(cfg: ModelConfig, wl: Workload, add) -> None:
         C = S - 1
         pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
         add(kernels.Q_ABSORB, mla.absorb_query, [((B, N, U), a), ((N, U, A), w)])
-        cache = [
-            ((N, B, A), a),
-            ((B, N, P), a),
-            ((B, A), a),
-            ((B, P), a),
-            ((B, C, A), kv),
-            ((B, C, P), kv),
-        ]
+        cache = [((N, B, A), a), *_latent_decode_inputs(cfg, wl)]  # the query head-major
         add(kernels.SCORES, lambda *x: mla.absorbed_scores(*x)[:2], cache)
         add(
             kernels.SOFTMAX,
@@ -326,23 +319,22 @@ def _add_flash(cfg: ModelConfig, wl: Workload, add, closed: dict[str, KernelCost
         return
     C = S - 1
     pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
-    kv = kv_dtype(cfg)
     if cfg.is_mla:
-        A, P = cfg.kv_lora_rank, cfg.qk_rope_head_dim
         fn = partial(flash_mla.flash_decode_latent, scale=1.0 / math.sqrt(cfg.head_dim))
-        args = [
-            ((B, N, A), a),
-            ((B, N, P), a),
-            ((B, A), a),
-            ((B, P), a),
-            ((B, C, A), kv),
-            ((B, C, P), kv),
-            pos,
-        ]
+        args = [((B, N, cfg.kv_lora_rank), a), *_latent_decode_inputs(cfg, wl), pos]
     else:
         fn = partial(flash.flash_decode, scale=scale, softcap=cfg.attn_softcap)
         args = _gqa_decode_inputs(cfg, wl, pos)
     add(kernels.ATTENTION, fn, args, cost, runs)
+
+
+def _latent_decode_inputs(cfg: ModelConfig, wl: Workload) -> list:
+    """MLA's absorbed decode inputs after the latent query, over S - 1 cached rows: the query's
+    RoPE part, the new latent and RoPE key, the cached latents and RoPE keys."""
+    B, C, N = wl.batch, wl.context - 1, cfg.num_heads
+    A, P = cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    a, kv = act_dtype(cfg), kv_dtype(cfg)
+    return [((B, N, P), a), ((B, A), a), ((B, P), a), ((B, C, A), kv), ((B, C, P), kv)]
 
 
 def _gqa_decode_inputs(cfg: ModelConfig, wl: Workload, pos) -> list:
