@@ -57,7 +57,7 @@ def test_flash_decode_kernel_alone_with_partial_positions():
     k_cache = jax.random.normal(keys[3], (B, K, H, S))
     v_cache = jax.random.normal(keys[4], (B, K, S, H))
     pos = jnp.array([0, 9, 32])  # an empty cache, a partial one, a full one
-    from kvjax.nn.attention import attend_cache
+    from kvjax.nn.attend import attend_cache
 
     want = attend_cache(q, k_new, v_new, k_cache, v_cache, pos)
     for splits in (1, 8):
@@ -78,7 +78,7 @@ def test_pallas_prefill_kernel_equals_xla_and_counts_the_closed_form_blocks(
     the cost it supplies (counted from its own loop bounds) equals the closed form's block
     count with the same tiles (`kvjax.analytic.flash`), and exceeds the exact causal pairs."""
     from kvjax.analytic import flash as closed
-    from kvjax.nn.attention import attend_causal
+    from kvjax.nn.attend import attend_causal
     from kvjax.nn.flash_prefill import flash_prefill, kernel_cost
 
     keys = jax.random.split(jax.random.key(3), 3)

@@ -150,7 +150,7 @@ def test_group_roundtrip_against_a_hand_quantizer(levels, axis):
 def test_cached_attention_against_a_per_query_reference():
     """`attend_causal(cached=...)`: query t reads rows j // R < t // R from the quantized k, v and
     the rest at full precision; checked against building each query's keys by hand."""
-    from kvjax.nn.attention import attend_causal
+    from kvjax.nn.attend import attend_causal
 
     B, T, K, G, H, R = 1, 7, 2, 2, 4, 3
     q, k, v, kq, vq = (np.asarray(jax.random.normal(jax.random.key(i), s), np.float32) for i, s in

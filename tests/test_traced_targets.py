@@ -195,8 +195,8 @@ def test_gpu_profile_attribution_meets_an_xla_gpu_module():
 
     from kvjax.measured.step import served_step
     from kvjax.traced.compiled import UNNAMED, compiled_ops
+    from kvjax.traced.target_compile import compile_for_target
     from kvjax.traced.target_rules import TargetCostModel
-    from kvjax.traced.targets import compile_for_target
 
     cfg = get_model_config("tiny-gqa").replace(weight_dtype="bf16")
     from kvjax.analytic import Workload

@@ -319,8 +319,8 @@ def target_sharded_report(args: argparse.Namespace, target) -> dict[str, Any]:
     its collectives beside the closed form's (as `--tp` on this host's simulated devices)."""
     from functools import partial
 
+    from kvjax.traced.target_compile import target_devices
     from kvjax.traced.target_costs import module_totals
-    from kvjax.traced.targets import target_devices
 
     if target.platform != "tpu":
         raise KvjaxError(f"--tp/--dp with --target need a TPU slice (tpu-v5e:2x2); "

@@ -147,7 +147,7 @@ def profile_report(profile: StepProfile, ceilings: ChipSpec) -> dict:
             "phase": profile.workload.phase,
             "batch": profile.workload.batch,
             "context": profile.workload.context,
-        },  # fmt: skip
+        },
         "device": profile.device,
         "steps": profile.steps,
         "ceilings": {
@@ -155,7 +155,7 @@ def profile_report(profile: StepProfile, ceilings: ChipSpec) -> dict:
             "peak_flops_per_s": peak,
             "bandwidth_bytes_per_s": bw,
             "date": ceilings.date,
-        },  # fmt: skip
+        },
         "rows": rows,
         "step": step_row,
         "coverage": attributed / wall if wall else None,

@@ -97,7 +97,7 @@ def flops_probes(dtype: str, quick: bool) -> dict[str, tuple[Callable, list[tupl
             dot,
             [tuple(random_array(k[j], (n, n), jdt) for j in (i, i + 1)) for i in (0, 2)],
             2.0 * n**3,
-        ),  # fmt: skip
+        ),
         f"linear{m}x{d}x{f}": (
             lin,
             [
@@ -105,12 +105,12 @@ def flops_probes(dtype: str, quick: bool) -> dict[str, tuple[Callable, list[tupl
                 for i in (0, 1)
             ],
             2.0 * m * d * f,
-        ),  # fmt: skip
+        ),
         f"linear{m}x{f}x{d}": (
             lin,
             [(random_array(k[5], (1, m, f), jdt), random_array(k[7], (d, f), jdt))],
             2.0 * m * d * f,
-        ),  # fmt: skip
+        ),
     }
 
 
@@ -159,7 +159,7 @@ def in_run_ceilings(ceilings: ChipSpec, bandwidths: list[float]) -> ChipSpec:
             **ceilings.extra,
             "cached_bandwidth_bytes_per_s": ceilings.bandwidth_bytes_per_s,
             "in_run_bandwidths_bytes_per_s": list(bandwidths),
-        },  # fmt: skip
+        },
     )
 
 

@@ -32,7 +32,6 @@ import dataclasses
 import gc
 import time
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 
@@ -86,6 +85,25 @@ def pool_pages(max_batch: int, max_len: int, page_size: int, kv_pool_tokens: int
     return pages
 
 
+def check_engine(
+    cfg: ModelConfig, max_batch: int, max_len: int, token_budget: int, page_size: int
+) -> None:
+    """What the engine runs: no state layers (their slots are not written), a model with an
+    extend step, and positive limits."""
+    if cfg.is_hybrid:
+        raise KvjaxError(f"{cfg.name}: state layers are not slotted by the engine yet")
+    check_extend(cfg, model=True)
+    limits = {
+        "max_batch": max_batch,
+        "max_len": max_len,
+        "token_budget": token_budget,
+        "page_size": page_size,
+    }
+    for name, value in limits.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise KvjaxError(f"{name}={value!r} must be a positive integer")
+
+
 def check_requests(requests: list[Request], max_len: int, sched: Scheduler | None) -> None:
     """Refused before anything runs, by name: a request longer than a slot, or than the pool."""
     for r in requests:
@@ -103,27 +121,47 @@ class Engine:
     """The model with random seeded weights and its slotted cache, compiled and warmed up."""
 
     def __init__(
-        self, cfg: ModelConfig, max_batch: int, max_len: int, token_budget: int,
-        page_size: int = 16, kv_pool_tokens: int | None = None, seed: int = 0,
-    ):  # fmt: skip
-        import jax
-        import jax.numpy as jnp
+        self,
+        cfg: ModelConfig,
+        max_batch: int,
+        max_len: int,
+        token_budget: int,
+        page_size: int = 16,
+        kv_pool_tokens: int | None = None,
+        seed: int = 0,
+    ):
         from flax import nnx
 
+        from kvjax.measured.engine_steps import slotted_steps
         from kvjax.nn import Transformer
 
-        if cfg.is_hybrid:
-            raise KvjaxError(f"{cfg.name}: state layers are not slotted by the engine yet")
-        check_extend(cfg, model=True)
-        for name, value in (("max_batch", max_batch), ("max_len", max_len),
-                            ("token_budget", token_budget), ("page_size", page_size)):  # fmt: skip
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise KvjaxError(f"{name}={value!r} must be a positive integer")
+        check_engine(cfg, max_batch, max_len, token_budget, page_size)
         self.cfg, self.max_batch, self.max_len = cfg, max_batch, max_len
         self.token_budget, self.seed = token_budget, seed
         self.buckets = buckets_for(min(token_budget, max_len))
         pages = pool_pages(max_batch, max_len, page_size, kv_pool_tokens)
         self.pool_pages, self.page_size = pages, page_size
+        self._check_memory()
+        model = Transformer(cfg, rngs=nnx.Rngs(seed))
+        graphdef, self.state = nnx.split(model)
+        self.cache = model.init_cache(max_batch, max_len)
+        self.compilations = 0
+        steps = slotted_steps(graphdef, self._count_trace)
+        self._attend, self._append, self._extend, self._write = steps
+        start = time.perf_counter()
+        self._warm_up()
+        self.warmup_s = time.perf_counter() - start
+        self.warm_compilations = self.compilations
+
+    def _count_trace(self) -> None:
+        """Counts a trace of a jitted step: runs only when jax traces (a new shape or dtype)."""
+        self.compilations += 1
+
+    def _check_memory(self) -> None:
+        """Refused by name when the weights, the slots' cache and the largest step do not fit."""
+        import jax
+
+        cfg, max_batch, max_len = self.cfg, self.max_batch, self.max_len
         largest = self.buckets[-1] if self.buckets else 1
         needed = (
             weight_bytes(cfg)
@@ -133,57 +171,9 @@ class Engine:
         if jax.default_backend() == "cpu" and cfg.weight_bytes_per_element < 4:
             # XLA:CPU converts narrower dots to f32 (DESIGN.md): a step holds f32 weights too
             needed += weight_bytes(cfg) * 4 / cfg.weight_bytes_per_element
-        check_fits(f"{cfg.name} with {max_batch} slots of {max_len} (weights + cache + step)",
-                   needed)  # fmt: skip
-
-        model = Transformer(cfg, rngs=nnx.Rngs(seed))
-        graphdef, self.state = nnx.split(model)
-        self.cache = model.init_cache(max_batch, max_len)
-        self.compilations = 0
-
-        def traced():
-            self.compilations += 1  # runs only when jax traces: a new shape or dtype
-
-        @jax.jit
-        def attend(state, tokens_B, cache):
-            traced()
-            logits_BV, new_k, new_v = nnx.merge(graphdef, state).decode_logits(tokens_B, cache)
-            return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), new_k, new_v
-
-        @partial(jax.jit, donate_argnums=(0,))
-        def append(cache, new_k, new_v):
-            traced()
-            return cache.append(new_k, new_v)
-
-        @jax.jit
-        def extend(state, tokens_1T, cache, slot, pos, valid):
-            traced()
-            one = dataclasses.replace(
-                cache,
-                k=tuple(jax.lax.dynamic_slice_in_dim(k, slot, 1) for k in cache.k),
-                v=tuple(jax.lax.dynamic_slice_in_dim(v, slot, 1) for v in cache.v),
-                pos=pos[None],
-            )
-            logits_1TV, one = nnx.merge(graphdef, state).extend(tokens_1T, one)
-            token = jnp.argmax(logits_1TV[0, valid - 1]).astype(jnp.int32)
-            return token, one.k, one.v
-
-        @partial(jax.jit, donate_argnums=(0,))
-        def write_slot(cache, slot, k_rows, v_rows):
-            traced()
-            return dataclasses.replace(
-                cache,
-                k=tuple(jax.lax.dynamic_update_slice_in_dim(k, r, slot, 0)
-                        for k, r in zip(cache.k, k_rows, strict=True)),
-                v=tuple(jax.lax.dynamic_update_slice_in_dim(v, r, slot, 0)
-                        for v, r in zip(cache.v, v_rows, strict=True)),
-            )  # fmt: skip
-
-        self._attend, self._append, self._extend, self._write = attend, append, extend, write_slot
-        start = time.perf_counter()
-        self._warm_up()
-        self.warmup_s = time.perf_counter() - start
-        self.warm_compilations = self.compilations
+        check_fits(
+            f"{cfg.name} with {max_batch} slots of {max_len} (weights + cache + step)", needed
+        )
 
     # -- the two kinds of device work ----------------------------------------------------------
     def _decode(self, tokens_B: np.ndarray, pos_B: np.ndarray):
@@ -201,8 +191,9 @@ class Engine:
         tokens_1T = np.zeros((1, T), np.int32)
         tokens_1T[0, : len(ids)] = ids
         i32 = np.int32
-        token, k_rows, v_rows = self._extend(self.state, jnp.asarray(tokens_1T), self.cache,
-                                             i32(slot), i32(pos), i32(len(ids)))  # fmt: skip
+        token, k_rows, v_rows = self._extend(
+            self.state, jnp.asarray(tokens_1T), self.cache, i32(slot), i32(pos), i32(len(ids))
+        )
         self.cache = self._write(self.cache, i32(slot), k_rows, v_rows)
         return token
 
@@ -218,16 +209,26 @@ class Engine:
 
     # -- serving -------------------------------------------------------------------------------
     def scheduler(self) -> Scheduler:
-        return Scheduler(PagePool(self.pool_pages, self.page_size), self.max_batch,
-                         self.token_budget, prefix_caching=False)  # fmt: skip
+        return Scheduler(
+            PagePool(self.pool_pages, self.page_size),
+            self.max_batch,
+            self.token_budget,
+            prefix_caching=False,
+        )
 
     def calibration(self) -> list[Request]:
         """This engine's calibration requests (`kvjax.serving.calibrate.plan`), on the step
         clock."""
         from kvjax.serving.calibrate import plan
 
-        return plan(self.buckets, self.max_batch, self.max_len, self.token_budget,
-                    self.pool_pages, self.page_size)  # fmt: skip
+        return plan(
+            self.buckets,
+            self.max_batch,
+            self.max_len,
+            self.token_budget,
+            self.pool_pages,
+            self.page_size,
+        )
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -245,8 +246,9 @@ class Engine:
     def check(self, requests: list[Request], sched: Scheduler) -> None:
         check_requests(requests, self.max_len, sched)
 
-    def serve(self, requests: list[Request], sched: Scheduler | None = None,
-              clock: str = "wall") -> EngineResult:  # fmt: skip
+    def serve(
+        self, requests: list[Request], sched: Scheduler | None = None, clock: str = "wall"
+    ) -> EngineResult:
         """Every request from its arrival (seconds after the start) to its last token; `sched`
         a scheduler of its own (a smaller pool, say) instead of `scheduler()`. With
         `clock="steps"` a request's `arrival_s` counts steps instead (it joins before the step of
@@ -312,17 +314,27 @@ class Engine:
             for slot in [k for k, r in occupant.items() if r.id in finished]:
                 del occupant[slot]
             stop = time.perf_counter() - t0
-            measured.append(MeasuredStep(tuple((s.tokens, s.context) for s in batch), stop - now,
-                                         now))  # fmt: skip
+            measured.append(
+                MeasuredStep(tuple((s.tokens, s.context) for s in batch), stop - now, now)
+            )
             done += len(finished)
             pages.append((stop, sched.pool.used_pages))
         in_system = sum(r.finish_s - r.arrival_s for r in pending)  # the integral, exactly
         return EngineResult(
-            pending, len(measured), sched.preemptions, time.perf_counter() - t0,
-            sum(m.wall_s for m in measured), in_system, pages, 0, 0, measured=measured,
-            compilations_after_warmup=self.compilations - compiled, warmup_s=self.warmup_s,
+            pending,
+            len(measured),
+            sched.preemptions,
+            time.perf_counter() - t0,
+            sum(m.wall_s for m in measured),
+            in_system,
+            pages,
+            0,
+            0,
+            measured=measured,
+            compilations_after_warmup=self.compilations - compiled,
+            warmup_s=self.warmup_s,
             outputs=outputs,
-        )  # fmt: skip
+        )
 
     def _seat(self, sched: Scheduler, batch: list[Scheduled], occupant: dict) -> None:
         """Slots given back by the requests the scheduler preempted, then taken by those it

@@ -30,8 +30,8 @@ from kvjax.measured.timing import (
     time_fn,
 )
 from kvjax.model.config import ModelConfig
-from kvjax.nn import flash, mla, moe
-from kvjax.nn.attention import (
+from kvjax.nn import flash, flash_mla, mla, moe
+from kvjax.nn.attend import (
     attend_cache,
     attend_causal,
     attend_extend,
@@ -117,46 +117,15 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
             norm = partial(rms_norm, eps=cfg.norm_eps, plus_one=cfg.norm_plus_one)
             return norm(q, q_scale), norm(k, k_scale)
 
-        add(kernels.QK_NORM, qk_norm,
-            [((B, T, K, G, H), a), ((B, T, K, H), a), ((H,), w), ((H,), w)])  # fmt: skip
+        add(
+            kernels.QK_NORM,
+            qk_norm,
+            [((B, T, K, G, H), a), ((B, T, K, H), a), ((H,), w), ((H,), w)],
+        )
     # gpt-oss's sink logits, as the model's softmax takes them ([K, G], a constant here)
     sink = jnp.zeros((K, G), w) if cfg.sink_logits else None
     if wl.phase == "decode":
-        C = S - 1
-        pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
-        # a 1-byte cache's scales: per token per KV head [B, K, C], or one per tensor
-        kind = cfg.kv_scale_kind
-        scale = [] if kind == "none" else [((B, K, C) if kind == "token_head" else (), jnp.float32)]
-        add(kernels.SCORES, decode_scores,
-            [((B, K, G, H), a), ((B, K, H), a), ((B, K, H, C), kv), *scale])  # fmt: skip
-        add(
-            kernels.SOFTMAX,
-            partial(
-                decode_softmax,
-                head_dim=H,
-                dtype=a,
-                scale=cfg.attn_scale,
-                softcap=cfg.attn_softcap,
-                sink_logits_KG=sink,
-            ),  # fmt: skip
-            [((B, K, G, C), jnp.float32), ((B, K, G), jnp.float32), pos],
-        )
-        add(
-            kernels.AV,
-            decode_av,
-            [((B, K, G, C), a), ((B, K, G), a), ((B, K, H), a), ((B, K, C, H), kv), *scale],
-        )
-        attention_args = [
-            ((B, K, G, H), a), ((B, K, H), a), ((B, K, H), a),
-            ((B, K, H, C), kv), ((B, K, C, H), kv), pos, *(scale * 2),
-        ]  # fmt: skip
-
-        def attention(q, kn, vn, kc, vc, pos_B, *scales):
-            k_scale, v_scale = scales or (None, None)
-            return attend_cache(q, kn, vn, kc, vc, pos_B, 0, k_scale, v_scale, cfg.attn_scale,
-                                cfg.attn_softcap, 0, sink)  # fmt: skip
-
-        add(kernels.ATTENTION, attention, attention_args, analytic.attention_cost(cfg, wl))
+        _add_gqa_decode(cfg, wl, add, sink)
     elif wl.phase == "extend":  # T queries over the S cache rows that now hold them
         held = lambda seed: jnp.full((B,), S - T, jnp.int32)  # noqa: E731 (S - T cached before)
         add(
@@ -175,6 +144,50 @@ def _add_gqa(cfg: ModelConfig, wl: Workload, add) -> None:
             analytic.attention_cost(cfg, wl),
         )
     add(kernels.O_PROJ, linear, [((B, T, N * H), a), ((D, N * H), w)])
+
+
+def _add_gqa_decode(cfg: ModelConfig, wl: Workload, add, sink) -> None:
+    """Decode's scores, softmax and av over a cache of S - 1 rows (every row valid), each alone
+    and as the one attention; `sink`: gpt-oss's sink logits, or None."""
+    B, S = wl.batch, wl.context
+    K, H, G = cfg.num_kv_heads, cfg.head_dim, cfg.group_size
+    a, kv = act_dtype(cfg), kv_dtype(cfg)
+    C = S - 1
+    pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
+    # a 1-byte cache's scales: per token per KV head [B, K, C], or one per tensor
+    kind = cfg.kv_scale_kind
+    scale = [] if kind == "none" else [((B, K, C) if kind == "token_head" else (), jnp.float32)]
+    add(
+        kernels.SCORES,
+        decode_scores,
+        [((B, K, G, H), a), ((B, K, H), a), ((B, K, H, C), kv), *scale],
+    )
+    add(
+        kernels.SOFTMAX,
+        partial(
+            decode_softmax,
+            head_dim=H,
+            dtype=a,
+            scale=cfg.attn_scale,
+            softcap=cfg.attn_softcap,
+            sink_logits_KG=sink,
+        ),
+        [((B, K, G, C), jnp.float32), ((B, K, G), jnp.float32), pos],
+    )
+    add(
+        kernels.AV,
+        decode_av,
+        [((B, K, G, C), a), ((B, K, G), a), ((B, K, H), a), ((B, K, C, H), kv), *scale],
+    )
+    attention_args = [*_gqa_decode_inputs(cfg, wl, pos), *(scale * 2)]
+
+    def attention(q, kn, vn, kc, vc, pos_B, *scales):
+        k_scale, v_scale = scales or (None, None)
+        return attend_cache(
+            q, kn, vn, kc, vc, pos_B, 0, k_scale, v_scale, cfg.attn_scale, cfg.attn_softcap, 0, sink
+        )
+
+    add(kernels.ATTENTION, attention, attention_args, analytic.attention_cost(cfg, wl))
 
 
 def _add_moe(cfg: ModelConfig, wl: Workload, add) -> None:
@@ -223,17 +236,27 @@ def _add_mla(cfg: ModelConfig, wl: Workload, add) -> None:
             [((B, C, A), kv), ((B, A), a), ((N, U, A), w), ((N, W, A), w)],
         )
         attention_args = [
-            ((B, N, U), a), ((B, N, P), a), ((B, C, N, U), a), ((B, C, N, W), a), ((B, N, U), a),
-            ((B, N, W), a), ((B, C, P), kv), ((B, P), a), pos,
-        ]  # fmt: skip
-        add(kernels.ATTENTION, partial(mla.naive_attention, head_dim=H), attention_args,
-            analytic.attention_cost(cfg, wl))  # fmt: skip
+            ((B, N, U), a),
+            ((B, N, P), a),
+            ((B, C, N, U), a),
+            ((B, C, N, W), a),
+            ((B, N, U), a),
+            ((B, N, W), a),
+            ((B, C, P), kv),
+            ((B, P), a),
+            pos,
+        ]
+        add(
+            kernels.ATTENTION,
+            partial(mla.naive_attention, head_dim=H),
+            attention_args,
+            analytic.attention_cost(cfg, wl),
+        )
     else:
         C = S - 1
         pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
         add(kernels.Q_ABSORB, mla.absorb_query, [((B, N, U), a), ((N, U, A), w)])
-        cache = [((N, B, A), a), ((B, N, P), a), ((B, A), a), ((B, P), a), ((B, C, A), kv),
-                 ((B, C, P), kv)]  # fmt: skip
+        cache = [((N, B, A), a), *_latent_decode_inputs(cfg, wl)]  # the query head-major
         add(kernels.SCORES, lambda *x: mla.absorbed_scores(*x)[:2], cache)
         add(
             kernels.SOFTMAX,
@@ -242,8 +265,12 @@ def _add_mla(cfg: ModelConfig, wl: Workload, add) -> None:
         )
         add(kernels.AV, mla.absorbed_av, [((B, N, C), a), ((B, N), a), ((B, A), a), ((B, C, A), a)])
         add(kernels.V_UP, mla.up_values, [((B, N, A), a), ((N, W, A), w)])
-        add(kernels.ATTENTION, partial(mla.absorbed_attention, head_dim=H), [*cache, pos],
-            analytic.attention_cost(cfg, wl))  # fmt: skip
+        add(
+            kernels.ATTENTION,
+            partial(mla.absorbed_attention, head_dim=H),
+            [*cache, pos],
+            analytic.attention_cost(cfg, wl),
+        )
     add(kernels.O_PROJ, linear, [((B, T, N * W), a), ((D, N * W), w)])
 
 
@@ -267,8 +294,12 @@ def _add_flash(cfg: ModelConfig, wl: Workload, add, closed: dict[str, KernelCost
     B, T, S, N = wl.batch, wl.query_len, wl.context, cfg.num_heads
     a = act_dtype(cfg)
     parts = [closed[n] for n in (kernels.ATTENTION, kernels.ATTN_COMBINE) if n in closed]
-    cost = KernelCost(kernels.ATTENTION, sum(k.flops for k in parts), sum(k.bytes for k in parts),
-                      transcendentals=sum(k.transcendentals for k in parts))  # fmt: skip
+    cost = KernelCost(
+        kernels.ATTENTION,
+        sum(k.flops for k in parts),
+        sum(k.bytes for k in parts),
+        transcendentals=sum(k.transcendentals for k in parts),
+    )
     runs = flash_execution(cfg, wl.phase)
     scale = cfg.attn_scale
     if wl.phase == "prefill":
@@ -278,23 +309,42 @@ def _add_flash(cfg: ModelConfig, wl: Workload, add, closed: dict[str, KernelCost
         else:
             Hk, K, G = cfg.head_dim, cfg.num_kv_heads, cfg.group_size
         fn = partial(flash.flash_causal, scale=scale)
-        add(kernels.ATTENTION, fn, [((B, T, K, G, Hk), a), ((B, T, K, Hk), a), ((B, T, K, Hk), a)],
-            cost, runs)  # fmt: skip
+        add(
+            kernels.ATTENTION,
+            fn,
+            [((B, T, K, G, Hk), a), ((B, T, K, Hk), a), ((B, T, K, Hk), a)],
+            cost,
+            runs,
+        )
         return
     C = S - 1
     pos = lambda seed: jnp.full((B,), C, jnp.int32)  # noqa: E731 (every cached row valid)
-    kv = kv_dtype(cfg)
     if cfg.is_mla:
-        A, P = cfg.kv_lora_rank, cfg.qk_rope_head_dim
-        fn = partial(flash.flash_decode_latent, scale=1.0 / math.sqrt(cfg.head_dim))
-        args = [((B, N, A), a), ((B, N, P), a), ((B, A), a), ((B, P), a), ((B, C, A), kv),
-                ((B, C, P), kv), pos]  # fmt: skip
+        fn = partial(flash_mla.flash_decode_latent, scale=1.0 / math.sqrt(cfg.head_dim))
+        args = [((B, N, cfg.kv_lora_rank), a), *_latent_decode_inputs(cfg, wl), pos]
     else:
-        K, G, H = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
         fn = partial(flash.flash_decode, scale=scale, softcap=cfg.attn_softcap)
-        args = [((B, K, G, H), a), ((B, K, H), a), ((B, K, H), a), ((B, K, H, C), kv),
-                ((B, K, C, H), kv), pos]  # fmt: skip
+        args = _gqa_decode_inputs(cfg, wl, pos)
     add(kernels.ATTENTION, fn, args, cost, runs)
+
+
+def _latent_decode_inputs(cfg: ModelConfig, wl: Workload) -> list:
+    """MLA's absorbed decode inputs after the latent query, over S - 1 cached rows: the query's
+    RoPE part, the new latent and RoPE key, the cached latents and RoPE keys."""
+    B, C, N = wl.batch, wl.context - 1, cfg.num_heads
+    A, P = cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    a, kv = act_dtype(cfg), kv_dtype(cfg)
+    return [((B, N, P), a), ((B, A), a), ((B, P), a), ((B, C, A), kv), ((B, C, P), kv)]
+
+
+def _gqa_decode_inputs(cfg: ModelConfig, wl: Workload, pos) -> list:
+    """One decode's inputs over S - 1 cached rows: q, the new k and v, the cached K (B, K, H, C)
+    and V (B, K, C, H), and `pos`, the positions' maker."""
+    B, C = wl.batch, wl.context - 1
+    K, G, H = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
+    a, kv = act_dtype(cfg), kv_dtype(cfg)
+    q, rows = ((B, K, G, H), a), ((B, K, H), a)
+    return [q, rows, rows, ((B, K, H, C), kv), ((B, K, C, H), kv), pos]
 
 
 def _input_bytes(args: tuple) -> int:

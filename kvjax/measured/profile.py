@@ -190,8 +190,10 @@ def trace_steps(prepared: Prepared, steps: int, logdir: str):
     finally:
         jax.profiler.stop_trace()
     prepared.carry = carry
-    found = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")),
-                   key=os.path.getmtime)  # fmt: skip
+    found = sorted(
+        glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")),
+        key=os.path.getmtime,
+    )
     if not found:
         raise KvjaxError(f"jax.profiler wrote no *.xplane.pb under {logdir}")
     op_s, _ = per_step_op_seconds(load_events(found[-1]), prepared.modules, steps)
@@ -269,8 +271,11 @@ def profile_sweep(
             between(r)
         for i, p in enumerate(prepared):
             own = trace_root is None
-            logdir = (tempfile.mkdtemp(prefix="kvjax-profile-") if own else
-                      os.path.join(trace_root, f"kv{p.cfg.num_kv_heads}", f"round{r}"))  # fmt: skip
+            logdir = (
+                tempfile.mkdtemp(prefix="kvjax-profile-")
+                if own
+                else os.path.join(trace_root, f"kv{p.cfg.num_kv_heads}", f"round{r}")
+            )
             try:
                 seconds, w, folder = trace_steps(p, steps, logdir)
             finally:

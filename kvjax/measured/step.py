@@ -66,8 +66,11 @@ def served_step(cfg: ModelConfig, wl: Workload, seed: int = 0) -> ServedStep:
         ),
         jnp.zeros((wl.batch,), jnp.int32),
     )
-    ids = jnp.asarray(np.random.default_rng(seed + 2).integers(
-        0, cfg.vocab_size, (wl.batch, wl.query_len), dtype=np.int32))  # fmt: skip
+    ids = jnp.asarray(
+        np.random.default_rng(seed + 2).integers(
+            0, cfg.vocab_size, (wl.batch, wl.query_len), dtype=np.int32
+        )
+    )
     if wl.phase == "decode":
         tokens_B = ids[:, 0]
         # Every step is the same step: positions are rewound to 0 to keep writing inside the

@@ -1,5 +1,6 @@
-"""Validation of `ModelConfig` by part (MLA, MoE, windows, KV scales): each error one line naming
-the field and what is allowed. Imported by `kvjax.model.config`, which re-exports the constants."""
+"""Validation of `ModelConfig` by part (features, RoPE, MLA, windows, KV scales, the extend step):
+each error one line naming the field and what is allowed. The experts' checks are
+`kvjax.model.moe_checks`. Imported by `kvjax.model.config`, which re-exports the constants."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from kvjax.dtypes import canonical_dtype
 from kvjax.errors import KvjaxError
 from kvjax.model.rope import SCALINGS
 
-EXPERT_DTYPES = ("", "mxfp4")  # kvjax.model.config re-exports it
 # xielu: Apertus's, with learned alphas; clamped_swiglu: gpt-oss's (kvjax.nn.mlp)
 ACTIVATIONS = ("silu", "gelu", "xielu", "clamped_swiglu")
 
@@ -19,10 +19,6 @@ Fields = Any
 
 KV_SCALES = ("auto", "none", "tensor", "token_head", "group")
 MLA_FORMS = ("absorbed", "naive")
-# topk_sigmoid (Llama 4): the top-k logits' sigmoids, each scaling the token's input to its expert
-ROUTERS = ("softmax", "sigmoid", "topk_sigmoid")
-_MOE_INT_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", "moe_d_ff",
-                   "first_dense_layers", "shared_expert_d_ff")  # fmt: skip
 _MLA_INT_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
 
@@ -62,8 +58,15 @@ def check_mla(cfg: Fields) -> None:
             f"rope_linear_factor={cfg.rope_linear_factor} is not supported with MLA "
             f"(kv_lora_rank > 0)"
         )
-    for field in ("qkv_bias", "o_bias", "qk_norm", "attn_softcap", "norm_plus_one", "qk_l2_norm",
-                  "temperature_floor"):  # fmt: skip
+    for field in (
+        "qkv_bias",
+        "o_bias",
+        "qk_norm",
+        "attn_softcap",
+        "norm_plus_one",
+        "qk_l2_norm",
+        "temperature_floor",
+    ):
         if getattr(cfg, field):
             raise KvjaxError(
                 f"{field}={getattr(cfg, field)!r} is not supported with MLA (kv_lora_rank > 0)"
@@ -136,84 +139,6 @@ def check_rope(cfg: Fields) -> None:
         )
 
 
-def check_moe(cfg: Fields) -> None:
-    for field in _MOE_INT_FIELDS:
-        value = getattr(cfg, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise KvjaxError(f"{field}={value!r} must be a non-negative integer (0: dense)")
-    E, k = cfg.num_experts, cfg.experts_per_token
-    f = cfg.routed_scaling_factor
-    if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < float("inf"):
-        raise KvjaxError(f"routed_scaling_factor={f!r} must be a positive number")
-    if cfg.router not in ROUTERS:
-        raise KvjaxError(f"router={cfg.router!r} is not supported; allowed: {', '.join(ROUTERS)}")
-    for field in ("expert_groups", "topk_groups", "moe_layer_step"):
-        value = getattr(cfg, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise KvjaxError(f"{field}={value!r} must be a positive integer (1: no groups)")
-    if not E:
-        if cfg.moe_layer_step != 1:
-            raise KvjaxError(
-                f"moe_layer_step={cfg.moe_layer_step} is an MoE field, but num_experts=0 (dense); "
-                "set num_experts > 0 or moe_layer_step=1"
-            )
-        for field in ("experts_per_token", "num_shared_experts", "moe_d_ff",
-                      "first_dense_layers", "router_bias", "expert_bias", "shared_expert_d_ff",
-                      "expert_weight_dtype"):  # fmt: skip
-            if getattr(cfg, field):
-                raise KvjaxError(
-                    f"{field}={getattr(cfg, field)} is an MoE field, but num_experts=0 "
-                    f"(dense); set num_experts > 0 or {field}=0"
-                )
-        return
-    if not 1 <= k <= E:
-        raise KvjaxError(f"experts_per_token={k} must be in 1 .. num_experts={E}")
-    if cfg.moe_d_ff <= 0:
-        raise KvjaxError(f"moe_d_ff={cfg.moe_d_ff} must be a positive integer for MoE")
-    if cfg.first_dense_layers + cfg.moe_layer_step > cfg.num_layers:
-        raise KvjaxError(
-            f"first_dense_layers={cfg.first_dense_layers} leaves no MoE layer of num_layers="
-            f"{cfg.num_layers} (moe_layer_step={cfg.moe_layer_step}); allowed: "
-            f"first_dense_layers + moe_layer_step <= {cfg.num_layers}"
-        )
-    if cfg.router == "topk_sigmoid" and (
-        cfg.norm_topk_prob or cfg.routed_scaling_factor != 1.0 or cfg.expert_groups != 1
-    ):
-        raise KvjaxError(
-            "router='topk_sigmoid' (Llama 4) scales each expert's input by the sigmoid of its "
-            "logit: it takes norm_topk_prob=False, routed_scaling_factor=1 and expert_groups=1"
-        )
-    if not cfg.gated_mlp:
-        raise KvjaxError("num_experts > 0 needs gated_mlp=True (every expert is gated)")
-    if cfg.mlp_bias:
-        raise KvjaxError("mlp_bias=True is not supported with experts (num_experts > 0)")
-    if cfg.expert_weight_dtype not in EXPERT_DTYPES:
-        raise KvjaxError(
-            f"expert_weight_dtype={cfg.expert_weight_dtype!r} is not supported; allowed: "
-            f"'' (weight_dtype), {', '.join(d for d in EXPERT_DTYPES if d)}"
-        )
-    if cfg.expert_weight_dtype == "mxfp4" and (cfg.d_model % 32 or cfg.moe_d_ff % 32):
-        raise KvjaxError(
-            f"expert_weight_dtype='mxfp4' packs blocks of 32 along each expert matrix's input: "
-            f"d_model={cfg.d_model} and moe_d_ff={cfg.moe_d_ff} must be multiples of 32"
-        )
-    if cfg.shared_expert_d_ff and cfg.num_shared_experts != 1:
-        raise KvjaxError(
-            f"shared_expert_d_ff={cfg.shared_expert_d_ff} is the width of one shared expert: it "
-            f"takes num_shared_experts=1, got {cfg.num_shared_experts}"
-        )
-    if cfg.shared_expert_gate and not cfg.num_shared_experts:
-        raise KvjaxError("shared_expert_gate=True needs shared experts (num_shared_experts > 0)")
-    G, g = cfg.expert_groups, cfg.topk_groups
-    if E % G:
-        raise KvjaxError(f"expert_groups={G} must divide num_experts={E}")
-    if g > G or g * (E // G) < k:
-        raise KvjaxError(
-            f"topk_groups={g} must be in 1 .. expert_groups={G} and leave at least "
-            f"experts_per_token={k} experts ({E // G} per group)"
-        )
-
-
 def check_window(cfg: Fields) -> None:
     w, pattern = cfg.sliding_window, cfg.layer_pattern
     if isinstance(w, bool) or not isinstance(w, int) or w < 0:
@@ -241,8 +166,10 @@ def check_window(cfg: Fields) -> None:
     if not cfg.pre_norms and not cfg.sandwich_norms:
         raise KvjaxError("pre_norms=False needs sandwich_norms=True (a block with no norm at all)")
     if cfg.parallel_block and (cfg.sandwich_norms or not cfg.pre_norms):
-        raise KvjaxError("parallel_block=True has one norm before attention and MLP: it takes "
-                         "neither sandwich_norms nor pre_norms=False")  # fmt: skip
+        raise KvjaxError(
+            "parallel_block=True has one norm before attention and MLP: it takes "
+            "neither sandwich_norms nor pre_norms=False"
+        )
     if cfg.norm_kind not in ("rms", "layer"):
         raise KvjaxError(f"norm_kind={cfg.norm_kind!r} is not supported; allowed: rms, layer")
     if cfg.norm_bias and cfg.norm_kind != "layer":
@@ -354,11 +281,16 @@ def check_extend(cfg: Fields, model: bool = False) -> None:
     if cfg.attn_softcap:
         reasons.append(f"attn_softcap={cfg.attn_softcap:g}")
     if cfg.is_hybrid and not model:
-        reasons.append(f"state layers (layer_kinds={cfg.layer_kinds!r}: the closed form of "
-                       "their extend step is not written; the model runs it)")  # fmt: skip
+        reasons.append(
+            f"state layers (layer_kinds={cfg.layer_kinds!r}: the closed form of "
+            "their extend step is not written; the model runs it)"
+        )
     if reasons:
-        runs = ("MHA/GQA/MQA global layers of an unscaled cache with attention_kernel='xla'"
-                if model else "MHA/GQA/MQA and MLA global layers")  # fmt: skip
+        runs = (
+            "MHA/GQA/MQA global layers of an unscaled cache with attention_kernel='xla'"
+            if model
+            else "MHA/GQA/MQA and MLA global layers"
+        )
         where = "the model's" if model else "the closed form's"
         raise KvjaxError(
             f"phase 'extend' (T new tokens on a cache): {where} runs {runs}; {cfg.name} has "

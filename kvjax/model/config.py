@@ -1,6 +1,10 @@
-"""Model configuration: `ModelConfig` (frozen, validated) and the published presets.
+"""Model configuration: `ModelConfig` (frozen, validated on construction, derived sizes as
+properties: levanter's style) and the registry of published presets (`PRESETS`,
+`get_model_config`; the presets themselves are `kvjax.model.presets*`).
 
-Hugging Face `config.json` import is `kvjax.model.hf`. Letters: `kvjax.kernels`.
+Validation: each field's type and range (`kvjax.model.field_checks`), then the features together
+(`kvjax.model.checks`, `moe_checks`, `hybrid`). Hugging Face `config.json` import is
+`kvjax.model.hf`. Letters: `kvjax.kernels`.
 """
 
 from __future__ import annotations
@@ -18,29 +22,20 @@ from kvjax.dtypes import (  # noqa: F401 (re-exported: kvjax.model.config's publ
     SCALE_BYTES,
     canonical_dtype,
 )
-from kvjax.errors import KvjaxError, unknown_name_error
+from kvjax.errors import unknown_name_error
 from kvjax.model.checks import (  # the constants re-exported for the CLI and the docs
     ACTIVATIONS,  # noqa: F401 (re-exported)
     KV_SCALES,
     MLA_FORMS,
-    ROUTERS,
     check_features,
     check_mla,
-    check_moe,
     check_rope,
     check_scales,
     check_window,
 )
+from kvjax.model.field_checks import check_numbers, check_shape
 from kvjax.model.hybrid import LAYER_KINDS, check_hybrid
-
-_INT_FIELDS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff",
-               "vocab_size")  # fmt: skip
-_BOOL_FIELDS = ("gated_mlp", "tied_embeddings", "qkv_bias", "o_bias", "mlp_bias", "norm_bias",
-                "norm_plus_one", "scale_embeddings", "sandwich_norms", "qk_norm", "qk_norm_full",
-                "pre_norms", "parallel_block", "norm_topk_prob", "shared_expert_gate",
-                "rope_truncate", "sink_logits", "router_bias", "expert_bias",
-                "chunked_attention", "qk_l2_norm")  # fmt: skip
-_OPTIONAL_NUMBERS = ("query_pre_attn_scalar", "rope_local_theta", "attn_softcap", "final_softcap")
+from kvjax.model.moe_checks import ROUTERS, check_moe
 
 
 @dataclass(frozen=True)
@@ -61,8 +56,8 @@ class ModelConfig:
     vocab_size: int
     gated_mlp: bool = True  # SwiGLU/GeGLU: gate, up and down matrices; else up and down
     mlp_activation: str = "silu"
-    # clamped_swiglu (gpt-oss): (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g =
-    # min(gate, limit)
+    # clamped_swiglu (gpt-oss): (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g),
+    # where g = min(gate, limit)
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     tied_embeddings: bool = False
@@ -154,8 +149,9 @@ class ModelConfig:
     # "xla": scores, softmax and av as XLA runs the model's einsums (the scores through memory);
     # "flash": one fused kernel (FlashAttention-2 prefill, flash-decoding: kvjax.analytic.flash)
     attention_kernel: str = "xla"
-    # Layers whose state does not grow (issue 31), one letter a layer tiled over L: A attention,
-    # D Gated DeltaNet (Qwen3-Next), H Mamba-2 beside attention (Falcon-H1), C short conv (LFM2)
+    # The layers' kinds, one letter a layer tiled over L: A attention; layers whose state does
+    # not grow: D Gated DeltaNet (Qwen3-Next), H Mamba-2 beside attention (Falcon-H1), C short
+    # conv (LFM2)
     layer_kinds: str = "A"
     state_heads: int = 0  # D: value heads; H: Mamba heads (each holds a key_dim x value_dim state)
     state_groups: int = 0  # D: q/k heads, each serving heads/groups value heads; H: B/C groups
@@ -171,41 +167,10 @@ class ModelConfig:
     name: str = "custom"
 
     def __post_init__(self) -> None:
-        for field in _INT_FIELDS:
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise KvjaxError(f"{field}={value!r} must be a positive integer")
-            if value <= 0:
-                raise KvjaxError(f"{field}={value} must be a positive integer (> 0)")
-        if self.num_heads % self.num_kv_heads:
-            divisors = [k for k in range(1, self.num_heads + 1) if self.num_heads % k == 0]
-            raise KvjaxError(
-                f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}; "
-                f"allowed num_kv_heads: {', '.join(map(str, divisors))}"
-            )
-        for field in _BOOL_FIELDS:
-            if not isinstance(getattr(self, field), bool):
-                raise KvjaxError(f"{field}={getattr(self, field)!r} must be true or false")
+        check_shape(self)
         object.__setattr__(self, "weight_dtype", canonical_dtype(self.weight_dtype, "weight_dtype"))
         object.__setattr__(self, "kv_dtype", canonical_dtype(self.kv_dtype, "kv_dtype", True))
-        for field in ("rope_theta", "norm_eps", "rope_linear_factor", "embedding_multiplier",
-                      "residual_multiplier", "logits_scaling", "swiglu_alpha",
-                      "swiglu_limit"):  # fmt: skip
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise KvjaxError(f"{field}={value!r} must be a positive number")
-            if value == float("inf"):
-                raise KvjaxError(f"{field}={value!r} must be finite")
-        for field in _OPTIONAL_NUMBERS:
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-                raise KvjaxError(f"{field}={value!r} must be a number >= 0 (0: off)")
-            if value == float("inf"):
-                raise KvjaxError(f"{field}={value!r} must be finite (0: off)")
-        if self.attention_kernel not in ("xla", "flash"):
-            raise KvjaxError(
-                f"attention_kernel={self.attention_kernel!r} is not supported; allowed: xla, flash"
-            )
+        check_numbers(self)
         check_features(self)
         check_rope(self)
         check_mla(self)
@@ -378,8 +343,18 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
-__all__ = ["DTYPE_BYTES", "KV_SCALES", "LAYER_KINDS", "MLA_FORMS", "PACKED_KV_BYTES", "PRESETS",
-           "ROUTERS", "ModelConfig", "canonical_dtype", "get_model_config"]  # fmt: skip
+__all__ = [
+    "DTYPE_BYTES",
+    "KV_SCALES",
+    "LAYER_KINDS",
+    "MLA_FORMS",
+    "PACKED_KV_BYTES",
+    "PRESETS",
+    "ROUTERS",
+    "ModelConfig",
+    "canonical_dtype",
+    "get_model_config",
+]
 
 # Presets: defined in `kvjax.model.presets` (each citing its published config), registered here on
 # import of the package.

@@ -1,6 +1,7 @@
 """What each Hugging Face family's config.json says, read field by field: typed reads (`_Fields`),
-the per-layer pattern helper, and the later families' own fields and class defaults (issue 29).
-`kvjax.model.hf` assembles a `ModelConfig` from them."""
+the per-layer pattern helper, RoPE scaling, and the own fields and config-class defaults of the
+families `kvjax.model.presets_families` lists (Granite, gpt-oss, Llama 4, ...). `kvjax.model.hf`
+assembles a `ModelConfig` from them."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 from kvjax.errors import KvjaxError
 from kvjax.model.rope import yarn_mscale
 
-# The later families' config-class defaults that differ from kvjax's (transformers 5), for the
-# keys a Hub config.json may omit because it equals them.
+# Those families' config-class defaults that differ from kvjax's (transformers 5), for the keys a
+# Hub config.json may omit because it equals them.
 _FAMILY_DEFAULTS = {
     "seed_oss": {"attention_bias": True, "rms_norm_eps": 1e-6},
     "granite": {"rms_norm_eps": 1e-6},
@@ -108,17 +109,28 @@ def _rope_pattern(f: _Fields, data: dict, layers: int, where: str) -> str:
 
 
 # GptOssConfig's RoPE when a file gives none: YaRN x32 over 4096 positions, not truncated
-GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
+GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
 
 
 def _gpt_oss_fields(f: _Fields, data: dict, fields: dict) -> dict:
     """gpt-oss: sink logits, biases on q/k/v/o, the router and the experts, the clamped SwiGLU
     (swiglu_alpha 1.702 and swiglu_limit 7 unless given), top-k of the router's logits softmaxed
     (= softmax, top-k, renormalised), and MXFP4 experts where quantization_config says so."""
-    out: dict[str, Any] = {"sink_logits": True, "router_bias": True, "expert_bias": True,
-                           "mlp_activation": "clamped_swiglu", "norm_topk_prob": True,
-                           "o_bias": fields["qkv_bias"]}  # fmt: skip
+    out: dict[str, Any] = {
+        "sink_logits": True,
+        "router_bias": True,
+        "expert_bias": True,
+        "mlp_activation": "clamped_swiglu",
+        "norm_topk_prob": True,
+        "o_bias": fields["qkv_bias"],
+    }
     for key in ("swiglu_alpha", "swiglu_limit"):
         if (value := f.number(key)) is not None:
             out[key] = value
@@ -146,20 +158,34 @@ def _granite_fields(f: _Fields) -> dict:
 
 
 # Families not built yet: a file of one is refused by name, with what it needs, rather than read
-# as a Llama and given a silently wrong cache or FLOP count. (The hybrids of issue 31 are read:
-# `kvjax.model.hf_hybrid`.)
+# as a Llama and given a silently wrong cache or FLOP count.
 _NOT_YET: dict[str, str] = {}
 # Llama4TextConfig's defaults (transformers 5: Llama-4-Scout-17B-16E's text model), for the keys a
 # file omits; the multimodal `llama4` config's text_config is read the same way
 _LLAMA4_DEFAULTS = {
-    "vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
-    "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
-    "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False, "num_experts_per_tok": 1, "num_local_experts": 16,
-    "interleave_moe_layer_step": 1, "use_qk_norm": True, "no_rope_layer_interval": 4,
-    "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
-    "attn_scale": 0.1, "attention_bias": False, "rope_theta": 500_000.0,
-}  # fmt: skip
+    "vocab_size": 202048,
+    "hidden_size": 5120,
+    "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "num_experts_per_tok": 1,
+    "num_local_experts": 16,
+    "interleave_moe_layer_step": 1,
+    "use_qk_norm": True,
+    "no_rope_layer_interval": 4,
+    "attention_chunk_size": 8192,
+    "attn_temperature_tuning": True,
+    "floor_scale": 8192,
+    "attn_scale": 0.1,
+    "attention_bias": False,
+    "rope_theta": 500_000.0,
+}
 _LLAMA4_LAYER_TYPES = {"chunked_attention": "L", "full_attention": "G"}
 
 
@@ -170,9 +196,13 @@ def llama4_data(data: dict, where: str) -> dict:
     if not isinstance(text, dict):
         raise KvjaxError(f"{where}: text_config must be an object")
     present = {k: v for k, v in text.items() if v is not None}
-    out = {**_LLAMA4_DEFAULTS, **present, "model_type": "llama4_text",
-           "_name_or_path": data.get("_name_or_path"),
-           "torch_dtype": text.get("torch_dtype") or data.get("torch_dtype")}  # fmt: skip
+    out = {
+        **_LLAMA4_DEFAULTS,
+        **present,
+        "model_type": "llama4_text",
+        "_name_or_path": data.get("_name_or_path"),
+        "torch_dtype": text.get("torch_dtype") or data.get("torch_dtype"),
+    }
     if "attention_chunk_size" in text and text["attention_chunk_size"] is None:
         out["attention_chunk_size"] = None
     return out
@@ -193,9 +223,11 @@ def llama4_fields(f: _Fields, data: dict, fields: dict, where: str) -> dict:
     chunk = data.get("attention_chunk_size")
     if types is None:
         types = [
-            "chunked_attention" if rope[i % len(rope)] == "R" and chunk is not None
-            else "full_attention" for i in range(layers)
-        ]  # fmt: skip
+            "chunked_attention"
+            if rope[i % len(rope)] == "R" and chunk is not None
+            else "full_attention"
+            for i in range(layers)
+        ]
     if not isinstance(types, list) or len(types) != layers or set(types) - set(_LLAMA4_LAYER_TYPES):
         raise KvjaxError(
             f"{where}: layer_types must list {layers} entries of "
@@ -224,11 +256,15 @@ def llama4_fields(f: _Fields, data: dict, fields: dict, where: str) -> dict:
     if step > layers or (moe is not None and not moe):  # no MoE layer: a dense model
         return {**out, "d_ff": f.integer("intermediate_size_mlp", 16384)}
     out.update(
-        num_experts=experts, experts_per_token=f.integer("num_experts_per_tok", 1),
-        moe_d_ff=fields["d_ff"], num_shared_experts=1, router="topk_sigmoid",
-        norm_topk_prob=False, moe_layer_step=step,
+        num_experts=experts,
+        experts_per_token=f.integer("num_experts_per_tok", 1),
+        moe_d_ff=fields["d_ff"],
+        num_shared_experts=1,
+        router="topk_sigmoid",
+        norm_topk_prob=False,
+        moe_layer_step=step,
         d_ff=f.integer("intermediate_size_mlp", 16384),
-    )  # fmt: skip
+    )
     return out
 
 
@@ -249,8 +285,11 @@ def long_rope_fields(scaling: dict, kind: str, data: dict, model_type: str, wher
         factor = _Fields(data, where).integer("max_position_embeddings", 0) / original
     if not factor:
         raise KvjaxError(f"{where}: rope scaling {kind!r} needs a factor")
-    out: dict[str, Any] = {"rope_scaling": kind, "rope_factor": factor,
-                           "rope_original_context": original}  # fmt: skip
+    out: dict[str, Any] = {
+        "rope_scaling": kind,
+        "rope_factor": factor,
+        "rope_original_context": original,
+    }
     if kind == "llama3":
         out["rope_low_freq_factor"] = f.number("low_freq_factor") or 1.0
         out["rope_high_freq_factor"] = f.number("high_freq_factor") or 4.0

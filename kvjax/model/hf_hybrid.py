@@ -1,7 +1,7 @@
-"""config.json import of the hybrid families (issue 31): Qwen3-Next (Gated DeltaNet layers and
-gated full attention, MoE), Falcon-H1 (Mamba-2 heads beside attention in every layer) and LFM2
-(short gated convolutions and a few GQA layers). Their config classes' defaults (transformers
-5.24) fill what a file omits. The checkpoint loader: `kvjax.nn.hf_hybrid_load`."""
+"""config.json import of the hybrid families: Qwen3-Next (Gated DeltaNet layers and gated full
+attention, MoE), Falcon-H1 (Mamba-2 heads beside attention in every layer) and LFM2 (short gated
+convolutions and a few GQA layers). Their config classes' defaults (transformers 5.24) fill what
+a file omits. The checkpoint loader: `kvjax.nn.hf_hybrid_load`."""
 
 from __future__ import annotations
 
@@ -14,31 +14,67 @@ HYBRID_TYPES = ("qwen3_next", "falcon_h1", "lfm2")
 
 HYBRID_DEFAULTS = {
     "qwen3_next": {  # Qwen3NextConfig (Qwen3-Next-80B-A3B's shapes)
-        "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
-        "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
-        "head_dim": 256, "rms_norm_eps": 1e-6, "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32, "decoder_sparse_step": 1, "moe_intermediate_size": 512,
-        "shared_expert_intermediate_size": 512, "num_experts_per_tok": 10, "num_experts": 512,
-        "norm_topk_prob": True, "partial_rotary_factor": 0.25, "full_attention_interval": 4,
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "rms_norm_eps": 1e-6,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "decoder_sparse_step": 1,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "num_experts_per_tok": 10,
+        "num_experts": 512,
+        "norm_topk_prob": True,
+        "partial_rotary_factor": 0.25,
+        "full_attention_interval": 4,
     },
     "falcon_h1": {  # FalconH1Config
-        "vocab_size": 128000, "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "rms_norm_eps": 1e-5, "mamba_d_ssm": 1024, "mamba_n_heads": 128, "mamba_n_groups": 1,
-        "mamba_d_state": 256, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 256,
-        "mamba_conv_bias": True, "mamba_proj_bias": False, "mamba_rms_norm": False,
-        "mamba_norm_before_gate": True, "time_step_limit": [0.0, float("inf")],
+        "vocab_size": 128000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5,
+        "mamba_d_ssm": 1024,
+        "mamba_n_heads": 128,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 256,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_chunk_size": 256,
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "mamba_rms_norm": False,
+        "mamba_norm_before_gate": True,
+        "time_step_limit": [0.0, float("inf")],
         "projectors_bias": False,
     },
     "lfm2": {  # Lfm2Config (its rope default_theta 1e6)
-        "vocab_size": 65536, "hidden_size": 2560, "intermediate_size": 12288,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "norm_eps": 1e-5, "tie_word_embeddings": True, "conv_bias": False, "conv_L_cache": 3,
-        "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
-        "block_auto_adjust_ff_dim": True, "rope_theta": 1_000_000.0,
+        "vocab_size": 65536,
+        "hidden_size": 2560,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "block_multiple_of": 256,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": True,
+        "rope_theta": 1_000_000.0,
     },
-}  # fmt: skip
+}
 _KINDS = {"linear_attention": "D", "full_attention": "A", "conv": "C"}
 
 
@@ -54,9 +90,7 @@ def hybrid_data(data: dict, model_type: str) -> dict:
     return out
 
 
-def _kinds(
-    f: _Fields, data: dict, layers: int, default: list[str], where: str, mixer: str
-) -> str:  # fmt: skip
+def _kinds(f: _Fields, data: dict, layers: int, default: list[str], where: str, mixer: str) -> str:
     """`layer_types` (one per layer: `mixer` or full_attention) as layer_kinds letters: its
     period where that divides the layers ('DDDA'), else one letter a layer (LFM2's 16). Absent,
     `default` (what the family's other fields say)."""
@@ -84,9 +118,11 @@ def _qwen3_next(f: _Fields, data: dict, fields: dict, where: str) -> dict:
         "state_value_dim": f.integer("linear_value_head_dim"),
         "conv_kernel": f.integer("linear_conv_kernel_dim"),
         "scan_chunk": 64,  # torch_chunk_gated_delta_rule's chunk_size (not in the config)
-        "attn_output_gate": True, "qk_norm": True, "norm_plus_one": True,
+        "attn_output_gate": True,
+        "qk_norm": True,
+        "norm_plus_one": True,
         "o_bias": fields["qkv_bias"],
-    }  # fmt: skip
+    }
     experts = data.get("num_experts") or 0
     if experts:
         if data.get("mlp_only_layers"):
@@ -96,11 +132,14 @@ def _qwen3_next(f: _Fields, data: dict, fields: dict, where: str) -> dict:
             )
         width = f.integer("moe_intermediate_size")
         shared = data.get("shared_expert_intermediate_size") or 0
-        out.update(num_experts=f.integer("num_experts"), moe_d_ff=width,
-                   experts_per_token=f.integer("num_experts_per_tok"),
-                   moe_layer_step=f.integer("decoder_sparse_step", 1),
-                   norm_topk_prob=f.boolean("norm_topk_prob", True),
-                   **shared_expert_fields(shared, width))  # fmt: skip
+        out.update(
+            num_experts=f.integer("num_experts"),
+            moe_d_ff=width,
+            experts_per_token=f.integer("num_experts_per_tok"),
+            moe_layer_step=f.integer("decoder_sparse_step", 1),
+            norm_topk_prob=f.boolean("norm_topk_prob", True),
+            **shared_expert_fields(shared, width),
+        )
     return out
 
 

@@ -1,6 +1,6 @@
-"""Validation of the layers whose state does not grow (issue 31): linear attention (Gated
-DeltaNet, Qwen3-Next), Mamba-2 heads beside attention heads (Falcon-H1) and short gated
-convolutions (LFM2), each error one line naming the field and what is allowed. Imported by
+"""Validation of the layers whose state does not grow: linear attention (Gated DeltaNet,
+Qwen3-Next), Mamba-2 heads beside attention heads (Falcon-H1) and short gated convolutions
+(LFM2), each error one line naming the field and what is allowed. Imported by
 `kvjax.model.config`; closed forms in `kvjax.analytic.hybrid`."""
 
 from __future__ import annotations

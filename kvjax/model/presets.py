@@ -148,8 +148,14 @@ _preset(
 # google/gemma-2-9b config.json (Gemma team, 2024, "Gemma 2"): 9,241,705,984 parameters;
 # local (4096-token window) and global layers alternate, local first; sandwich norms; softmax
 # scale 1/sqrt(query_pre_attn_scalar = 256); attention logits soft-capped at 50, final at 30.
-_GEMMA = dict(mlp_activation="gelu", tied_embeddings=True, norm_eps=1e-6, norm_plus_one=True,
-              scale_embeddings=True, sandwich_norms=True)  # fmt: skip
+_GEMMA = dict(
+    mlp_activation="gelu",
+    tied_embeddings=True,
+    norm_eps=1e-6,
+    norm_plus_one=True,
+    scale_embeddings=True,
+    sandwich_norms=True,
+)
 _preset(
     ModelConfig(
         name="gemma-2-9b",
@@ -227,8 +233,9 @@ _preset(ModelConfig(name="tiny-mha", num_kv_heads=12, **_TINY))
 _preset(ModelConfig(name="tiny-gqa", num_kv_heads=3, **_TINY))
 _preset(ModelConfig(name="tiny-mqa", num_kv_heads=1, **_TINY))
 # Tiny MLA: every MLA width distinct too (nope 6 + rope 4 = head_dim 10, v 7, latent 20, q rank 24).
-_TINY_MLA = dict(_TINY, head_dim=10, num_kv_heads=12, kv_lora_rank=20, qk_rope_head_dim=4,
-                 v_head_dim=7)  # fmt: skip
+_TINY_MLA = dict(
+    _TINY, head_dim=10, num_kv_heads=12, kv_lora_rank=20, qk_rope_head_dim=4, v_head_dim=7
+)
 _preset(ModelConfig(name="tiny-mla", **_TINY_MLA))
 _preset(ModelConfig(name="tiny-mla-q", q_lora_rank=24, **_TINY_MLA))
 
@@ -274,15 +281,20 @@ _preset(
     )
 )
 # DeepSeek's MLA widths, shared by V2-Lite and V3: latent 512, RoPE key 64, q/k 128 + 64, v 128.
-_DEEPSEEK_MLA = dict(head_dim=192, norm_eps=1e-6, kv_lora_rank=512, qk_rope_head_dim=64,
-                     v_head_dim=128)  # fmt: skip
+_DEEPSEEK_MLA = dict(
+    head_dim=192, norm_eps=1e-6, kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128
+)
 
 
 def _deepseek_yarn(mscale: float) -> dict:
     """Both configs' rope_scaling: YaRN x40 over 4096 positions with mscale = mscale_all_dim, so
     cos and sin keep factor 1 and the softmax scale gains yarn_mscale(40, mscale)^2."""
-    return dict(rope_scaling="yarn", rope_factor=40.0, rope_original_context=4096,
-                query_pre_attn_scalar=192 / yarn_mscale(40.0, mscale) ** 4)  # fmt: skip
+    return dict(
+        rope_scaling="yarn",
+        rope_factor=40.0,
+        rope_original_context=4096,
+        query_pre_attn_scalar=192 / yarn_mscale(40.0, mscale) ** 4,
+    )
 
 
 # deepseek-ai/DeepSeek-V2-Lite config.json (DeepSeek-AI, 2024): 15.7e9 parameters, 2.4e9 active;
@@ -337,5 +349,5 @@ _preset(
 # Tiny MoE: 6 experts of 20, 2 per token, every dimension distinct from tiny-gqa's.
 _TINY_MOE = dict(num_experts=6, experts_per_token=2, moe_d_ff=20)
 _preset(ModelConfig(name="tiny-moe", num_kv_heads=3, **_TINY, **_TINY_MOE))
-# the families added later (issue 29), the hybrids (issue 31), the serving results' (issue 50)
+# the further families, the hybrids, and the models the published serving results use
 from kvjax.model import presets_families, presets_hybrid, presets_serving  # noqa: E402, F401

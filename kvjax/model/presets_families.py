@@ -1,4 +1,4 @@
-"""Presets of the families added after the first eleven (issue 29), each citing its source: the
+"""Presets of the decoder families beyond `kvjax.model.presets`'s, each citing its source: the
 model card's architecture table and the transformers config class's defaults (which a Hub
 config.json omits when it equals them). Parameter counts are checked in tests/test_families.py
 against the Hugging Face model built on the meta device."""
@@ -338,13 +338,30 @@ _preset(
 # 7); vocab 201088, untied; RoPE base 150000 with YaRN x32 over 4096 positions (not truncated,
 # cos and sin x 0.1 ln 32 + 1); the experts in MXFP4 (4.25 bits an element), the rest bf16.
 _GPT_OSS = dict(
-    d_model=2880, num_heads=64, num_kv_heads=8, head_dim=64, d_ff=2880, vocab_size=201088,
-    mlp_activation="clamped_swiglu", qkv_bias=True, o_bias=True, sliding_window=128,
-    layer_pattern="LG", sink_logits=True, experts_per_token=4, moe_d_ff=2880, router_bias=True,
-    expert_bias=True, expert_weight_dtype="mxfp4", rope_theta=150_000.0, rope_scaling="yarn",
-    rope_factor=32.0, rope_original_context=4096, rope_truncate=False,
+    d_model=2880,
+    num_heads=64,
+    num_kv_heads=8,
+    head_dim=64,
+    d_ff=2880,
+    vocab_size=201088,
+    mlp_activation="clamped_swiglu",
+    qkv_bias=True,
+    o_bias=True,
+    sliding_window=128,
+    layer_pattern="LG",
+    sink_logits=True,
+    experts_per_token=4,
+    moe_d_ff=2880,
+    router_bias=True,
+    expert_bias=True,
+    expert_weight_dtype="mxfp4",
+    rope_theta=150_000.0,
+    rope_scaling="yarn",
+    rope_factor=32.0,
+    rope_original_context=4096,
+    rope_truncate=False,
     rope_attention_factor=yarn_mscale(32.0),
-)  # fmt: skip
+)
 _preset(ModelConfig(name="gpt-oss-120b", num_layers=36, num_experts=128, **_GPT_OSS))
 _preset(ModelConfig(name="gpt-oss-20b", num_layers=24, num_experts=32, **_GPT_OSS))
 

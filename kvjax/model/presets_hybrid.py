@@ -1,5 +1,5 @@
-"""Presets of the hybrids whose layers keep a state that does not grow (issue 31), each citing its
-source, and tiny ones for tests. Parameter counts are checked in tests/test_hybrid.py against
+"""Presets of the hybrids whose layers keep a state that does not grow, each citing its source,
+and tiny ones for tests. Parameter counts are checked in tests/test_hybrid.py against
 the Hugging Face model built on the meta device (and in tests/test_nn.py against kvjax's)."""
 
 from kvjax.model.config import ModelConfig, _preset
@@ -87,8 +87,17 @@ _preset(
 
 # Tiny hybrids for tests, traces and the CPU decode benchmark: f32, every dimension distinct
 # (D=40, F=56, V=97; attention 4 / 2 heads of 10; state heads 4 in 2 groups, d_k / N 6, d_v / P 5).
-_TINY_HYBRID = dict(num_layers=2, d_model=40, num_heads=4, num_kv_heads=2, head_dim=10, d_ff=56,
-                    vocab_size=97, weight_dtype="f32", kv_dtype="f32")  # fmt: skip
+_TINY_HYBRID = dict(
+    num_layers=2,
+    d_model=40,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=10,
+    d_ff=56,
+    vocab_size=97,
+    weight_dtype="f32",
+    kv_dtype="f32",
+)
 _TINY_STATE = dict(state_heads=4, state_groups=2, state_key_dim=6, state_value_dim=5)
 _preset(
     ModelConfig(
@@ -102,7 +111,7 @@ _preset(
         attn_output_gate=True,
         **_TINY_STATE,
         **_TINY_HYBRID,
-    )  # fmt: skip
+    )
 )
 _preset(
     ModelConfig(
@@ -113,7 +122,7 @@ _preset(
         scan_chunk=8,
         **_TINY_STATE,
         **_TINY_HYBRID,
-    )  # fmt: skip
+    )
 )
 _preset(
     ModelConfig(
@@ -123,5 +132,5 @@ _preset(
         qk_norm=True,
         tied_embeddings=True,
         **_TINY_HYBRID,
-    )  # fmt: skip
+    )
 )

@@ -72,6 +72,9 @@ def dispatch_combine(
 
     rows = P(axis)
     return jax.shard_map(
-        local, mesh=mesh, in_specs=(rows, P(), P(axis), P(axis)), out_specs=rows,
+        local,
+        mesh=mesh,
+        in_specs=(rows, P(), P(axis), P(axis)),
+        out_specs=rows,
         check_vma=False,
-    )(x_MD, routers, gate_up_EFD, down_EDF)  # fmt: skip
+    )(x_MD, routers, gate_up_EFD, down_EDF)

@@ -3,11 +3,13 @@
 Prefill: `jax.nn.dot_product_attention` (causal, GQA without repeating K/V, sliding windows),
 XLA's implementation on CPU and cuDNN's fused kernel on a GPU, or kvjax's own Pallas
 FlashAttention-2 kernel (`kvjax.nn.flash_prefill`: what a GPU target compiled on a host without a
-CUDA driver runs, since cuDNN's lowering needs one). Decode:
-kvjax's own flash-decoding kernel in Pallas: a grid over (sequence, KV head, split of the cache);
-each program reads its split of K and V once for all G query heads of its KV head, keeps an
-online softmax, and writes a partial output with its max and sum; the combine folds in the new
-token's own score and normalises. Letters: `kvjax.kernels`; closed form: `kvjax.analytic.flash`.
+CUDA driver runs, since cuDNN's lowering needs one).
+
+Decode: kvjax's own flash-decoding kernel in Pallas: a grid over (sequence, KV head, split of the
+cache); each program reads its split of K and V once for all G query heads of its KV head, keeps
+an online softmax, and writes a partial output with its max and sum; the combine folds in the new
+token's own score and normalises. MLA's absorbed decode is the same work over the latent
+(`kvjax.nn.flash_mla`). Letters: `kvjax.kernels`; closed form: `kvjax.analytic.flash`.
 
 On CPU the Pallas kernel runs in interpret mode (exact values; its cost analysis is the
 interpreter's, not the kernel's). `lowering_for("gpu")` makes the model lower it for Triton
@@ -37,8 +39,13 @@ PREFILL_IMPLS = ("xla", "cudnn", "pallas")
 
 
 @contextlib.contextmanager
-def lowering_for(platform: str, splits: int = 1, prefill: str | None = None,
-                 block_q: int = 128, block_k: int = 128):  # fmt: skip
+def lowering_for(
+    platform: str,
+    splits: int = 1,
+    prefill: str | None = None,
+    block_q: int = 128,
+    block_k: int = 128,
+):
     """Lower the fused kernels for `platform` ("gpu", "tpu", "cpu") whatever the host runs, the
     decode cache in `splits` chunks (`kvjax.analytic.flash.plan` sizes them for a chip) and the
     prefill by `prefill` (PREFILL_IMPLS; default cuDNN on a GPU, XLA's elsewhere; "pallas":
@@ -46,8 +53,11 @@ def lowering_for(platform: str, splits: int = 1, prefill: str | None = None,
     if prefill is not None and prefill not in PREFILL_IMPLS:
         allowed = ", ".join(PREFILL_IMPLS)
         raise KvjaxError(f"prefill={prefill!r} is not supported; allowed: {allowed}")
-    tokens = (_PLATFORM.set(platform), _SPLITS.set(splits),
-              _PREFILL.set(None if prefill is None else (prefill, block_q, block_k)))  # fmt: skip
+    tokens = (
+        _PLATFORM.set(platform),
+        _SPLITS.set(splits),
+        _PREFILL.set(None if prefill is None else (prefill, block_q, block_k)),
+    )
     try:
         yield
     finally:
@@ -109,21 +119,44 @@ def flash_causal(q_BTKGH, k_BSKH, v_BSKH, window: int = 0, scale: float | None =
 
             target = platform()
             return flash_prefill(
-                q_BTKGH, k_BSKH, v_BSKH, window=window, scale=scale, block_q=block_q,
-                block_k=block_k, interpret=target == "cpu",
-                compiler_params=_compiler_params(target, warps=4 if H <= 64 else 8),
+                q_BTKGH,
+                k_BSKH,
+                v_BSKH,
+                window=window,
+                scale=scale,
+                block_q=block_q,
+                block_k=block_k,
+                interpret=target == "cpu",
+                compiler_params=compiler_params(target, warps=4 if H <= 64 else 8),
                 name=functools.partial(supplied_name, "kvjax_flash_prefill"),
-            )  # fmt: skip
+            )
         o_BTNH = jax.nn.dot_product_attention(
-            q_BTKGH.reshape(B, T, K * G, H), k_BSKH, v_BSKH.astype(q_BTKGH.dtype), scale=scale,
-            is_causal=True, local_window_size=(window - 1, 0) if window else None,
+            q_BTKGH.reshape(B, T, K * G, H),
+            k_BSKH,
+            v_BSKH.astype(q_BTKGH.dtype),
+            scale=scale,
+            is_causal=True,
+            local_window_size=(window - 1, 0) if window else None,
             implementation=impl,
-        )  # fmt: skip
+        )
     return o_BTNH.reshape(B, T, K, G, H)
 
 
-def _decode_kernel(pos_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, block: int, chunk: int,
-                   window: int, scale: float, softcap: float):  # fmt: skip
+def _decode_kernel(
+    pos_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    m_ref,
+    l_ref,
+    *,
+    block: int,
+    chunk: int,
+    window: int,
+    scale: float,
+    softcap: float,
+):
     """One (sequence, KV head, split): the split's `chunk` positions in blocks of `block`."""
     split = pl.program_id(2)
     pos = pos_ref[0]
@@ -169,7 +202,7 @@ def supplied_name(kernel: str, flops: int, bytes_: int) -> str:
     return f"{kernel}_f{int(flops)}_b{int(bytes_)}"
 
 
-def _compiler_params(target: str, warps: int = 4):
+def compiler_params(target: str, warps: int = 4):
     """Triton on a GPU (its blocks stay in global memory and the loop streams them; Mosaic GPU
     would stage a whole split in shared memory); Mosaic's defaults on a TPU."""
     if target == "gpu":
@@ -179,9 +212,10 @@ def _compiler_params(target: str, warps: int = 4):
     return None
 
 
-def _blocks(S: int, splits: int) -> tuple[int, int, int]:
-    """(splits, chunk, block): `splits` chunks of S (fewer when S does not divide), each walked
-    in blocks of up to 128 positions dividing the chunk."""
+def decode_blocks(S: int, splits: int | None = None) -> tuple[int, int, int]:
+    """(splits, chunk, block): `splits` chunks of S (None: the count `lowering_for` set; fewer
+    when S does not divide), each walked in blocks of up to 128 positions dividing the chunk."""
+    splits = _SPLITS.get() if splits is None else splits
     splits = max(1, min(splits, S))
     while S % splits:
         splits -= 1
@@ -191,15 +225,23 @@ def _blocks(S: int, splits: int) -> tuple[int, int, int]:
 
 
 def flash_decode(
-    q_BKGH, k_new_BKH, v_new_BKH, k_cache_BKHS, v_cache_BKSH, pos_B, window: int = 0,
-    scale: float | None = None, softcap: float = 0.0, splits: int | None = None,
-):  # fmt: skip
+    q_BKGH,
+    k_new_BKH,
+    v_new_BKH,
+    k_cache_BKHS,
+    v_cache_BKSH,
+    pos_B,
+    window: int = 0,
+    scale: float | None = None,
+    softcap: float = 0.0,
+    splits: int | None = None,
+):
     """One new query per sequence over its cached positions [0, pos) and its own new k, v, by
     flash-decoding: the cache read once, in `splits` chunks whose partials the combine sums."""
     B, K, G, H = q_BKGH.shape
     S = v_cache_BKSH.shape[2]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
-    splits, chunk, block = _blocks(S, _SPLITS.get() if splits is None else splits)
+    splits, chunk, block = decode_blocks(S, splits)
     target = platform()
     rows = G if target == "cpu" else max(G, MIN_ROWS)
     q_pad = jnp.pad(q_BKGH, ((0, 0), (0, 0), (0, rows - G), (0, 0))) if rows > G else q_BKGH
@@ -209,8 +251,11 @@ def flash_decode(
     # The kernel's cost as the closed form counts it (kvjax.analytic.flash): the cache read
     # once, q read, the partials written; the two products over the S positions.
     flops = 4 * B * K * G * S * H
-    moved = (2 * B * K * S * H * k_cache_BKHS.dtype.itemsize + B * K * G * H * q_BKGH.dtype.itemsize
-             + B * K * splits * G * (H + 2) * 4)  # fmt: skip
+    moved = (
+        2 * B * K * S * H * k_cache_BKHS.dtype.itemsize
+        + B * K * G * H * q_BKGH.dtype.itemsize
+        + B * K * splits * G * (H + 2) * 4
+    )
     cost = pl.CostEstimate(flops=flops, transcendentals=B * K * G * S, bytes_accessed=moved)
     with jax.named_scope(kernels.ATTENTION):
         acc, m, sums = pl.pallas_call(
@@ -233,14 +278,15 @@ def flash_decode(
                 jax.ShapeDtypeStruct((B, K, splits, rows), jnp.float32),
             ],
             interpret=target == "cpu",
-            compiler_params=_compiler_params(target),
+            compiler_params=compiler_params(target),
             cost_estimate=cost,
             name=supplied_name("kvjax_flash_decode", flops, moved),
         )(pos_B.astype(jnp.int32), q_pad, k_cache_BKHS, v_cache_BKSH)
     with jax.named_scope(kernels.ATTN_COMBINE):
-        s_self_BKG = jnp.einsum(
-            "BKGH,BKH->BKG", q_BKGH, k_new_BKH, preferred_element_type=jnp.float32
-        ) * scale  # fmt: skip
+        s_self_BKG = (
+            jnp.einsum("BKGH,BKH->BKG", q_BKGH, k_new_BKH, preferred_element_type=jnp.float32)
+            * scale
+        )
         if softcap:
             s_self_BKG = softcap * jnp.tanh(s_self_BKG / softcap)
         o_BKGH = combine(acc, m, sums, s_self_BKG, v_new_BKH[:, :, None])
@@ -257,98 +303,6 @@ def combine(acc_XsGH, m_XsG, sums_XsG, s_self_XG, v_new_XGH):
     w_XsG = jnp.exp(m_XsG - m_XG[..., None, :])
     w_self_XG = jnp.exp(s_self_XG - m_XG)
     total_XG = jnp.sum(w_XsG * sums_XsG, axis=-2) + w_self_XG
-    o_XGH = jnp.sum(w_XsG[..., None] * acc_XsGH, axis=-3) + w_self_XG[..., None] * v_new_XGH.astype(
-        jnp.float32
-    )  # fmt: skip
+    v_XGH = v_new_XGH.astype(jnp.float32)
+    o_XGH = jnp.sum(w_XsG[..., None] * acc_XsGH, axis=-3) + w_self_XG[..., None] * v_XGH
     return o_XGH / total_XG[..., None]
-
-
-def _latent_kernel(pos_ref, ql_ref, qr_ref, c_ref, kr_ref, o_ref, m_ref, l_ref, *, block: int,
-                   chunk: int, scale: float):  # fmt: skip
-    """MLA absorbed decode, one (sequence, split): every query head's latent query against the
-    split's cached latents (keys and values both) and RoPE keys, read once for all N heads."""
-    split = pl.program_id(1)
-    pos = pos_ref[0]
-    ql_NA = ql_ref[0].astype(jnp.float32) * scale
-    qr_NP = qr_ref[0].astype(jnp.float32) * scale
-    rows = ql_NA.shape[0]
-    nt = (((1,), (1,)), ((), ()))  # q . k^T: the cache rows as stored, position-major
-
-    def body(i, carry):
-        m_N, l_N, acc_NA = carry
-        start = split * chunk + i * block
-        c_SA = c_ref[0, pl.ds(i * block, block), :].astype(jnp.float32)
-        kr_SP = kr_ref[0, pl.ds(i * block, block), :].astype(jnp.float32)
-        s_NS = jax.lax.dot_general(ql_NA, c_SA, nt) + jax.lax.dot_general(qr_NP, kr_SP, nt)
-        valid_S = (start + jnp.arange(block)) < pos
-        s_NS = jnp.where(valid_S[None, :], s_NS, NEG_INF)
-        m_new = jnp.maximum(m_N, jnp.max(s_NS, axis=1))
-        p_NS = jnp.where(valid_S[None, :], jnp.exp(s_NS - m_new[:, None]), 0.0)
-        alpha = jnp.exp(m_N - m_new)
-        return (m_new, alpha * l_N + jnp.sum(p_NS, axis=1),
-                alpha[:, None] * acc_NA + jnp.dot(p_NS, c_SA))  # fmt: skip
-
-    init = (
-        jnp.full((rows,), NEG_INF, jnp.float32),
-        jnp.zeros((rows,), jnp.float32),
-        jnp.zeros(ql_NA.shape, jnp.float32),
-    )
-    m_N, l_N, acc_NA = jax.lax.fori_loop(0, chunk // block, body, init)
-    o_ref[0, 0] = acc_NA
-    m_ref[0, 0] = m_N
-    l_ref[0, 0] = l_N
-
-
-def flash_decode_latent(
-    q_lat_BNA, q_rope_BNP, c_new_BA, kr_new_BP, c_cache_BSA, kr_cache_BSP, pos_B, scale: float,
-    splits: int | None = None,
-):  # fmt: skip
-    """MLA's absorbed decode fused (FlashMLA's shape of work): one latent KV head, the N query
-    heads as the rows of every program, the cache split over `splits` programs per sequence and
-    read once; returns the attention output in latent space [B, N, A] (f32 -> compute dtype)."""
-    B, N, A = q_lat_BNA.shape
-    P, S = q_rope_BNP.shape[-1], c_cache_BSA.shape[1]
-    splits, chunk, block = _blocks(S, _SPLITS.get() if splits is None else splits)
-    target = platform()
-    rows = N if target == "cpu" else max(N, MIN_ROWS)
-    pad = ((0, 0), (0, rows - N), (0, 0))
-    q_lat, q_rope = (jnp.pad(q, pad) if rows > N else q for q in (q_lat_BNA, q_rope_BNP))
-    kernel = functools.partial(_latent_kernel, block=block, chunk=chunk, scale=scale)
-    flops = 2 * B * N * S * (A + P) + 2 * B * N * S * A
-    moved = (B * S * (A + P) * c_cache_BSA.dtype.itemsize + B * N * (A + P) * q_lat.dtype.itemsize
-             + B * splits * N * (A + 2) * 4)  # fmt: skip
-    cost = pl.CostEstimate(flops=flops, transcendentals=B * N * S, bytes_accessed=moved)
-    with jax.named_scope(kernels.ATTENTION):
-        acc, m, sums = pl.pallas_call(
-            kernel,
-            grid=(B, splits),
-            in_specs=[
-                pl.BlockSpec((1,), lambda b, s: (b,)),
-                pl.BlockSpec((1, rows, A), lambda b, s: (b, 0, 0)),
-                pl.BlockSpec((1, rows, P), lambda b, s: (b, 0, 0)),
-                pl.BlockSpec((1, chunk, A), lambda b, s: (b, s, 0)),
-                pl.BlockSpec((1, chunk, P), lambda b, s: (b, s, 0)),
-            ],
-            out_specs=[
-                pl.BlockSpec((1, 1, rows, A), lambda b, s: (b, s, 0, 0)),
-                pl.BlockSpec((1, 1, rows), lambda b, s: (b, s, 0)),
-                pl.BlockSpec((1, 1, rows), lambda b, s: (b, s, 0)),
-            ],
-            out_shape=[
-                jax.ShapeDtypeStruct((B, splits, rows, A), jnp.float32),
-                jax.ShapeDtypeStruct((B, splits, rows), jnp.float32),
-                jax.ShapeDtypeStruct((B, splits, rows), jnp.float32),
-            ],
-            interpret=target == "cpu",
-            compiler_params=_compiler_params(target),
-            cost_estimate=cost,
-            name=supplied_name("kvjax_flash_mla_decode", flops, moved),
-        )(pos_B.astype(jnp.int32), q_lat, q_rope, c_cache_BSA, kr_cache_BSP)
-    with jax.named_scope(kernels.ATTN_COMBINE):
-        f32 = jnp.float32
-        s_self_BN = (
-            jnp.einsum("BNA,BA->BN", q_lat_BNA, c_new_BA, preferred_element_type=f32)
-            + jnp.einsum("BNP,BP->BN", q_rope_BNP, kr_new_BP, preferred_element_type=f32)
-        ) * scale  # fmt: skip
-        o_BNA = combine(acc, m, sums, s_self_BN, c_new_BA[:, None])
-        return o_BNA.astype(q_lat_BNA.dtype)

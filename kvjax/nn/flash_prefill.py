@@ -29,8 +29,7 @@ from kvjax.errors import KvjaxError
 NEG_INF = -1e30
 
 
-def _kernel(q_ref, k_ref, v_ref, o_ref, *, block_q: int, block_k: int, window: int,
-            scale: float):  # fmt: skip
+def _kernel(q_ref, k_ref, v_ref, o_ref, *, block_q: int, block_k: int, window: int, scale: float):
     """One (query block, sequence, query head): key blocks lo .. hi - 1 of its KV head."""
     iq = pl.program_id(0)
     q_QH = q_ref[...].astype(jnp.float32) * scale
@@ -52,9 +51,11 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, *, block_q: int, block_k: int, window: i
         m_new = jnp.maximum(m_Q, jnp.max(s_QK, axis=1))
         p_QK = jnp.where(valid_QK, jnp.exp(s_QK - m_new[:, None]), 0.0)
         alpha = jnp.exp(m_Q - m_new)
-        return m_new, alpha * l_Q + jnp.sum(p_QK, axis=1), alpha[:, None] * acc_QH + jnp.dot(
-            p_QK, v_KH
-        )  # fmt: skip
+        return (
+            m_new,
+            alpha * l_Q + jnp.sum(p_QK, axis=1),
+            alpha[:, None] * acc_QH + jnp.dot(p_QK, v_KH),
+        )
 
     init = (
         jnp.full((block_q,), NEG_INF, jnp.float32),
@@ -65,8 +66,17 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, *, block_q: int, block_k: int, window: i
     o_ref[...] = (acc_QH / l_Q[:, None]).astype(o_ref.dtype)
 
 
-def kernel_cost(B: int, N: int, K: int, T: int, H: int, itemsize: int, block_q: int,
-                block_k: int, window: int = 0) -> tuple[int, int]:  # fmt: skip
+def kernel_cost(
+    B: int,
+    N: int,
+    K: int,
+    T: int,
+    H: int,
+    itemsize: int,
+    block_q: int,
+    block_k: int,
+    window: int = 0,
+) -> tuple[int, int]:
     """(FLOPs, HBM bytes) of the kernel's own loop over a padded length T: each (query block,
     query head) computes block_q x (hi - lo) x block_k pairs and loads those key positions' K
     and V; Q read and O written once. Counted from the loop bounds above, not from the closed
@@ -83,10 +93,18 @@ def kernel_cost(B: int, N: int, K: int, T: int, H: int, itemsize: int, block_q: 
 
 
 def flash_prefill(
-    q_BTKGH, k_BSKH, v_BSKH, *, window: int = 0, scale: float | None = None,
-    block_q: int = 128, block_k: int = 128, interpret: bool = False, compiler_params=None,
+    q_BTKGH,
+    k_BSKH,
+    v_BSKH,
+    *,
+    window: int = 0,
+    scale: float | None = None,
+    block_q: int = 128,
+    block_k: int = 128,
+    interpret: bool = False,
+    compiler_params=None,
     name=None,
-):  # fmt: skip
+):
     """Causal attention [B, T, K, G, H] fused; T padded up to a multiple of both blocks (the
     padded keys lie after every real query, so the mask drops them; padded rows are cut)."""
     B, T, K, G, H = q_BTKGH.shape
@@ -107,8 +125,9 @@ def flash_prefill(
         pad = ((0, 0), (0, Tp - T), (0, 0), (0, 0))
         q_BTNH, k_BSKH, v_BSKH = (jnp.pad(x, pad) for x in (q_BTNH, k_BSKH, v_BSKH))
     flops, moved = kernel_cost(B, N, K, Tp, H, q_BTNH.dtype.itemsize, block_q, block_k, window)
-    kernel = functools.partial(_kernel, block_q=block_q, block_k=block_k, window=window,
-                               scale=scale)  # fmt: skip
+    kernel = functools.partial(
+        _kernel, block_q=block_q, block_k=block_k, window=window, scale=scale
+    )
     kv_spec = pl.BlockSpec((None, Tp, None, H), lambda i, b, n: (b, 0, n // G, 0))
     q_spec = pl.BlockSpec((None, block_q, None, H), lambda i, b, n: (b, i, n, 0))
     o_BTNH = pl.pallas_call(
@@ -121,7 +140,7 @@ def flash_prefill(
         compiler_params=compiler_params,
         cost_estimate=pl.CostEstimate(
             flops=flops, transcendentals=flops // (4 * H), bytes_accessed=moved
-        ),  # fmt: skip
+        ),
         name=name(flops, moved) if name else None,
     )(q_BTNH, k_BSKH, v_BSKH)
     return o_BTNH[:, :T].reshape(B, T, K, G, H)

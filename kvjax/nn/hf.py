@@ -1,5 +1,6 @@
-"""Load a local Hugging Face Llama / Mistral / Qwen2 / Qwen3 / Gemma / Gemma 2 / Gemma 3 (text) /
-dense DeepSeek-V2/V3 / Seed-OSS checkpoint (config.json + *.safetensors).
+"""Load a local Hugging Face checkpoint (config.json + *.safetensors) of any family in `SUPPORTED`
+(Llama, Mistral, Qwen, Gemma, DeepSeek-V2/V3, Mixtral, gpt-oss, Llama 4 text, ...); the hybrids
+load through `kvjax.nn.hf_hybrid_load`.
 
 Nothing is downloaded. Hugging Face stores linear weights as [out, in], as kvjax does, so the
 tensors are taken as they are (gate and up are concatenated into gate_up). DeepSeek (MLA):
@@ -19,7 +20,7 @@ from flax import nnx
 
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
-from kvjax.model.hf import from_hf_config, read_hf_json
+from kvjax.model.hf import _HF_MODEL_TYPES, from_hf_config, read_hf_json
 from kvjax.model.hf_fields import rope_scalings
 from kvjax.model.hf_hybrid import HYBRID_TYPES
 from kvjax.nn.hf_hybrid_load import from_hf_hybrid
@@ -36,11 +37,9 @@ from kvjax.nn.mlp import XIELU_BETA, XIELU_EPS
 from kvjax.nn.mxfp4 import load_gpt_oss_experts
 from kvjax.nn.transformer import Transformer
 
-SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
-             "gemma3_text", "deepseek_v2", "deepseek_v3", "seed_oss", "granite",
-             "smollm3", "phi3", "starcoder2", "stablelm", "olmo2", "qwen2_moe",
-             "olmoe", "glm4", "ernie4_5", "exaone4", "cohere2", "internlm3",
-             "apertus", "gpt_oss", "llama4_text")  # fmt: skip
+# The text models whose checkpoints load here, in `kvjax.model.hf`'s order: not a multimodal
+# config's (gemma3, llama4), and the hybrids through `kvjax.nn.hf_hybrid_load`.
+SUPPORTED = tuple(t for t in _HF_MODEL_TYPES if t not in ("gemma3", "llama4", *HYBRID_TYPES))
 
 
 def _read_safetensors(folder: Path) -> dict[str, np.ndarray]:
@@ -90,8 +89,14 @@ def load_hf_llama(path: str | Path, **overrides) -> Transformer:
         model_type, "mlp."
     )
     norms = ("attention_layernorm", "feedforward_layernorm") if model_type == "apertus" else None
-    return from_hf_tensors(cfg, tensors, rope_interleaved=interleaved, moe_prefix=moe_prefix,
-                           glm=model_type == "glm4", norm_names=norms)  # fmt: skip
+    return from_hf_tensors(
+        cfg,
+        tensors,
+        rope_interleaved=interleaved,
+        moe_prefix=moe_prefix,
+        glm=model_type == "glm4",
+        norm_names=norms,
+    )
 
 
 def _load_mla(cfg: ModelConfig, a, get, put, p: str, interleaved: bool) -> None:

@@ -1,5 +1,5 @@
-"""Load a local Hugging Face Qwen3-Next, Falcon-H1 or LFM2 checkpoint (issue 31): the attention,
-MLP and MoE tensors as the other families (`kvjax.nn.hf_parts`), and each state mixer's own.
+"""Load a local Hugging Face Qwen3-Next, Falcon-H1 or LFM2 checkpoint: the attention, MLP and MoE
+tensors as the other families (`kvjax.nn.hf_parts`), and each state mixer's own.
 
 Falcon-H1's muP multipliers are folded into the weights they scale, which leaves the function
 unchanged: the attention's input multiplier into q/k/v, key_multiplier into k, the output
@@ -26,10 +26,14 @@ from kvjax.nn.hf_parts import (
 from kvjax.nn.transformer import Transformer
 
 _DEFAULTS = {  # FalconH1Config's multipliers when a config.json omits them
-    "attention_in_multiplier": 1.0, "key_multiplier": 1.0, "attention_out_multiplier": 1.0,
-    "ssm_in_multiplier": 1.0, "ssm_out_multiplier": 1.0, "mlp_multipliers": [1.0, 1.0],
+    "attention_in_multiplier": 1.0,
+    "key_multiplier": 1.0,
+    "attention_out_multiplier": 1.0,
+    "ssm_in_multiplier": 1.0,
+    "ssm_out_multiplier": 1.0,
+    "mlp_multipliers": [1.0, 1.0],
     "ssm_multipliers": [1.0] * 5,
-}  # fmt: skip
+}
 
 
 def _conv(get, name: str, X: int, w: int) -> np.ndarray:

@@ -51,9 +51,16 @@ def check_all_used(tensors: dict, used: set[str]) -> None:
 
 
 def load_attention(
-    cfg: ModelConfig, a, get, put, p: str, fused: bool = False, interleaved: bool = False,
-    o_name: str = "o_proj", norm_names: tuple[str, str] = ("q_norm", "k_norm"),
-) -> None:  # fmt: skip
+    cfg: ModelConfig,
+    a,
+    get,
+    put,
+    p: str,
+    fused: bool = False,
+    interleaved: bool = False,
+    o_name: str = "o_proj",
+    norm_names: tuple[str, str] = ("q_norm", "k_norm"),
+) -> None:
     """q/k/v/o (Phi-3: one fused qkv_proj; Qwen3-Next: q_proj's rows per head [q; gate]);
     `interleaved`: GLM's (partial) and ERNIE's rotary pair adjacent dims, so the rotated rows of
     q and k (and their biases) are reordered to rotate-half's. `o_name`, `norm_names`: LFM2's
@@ -102,9 +109,16 @@ EXPERT_NAMES = {  # (gate, up, down) of an expert: Mixtral's w1, w3, w2, everyon
 
 
 def load_mlp(
-    mlp, get, put, p: str, F: int, D: int, fused: bool = False, plain=(),
+    mlp,
+    get,
+    put,
+    p: str,
+    F: int,
+    D: int,
+    fused: bool = False,
+    plain=(),
     names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
-) -> None:  # fmt: skip
+) -> None:
     """A (gated) MLP; `names`: its gate, up and down tensors (LFM2's w1, w3, w2)."""
     if not mlp.cfg.gated_mlp:  # up and down: StarCoder2's c_fc and c_proj, Apertus's up/down_proj
         up, down = plain or ("c_fc", "c_proj")
@@ -155,7 +169,7 @@ def load_moe(cfg: ModelConfig, moe, get, put, p: str, names: tuple[str, str, str
     gate_up = [
         np.concatenate(
             [get(f"{ex}{e}.{gate_name}.weight", (F, D)), get(f"{ex}{e}.{up_name}.weight", (F, D))]
-        )  # fmt: skip
+        )
         for e in range(E)
     ]
     put(moe.expert_gate_up, np.stack(gate_up))

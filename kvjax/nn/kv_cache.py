@@ -108,10 +108,18 @@ class KVCache:
 
     @classmethod
     def zeros(
-        cls, num_layers: int, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int,
-        dtype, windows: tuple[int, ...] = (), scales: str = "none", sinks: int = 0,
+        cls,
+        num_layers: int,
+        batch_size: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype,
+        windows: tuple[int, ...] = (),
+        scales: str = "none",
+        sinks: int = 0,
         layer_ids: tuple[int, ...] = (),
-    ) -> KVCache:  # fmt: skip
+    ) -> KVCache:
         """`windows[i]`: layer i's sliding window (0: global); none given, every layer global.
         `scales`: a 1-byte cache's ("tensor": 1.0, as vLLM without calibration; "token_head").
         `sinks`: a sliding layer also keeps the first `sinks` tokens (s + W rows, see
@@ -272,9 +280,13 @@ class KVCache:
                     kss[layer] = k_sc.at[b, :, slot].set(k_row)
                     vss[layer] = v_sc.at[b, :, slot].set(v_row)
         return dataclasses.replace(
-            self, k=tuple(ks), v=tuple(vs), k_scale=tuple(kss), v_scale=tuple(vss),
+            self,
+            k=tuple(ks),
+            v=tuple(vs),
+            k_scale=tuple(kss),
+            v_scale=tuple(vss),
             pos=self.pos + 1,
-        )  # fmt: skip
+        )
 
 
 def write_rows(cache: jax.Array, rows: jax.Array, pos_B: jax.Array, axis: int) -> jax.Array:

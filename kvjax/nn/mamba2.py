@@ -128,8 +128,9 @@ class Mamba2(nnx.Module):
         return x, b, c
 
     # ---- the interface ---------------------------------------------------------------------------
-    def __call__(self, x_BTD: jax.Array, valid_BT: jax.Array | None = None, conv_BWX=None,
-                 state_BJPN=None):  # fmt: skip
+    def __call__(
+        self, x_BTD: jax.Array, valid_BT: jax.Array | None = None, conv_BWX=None, state_BJPN=None
+    ):
         """Prefill from a zero state, or an extend step from a cached `conv_BWX` and
         `state_BJPN`: (y_BTD, conv_BWX, state_BJPN); see kvjax/nn's mixers."""
         cfg = self.cfg
@@ -161,8 +162,9 @@ class Mamba2(nnx.Module):
             x, b, c = self._split(conv_BTX, (B, T))
             K = cfg.state_groups
             start = None if state_BJPN is None else state_BJPN.reshape(B, K, J // K, P, N)
-            y_BTKGP, state = chunk_scan(x, dt_BTJ, A_J, b, c, read(self.ssm_D, cfg), cfg.scan_chunk,
-                                        start)  # fmt: skip
+            y_BTKGP, state = chunk_scan(
+                x, dt_BTJ, A_J, b, c, read(self.ssm_D, cfg), cfg.scan_chunk, start
+            )
         y_BTD = self._out_proj(self._gate(y_BTKGP.reshape(B, T, J * P), z_BTE))
         return y_BTD, conv_BWX, state.reshape(B, J, P, N)
 

@@ -1,4 +1,4 @@
-"""Multi-head latent attention (DeepSeek-V2/V3) and its latent cache.
+"""Multi-head latent attention (DeepSeek-V2/V3): its projections and both decode forms.
 
 Letters: `kvjax.kernels` (A latent width, P RoPE width, U = H - P key width without RoPE, W value
 width, Q query low rank). Each position caches c = norm(x @ W_kva)[:A] (the latent) and the shared
@@ -6,10 +6,9 @@ RoPE key k_r = rope((x @ W_kva)[A:]): (A + P) elements per layer, whatever N is.
 
 Per head n, key and value are re-expanded from the latent: k_n = [c @ W_uk[n].T, k_r] and
 v_n = c @ W_uv[n].T (Hugging Face's `kv_b_proj` is [W_uk; W_uv] per head, stored here as
-`k_up` (N, U, A) and `v_up` (N, W, A), out x in per head: at B=1 XLA:CPU runs the absorbed
-decode's v_up as matrix-vector products, 1.2x faster stored (N, W, A) than (N, A, W) here, 497 vs
-595 us per step in the profile of `configs/mla_ablation.yaml`'s A=512 model: two profiles, not an
-interleaved benchmark). Two ways to decode one token over a cache of S positions:
+`k_up` (N, U, A) and `v_up` (N, W, A), out x in per head: the layout in which XLA:CPU runs the
+absorbed decode's v_up at B=1 as its faster matrix-vector products). Two ways to decode one token
+over a cache of S positions:
 - naive (Hugging Face): expand all S cached latents to per-head keys and values every step, then
   attend as MHA (`attn/kv_b_proj`, then `attn/scores` over U + P wide keys, `attn/av`);
 - absorbed (DeepSeek's inference code, vLLM): q_n . k_n = (q_n,nope @ W_uk[n]) . c + q_n,r . k_r, so
@@ -17,7 +16,8 @@ interleaved benchmark). Two ways to decode one token over a cache of S positions
   cached latents themselves, and the value up-projection follows attention (`attn/v_up`).
 Both are exact; `tests/test_nn_mla.py` checks they agree. Prefill (and the uncached forward) runs
 the expanded form, as DeepSeek and vLLM do. The softmax scale is 1/sqrt(U + P)
-(`ModelConfig.attn_scale`: DeepSeek's YaRN multiplies it by mscale^2).
+(`ModelConfig.attn_scale`: DeepSeek's YaRN multiplies it by mscale^2). The cache of latents is
+`kvjax.nn.latent_cache`; the fused decode kernel `kvjax.nn.flash_mla`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ from flax import nnx
 from kvjax import kernels
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
-from kvjax.nn import flash
-from kvjax.nn.attention import NEG_INF, decode_softmax
-from kvjax.nn.kv_cache import check_cache_size, write_rows
+from kvjax.nn import flash, flash_mla
+from kvjax.nn.attend import NEG_INF, decode_softmax
 from kvjax.nn.layers import (
     apply_rope,
     layer_rope_tables,
@@ -44,7 +43,6 @@ from kvjax.nn.layers import (
     rope_tables,
     weight_dtype,
 )
-from kvjax.nn.sharding import mesh_active
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,9 +161,7 @@ class LatentAttention(nnx.Module):
         q_BTNH = jnp.concatenate([proj.q_nope_BTNU, proj.q_rope_BTNP], axis=-1)
         k_BSNH = jnp.concatenate([k_BSNU, k_rope_BSNP.astype(k_BSNU.dtype)], axis=-1)
         v_BSNH = jnp.pad(v_BSNW, ((0, 0), (0, 0), (0, 0), (0, U + P - W)))
-        o_BTNH = flash.flash_causal(
-            q_BTNH[:, :, :, None], k_BSNH, v_BSNH, scale=cfg.attn_scale
-        )  # fmt: skip
+        o_BTNH = flash.flash_causal(q_BTNH[:, :, :, None], k_BSNH, v_BSNH, scale=cfg.attn_scale)
         return o_BTNH[:, :, :, 0, :W]
 
     def over_cache(
@@ -174,8 +170,15 @@ class LatentAttention(nnx.Module):
         """One new query per sequence over its cached positions [0, pos) and itself: o [B, 1, N,
         W], in the config's decode form. The cache is only read (as `attend_cache`)."""
         c_cache_BSA, kr_cache_BSP = cache_arrays
-        args = (proj.q_nope_BTNU[:, 0], proj.q_rope_BTNP[:, 0], proj.c_BTA[:, 0],
-                proj.k_rope_BTP[:, 0], c_cache_BSA, kr_cache_BSP, pos_B)  # fmt: skip
+        args = (
+            proj.q_nope_BTNU[:, 0],
+            proj.q_rope_BTNP[:, 0],
+            proj.c_BTA[:, 0],
+            proj.k_rope_BTP[:, 0],
+            c_cache_BSA,
+            kr_cache_BSP,
+            pos_B,
+        )
         if self.cfg.mla_decode == "naive":
             return self._naive(*args)[:, None]
         o_NBW = self._absorbed(*args)
@@ -206,10 +209,16 @@ class LatentAttention(nnx.Module):
         with jax.named_scope(kernels.Q_ABSORB):
             q_lat_NBA = absorb_query(q_nope_BNU, read(self.k_up, cfg))
         if cfg.attention_kernel == "flash":
-            o_lat_BNA = flash.flash_decode_latent(
-                jnp.transpose(q_lat_NBA, (1, 0, 2)), q_rope_BNP, c_new_BA, kr_new_BP,
-                c_cache_BSA, kr_cache_BSP, pos_B, scale=cfg.attn_scale,
-            )  # fmt: skip
+            o_lat_BNA = flash_mla.flash_decode_latent(
+                jnp.transpose(q_lat_NBA, (1, 0, 2)),
+                q_rope_BNP,
+                c_new_BA,
+                kr_new_BP,
+                c_cache_BSA,
+                kr_cache_BSP,
+                pos_B,
+                scale=cfg.attn_scale,
+            )
             with jax.named_scope(kernels.V_UP):
                 return up_values(o_lat_BNA, read(self.v_up, cfg))
         with jax.named_scope(kernels.SCORES):
@@ -274,8 +283,18 @@ def naive_av(p_BNS, p_self_BN, v_BSNW, v_new_BNW):
     return o_BNW + jnp.einsum("BN,BNW->BNW", p_self_BN, v_new_BNW)
 
 
-def naive_attention(q_nope_BNU, q_rope_BNP, k_BSNU, v_BSNW, k_new_BNU, v_new_BNW, kr_cache_BSP,
-                    kr_new_BP, pos_B, head_dim: int):  # fmt: skip
+def naive_attention(
+    q_nope_BNU,
+    q_rope_BNP,
+    k_BSNU,
+    v_BSNW,
+    k_new_BNU,
+    v_new_BNW,
+    kr_cache_BSP,
+    kr_new_BP,
+    pos_B,
+    head_dim: int,
+):
     """Naive decode attention (scores, softmax, av over expanded keys/values), for timing alone."""
     s_BNS, s_self_BN = naive_scores(
         q_nope_BNU, q_rope_BNP, k_BSNU, k_new_BNU, kr_cache_BSP, kr_new_BP
@@ -290,8 +309,7 @@ def absorbed_scores(q_lat_NBA, q_rope_BNP, c_new_BA, kr_new_BP, c_cache_BSA, kr_
 
     The products run cache-first, [B, S, N] = c[B, S, A] . q_lat[B, A, N]^T, then the f32 scores
     are transposed to [B, N, S]: in that order XLA:CPU reads the cache as stored, while q . c
-    ([B, N, S] directly) made it copy the whole latent cache to [B, A, S] every step (measured:
-    67 MB of 381 MB a step, 28% of the time, at S=8192, A=512, two layers).
+    ([B, N, S] directly) made it copy the whole latent cache to [B, A, S] every step.
     """
     f32, dtype = jnp.float32, q_lat_NBA.dtype
     c_cache_BSA, kr_cache_BSP = c_cache_BSA.astype(dtype), kr_cache_BSP.astype(dtype)
@@ -311,90 +329,12 @@ def absorbed_av(p_BNS, p_self_BN, c_new_BA, c_cache_BSA):
     return o_BNA + jnp.einsum("BN,BA->BNA", p_self_BN, c_new_BA)
 
 
-def absorbed_attention(q_lat_NBA, q_rope_BNP, c_new_BA, kr_new_BP, c_cache_BSA, kr_cache_BSP,
-                       pos_B, head_dim: int):  # fmt: skip
+def absorbed_attention(
+    q_lat_NBA, q_rope_BNP, c_new_BA, kr_new_BP, c_cache_BSA, kr_cache_BSP, pos_B, head_dim: int
+):
     """Absorbed decode attention (scores, softmax, av) as one function, for timing alone."""
     s_BNS, s_self_BN, c_cache_BSA = absorbed_scores(
         q_lat_NBA, q_rope_BNP, c_new_BA, kr_new_BP, c_cache_BSA, kr_cache_BSP
     )
     p_BNS, p_self_BN = decode_softmax(s_BNS, s_self_BN, pos_B, head_dim, q_lat_NBA.dtype)
     return absorbed_av(p_BNS, p_self_BN, c_new_BA, c_cache_BSA)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class LatentCache:
-    """MLA's cache: per layer the latents [B, S, A] and the RoPE keys [B, S, P] (one array each,
-    read by the scores and, for the latent, by av too: one layout serves both), and positions."""
-
-    latent: tuple[jax.Array, ...]
-    k_rope: tuple[jax.Array, ...]
-    pos: jax.Array
-
-    @classmethod
-    def zeros(cls, cfg: ModelConfig, batch_size: int, max_len: int, dtype) -> LatentCache:
-        check_cache_size(batch_size, max_len)
-        L, A, P = cfg.num_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-        return cls(
-            latent=tuple(jnp.zeros((batch_size, max_len, A), dtype) for _ in range(L)),
-            k_rope=tuple(jnp.zeros((batch_size, max_len, P), dtype) for _ in range(L)),
-            pos=jnp.zeros((batch_size,), jnp.int32),
-        )
-
-    @property
-    def batch_size(self) -> int:
-        return self.latent[0].shape[0]
-
-    @property
-    def max_len(self) -> int:
-        return self.latent[0].shape[1]
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.latent)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(x.size * x.dtype.itemsize for x in (*self.latent, *self.k_rope))
-
-    def layer(self, i: int) -> tuple[jax.Array, jax.Array]:
-        return self.latent[i], self.k_rope[i]
-
-    def layer_window(self, i: int) -> int:
-        return 0  # MLA with sliding windows is refused by the config
-
-    def write_prefix(
-        self, layer: int, c_BTA: jax.Array, k_rope_BTP: jax.Array, lengths_B=None
-    ) -> LatentCache:
-        """Prefill: rows 0..T-1 of one layer (positions are set by `with_positions`)."""
-        with jax.named_scope(f"{kernels.layer_scope(layer)}/{kernels.KV_WRITE}"):
-            c = jax.lax.dynamic_update_slice(
-                self.latent[layer], c_BTA.astype(self.latent[layer].dtype), (0, 0, 0)
-            )
-            kr = jax.lax.dynamic_update_slice(
-                self.k_rope[layer], k_rope_BTP.astype(self.k_rope[layer].dtype), (0, 0, 0)
-            )
-        return dataclasses.replace(
-            self,
-            latent=self.latent[:layer] + (c,) + self.latent[layer + 1 :],
-            k_rope=self.k_rope[:layer] + (kr,) + self.k_rope[layer + 1 :],
-        )
-
-    def with_positions(self, pos_B: jax.Array) -> LatentCache:
-        return dataclasses.replace(self, pos=pos_B.astype(jnp.int32))
-
-    def append(self, c_new: tuple[jax.Array, ...], kr_new: tuple[jax.Array, ...]) -> LatentCache:
-        """Decode: write one row per sequence per layer ([B, A] and [B, P]) at `pos`."""
-        b = jnp.arange(self.batch_size)
-        cs, krs = [], []
-        for layer, (cc, kc, cn, kn) in enumerate(
-            zip(self.latent, self.k_rope, c_new, kr_new, strict=True)
-        ):
-            with jax.named_scope(f"{kernels.layer_scope(layer)}/{kernels.KV_WRITE}"):
-                if mesh_active():  # per-row updates: the partitioner keeps them on their device
-                    cs.append(write_rows(cc, cn, self.pos, axis=0))
-                    krs.append(write_rows(kc, kn, self.pos, axis=0))
-                    continue
-                cs.append(cc.at[b, self.pos, :].set(cn.astype(cc.dtype)))
-                krs.append(kc.at[b, self.pos, :].set(kn.astype(kc.dtype)))
-        return LatentCache(latent=tuple(cs), k_rope=tuple(krs), pos=self.pos + 1)

@@ -60,9 +60,14 @@ class MoE(nnx.Module):
         routers = self._router_params()
         if self.expert_axis is not None:  # routed on each device, inside the shard_map
             out_MD = dispatch_combine(
-                cfg, self.expert_axis, x_MD, self._route, routers,
-                self.expert_gate_up[...], self.expert_down[...],
-            )  # fmt: skip
+                cfg,
+                self.expert_axis,
+                x_MD,
+                self._route,
+                routers,
+                self.expert_gate_up[...],
+                self.expert_down[...],
+            )
             return self._with_shared(x_BTD, out_MD.reshape(B, T, D))
         weights_Mk, idx_Mk = self._route(x_MD, routers)
         scaled_in = cfg.router == "topk_sigmoid"  # Llama 4: the weights scale the input

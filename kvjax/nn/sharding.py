@@ -132,8 +132,11 @@ def param_spec(path: tuple[str, ...], ndim: int, expert_parallel: bool = False) 
     if name in EXPERT_PARAMS:
         if expert_parallel:
             return P(DATA, *([None] * (ndim - 1)))
-        return {"expert_gate_up": P(None, MODEL, None), "expert_down": P(None, None, MODEL),
-                "expert_gate_up_bias": P(None, MODEL)}.get(name, P(*([None] * ndim)))  # fmt: skip
+        return {
+            "expert_gate_up": P(None, MODEL, None),
+            "expert_down": P(None, None, MODEL),
+            "expert_gate_up_bias": P(None, MODEL),
+        }.get(name, P(*([None] * ndim)))
     if name in ("k_up", "v_up"):
         return P(MODEL, None, None)  # [N, U or W, A]
     # Gated DeltaNet: rows grouped by q/k head (and the conv's in tp blocks), heads' gates

@@ -64,8 +64,9 @@ class ShortConv(nnx.Module):
             out_BTD = linear(y_BTD, read(self.conv_out_proj, cfg))
             return out_BTD + read(self.conv_out_bias, cfg) if cfg.conv_bias else out_BTD
 
-    def __call__(self, x_BTD: jax.Array, valid_BT: jax.Array | None = None, conv_BWD=None,
-                 state=None):  # fmt: skip
+    def __call__(
+        self, x_BTD: jax.Array, valid_BT: jax.Array | None = None, conv_BWD=None, state=None
+    ):
         """Prefill from a zero cache, or an extend step from a cached `conv_BWD`: (y_BTD,
         conv_BWD, None). With right-padded `valid_BT`
         the cache holds the w - 1 rows of Bx before each sequence's length (the conv is causal,

@@ -1,4 +1,4 @@
-"""A hybrid's cache (issue 31): the KV cache of its attention layers beside the flat states of its
+"""A hybrid's cache: the KV cache of its attention layers beside the flat states of its
 state layers: per D or H layer a conv cache [B, w-1, X] (the last w-1 inputs of the short causal
 convolution, in the activation dtype) and a recurrent state (f32: DeltaNet [B, J, dk, dv], Mamba-2
 [B, J, P, N]); per C layer (LFM2) a conv cache only. The states do not grow with S: a decode step
@@ -56,18 +56,25 @@ class HybridCache:
                 "keeps positions in the attention layers' cache; add one"
             )
         kv = KVCache.zeros(
-            len(attn), batch_size, cfg.num_kv_heads, max_len, cfg.head_dim, kv_dtype(cfg),
-            scales=cfg.kv_scale_kind, layer_ids=attn,
-        )  # fmt: skip
+            len(attn),
+            batch_size,
+            cfg.num_kv_heads,
+            max_len,
+            cfg.head_dim,
+            kv_dtype(cfg),
+            scales=cfg.kv_scale_kind,
+            layer_ids=attn,
+        )
         w = cfg.conv_kernel - 1
         conv = tuple(
             jnp.zeros((batch_size, w, conv_channels(cfg, kinds[i])), act_dtype(cfg)) for i in states
         )
         state = tuple(
-            None if kinds[i] not in STATE_KINDS
+            None
+            if kinds[i] not in STATE_KINDS
             else jnp.zeros(state_shape(cfg, kinds[i], batch_size), jnp.float32)
             for i in states
-        )  # fmt: skip
+        )
         return cls(kv, conv, state, attn, states)
 
     # -- the KVCache protocol, by model layer ----------------------------------------------------

@@ -18,12 +18,12 @@ from kvjax import kernels
 from kvjax.errors import KvjaxError
 from kvjax.model.checks import check_extend
 from kvjax.model.config import ModelConfig
-from kvjax.nn.attention import soft_cap
+from kvjax.nn.attend import soft_cap
 from kvjax.nn.block import Block
 from kvjax.nn.fake_quant import cache_view
 from kvjax.nn.kv_cache import KVCache
+from kvjax.nn.latent_cache import LatentCache
 from kvjax.nn.layers import act_dtype, block_norm, kv_dtype, linear, param, read, shapes_only
-from kvjax.nn.mla import LatentCache
 from kvjax.nn.sharding import DATA, MODEL, constrain
 from kvjax.nn.state_cache import HybridCache
 
@@ -152,9 +152,16 @@ class Transformer(nnx.Module):
             cfg.sliding_window if cfg.layer_is_sliding(i) else 0 for i in range(cfg.num_layers)
         )
         return KVCache.zeros(
-            cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim, kv_dtype(cfg),
-            windows, cfg.kv_scale_kind, cfg.sink_tokens,
-        )  # fmt: skip
+            cfg.num_layers,
+            batch_size,
+            cfg.num_kv_heads,
+            max_len,
+            cfg.head_dim,
+            kv_dtype(cfg),
+            windows,
+            cfg.kv_scale_kind,
+            cfg.sink_tokens,
+        )
 
     def prefill(self, tokens_BT: jax.Array, cache: KVCache, lengths_B: jax.Array | None = None):
         """Run the prompt into an empty cache: (logits [B, T, V], cache).
@@ -299,36 +306,67 @@ def _concrete(x) -> np.ndarray | None:
 # scope (XLA:CPU drops the metadata of matrix-vector products) are attributed through the
 # parameters they read (`kvjax.traced.compiled`).
 PARAM_KERNELS = {
-    "q_proj": kernels.Q_PROJ, "q_bias": kernels.Q_PROJ,
-    "k_proj": kernels.K_PROJ, "k_bias": kernels.K_PROJ,
-    "v_proj": kernels.V_PROJ, "v_bias": kernels.V_PROJ,
-    "o_proj": kernels.O_PROJ, "gate_up": kernels.GATE_UP, "up": kernels.UP, "down": kernels.DOWN,
-    "alpha_p": kernels.ACT, "alpha_n": kernels.ACT,  # xIELU's learned scalars (Apertus)
-    "attn_norm": kernels.NORM_ATTN, "mlp_norm": kernels.NORM_MLP,
-    "q_norm": kernels.QK_NORM, "k_norm": kernels.QK_NORM,
-    "post_attn_norm": kernels.NORM_POST_ATTN, "post_mlp_norm": kernels.NORM_POST_MLP,
-    "final_norm": kernels.NORM_FINAL, "embed": kernels.EMBED, "lm_head": kernels.LM_HEAD,
-    "k": kernels.SCORES, "v": kernels.AV,  # the KV cache: cache.k[i], cache.v[i]
+    "q_proj": kernels.Q_PROJ,
+    "q_bias": kernels.Q_PROJ,
+    "k_proj": kernels.K_PROJ,
+    "k_bias": kernels.K_PROJ,
+    "v_proj": kernels.V_PROJ,
+    "v_bias": kernels.V_PROJ,
+    "o_proj": kernels.O_PROJ,
+    "gate_up": kernels.GATE_UP,
+    "up": kernels.UP,
+    "down": kernels.DOWN,
+    "alpha_p": kernels.ACT,
+    "alpha_n": kernels.ACT,  # xIELU's learned scalars (Apertus)
+    "attn_norm": kernels.NORM_ATTN,
+    "mlp_norm": kernels.NORM_MLP,
+    "q_norm": kernels.QK_NORM,
+    "k_norm": kernels.QK_NORM,
+    "post_attn_norm": kernels.NORM_POST_ATTN,
+    "post_mlp_norm": kernels.NORM_POST_MLP,
+    "final_norm": kernels.NORM_FINAL,
+    "embed": kernels.EMBED,
+    "lm_head": kernels.LM_HEAD,
+    "k": kernels.SCORES,
+    "v": kernels.AV,  # the KV cache: cache.k[i], cache.v[i]
     # MLA: the latent cache is read first by the scores (absorbed) or kv_b_proj (naive, which
     # the consumer rule in `kvjax.traced.compiled` finds); its up-projections and norms
-    "latent": kernels.SCORES, "k_rope": kernels.SCORES,
-    "q_a_proj": kernels.Q_A_PROJ, "q_a_norm": kernels.NORM_Q_A, "q_b_proj": kernels.Q_B_PROJ,
-    "kv_a_proj": kernels.KV_A_PROJ, "kv_a_norm": kernels.NORM_KV_A,
-    "k_up": kernels.Q_ABSORB, "v_up": kernels.V_UP,
-    "router": kernels.MOE_ROUTER, "router_bias": kernels.MOE_TOPK,
-    "expert_gate_up": kernels.MOE_GATE_UP, "expert_down": kernels.MOE_DOWN,
-    # the state layers (issue 31; `kvjax.nn.deltanet`, `mamba2`, `shortconv`)
-    "in_proj_qkvz": kernels.LINEAR_IN_PROJ, "in_proj_ba": kernels.LINEAR_IN_PROJ,
-    "linear_conv": kernels.LINEAR_CONV, "dt_bias": kernels.LINEAR_GATES,
-    "A_log": kernels.LINEAR_GATES, "linear_norm": kernels.LINEAR_NORM,
+    "latent": kernels.SCORES,
+    "k_rope": kernels.SCORES,
+    "q_a_proj": kernels.Q_A_PROJ,
+    "q_a_norm": kernels.NORM_Q_A,
+    "q_b_proj": kernels.Q_B_PROJ,
+    "kv_a_proj": kernels.KV_A_PROJ,
+    "kv_a_norm": kernels.NORM_KV_A,
+    "k_up": kernels.Q_ABSORB,
+    "v_up": kernels.V_UP,
+    "router": kernels.MOE_ROUTER,
+    "router_bias": kernels.MOE_TOPK,
+    "expert_gate_up": kernels.MOE_GATE_UP,
+    "expert_down": kernels.MOE_DOWN,
+    # the state layers (`kvjax.nn.deltanet`, `mamba2`, `shortconv`)
+    "in_proj_qkvz": kernels.LINEAR_IN_PROJ,
+    "in_proj_ba": kernels.LINEAR_IN_PROJ,
+    "linear_conv": kernels.LINEAR_CONV,
+    "dt_bias": kernels.LINEAR_GATES,
+    "A_log": kernels.LINEAR_GATES,
+    "linear_norm": kernels.LINEAR_NORM,
     "linear_out_proj": kernels.LINEAR_OUT_PROJ,
-    "ssm_in_proj": kernels.SSM_IN_PROJ, "ssm_conv": kernels.SSM_CONV,
-    "ssm_conv_bias": kernels.SSM_CONV, "ssm_dt_bias": kernels.SSM_DT, "ssm_A_log": kernels.SSM_DT,
-    "ssm_D": kernels.SSM_SCAN, "ssm_norm": kernels.SSM_NORM, "ssm_out_proj": kernels.SSM_OUT_PROJ,
-    "conv_in_proj": kernels.CONV_IN_PROJ, "conv_in_bias": kernels.CONV_IN_PROJ,
-    "short_conv": kernels.CONV_CONV, "short_conv_bias": kernels.CONV_CONV,
-    "conv_out_proj": kernels.CONV_OUT_PROJ, "conv_out_bias": kernels.CONV_OUT_PROJ,
-}  # fmt: skip
+    "ssm_in_proj": kernels.SSM_IN_PROJ,
+    "ssm_conv": kernels.SSM_CONV,
+    "ssm_conv_bias": kernels.SSM_CONV,
+    "ssm_dt_bias": kernels.SSM_DT,
+    "ssm_A_log": kernels.SSM_DT,
+    "ssm_D": kernels.SSM_SCAN,
+    "ssm_norm": kernels.SSM_NORM,
+    "ssm_out_proj": kernels.SSM_OUT_PROJ,
+    "conv_in_proj": kernels.CONV_IN_PROJ,
+    "conv_in_bias": kernels.CONV_IN_PROJ,
+    "short_conv": kernels.CONV_CONV,
+    "short_conv_bias": kernels.CONV_CONV,
+    "conv_out_proj": kernels.CONV_OUT_PROJ,
+    "conv_out_bias": kernels.CONV_OUT_PROJ,
+}
 _PATH_PART = re.compile(r"\['(\w+)'\]|\[(\d+)\]|\.(\w+)")
 
 

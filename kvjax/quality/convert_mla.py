@@ -109,9 +109,12 @@ def convert_to_mla(model: Transformer, kv_lora_rank: int, rope_dim: int, seed: i
     cfg = model.cfg
     check_conversion(cfg, kv_lora_rank, rope_dim)
     new_cfg = cfg.replace(
-        num_kv_heads=cfg.num_heads, kv_lora_rank=kv_lora_rank, qk_rope_head_dim=rope_dim,
-        v_head_dim=cfg.head_dim, rope_theta=float(cfg.rope_theta) ** (rope_dim / cfg.head_dim),
-    )  # fmt: skip
+        num_kv_heads=cfg.num_heads,
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=rope_dim,
+        v_head_dim=cfg.head_dim,
+        rope_theta=float(cfg.rope_theta) ** (rope_dim / cfg.head_dim),
+    )
     new = Transformer(new_cfg, rngs=nnx.Rngs(seed))
     old = {path: var[...] for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     order = head_order(cfg.head_dim, rope_dim)

@@ -62,20 +62,33 @@ class QualityCost:
         return next((p for p in self.parts if p[0] == kind), None)
 
     def as_dict(self) -> dict:
-        return {"comparison": self.label, "delta": self.delta, "low": self.low,
-                "high": self.high, "missing": self.missing}  # fmt: skip
+        return {
+            "comparison": self.label,
+            "delta": self.delta,
+            "low": self.low,
+            "high": self.high,
+            "missing": self.missing,
+        }
 
 
 @lru_cache(maxsize=4)
 def committed(path: Path = QUALITY_CSV) -> dict[tuple[str, str, str], tuple[float, float, float]]:
     """(family, comparison, condition) -> (mean, low, high) of every val-loss comparison."""
     if not path.exists():
-        raise KvjaxError(f"no committed quality results at {path} (python3 -m "
-                         "experiments.benchmarks.quality_results writes them)")  # fmt: skip
+        raise KvjaxError(
+            f"no committed quality results at {path} (python3 -m "
+            "experiments.benchmarks.quality_results writes them)"
+        )
     with open(path) as f:
-        return {(r["family"], r["comparison"], r["condition"]):
-                (float(r["mean"]), float(r["low"]), float(r["high"]))
-                for r in csv.DictReader(f) if r["metric"] == "val_loss"}  # fmt: skip
+        return {
+            (r["family"], r["comparison"], r["condition"]): (
+                float(r["mean"]),
+                float(r["low"]),
+                float(r["high"]),
+            )
+            for r in csv.DictReader(f)
+            if r["metric"] == "val_loss"
+        }
 
 
 @lru_cache(maxsize=4)
@@ -91,8 +104,11 @@ def committed_mla(path: Path = QUALITY_CSV) -> dict[int, float]:
     if not compared or not records.exists():
         return {}
     with open(records) as f:
-        per_token = {r["variant"]: float(r["kv_bytes_per_token"]) for r in csv.DictReader(f)
-                     if r["task"] == "stdlib" and r["eval_kv_dtype"] == "f32"}  # fmt: skip
+        per_token = {
+            r["variant"]: float(r["kv_bytes_per_token"])
+            for r in csv.DictReader(f)
+            if r["task"] == "stdlib" and r["eval_kv_dtype"] == "f32"
+        }
     return {int(v[4:]): per_token[v] / per_token["MHA"] for v in compared if v in per_token}
 
 
@@ -119,14 +135,21 @@ def quality_cost(cfg: ModelConfig, path: Path = QUALITY_CSV) -> QualityCost:
             )
         A = min(widths, key=lambda a: abs(math.log(widths[a] / share)))
         key = ("stdlib", f"MLA-{A} - MHA", "")
-        parts.append(("variant", f"MLA-{A} - MHA (cache {widths[A]:.3g} of MHA's; this one "
-                      f"{share:.3g})", *rows[key]))  # fmt: skip
+        parts.append(
+            (
+                "variant",
+                f"MLA-{A} - MHA (cache {widths[A]:.3g} of MHA's; this one {share:.3g})",
+                *rows[key],
+            )
+        )
         h_kv = None
     else:
         group = cfg.num_heads // cfg.num_kv_heads
         if cfg.num_kv_heads != 1 and QUALITY_HEADS % group:
-            why = (f"{cfg.attention_variant}: no committed h_kv with {group} query heads per KV "
-                   f"head (the quality model has {QUALITY_HEADS})")  # fmt: skip
+            why = (
+                f"{cfg.attention_variant}: no committed h_kv with {group} query heads per KV "
+                f"head (the quality model has {QUALITY_HEADS})"
+            )
             return QualityCost((), why)
         h_kv = 1 if cfg.num_kv_heads == 1 else QUALITY_HEADS // group
         if h_kv != QUALITY_HEADS:

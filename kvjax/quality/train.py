@@ -43,8 +43,16 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """Each field checked before any training: one line naming the field and what is allowed."""
-        minimum = {"steps": 1, "batch_size": 1, "seq_len": 2, "eval_every": 1, "eval_batches": 1,
-                   "warmup_steps": 0, "checkpoint_every": 0, "seed": 0}  # fmt: skip
+        minimum = {
+            "steps": 1,
+            "batch_size": 1,
+            "seq_len": 2,
+            "eval_every": 1,
+            "eval_batches": 1,
+            "warmup_steps": 0,
+            "checkpoint_every": 0,
+            "seed": 0,
+        }
         for name, low in minimum.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -59,8 +67,7 @@ class TrainConfig:
 
 
 def make_optimizer(model: Transformer, tc: TrainConfig) -> nnx.Optimizer:
-    tx = transformation(tc.learning_rate, tc.warmup_steps, tc.steps, tc.clip_norm,
-                        tc.weight_decay)  # fmt: skip
+    tx = transformation(tc.learning_rate, tc.warmup_steps, tc.steps, tc.clip_norm, tc.weight_decay)
     return nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 
@@ -256,7 +263,7 @@ def train(
                         "train_loss": loss,
                         "tokens_per_s": rate,
                         **evaluate(model, val_data, tc),
-                    }  # fmt: skip
+                    }
                 )
             if folder and (
                 done == tc.steps or (tc.checkpoint_every and done % tc.checkpoint_every == 0)

@@ -93,6 +93,29 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     """The file merged over the schema, then the `key=value` overrides; validated."""
     path = Path(path)
     source = str(path)
+    raw = _read_yaml(path, source)
+    schema = OmegaConf.structured(ExperimentConfig)
+    try:
+        cfg = OmegaConf.merge(schema, OmegaConf.create(raw))
+    except OmegaConfBaseException as exc:
+        raise _error(source, exc) from None
+    cfg = _apply_overrides(cfg, overrides, source)
+    _check_experiment_and_sweep(cfg, source)
+    _canonical_dtypes(cfg, source)
+    # every point must build a valid model / workload / chip: checked before anything runs
+    for point in expand(cfg):
+        try:
+            resolve(point)
+        except KvjaxError as exc:
+            raise KvjaxError(f"{source}: {exc}") from None
+    return cfg
+
+
+_SWEEP_HINT = " (a sweep maps keys to lists: 'model.num_kv_heads: [1, 8]')"
+
+
+def _read_yaml(path: Path, source: str) -> dict:
+    """The file's mapping of sections, each section a mapping; a named error for anything else."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
@@ -109,16 +132,15 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise KvjaxError(f"{source}: must hold a mapping of keys (experiment:, model:, ...)")
     for section in ("model", "workload", "chip", "sweep", "options"):
         if section in raw and not isinstance(raw[section], dict):
-            raise KvjaxError(
-                f"{source}: {section}: must be a mapping of keys, got {type(raw[section]).__name__}"
-                + (" (a sweep maps keys to lists: 'model.num_kv_heads: [1, 8]')"
-                   if section == "sweep" else "")
-            )  # fmt: skip
-    schema = OmegaConf.structured(ExperimentConfig)
-    try:
-        cfg = OmegaConf.merge(schema, OmegaConf.create(raw))
-    except OmegaConfBaseException as exc:
-        raise _error(source, exc) from None
+            got = type(raw[section]).__name__
+            hint = _SWEEP_HINT if section == "sweep" else ""
+            raise KvjaxError(f"{source}: {section}: must be a mapping of keys, got {got}{hint}")
+    return raw
+
+
+def _apply_overrides(cfg: DictConfig, overrides, source: str) -> DictConfig:
+    """Each `key=value` (a YAML value) merged in turn, a `sweep.<key>=[...]` replacing that
+    sweep; refused: a whole section, and a key that a sweep would replace."""
     for item in overrides:
         if "=" not in item:
             raise KvjaxError(f"override {item!r} must be key=value (e.g. model.num_kv_heads=4)")
@@ -152,6 +174,11 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
                 f"{source}: override {item!r} would be replaced by sweep.{key}; override the "
                 f"sweep instead: 'sweep.{key}=[{item.split('=', 1)[1]}]'"
             )
+    return cfg
+
+
+def _check_experiment_and_sweep(cfg: DictConfig, source: str) -> None:
+    """An experiment named, and every sweep a non-empty list of values its key takes."""
     if OmegaConf.is_missing(cfg, "experiment"):
         raise KvjaxError(f"{source}: experiment: missing (name an experiment in experiments/)")
     for key in cfg.sweep:
@@ -161,14 +188,6 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
             OmegaConf.update(OmegaConf.structured(ExperimentConfig), key, cfg.sweep[key][0])
         except OmegaConfBaseException as exc:
             raise _error(f"{source} (sweep.{key})", exc) from None
-    _canonical_dtypes(cfg, source)
-    # every point must build a valid model / workload / chip: checked before anything runs
-    for point in expand(cfg):
-        try:
-            resolve(point)
-        except KvjaxError as exc:
-            raise KvjaxError(f"{source}: {exc}") from None
-    return cfg
 
 
 # The model's dtype fields (True: the packed 4/2-bit KV dtypes allowed too).

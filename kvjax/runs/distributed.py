@@ -51,12 +51,20 @@ def requested(env=None) -> dict | None:
             return None
         if not env.get(COORD):
             raise KvjaxError(f"{NUM}={num}: {COORD} must be set too (host:port of process 0)")
-        return {"num_processes": num, "process_id": pid,
-                "coordinator_address": env[COORD], "source": "JAX_*"}  # fmt: skip
+        return {
+            "num_processes": num,
+            "process_id": pid,
+            "coordinator_address": env[COORD],
+            "source": "JAX_*",
+        }
     if all(v in env for v in _SLURM) and _int_var(env, "SLURM_NTASKS", 1) > 1:
         num = _int_var(env, "SLURM_NTASKS", 1)
-        return {"num_processes": num, "process_id": _int_var(env, "SLURM_PROCID", 0, num),
-                "coordinator_address": None, "source": "SLURM"}  # fmt: skip
+        return {
+            "num_processes": num,
+            "process_id": _int_var(env, "SLURM_PROCID", 0, num),
+            "coordinator_address": None,
+            "source": "SLURM",
+        }
     return None
 
 

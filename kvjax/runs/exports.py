@@ -43,8 +43,13 @@ def with_variants(df) -> None:
     import pandas as pd
 
     df["kv_lora_rank"] = df["kv_lora_rank"].fillna(0) if "kv_lora_rank" in df else 0
-    named = pd.Series([variant_name(k, n, a) for k, n, a in zip(
-        df.num_kv_heads, df.num_heads, df.kv_lora_rank, strict=True)], index=df.index)  # fmt: skip
+    named = pd.Series(
+        [
+            variant_name(k, n, a)
+            for k, n, a in zip(df.num_kv_heads, df.num_heads, df.kv_lora_rank, strict=True)
+        ],
+        index=df.index,
+    )
     df["variant"] = df["variant"].fillna(named) if "variant" in df else named
 
 
@@ -70,8 +75,9 @@ def load_exports(folder: str | Path):
                 wrong = [k for k in KEYS if k in row and k in df and not _same(row[k], r[k])]
                 if wrong:
                     raise KvjaxError(f"{curves} row {i} does not match {csv}'s on {wrong}")
-            df["history"] = [r["history"] if isinstance(r.get("history"), list) else None
-                             for r in rows]  # fmt: skip
+            df["history"] = [
+                r["history"] if isinstance(r.get("history"), list) else None for r in rows
+            ]
         if experiment == "hkv_quality":
             with_variants(df)
         for column in ("num_layers", "d_model"):

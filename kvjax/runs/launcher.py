@@ -158,8 +158,9 @@ def run_experiment(
                 run.set_aside_corrupt(k)
             run.start(config, keys, hosts)
         distributed.barrier("kvjax-run-start")  # every process sees the same finished points
-        todo = [(i, k, p) for i, (k, p) in enumerate(zip(keys, points, strict=True))
-                if not run.done(k)]  # fmt: skip
+        todo = [
+            (i, k, p) for i, (k, p) in enumerate(zip(keys, points, strict=True)) if not run.done(k)
+        ]
         distributed.barrier("kvjax-run-planned")  # before any process writes a point
         _run_points(run, module, cfg, keys, todo, progress, on_point, hosts)
     return run
@@ -220,8 +221,12 @@ def _run_points(run, module, cfg, keys, todo, progress, on_point, hosts) -> None
     mine = assign(module, todo, rank, count)
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
-               "{task.total}"), TimeRemainingColumn()]  # fmt: skip
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+    ]
     import sys
 
     show = progress and sys.stderr.isatty()
@@ -233,8 +238,11 @@ def _run_points(run, module, cfg, keys, todo, progress, on_point, hosts) -> None
         if progress and not show:
             now = time.perf_counter()
             who = f"[process {rank}/{count}] " if count > 1 else ""
-            print(f"{who}{cfg.experiment} {key or '(one point)'} {now - started:.1f} s",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"{who}{cfg.experiment} {key or '(one point)'} {now - started:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
             started = now
 
     with Progress(*columns, disable=not show, transient=True) as bar:

@@ -56,11 +56,15 @@ def list_of(item: Option) -> Option:
 
 
 PAIRS = Option(
-    lambda v: isinstance(v, list) and len(v) > 0
-    and all(isinstance(p, list) and len(p) == 2 and all(POSITIVE_INT.check(x) for x in p)
-            for p in v),
+    lambda v: (
+        isinstance(v, list)
+        and len(v) > 0
+        and all(
+            isinstance(p, list) and len(p) == 2 and all(POSITIVE_INT.check(x) for x in p) for p in v
+        )
+    ),
     "a non-empty list of [context, batch] pairs of positive integers",
-)  # fmt: skip
+)
 
 
 def check_options(module, points, source) -> None:

@@ -295,8 +295,10 @@ def load_records(runs, experiment: str | None = None):
 
     roots = [Path(r) for r in ([runs] if isinstance(runs, str | Path) else runs)]
     rows, cpus = [], {}
-    files = (root.glob("points/*.json" if (root / "points").is_dir() else "*/*/points/*.json")
-             for root in roots)  # fmt: skip
+    files = (
+        root.glob("points/*.json" if (root / "points").is_dir() else "*/*/points/*.json")
+        for root in roots
+    )
     for f in sorted({f for found in files for f in found}):
         data = read_point(f)
         if data is None:

@@ -31,8 +31,21 @@ from kvjax.traced.hlo import Cost, CostModel, Instr, _shape_bytes_elems, kernel_
 _SLICES = ("slice", "dynamic-slice")
 # Instructions that only move or relabel data keep their producer's op_name inside a fusion; the
 # kernels a fusion computes are those of its other instructions.
-_MOVES = {"parameter", "constant", "bitcast", "reshape", "broadcast", "transpose", "copy", "slice",
-          "dynamic-slice", "iota", "get-tuple-element", "tuple", "convert"}  # fmt: skip
+_MOVES = {
+    "parameter",
+    "constant",
+    "bitcast",
+    "reshape",
+    "broadcast",
+    "transpose",
+    "copy",
+    "slice",
+    "dynamic-slice",
+    "iota",
+    "get-tuple-element",
+    "tuple",
+    "convert",
+}
 _NO_THUNK = {"parameter", "constant", "get-tuple-element", "bitcast", "tuple", "after-all"}
 UNNAMED = "unnamed"  # an executed instruction that names no kernel, directly or by its consumer
 
@@ -75,9 +88,10 @@ class CompiledCostModel(CostModel):
         params.sort(key=lambda sub: int(sub.operands[0]))  # parameter(i)
         read = sum(self._parameter_read_bytes(p, users[p.name]) for p in params)
         large_constants = sum(
-            self._bytes(sub.name) for sub in body
+            self._bytes(sub.name)
+            for sub in body
             if sub.opcode == "constant" and _shape_bytes_elems(sub.shape)[1] > 1
-        )  # fmt: skip
+        )
         root = body[-1]
         outputs = [self.by_name[o] for o in root.operands] if root.opcode == "tuple" else [root]
         written = sum(
@@ -235,8 +249,11 @@ def compiled_ops(
                     break
         names = tuple(sorted({k for _, k in hits}, key=lambda k: order.get(k, len(order))))
         layers = tuple(sorted({layer for layer, _ in hits if layer is not None}))
-        ops.append(CompiledOp(ins.name, ins.opcode, names or (UNNAMED,), layers,
-                              model.instruction_cost(ins)))  # fmt: skip
+        ops.append(
+            CompiledOp(
+                ins.name, ins.opcode, names or (UNNAMED,), layers, model.instruction_cost(ins)
+            )
+        )
     return ops
 
 

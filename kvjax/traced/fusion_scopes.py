@@ -56,8 +56,11 @@ def _inner_kernels(body: list[Instr], names, fallback) -> dict[str, tuple[int | 
     for ins in body:
         k = own[ins.name]
         if k is None or (k[1] == kernels.OTHER and fallback):
-            k = (search(ins.name, lambda n: users[n])
-                 or search(ins.name, lambda n: by_name[n].operands) or fallback)  # fmt: skip
+            k = (
+                search(ins.name, lambda n: users[n])
+                or search(ins.name, lambda n: by_name[n].operands)
+                or fallback
+            )
         resolved[ins.name] = k or (None, UNNAMED)
     return resolved
 

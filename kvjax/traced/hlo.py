@@ -35,15 +35,38 @@ from kvjax.errors import KvjaxError
 
 # Bytes per element of every XLA primitive type (xla_data.proto); sub-byte types are fractional.
 HLO_DTYPE_BYTES = {
-    "pred": 1, "token": 0,
-    "s1": 1 / 8, "u1": 1 / 8, "s2": 0.25, "u2": 0.25, "s4": 0.5, "u4": 0.5, "f4e2m1fn": 0.5,
-    "s8": 1, "u8": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fn": 1, "f8e4m3b11fnuz": 1,
-    "f8e5m2fnuz": 1, "f8e4m3fnuz": 1, "f8e3m4": 1, "f8e8m0fnu": 1,
-    "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
-    "s32": 4, "u32": 4, "f32": 4,
-    "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+    "pred": 1,
+    "token": 0,
+    "s1": 1 / 8,
+    "u1": 1 / 8,
+    "s2": 0.25,
+    "u2": 0.25,
+    "s4": 0.5,
+    "u4": 0.5,
+    "f4e2m1fn": 0.5,
+    "s8": 1,
+    "u8": 1,
+    "f8e5m2": 1,
+    "f8e4m3": 1,
+    "f8e4m3fn": 1,
+    "f8e4m3b11fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "f8e4m3fnuz": 1,
+    "f8e3m4": 1,
+    "f8e8m0fnu": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
     "c128": 16,
-}  # fmt: skip
+}
 
 
 def hlo_dtype_bytes(dtype: str) -> float:

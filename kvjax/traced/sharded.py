@@ -29,9 +29,10 @@ from kvjax.devices import batch_per_replica
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
 from kvjax.nn import sharding as sh
+from kvjax.traced.by_kind import by_layer_kind, check_layers, layer_kinds
 from kvjax.traced.collectives import Collective, collectives, summarize
 from kvjax.traced.sharded_program import served_pieces, sharded_memory
-from kvjax.traced.step import as_the_model_runs, by_layer_kind, cache_len, check_layers, layer_kinds
+from kvjax.traced.step import as_the_model_runs, cache_len
 
 __all__ = ["ShardedTrace", "sharded_memory", "trace_in_subprocess", "trace_sharded_step"]
 
@@ -119,9 +120,8 @@ def host_map(mesh, devices_per_host: int | None = None) -> tuple[list[int], str]
             f"devices_per_host={devices_per_host!r} must divide the mesh's {n} devices: one of "
             f"{allowed}"
         )
-    return [
-        i // devices_per_host for i in range(n)
-    ], f"simulated: {devices_per_host} devices a host"
+    hosts = [i // devices_per_host for i in range(n)]
+    return hosts, f"simulated: {devices_per_host} devices a host"
 
 
 def trace_sharded_step(
@@ -160,15 +160,11 @@ def trace_sharded_step(
         sh.check_expert_parallel(cfg, tp, dp)
     backend = mesh.devices.flat[0].platform
     host_of, host_source = host_map(mesh, devices_per_host)
-    L = cfg.num_layers
-    if layers == "all" or L <= len(layer_kinds(cfg)):
-        cost, colls = _compile(cfg, mesh, phase, batch, context, count, host_of, expert_parallel)
-        traced_layers: tuple[int, ...] = (L,)
-    else:  # one (and two) layers of each kind, extrapolated (`traced.step.by_layer_kind`)
-        (cost, colls), traced_layers = by_layer_kind(
-            cfg,
-            lambda c: _compile(c, mesh, phase, batch, context, count, host_of, expert_parallel),
-        )
+
+    def compile_step(c: ModelConfig):
+        return _compile(c, mesh, phase, batch, context, count, host_of, expert_parallel)
+
+    (cost, colls), traced_layers = _every_layer(cfg, layers, compile_step)
     held = sharded_memory(cfg, tp, dp, batch, cache_len(phase, context), expert_parallel)
     closed = analytic.step_cost(  # the model reads each token's k experts (M * k gathers)
         parallel.device_config(cfg, tp), parallel.device_workload(cfg, pl, model_workload(cfg, wl))
@@ -177,23 +173,7 @@ def trace_sharded_step(
     closed_colls = parallel.placed_collectives(cfg, pl, wl, capacity)
     notes = [f"compiled on {backend}: per-device totals after SPMD partitioning"]
     notes += dequantized_notes
-    if expert_parallel:
-        notes.append(
-            "expert parallel: fixed-shape all-to-alls of E x C rows (C = a device's tokens, none "
-            "dropped); the experts compute all E x C rows, E/k x the routed FLOPs, which the "
-            "closed form's per-device FLOPs (routed rows only) do not count"
-        )
-    if count is not None:
-        notes.append(
-            f"compiled for {mesh.devices.flat[0].device_kind} on this host; FLOPs (without "
-            "the converts XLA also counts) and HBM bytes counted by kvjax from the module "
-            "(kvjax.traced.target_costs)"
-        )
-    if cfg.compute_dtype != "f32" and backend == "cpu":
-        notes.append(
-            "XLA:CPU computes bf16 products in f32 (converts counted as FLOPs and bytes, and "
-            "the all-reduces run in f32): compare in f32 (--weight-dtype f32 --kv-dtype f32)"
-        )
+    notes += _notes(cfg, mesh, expert_parallel, count is not None)
     return ShardedTrace(
         cfg=cfg,
         workload=wl,
@@ -217,6 +197,38 @@ def trace_sharded_step(
         hosts=len(set(host_of)),
         host_source=host_source,
     )
+
+
+def _every_layer(cfg: ModelConfig, layers: str, compile_step):
+    """(cost, collectives) of the whole model and the layer counts compiled: every layer, or
+    one and two layers of each kind extrapolated (`kvjax.traced.by_kind.by_layer_kind`)."""
+    L = cfg.num_layers
+    if layers == "all" or L <= len(layer_kinds(cfg)):
+        return compile_step(cfg), (L,)
+    return by_layer_kind(cfg, compile_step)
+
+
+def _notes(cfg: ModelConfig, mesh, expert_parallel: bool, counted: bool) -> list[str]:
+    """What the compiled figures leave out or count otherwise than the closed form."""
+    notes = []
+    if expert_parallel:
+        notes.append(
+            "expert parallel: fixed-shape all-to-alls of E x C rows (C = a device's tokens, none "
+            "dropped); the experts compute all E x C rows, E/k x the routed FLOPs, which the "
+            "closed form's per-device FLOPs (routed rows only) do not count"
+        )
+    if counted:
+        notes.append(
+            f"compiled for {mesh.devices.flat[0].device_kind} on this host; FLOPs (without "
+            "the converts XLA also counts) and HBM bytes counted by kvjax from the module "
+            "(kvjax.traced.target_costs)"
+        )
+    if cfg.compute_dtype != "f32" and mesh.devices.flat[0].platform == "cpu":
+        notes.append(
+            "XLA:CPU computes bf16 products in f32 (converts counted as FLOPs and bytes, and "
+            "the all-reduces run in f32): compare in f32 (--weight-dtype f32 --kv-dtype f32)"
+        )
+    return notes
 
 
 def trace_in_subprocess(
@@ -243,8 +255,16 @@ def trace_in_subprocess(
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if FLAG not in f)
     request_host_devices(tp * dp, env)
     env["JAX_PLATFORMS"] = "cpu"
-    request = dict(cfg=cfg.to_dict(), phase=phase, batch=batch, context=context, tp=tp, dp=dp,
-                   layers=layers, devices_per_host=devices_per_host)  # fmt: skip
+    request = dict(
+        cfg=cfg.to_dict(),
+        phase=phase,
+        batch=batch,
+        context=context,
+        tp=tp,
+        dp=dp,
+        layers=layers,
+        devices_per_host=devices_per_host,
+    )
     done = subprocess.run(
         [sys.executable, "-m", "kvjax.traced.sharded"],
         input=json.dumps(request),

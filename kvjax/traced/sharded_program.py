@@ -16,7 +16,8 @@ from kvjax.devices import batch_per_replica
 from kvjax.model.config import ModelConfig
 from kvjax.nn import sharding as sh
 from kvjax.nn.transformer import abstract_model
-from kvjax.traced.step import by_layer_kind, step_fn
+from kvjax.traced.by_kind import by_layer_kind
+from kvjax.traced.step import step_fn
 
 
 def sharded_step(
@@ -70,7 +71,7 @@ def sharded_memory(
 ) -> dict:
     """Per-device weights and KV cache (context rows) of the sharded model, read from the
     shardings it is placed with; no devices needed (an abstract mesh). Read from one and two
-    layers of each kind the model has, extrapolated (`kvjax.traced.step.by_layer_kind`)."""
+    layers of each kind the model has, extrapolated (`kvjax.traced.by_kind.by_layer_kind`)."""
     mesh = sh.abstract_mesh(cfg, tp, dp)
     batch_per_replica(batch, dp)
     return by_layer_kind(cfg, lambda c: _held(c, mesh, batch, context, expert_parallel))[0]

@@ -30,6 +30,7 @@ from kvjax.analytic import Workload
 from kvjax.analytic.moe import model_workload
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
+from kvjax.traced.by_kind import check_layers, config_of_kinds, kind_of, layer_kinds
 from kvjax.traced.hlo import Cost, attribute
 
 STAGES = ("lowered", "compiled")
@@ -67,15 +68,6 @@ class StepTrace:
             out.setdefault(k.kernel, Cost())
             out[k.kernel] += Cost(k.flops, k.transcendentals, k.bytes)
         return out
-
-
-# ---------------------------------------------------------------------------------------------
-LAYERS = ("all", "one")
-
-
-def check_layers(layers: str) -> None:
-    if layers not in LAYERS:
-        raise KvjaxError(f"layers={layers!r} is not supported; allowed: {', '.join(LAYERS)}")
 
 
 def cache_len(phase: str, context: int) -> int:
@@ -157,62 +149,6 @@ def _roofline_opinion(fn: Callable, args: tuple) -> dict[str, float] | None:
     }
 
 
-def _kind(cfg: ModelConfig, layer: int) -> tuple[bool, bool, bool, str]:
-    """(MoE, sliding, NoPE, layer_kinds letter) of a layer: what makes layers' kernels differ."""
-    return (cfg.layer_is_moe(layer), cfg.layer_is_sliding(layer), not cfg.layer_has_rope(layer),
-            cfg.layer_kind(layer))  # fmt: skip
-
-
-def layer_kinds(cfg: ModelConfig) -> list[tuple[bool, bool, bool, str]]:
-    """The distinct kinds of layer the model has, dense first (an MoE model's dense layers are
-    its first)."""
-    return sorted({_kind(cfg, i) for i in range(cfg.num_layers)})
-
-
-def config_of_kinds(cfg: ModelConfig, kinds: list[tuple[bool, bool, bool, str]]) -> ModelConfig:
-    """`cfg` with one layer of each kind in `kinds` (sorted, dense first; repeats allowed)."""
-    pattern = "".join("L" if sliding else "G" for _, sliding, _, _ in kinds)
-    rope = "".join("N" if nope else "R" for _, _, nope, _ in kinds)
-    dense = sum(not moe for moe, _, _, _ in kinds) if cfg.is_moe else 0
-    return cfg.replace(
-        num_layers=len(kinds), layer_pattern=pattern, first_dense_layers=dense,
-        rope_pattern=rope, moe_layer_step=1, layer_kinds="".join(k[3] for k in kinds),
-    )  # fmt: skip
-
-
-def by_layer_kind(cfg: ModelConfig, measure):
-    """`measure(config)` (numbers in nested dicts, lists, tuples) of the whole model from small
-    ones: a model with one layer of each kind (A), and for each kind with n_k > 1 layers that
-    model with the kind's layer twice (B_k): A + sum_k (n_k - 1) (B_k - A). With one kind this is
-    one + (L - 1) (two - one). Returns (total, the layer counts traced)."""
-    kinds = layer_kinds(cfg)
-    base_cfg = config_of_kinds(cfg, kinds)
-    base = measure(base_cfg)
-    terms, traced = [(1, base)], [base_cfg.num_layers]
-    for i, kind in enumerate(kinds):
-        n = sum(_kind(cfg, j) == kind for j in range(cfg.num_layers))
-        if n > 1:
-            twice = config_of_kinds(cfg, kinds[: i + 1] + kinds[i:])
-            terms += [(n - 1, measure(twice)), (1 - n, base)]
-            traced.append(twice.num_layers)
-    return linear_combination(terms), tuple(traced)
-
-
-def linear_combination(terms):
-    """sum of coef * tree over (coef, tree) pairs, leaf by leaf (a key missing from a dict is
-    zero there)."""
-    trees = [t for _, t in terms]
-    first = next((t for t in trees if t is not None), None)
-    if isinstance(first, dict):
-        keys = list(dict.fromkeys(k for t in trees for k in (t or {})))
-        return {k: linear_combination([(c, (t or {}).get(k)) for c, t in terms]) for k in keys}
-    if isinstance(first, tuple | list):
-        return type(first)(
-            linear_combination([(c, t[i]) for c, t in terms]) for i in range(len(first))
-        )
-    return sum(c * (t or 0) for c, t in terms)
-
-
 def as_the_model_runs(cfg: ModelConfig) -> tuple[ModelConfig, list[str]]:
     """The config kvjax's model runs, and a note when it differs: MXFP4 experts (gpt-oss) are
     closed form only, the model holds them dequantized, so a trace and the closed form it is
@@ -239,61 +175,28 @@ def trace_step(
 ) -> StepTrace:
     """One step traced from abstract shapes: per-kernel records and the step total.
 
-    `layers="one"` traces a one-layer model and multiplies each layer kernel by `num_layers`
-    (the layers are identical; tests check this equals the full unrolled trace).
+    `layers="one"` traces a model of one layer of each kind (`kvjax.traced.by_kind`) and counts
+    each traced layer kernel for every layer of its kind (tests check this equals the full
+    unrolled trace).
     """
-    cfg, dequantized_notes = as_the_model_runs(cfg)
+    cfg, notes = as_the_model_runs(cfg)
     # kvjax's model gathers every MoE token's k experts: compared at M*k expert reads
     wl = model_workload(cfg, Workload(phase, batch, context, new_tokens=new_tokens))
-    if stage not in STAGES:
-        raise KvjaxError(f"stage={stage!r} is not supported; allowed: {', '.join(STAGES)}")
-    check_layers(layers)
-    if stage == "compiled" and layers == "one":
-        raise KvjaxError("stage='compiled' traces every layer; use layers='all'")
+    _check_stage(stage, layers)
     t0 = time.perf_counter()
-    # "one": one layer of each kind (dense/MoE, global/sliding) the model has, each standing
-    # for its kind; the dense kinds first (an MoE model's dense layers are its first)
-    kinds = layer_kinds(cfg)
-    traced_cfg = cfg
-    if layers == "one":
-        traced_cfg = config_of_kinds(cfg, kinds)
+    traced_cfg = config_of_kinds(cfg, layer_kinds(cfg)) if layers == "one" else cfg
     fn, args = step_fn(traced_cfg, phase, batch, context, new_tokens=new_tokens)
     lowered = lower_for_cost(fn, args)
     backend = jax.default_backend()
-    notes: list[str] = list(dequantized_notes)
     if stage == "compiled":
-        compiled = lowered.compile()
-        xla = dict(compiled.cost_analysis() or {})
+        xla = dict(lowered.compile().cost_analysis() or {})
         total = Cost(
             xla.get("flops", 0.0), xla.get("transcendentals", 0.0), xla.get("bytes accessed", 0.0)
         )
         notes.append(f"compiled on {backend}: totals after fusion, not attributable per kernel")
         traced: list[KernelTrace] = []
     else:
-        xla = dict(lowered.cost_analysis() or {})
-        text = lowered.as_text(dialect="hlo", debug_info=True)
-        per_kernel, total = attribute(text, _kernel_names(cfg, wl))
-        traced = []
-        for (layer, name), c in per_kernel.items():
-            layer_ids = [layer]
-            if layer is not None and layers == "one":  # every layer of the traced layer's kind
-                kind = kinds[layer]
-                layer_ids = [i for i in range(cfg.num_layers) if _kind(cfg, i) == kind]
-            for lid in layer_ids:
-                traced.append(
-                    KernelTrace(lid, name, c.flops, c.bytes, c.transcendentals, "lowered", backend)
-                )
-        if layers == "one":
-            total = Cost()
-            for k in traced:
-                total += Cost(k.flops, k.transcendentals, k.bytes)
-        fused_note = flash_trace_note(cfg, wl.phase, backend)
-        if fused_note:
-            notes.append(fused_note)
-        if not (fused_note and fused_note.startswith("interpreted")):  # not costed
-            # XLA counts a loop once through; kvjax times its trip count (`traced.hlo`)
-            once = attribute(text, _kernel_names(cfg, wl), False)[0] if " while(" in text else None
-            _check_attribution(once or per_kernel, xla)
+        traced, total, xla = _lowered_kernels(cfg, wl, lowered, layers, backend, notes)
     result = StepTrace(
         cfg=cfg,
         workload=wl,
@@ -315,6 +218,47 @@ def trace_step(
     return result
 
 
+def _check_stage(stage: str, layers: str) -> None:
+    """A known stage and layers option; the compiled stage traces every layer."""
+    if stage not in STAGES:
+        raise KvjaxError(f"stage={stage!r} is not supported; allowed: {', '.join(STAGES)}")
+    check_layers(layers)
+    if stage == "compiled" and layers == "one":
+        raise KvjaxError("stage='compiled' traces every layer; use layers='all'")
+
+
+def _lowered_kernels(
+    cfg: ModelConfig, wl: Workload, lowered, layers: str, backend: str, notes: list[str]
+) -> tuple[list[KernelTrace], Cost, dict[str, float]]:
+    """The lowered module's records per (layer, kernel), its total and XLA's own figure, the
+    attribution checked against that figure; a note on the fused attention joins `notes`."""
+    xla = dict(lowered.cost_analysis() or {})
+    text = lowered.as_text(dialect="hlo", debug_info=True)
+    per_kernel, total = attribute(text, _kernel_names(cfg, wl))
+    kinds = layer_kinds(cfg)
+    traced = []
+    for (layer, name), c in per_kernel.items():
+        layer_ids = [layer]
+        if layer is not None and layers == "one":  # every layer of the traced layer's kind
+            layer_ids = [i for i in range(cfg.num_layers) if kind_of(cfg, i) == kinds[layer]]
+        for lid in layer_ids:
+            traced.append(
+                KernelTrace(lid, name, c.flops, c.bytes, c.transcendentals, "lowered", backend)
+            )
+    if layers == "one":
+        total = Cost()
+        for k in traced:
+            total += Cost(k.flops, k.transcendentals, k.bytes)
+    fused_note = flash_trace_note(cfg, wl.phase, backend)
+    if fused_note:
+        notes.append(fused_note)
+    if not (fused_note and fused_note.startswith("interpreted")):  # an interpreter is no cost
+        # XLA counts a loop once through; kvjax times its trip count (`traced.hlo`)
+        once = attribute(text, _kernel_names(cfg, wl), False)[0] if " while(" in text else None
+        _check_attribution(once or per_kernel, xla)
+    return traced, total, xla
+
+
 def flash_trace_note(cfg: ModelConfig, phase: str, backend: str) -> str | None:
     """What the fused attention's traced row is on this host, when it is not the kernel's cost:
     a Pallas kernel lowered for the CPU runs in interpret mode (the module holds the
@@ -326,12 +270,16 @@ def flash_trace_note(cfg: ModelConfig, phase: str, backend: str) -> str | None:
 
     target = "compile it for an accelerator (`kvjax trace --target h100`) for the kernel's cost"
     if phase != "prefill" or flash.prefill_impl()[0] == "pallas":
-        return (f"interpreted on {backend}: the attention's Pallas kernel runs in interpret mode, "
-                f"so its traced row is the interpreter's loop, not a cost (the module's total is "
-                f"not checked against the kernels' sum); {target}")  # fmt: skip
-    return (f"unfused on {backend}: the attention's jax.nn.dot_product_attention is XLA's "
-            f"composite here (the T x S scores through memory), not the fused kernel the closed "
-            f"form counts; {target}")  # fmt: skip
+        return (
+            f"interpreted on {backend}: the attention's Pallas kernel runs in interpret mode, "
+            f"so its traced row is the interpreter's loop, not a cost (the module's total is "
+            f"not checked against the kernels' sum); {target}"
+        )
+    return (
+        f"unfused on {backend}: the attention's jax.nn.dot_product_attention is XLA's "
+        f"composite here (the T x S scores through memory), not the fused kernel the closed "
+        f"form counts; {target}"
+    )
 
 
 def _check_attribution(per_kernel: dict, xla: dict[str, float]) -> None:

@@ -38,18 +38,10 @@ from kvjax.traced.compiled import (
     compiled_ops,
     lowered_products,
 )
-from kvjax.traced.fusion_scopes import (
-    _computing_user,
-    _concatenated_weights,
-    _inner_kernels,
-    _kernel,
-    _operand_kernels,
-    _param_sources,
-    _producer,
-    _product_pieces,
-)
+from kvjax.traced.fusion_scopes import _concatenated_weights, _operand_kernels
+from kvjax.traced.fusion_split import split_fusion
 from kvjax.traced.hlo import Cost, CostModel, Instr, _shape_bytes_elems, parse_hlo
-from kvjax.traced.target_rules import OWN_RULES, TargetCostModel, is_gemm, thunk_kind
+from kvjax.traced.target_rules import TargetCostModel, is_gemm, thunk_kind
 
 
 @dataclass
@@ -101,6 +93,10 @@ class TargetModuleCosts:
         return out
 
 
+# a fusion of moves only, by the opcode of its root
+_MOVE_ROOTS = {"pad": "padding copy", "copy": "layout copy", "transpose": "layout copy"}
+
+
 def module_kernel_costs(
     text: str,
     kernel_names: tuple[str, ...],
@@ -109,133 +105,172 @@ def module_kernel_costs(
     hbm_only: bool = False,
 ) -> TargetModuleCosts:
     """Per (layer, kernel) costs and the executed instructions of an optimized module."""
-    module = parse_hlo(_normalize(text))
-    model = TargetCostModel(module, hbm_only=hbm_only)
-    comps = module.computations
-    entry = comps[module.entry]
-    fused = {op.name: op for op in compiled_ops(text, kernel_names, param_kernel, lowered_text)}
-    products = lowered_products(lowered_text, kernel_names) if lowered_text else {}
-    out_elems_by_flops: dict[float, set[int]] = defaultdict(set)
-    for flops, elems in products:
-        out_elems_by_flops[flops].add(elems)
-    consumers: dict[str, list[str]] = defaultdict(list)
-    for ins in entry:
-        for operand in dict.fromkeys(ins.operands):
-            consumers[operand].append(ins.name)
+    return ModuleCosts(text, kernel_names, param_kernel, lowered_text, hbm_only).run()
 
-    def named(name: str) -> bool:
-        op = fused.get(name)
+
+class ModuleCosts:
+    """The ENTRY computation's instructions costed in turn, each to the kernels it computes: a
+    fusion split over its kernels, any other instruction to the kernel its metadata (or its
+    consumer's) names; then the split-K partials to their products."""
+
+    def __init__(self, text, kernel_names, param_kernel=None, lowered_text=None, hbm_only=False):
+        module = parse_hlo(_normalize(text))
+        self.model = TargetCostModel(module, hbm_only=hbm_only)
+        self.comps = module.computations
+        self.entry = self.comps[module.entry]
+        self.names, self.param_kernel = kernel_names, param_kernel
+        ops = compiled_ops(text, kernel_names, param_kernel, lowered_text)
+        self.fused = {op.name: op for op in ops}
+        products = lowered_products(lowered_text, kernel_names) if lowered_text else {}
+        self.out_elems_by_flops: dict[float, set[int]] = defaultdict(set)
+        for flops, elems in products:
+            self.out_elems_by_flops[flops].add(elems)
+        self.consumers: dict[str, list[str]] = defaultdict(list)
+        for ins in self.entry:
+            for operand in dict.fromkeys(ins.operands):
+                self.consumers[operand].append(ins.name)
+        self.entry_by_name = {ins.name: ins for ins in self.entry}
+        self.concat_pieces: dict[str, list] = {}
+        self.per: dict[tuple[int | None, str], KernelCost] = defaultdict(KernelCost)
+        self.thunks: list[Thunk] = []
+        self.total = Cost()
+        self.split_partials: dict[str, tuple[int, float, tuple[int | None, str]]] = {}
+
+    def run(self) -> TargetModuleCosts:
+        """Every executed instruction costed and recorded; the split-K partials last."""
+        for ins in self.entry:
+            cost = self.model.instruction_cost(ins)
+            self.total += cost
+            if ins.opcode in _NO_THUNK:
+                continue
+            op = self._op(ins)
+            if ins.opcode == "fusion":
+                placed = self._fusion(ins, cost, op)
+                if placed is None:  # a weight concatenation, recorded whole
+                    continue
+                keys, temporary = placed
+            else:
+                keys, temporary = self._instruction(ins, cost, op)
+            self._record(ins, cost, keys, temporary)
+        for _, partial_bytes, key in self.split_partials.values():
+            # written by the GEMM, read by the reduction that follows
+            self.per[key].split_k_bytes += 2 * partial_bytes
+        return TargetModuleCosts(dict(self.per), self.thunks, self.total)
+
+    def _named(self, name: str) -> bool:
+        op = self.fused.get(name)
         return bool(op) and not set(op.kernels) <= {UNNAMED, kernels.OTHER}
 
-    def consumer_op(name: str):
+    def _consumer_op(self, name: str):
         """The first instruction downstream that names a kernel: an unnamed move (a prefetch,
         a padding copy, a layout copy) serves it."""
         seen, frontier = {name}, [name]
         while frontier:
             nxt = []
             for n in frontier:
-                for user in consumers.get(n, []):
+                for user in self.consumers.get(n, []):
                     if user in seen:
                         continue
-                    if named(user):
-                        return fused[user]
+                    if self._named(user):
+                        return self.fused[user]
                     seen.add(user)
                     nxt.append(user)
             frontier = nxt
         return None
 
-    entry_by_name = {ins.name: ins for ins in entry}
-    concat_pieces: dict[str, list] = {}
-    per: dict[tuple[int | None, str], KernelCost] = defaultdict(KernelCost)
-    thunks: list[Thunk] = []
-    total = Cost()
-    split_partials: dict[str, tuple[int, float, tuple[int | None, str]]] = {}
-    for ins in entry:
-        cost = model.instruction_cost(ins)
-        total += cost
-        if ins.opcode in _NO_THUNK:
-            continue
-        op = fused.get(ins.name)
-        if op is not None and not named(ins.name):
-            op = consumer_op(ins.name) or op
+    def _op(self, ins: Instr):
+        """The compiled op whose kernels an instruction is counted to (an unnamed one: its
+        consumer's)."""
+        op = self.fused.get(ins.name)
+        if op is not None and not self._named(ins.name):
+            op = self._consumer_op(ins.name) or op
+        return op
+
+    def _fusion(self, ins: Instr, cost: Cost, op):
+        """A fusion split over its kernels (`kvjax.traced.fusion_split`): its keys and what it
+        holds apart (split-K partials, a padding or layout copy); None for a concatenation of
+        weights, recorded by `_concatenation`."""
         layer = op.layers[0] if op and len(op.layers) == 1 else None
         fallback = (layer, op.kernels[0]) if op and op.kernels[0] != UNNAMED else None
+        gemm = is_gemm(ins, self.comps)
+        weights = _operand_kernels(ins, self.entry_by_name, self.param_kernel, gemm)
+        pieces = _concatenated_weights(ins, self.comps, weights)
+        if pieces:  # weights concatenated for a horizontally fused product: each its own
+            self._concatenation(ins, cost, pieces)
+            return None
+        operand_pieces = self._operand_sources(ins, weights)
+        keys = split_fusion(
+            ins, self.model, self.names, fallback, self.per, weights, operand_pieces
+        )
         temporary = None
-        if ins.opcode == "fusion":
-            weights = _operand_kernels(ins, entry_by_name, param_kernel, is_gemm(ins, comps))
-            pieces = _concatenated_weights(ins, comps, weights)
-            if pieces:  # weights concatenated for a horizontally fused product: each its own
-                total_n = sum(n for _, n in pieces)
-                for key, n in pieces:
-                    per[key].add(bytes_=cost.bytes * n / total_n)
-                    per[key].copy_bytes += cost.bytes * n / total_n
-                    per[key].thunks.add(ins.name)
-                concat_pieces[ins.name] = pieces
-                layers = {lid for (lid, _), _ in pieces if lid is not None}
-                thunks.append(Thunk(ins.name, thunk_kind(ins),
-                                    tuple(dict.fromkeys(k for (_, k), _ in pieces)),
-                                    tuple(sorted(layers)), cost.flops, cost.bytes,
-                                    "weight concatenation"))  # fmt: skip
-                continue
-            operand_pieces = {}
-            for i, operand in enumerate(ins.operands):  # split-K partials: their product's
-                source = entry_by_name.get(operand)
-                while source is not None and source.opcode == "bitcast":
-                    source = entry_by_name.get(source.operands[0])
-                if source is not None and source.name in split_partials:
-                    weights[i] = split_partials[source.name][2]
-                if source is not None and source.name in concat_pieces:
-                    operand_pieces[i] = concat_pieces[source.name]
-            keys = _split_fusion(ins, model, kernel_names, fallback, per, weights, operand_pieces)
-            split = _split_k(ins, model, out_elems_by_flops)
-            if split:
-                key = keys[0] if len(keys) == 1 else fallback or keys[0]
-                split_partials[ins.name] = (split, model._bytes(ins.name), key)
-                temporary = f"split-K x{split}"
-            elif _only_moves(ins, comps) and _root_opcode(ins, comps) == "pad":
-                temporary = "padding copy"
-            elif _only_moves(ins, comps) and _root_opcode(ins, comps) in ("copy", "transpose"):
-                temporary = "layout copy"
-        else:
-            keys = (
-                [
-                    (lid if len(op.layers) <= 1 else None, k)
-                    for k in op.kernels
-                    for lid in (op.layers or (None,))
-                ][:1]
-                if op
-                else []
-            )
-            key = keys[0] if keys else (None, UNNAMED)
-            per[key].add(cost.flops, cost.transcendentals, cost.bytes,
-                         cost.flops if ins.opcode == "convert" else 0.0)  # fmt: skip
-            keys = [key]
-            if ins.opcode == "copy":
-                temporary = "layout copy"
-            elif ins.opcode in ("copy-start", "copy-done"):
-                temporary = "prefetch"
+        split = _split_k(ins, self.model, self.out_elems_by_flops)
+        if split:
+            key = keys[0] if len(keys) == 1 else fallback or keys[0]
+            self.split_partials[ins.name] = (split, self.model._bytes(ins.name), key)
+            temporary = f"split-K x{split}"
+        elif _only_moves(ins, self.comps):  # it computes nothing: named by its root
+            temporary = _MOVE_ROOTS.get(_root_opcode(ins, self.comps))
+        return keys, temporary
+
+    def _concatenation(self, ins: Instr, cost: Cost, pieces: list) -> None:
+        """A fusion that concatenates weights: its bytes to each weight's kernel by its share."""
+        total_n = sum(n for _, n in pieces)
+        for key, n in pieces:
+            self.per[key].add(bytes_=cost.bytes * n / total_n)
+            self.per[key].copy_bytes += cost.bytes * n / total_n
+            self.per[key].thunks.add(ins.name)
+        self.concat_pieces[ins.name] = pieces
+        layers = {lid for (lid, _), _ in pieces if lid is not None}
+        names = tuple(dict.fromkeys(k for (_, k), _ in pieces))
+        thunk = Thunk(
+            ins.name,
+            thunk_kind(ins),
+            names,
+            tuple(sorted(layers)),
+            cost.flops,
+            cost.bytes,
+            "weight concatenation",
+        )
+        self.thunks.append(thunk)
+
+    def _operand_sources(self, ins: Instr, weights: dict) -> dict:
+        """Operands that are split-K partials take their product's kernel (in `weights`); those
+        that are concatenated weights, returned, keep each weight's share."""
+        operand_pieces = {}
+        for i, operand in enumerate(ins.operands):
+            source = self.entry_by_name.get(operand)
+            while source is not None and source.opcode == "bitcast":
+                source = self.entry_by_name.get(source.operands[0])
+            if source is not None and source.name in self.split_partials:
+                weights[i] = self.split_partials[source.name][2]
+            if source is not None and source.name in self.concat_pieces:
+                operand_pieces[i] = self.concat_pieces[source.name]
+        return operand_pieces
+
+    def _instruction(self, ins: Instr, cost: Cost, op) -> tuple[list, str | None]:
+        """An instruction outside any fusion: all of it to its op's first kernel."""
+        key = (None, UNNAMED)
+        if op and op.kernels:
+            key = (op.layers[0] if len(op.layers) == 1 else None, op.kernels[0])
+        convert = cost.flops if ins.opcode == "convert" else 0.0
+        self.per[key].add(cost.flops, cost.transcendentals, cost.bytes, convert)
+        temporary = None
+        if ins.opcode == "copy":
+            temporary = "layout copy"
+        elif ins.opcode in ("copy-start", "copy-done"):
+            temporary = "prefetch"
+        return [key], temporary
+
+    def _record(self, ins: Instr, cost: Cost, keys: list, temporary: str | None) -> None:
+        """The executed instruction as a thunk of its kernels; a copy's bytes held apart."""
         if temporary in ("padding copy", "layout copy"):
-            per[keys[0]].copy_bytes += cost.bytes
+            self.per[keys[0]].copy_bytes += cost.bytes
         names = tuple(dict.fromkeys(k for _, k in keys)) or (UNNAMED,)
         for key in keys:
-            per[key].thunks.add(ins.name)
+            self.per[key].thunks.add(ins.name)
         layers = tuple(sorted({lid for lid, _ in keys if lid is not None}))
-        thunks.append(Thunk(ins.name, thunk_kind(ins), names, layers, cost.flops, cost.bytes,
-                            temporary))  # fmt: skip
-    for _, partial_bytes, key in split_partials.values():
-        per[key].split_k_bytes += 2 * partial_bytes  # written by the GEMM, read by the reduce
-    return TargetModuleCosts(dict(per), thunks, total)
-
-
-def _nested_converts(ins: Instr, model: TargetCostModel) -> float:
-    """The FLOPs XLA counts for the converts inside a fusion, nested fusions included."""
-    total = 0.0
-    for sub in model.comps[model._callee(ins)]:
-        if sub.opcode == "convert":
-            total += _shape_bytes_elems(sub.shape)[1]
-        elif sub.opcode == "fusion":
-            total += _nested_converts(sub, model)
-    return total
+        thunk = Thunk(ins.name, thunk_kind(ins), names, layers, cost.flops, cost.bytes, temporary)
+        self.thunks.append(thunk)
 
 
 def _only_moves(ins: Instr, comps) -> bool:
@@ -267,104 +302,29 @@ def _split_k(ins: Instr, model: TargetCostModel, out_elems_by_flops) -> int | No
     return None
 
 
-def _split_fusion(
-    ins, model: TargetCostModel, names, fallback, per, weights=None, operand_pieces=None
-) -> list:
-    """Add a fusion's costs to per[(layer, kernel)], split by its instructions' kernels; the
-    keys it touched, the one computing most first. `weights`: operand index -> the kernel whose
-    weight it is (its read, and a product without metadata that reads it, go to that kernel)."""
-    body = model.comps[model._callee(ins)]
-    by_name = {sub.name: sub for sub in body}
-    kinds = _inner_kernels(body, names, fallback)
-    weights = weights or {}
-    param_keys = {sub.name: weights[int(sub.operands[0])] for sub in body
-                  if sub.opcode == "parameter" and int(sub.operands[0]) in weights}  # fmt: skip
-    param_pieces = {sub.name: (operand_pieces or {})[int(sub.operands[0])] for sub in body
-                    if sub.opcode == "parameter"
-                    and int(sub.operands[0]) in (operand_pieces or {})}  # fmt: skip
-    touched: dict[tuple, float] = defaultdict(float)
-    whole = model.instruction_cost(ins)
-    inner_flops = 0.0
-    for sub in body:
-        if sub.opcode in OWN_RULES:
-            c = model.instruction_cost(sub)
-        else:
-            c = CostModel.instruction_cost(model, sub)
-        key = kinds[sub.name]
-        pieces = (_product_pieces(sub, by_name, param_keys, param_pieces)
-                  if sub.opcode == "dot" else [])  # fmt: skip
-        if sub.opcode == "dot" and not _kernel(sub.op_name, names):
-            # a product whose metadata XLA dropped: the kernel of the weight it reads
-            read = [param_keys[o] for o in _param_sources(sub, by_name) if o in param_keys]
-            key = read[0] if read else key
-        if pieces:
-            total = sum(n for _, n in pieces)
-            for piece_key, n in pieces:
-                per[piece_key].add(c.flops * n / total)
-                touched[piece_key] += c.flops * n / total
-            inner_flops += c.flops
-            continue
-        convert = c.flops if sub.opcode == "convert" else 0.0
-        if sub.opcode == "fusion":  # the converts of a fusion nested in this one
-            convert = _nested_converts(sub, model)
-        per[key].add(c.flops, c.transcendentals, 0.0, convert)
-        inner_flops += c.flops
-        touched[key] += c.flops + c.transcendentals
-    users: dict[str, list[str]] = defaultdict(list)
-    for sub in body:
-        for o in dict.fromkeys(sub.operands):
-            users[o].append(sub.name)
-    read_total = 0.0
-    for sub in body:
-        if sub.opcode != "parameter":
-            continue
-        size = model._parameter_read_bytes(sub, [by_name[u] for u in users[sub.name]])
-        user = _computing_user(sub.name, users, by_name)
-        key = kinds[user] if user else kinds[_producer(body[-1].name, by_name)]
-        key = param_keys.get(sub.name, key)  # a weight's read is its kernel's
-        per[key].add(bytes_=size)
-        touched[key] += 0.0
-        read_total += size
-    root = body[-1]
-    outputs = [by_name[o] for o in root.operands] if root.opcode == "tuple" else [root]
-    for o in outputs:
-        size = model._bytes(o.operands[1]) if o.opcode == "dynamic-update-slice" else model._bytes(
-            o.name)  # fmt: skip
-        producer = by_name[_producer(o.name, by_name)]
-        pieces = (_product_pieces(producer, by_name, param_keys, param_pieces)
-                  if producer.opcode == "dot" else [])  # fmt: skip
-        total = sum(n for _, n in pieces)
-        for piece_key, n in pieces:  # a horizontally fused product writes each one's output
-            per[piece_key].add(bytes_=size * n / total)
-        if not pieces:
-            per[kinds[producer.name]].add(bytes_=size)
-            touched[kinds[producer.name]] += 0.0
-    # large constants and anything the rules above do not place: to the heaviest kernel
-    placed = read_total + sum(
-        model._bytes(o.operands[1]) if o.opcode == "dynamic-update-slice" else model._bytes(o.name)
-        for o in outputs
-    )
-    keys = sorted(touched, key=lambda k: -touched[k]) or [fallback or (None, UNNAMED)]
-    if abs(whole.bytes - placed) > 0.5:
-        per[keys[0]].add(bytes_=whole.bytes - placed)
-    if abs(whole.flops - inner_flops) > 0.5:
-        per[keys[0]].add(flops=whole.flops - inner_flops)
-    return keys
-
-
 def module_totals(text: str, hbm_only: bool = False) -> dict[str, float]:
     """A module's FLOPs and bytes by these rules, keyed as XLA's `cost_analysis()`; "flops"
     without the converts XLA's convention also counts (`convert_flops`, apart)."""
     costs = module_kernel_costs(text, tuple(kernels.REGISTRY), hbm_only=hbm_only)
     converts = sum(c.convert_flops for c in costs.per_kernel.values())
-    return {"flops": costs.total.flops - converts, "convert_flops": converts,
-            "bytes accessed": costs.total.bytes,
-            "transcendentals": costs.total.transcendentals}  # fmt: skip
+    return {
+        "flops": costs.total.flops - converts,
+        "convert_flops": converts,
+        "bytes accessed": costs.total.bytes,
+        "transcendentals": costs.total.transcendentals,
+    }
 
 
 def dumps_thunk(t: Thunk) -> dict:
-    return {"name": t.name, "kind": t.kind, "kernels": list(t.kernels), "layers": list(t.layers),
-            "flops": t.flops, "bytes": t.bytes, "temporary": t.temporary}  # fmt: skip
+    return {
+        "name": t.name,
+        "kind": t.kind,
+        "kernels": list(t.kernels),
+        "layers": list(t.layers),
+        "flops": t.flops,
+        "bytes": t.bytes,
+        "temporary": t.temporary,
+    }
 
 
 __all__ = ["KernelCost", "TargetModuleCosts", "Thunk", "module_kernel_costs", "thunk_kind"]

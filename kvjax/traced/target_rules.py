@@ -69,8 +69,10 @@ def is_gemm(ins: Instr, comps) -> bool:
 
 def _has(ins: Instr, comps, opcodes) -> bool:
     body = comps.get(CostModel._callee(ins), [])
-    return any(sub.opcode in opcodes or (sub.opcode == "fusion" and _has(sub, comps, opcodes))
-               for sub in body)  # fmt: skip
+    return any(
+        sub.opcode in opcodes or (sub.opcode == "fusion" and _has(sub, comps, opcodes))
+        for sub in body
+    )
 
 
 class TargetCostModel(CompiledCostModel):
@@ -187,10 +189,15 @@ def _window(attrs: str, rank: int) -> list[dict[str, int]]:
     size, stride = per_dim("size", 1), per_dim("stride", 1)
     lhs_dilate, rhs_dilate = per_dim("lhs_dilate", 1), per_dim("rhs_dilate", 1)
     return [
-        {"size": size[i], "stride": stride[i], "pad_low": pads[i],
-         "lhs_dilate": lhs_dilate[i], "rhs_dilate": rhs_dilate[i]}
+        {
+            "size": size[i],
+            "stride": stride[i],
+            "pad_low": pads[i],
+            "lhs_dilate": lhs_dilate[i],
+            "rhs_dilate": rhs_dilate[i],
+        }
         for i in range(rank)
-    ]  # fmt: skip
+    ]
 
 
 def _valid_taps(in_size, out_size, size, stride, pad_low, lhs_dilate, rhs_dilate) -> int:

@@ -24,8 +24,9 @@ from kvjax.analytic import Workload
 from kvjax.analytic.moe import model_workload
 from kvjax.errors import KvjaxError
 from kvjax.model.config import ModelConfig
+from kvjax.traced.target_compile import compile_for_target
 from kvjax.traced.target_costs import TargetModuleCosts, dumps_thunk, module_kernel_costs
-from kvjax.traced.targets import Target, compile_for_target
+from kvjax.traced.targets import Target
 
 CACHE_ARG = 2  # step(state, tokens, cache)
 
@@ -164,31 +165,34 @@ def kernel_rows(trace: TargetTrace) -> list[dict[str, Any]]:
             note = (
                 f"fused with {', '.join(fused[name])}: what passes between fused kernels is not "
                 "written, and each fused instruction's reads and writes are on the row of the "
-                "kernel that uses or produces them" if fused.get(name) else
-                "not fused: the executed instructions move other bytes than the closed form's"
-            )  # fmt: skip
+                "kernel that uses or produces them"
+                if fused.get(name)
+                else "not fused: the executed instructions move other bytes than the closed form's"
+            )
         closed_flops = c.flops if c else 0.0
         closed_bytes = c.bytes if c else 0.0
-        rows.append({
-            "name": name,
-            "kind": kind,
-            "closed_flops": closed_flops,
-            "compiled_flops": t.flops if t else 0.0,
-            "convert_flops": t.convert_flops if t else 0.0,
-            "flops_ratio": arithmetic / closed_flops if closed_flops else None,
-            "closed_bytes": closed_bytes,
-            "compiled_bytes": t.bytes if t else 0.0,
-            "split_k_bytes": t.split_k_bytes if t else 0.0,
-            "bytes_ratio": (t.bytes / closed_bytes) if (t and closed_bytes) else None,
-            "copy_bytes": t.copy_bytes if t else 0.0,
-            # what remains once the temporaries XLA added are named and set apart
-            "bytes_ratio_without_temporaries": remaining,
-            "bytes_note": note,
-            "compiled_transcendentals": t.transcendentals if t else 0.0,
-            "executed_as": kinds,
-            "temporaries": temps,
-            "fused_with": fused.get(name, []),
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": name,
+                "kind": kind,
+                "closed_flops": closed_flops,
+                "compiled_flops": t.flops if t else 0.0,
+                "convert_flops": t.convert_flops if t else 0.0,
+                "flops_ratio": arithmetic / closed_flops if closed_flops else None,
+                "closed_bytes": closed_bytes,
+                "compiled_bytes": t.bytes if t else 0.0,
+                "split_k_bytes": t.split_k_bytes if t else 0.0,
+                "bytes_ratio": (t.bytes / closed_bytes) if (t and closed_bytes) else None,
+                "copy_bytes": t.copy_bytes if t else 0.0,
+                # what remains once the temporaries XLA added are named and set apart
+                "bytes_ratio_without_temporaries": remaining,
+                "bytes_note": note,
+                "compiled_transcendentals": t.transcendentals if t else 0.0,
+                "executed_as": kinds,
+                "temporaries": temps,
+                "fused_with": fused.get(name, []),
+            }
+        )
     return rows
 
 
@@ -240,6 +244,8 @@ def _notes(trace: TargetTrace) -> list[str]:
         "no autotuning); FLOPs and bytes counted by kvjax from the optimized module"
     ]
     if trace.target.platform == "tpu":
-        notes.append("TPU bytes are HBM traffic: operands in on-chip memory (S(1)) excluded, "
-                     "each prefetch (copy-start) read once")  # fmt: skip
+        notes.append(
+            "TPU bytes are HBM traffic: operands in on-chip memory (S(1)) excluded, "
+            "each prefetch (copy-start) read once"
+        )
     return notes
