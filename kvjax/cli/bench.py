@@ -115,7 +115,7 @@ def bench_report(args: argparse.Namespace) -> dict[str, Any]:
             "batch": wl.batch,
             "context": wl.context,
             "new_tokens": wl.new_tokens,
-        },  # fmt: skip
+        },
         "ceilings": {
             "peak_flops_per_s": ceilings.peak(base.compute_dtype),
             "bandwidth_bytes_per_s": ceilings.bandwidth_bytes_per_s,

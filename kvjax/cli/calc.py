@@ -45,22 +45,32 @@ def add_parser(sub) -> None:
     add_serving_args(calc)
     calc.add_argument("--variants", action="store_true", help="add the MHA/GQA/MQA table")
     calc.add_argument("--tp", type=int_list, help="tensor-parallel degree(s), e.g. 8 or 1,2,4,8")
-    calc.add_argument("--pp", type=positive_int, help="pipeline stages (layers split, tp-way "
-                      "inside): each stage's weights, cache, step; the bytes between")  # fmt: skip
     calc.add_argument(
-        "--ep", type=positive_int, help="MoE: expert-parallel degree: E/ep experts a device, "
-        "dispatch and combine all-to-alls (with data-parallel attention: --dp-attention = ep)",
-    )  # fmt: skip
+        "--pp",
+        type=positive_int,
+        help="pipeline stages (layers split, tp-way inside): each stage's weights, cache, step; "
+        "the bytes between",
+    )
     calc.add_argument(
-        "--dp-attention", type=positive_int, metavar="N",
+        "--ep",
+        type=positive_int,
+        help="MoE: expert-parallel degree: E/ep experts a device, dispatch and combine "
+        "all-to-alls (with data-parallel attention: --dp-attention = ep)",
+    )
+    calc.add_argument(
+        "--dp-attention",
+        type=positive_int,
+        metavar="N",
         help="data-parallel attention: N groups, each on batch/N sequences with its own KV (or "
         "MLA latent) cache; tp-way inside a group; devices = tp x N (default: --ep, else 1)",
-    )  # fmt: skip
+    )
     calc.add_argument(
-        "--capacity-factor", type=float, metavar="CF",
+        "--capacity-factor",
+        type=float,
+        metavar="CF",
         help="with --ep: count fixed-shape all-to-alls of ceil(CF x tokens x k / E) rows an "
         "expert (GShard; E/k never drops) instead of ragged ones (the routed rows)",
-    )  # fmt: skip
+    )
     calc.add_argument(
         "--link-latency",
         type=float,
@@ -70,10 +80,11 @@ def add_parser(sub) -> None:
         "all-reduce); default 0 = bandwidth only",
     )
     calc.add_argument(
-        "--predict", action="store_true",
+        "--predict",
+        action="store_true",
         help="add predicted times [80%% interval] beside the bounds, per kernel and for the step, "
         "from the efficiency model fitted on the published measurements (kvjax validate)",
-    )  # fmt: skip
+    )
     calc.add_argument("--json", action="store_true", help="print one JSON object")
     calc.set_defaults(func=run)
 
@@ -122,8 +133,11 @@ def run(args: argparse.Namespace) -> int:
 
 def speculative_report(args, cfg: ModelConfig, wl: Workload, chip: ChipSpec):
     """--spec-tokens K --acceptance A [--draft-model NAME]: the verify step against decode."""
-    given = [f for f in ("spec_tokens", "acceptance", "draft_model") if getattr(args, f, None)
-             is not None]  # fmt: skip
+    given = [
+        f
+        for f in ("spec_tokens", "acceptance", "draft_model")
+        if getattr(args, f, None) is not None
+    ]
     if not given:
         return None
     if args.spec_tokens is None or args.acceptance is None:
@@ -240,7 +254,7 @@ def calc_report(
             "batch": wl.batch,
             "context": wl.context,
             "new_tokens": wl.new_tokens,
-        },  # fmt: skip
+        },
         "chip": {
             "name": chip.name,
             "compute_dtype": dtype,
@@ -360,8 +374,13 @@ def attention_kernel_report(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> d
     def side(costs) -> dict[str, Any]:
         f, b = sum(c.flops for c in costs), sum(c.bytes for c in costs)
         point = roofline.point(kernels.ATTENTION, f, b, peak, bw)
-        return {"flops": f, "bytes": b, "intensity": f / b, "bound": point.bound,
-                "bound_s": point.bound_s}  # fmt: skip
+        return {
+            "flops": f,
+            "bytes": b,
+            "intensity": f / b,
+            "bound": point.bound,
+            "bound_s": point.bound_s,
+        }
 
     return {
         "kernel": cfg.attention_kernel,
@@ -390,6 +409,9 @@ def _qkvo_bytes(cfg: ModelConfig, wl: Workload) -> float:
         min(wl.context, span) if cfg.layer_is_sliding(i) and cfg.sliding_window else wl.context
         for i in filter(cfg.layer_has_attention, range(cfg.num_layers))
     )
-    per_position = shape.kv_bytes_per_position if wl.phase == "decode" else (
-        (shape.key_width + shape.value_width) * a)  # fmt: skip
+    per_position = (
+        shape.kv_bytes_per_position
+        if wl.phase == "decode"
+        else ((shape.key_width + shape.value_width) * a)
+    )
     return q_o * cfg.num_attention_layers + wl.batch * shape.kv_heads * held * per_position

@@ -20,21 +20,31 @@ def print_pipeline(p: dict[str, Any]) -> None:
     """`calc --pp`: each stage on one device, and what runs between them."""
     from rich.table import Table
 
-    t = Table(title=f"pipeline: {p['pp']} stages x tp {p['tp']} = {p['devices']} devices "
-                    "(one device of each stage)")  # fmt: skip
+    t = Table(
+        title=f"pipeline: {p['pp']} stages x tp {p['tp']} = {p['devices']} devices (one device "
+        "of each stage)"
+    )
     for col in ("stage", "layers", "weights", "KV cache", "FLOPs", "bytes", "bound"):
         t.add_column(col, justify="right")
     for st in p["stages"]:
-        t.add_row(str(st["index"]), str(st["layers"]), fmt_bytes(st["weight_bytes"]),
-                  fmt_bytes(st["kv_cache_bytes"]), f"{st['flops']:.3g}", fmt_bytes(st["bytes"]),
-                  fmt_seconds(st["bound_s"]))  # fmt: skip
+        t.add_row(
+            str(st["index"]),
+            str(st["layers"]),
+            fmt_bytes(st["weight_bytes"]),
+            fmt_bytes(st["kv_cache_bytes"]),
+            f"{st['flops']:.3g}",
+            fmt_bytes(st["bytes"]),
+            fmt_seconds(st["bound_s"]),
+        )
     con = console()
     con.print(t)
     hop = "-" if p["stage_link_s"] is None else fmt_seconds(p["stage_link_s"])
-    con.print(f"  between stages: {fmt_bytes(p['stage_message_bytes'])} a device a step ({hop} "
-              f"over the link); period {fmt_seconds(p['period_s'])} (the slowest stage, "
-              f"micro-batches in flight), latency {fmt_seconds(p['latency_s'])} through all; "
-              f"one micro-batch alone idles {p['bubble_with_one_micro_batch']:.0%}")  # fmt: skip
+    con.print(
+        f"  between stages: {fmt_bytes(p['stage_message_bytes'])} a device a step ({hop} over "
+        f"the link); period {fmt_seconds(p['period_s'])} (the slowest stage, micro-batches in "
+        f"flight), latency {fmt_seconds(p['latency_s'])} through all; one micro-batch alone "
+        f"idles {p['bubble_with_one_micro_batch']:.0%}"
+    )
 
 
 def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) -> None:
@@ -85,8 +95,11 @@ def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) 
 
 def split_label(p: dict[str, Any]) -> str:
     """tp8, dp8 x ep8, dp2 x tp4: the axes over one."""
-    parts = [f"{n}{p.get(k, 1)}" for n, k in (("dp", "dp_attention"), ("tp", "tp"), ("ep", "ep"))
-             if p.get(k, 1) > 1]  # fmt: skip
+    parts = [
+        f"{n}{p.get(k, 1)}"
+        for n, k in (("dp", "dp_attention"), ("tp", "tp"), ("ep", "ep"))
+        if p.get(k, 1) > 1
+    ]
     return " x ".join(parts) or "1"
 
 

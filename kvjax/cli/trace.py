@@ -58,15 +58,21 @@ def add_parser(sub) -> None:
         "collectives (on a CPU, tp x dp simulated devices)",
     )
     trace.add_argument(
-        "--dp", "--dp-attention", dest="dp", type=positive_int, default=1,
+        "--dp",
+        "--dp-attention",
+        dest="dp",
+        type=positive_int,
+        default=1,
         help="data-parallel degree: each of N groups runs batch/N sequences with its own cache "
         "(data-parallel attention; the experts too unless --ep)",
-    )  # fmt: skip
+    )
     trace.add_argument(
-        "--ep", type=positive_int, default=1,
+        "--ep",
+        type=positive_int,
+        default=1,
         help="MoE: spread the routed experts over the --dp-attention devices (ep = dp, tp = 1), "
         "dispatched by all-to-all",
-    )  # fmt: skip
+    )
     trace.add_argument(
         "--target",
         default=None,
@@ -104,8 +110,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.processes is not None or distributed.requested() is not None:
         if args.tp * args.dp == 1 or args.target is not None:
-            raise KvjaxError("several processes trace the sharded program on this host's CPU "
-                             "devices: add --tp/--dp and drop --target")  # fmt: skip
+            raise KvjaxError(
+                "several processes trace the sharded program on this host's CPU devices: add "
+                "--tp/--dp and drop --target"
+            )
         if args.processes is not None and distributed.check_processes(args.processes) > 1:
             return distributed.launch(without_processes(args.argv), args.processes)
         distributed.initialize()
@@ -201,7 +209,7 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
             "batch": wl.batch,
             "context": wl.context,
             "new_tokens": wl.new_tokens,
-        },  # fmt: skip
+        },
         "chip": {"name": chip.name, "peak_flops_per_s": peak, "bandwidth_bytes_per_s": bw},
         "stage": trace.stage,
         "backend": trace.backend,
@@ -248,10 +256,18 @@ def sharded_trace_report(args: argparse.Namespace, devices=None, count=None) -> 
         f"{f', ep={ep}' if ep > 1 else ''})"
     ):
         t = trace_sharded_step(
-            cfg, wl.phase, wl.batch, wl.context, args.tp, args.dp, layers=args.trace_layers,
-            devices=devices, count=count, devices_per_host=getattr(args, "devices_per_host", None),
+            cfg,
+            wl.phase,
+            wl.batch,
+            wl.context,
+            args.tp,
+            args.dp,
+            layers=args.trace_layers,
+            devices=devices,
+            count=count,
+            devices_per_host=getattr(args, "devices_per_host", None),
             expert_parallel=ep > 1,
-        )  # fmt: skip
+        )
     capacity = cfg.num_experts / cfg.experts_per_token if ep > 1 else None
     pl = parallel.Placement(args.tp, ep, args.dp)
     closed = parallel.placement_point(cfg, pl, wl, chip, capacity_factor=capacity).to_dict()
@@ -267,7 +283,7 @@ def sharded_trace_report(args: argparse.Namespace, devices=None, count=None) -> 
             "peak_flops_per_s": peak,
             "bandwidth_bytes_per_s": bw,
             "interconnect_bytes_per_s": link,
-        },  # fmt: skip
+        },
         closed_form=closed,
         flops_ratio=t.flops_per_device / t.closed_flops_per_device,
         bytes_ratio=t.bytes_per_device / t.closed_bytes_per_device,
@@ -298,8 +314,10 @@ def target_trace_report(args: argparse.Namespace) -> dict[str, Any]:
     if args.tp > 1 or args.dp > 1 or target.num_devices > 1:
         return target_sharded_report(args, target)
     if args.roofline or args.trace_layers != "all":
-        raise KvjaxError("--target compiles every layer as the chip would run it; drop "
-                         "--roofline and --trace-layers")  # fmt: skip
+        raise KvjaxError(
+            "--target compiles every layer as the chip would run it; drop --roofline and "
+            "--trace-layers"
+        )
     cfg, wl = resolve_model(args), resolve_workload(args)
     with render.progress(f"compiling {cfg.name} for {target.name} ({cfg.num_layers} layers)"):
         trace = trace_target_step(cfg, wl.phase, wl.batch, wl.context, target)
@@ -323,8 +341,10 @@ def target_sharded_report(args: argparse.Namespace, target) -> dict[str, Any]:
     from kvjax.traced.targets import target_devices
 
     if target.platform != "tpu":
-        raise KvjaxError(f"--tp/--dp with --target need a TPU slice (tpu-v5e:2x2); "
-                         f"{target.name} compiles for one device")  # fmt: skip
+        raise KvjaxError(
+            f"--tp/--dp with --target need a TPU slice (tpu-v5e:2x2); {target.name} compiles for "
+            "one device"
+        )
     if args.tp * args.dp != target.num_devices:
         raise KvjaxError(
             f"--tp {args.tp} x --dp {args.dp} = {args.tp * args.dp} devices, but "

@@ -68,11 +68,17 @@ def _kv_hybrids(df: pd.DataFrame, ax) -> None:
     """Each hybrid's whole cache (KV + flat states: flat until the attention layers' KV takes
     over) against the same attention in every layer (dotted), beside their weights."""
     _published_against_all(
-        df, ax, lambda h: h.state_bytes.iloc[0] > 0, lambda model, h: model, first_color=3,
-        marker="s", dotted="same attention in every layer",
+        df,
+        ax,
+        lambda h: h.state_bytes.iloc[0] > 0,
+        lambda model, h: model,
+        first_color=3,
+        marker="s",
+        dotted="same attention in every layer",
         ylabel="KV + state cache (GiB, binary)",
-        title=f"hybrids, B={int(df.batch.iloc[0])}: KV + flat states", ncol=1,
-    )  # fmt: skip
+        title=f"hybrids, B={int(df.batch.iloc[0])}: KV + flat states",
+        ncol=1,
+    )
 
 
 def _kv_windows(df: pd.DataFrame, ax) -> None:
@@ -80,16 +86,32 @@ def _kv_windows(df: pd.DataFrame, ax) -> None:
         return f"{model} ({h.layer_pattern.iloc[0]}, W={int(h.window.iloc[0])})"
 
     _published_against_all(
-        df, ax, lambda h: h.window.iloc[0] > 0, label, first_color=0, marker="o",
-        dotted="same, every layer global", ylabel="KV cache (GiB, binary)",
-        title=f"sliding windows, B={int(df.batch.iloc[0])}: the KV cache they hold", ncol=2,
-    )  # fmt: skip
+        df,
+        ax,
+        lambda h: h.window.iloc[0] > 0,
+        label,
+        first_color=0,
+        marker="o",
+        dotted="same, every layer global",
+        ylabel="KV cache (GiB, binary)",
+        title=f"sliding windows, B={int(df.batch.iloc[0])}: the KV cache they hold",
+        ncol=2,
+    )
 
 
 def _published_against_all(
-    df: pd.DataFrame, ax, published, label, *, first_color: int, marker: str, dotted: str,
-    ylabel: str, title: str, ncol: int,
-) -> None:  # fmt: skip
+    df: pd.DataFrame,
+    ax,
+    published,
+    label,
+    *,
+    first_color: int,
+    marker: str,
+    dotted: str,
+    ylabel: str,
+    title: str,
+    ncol: int,
+) -> None:
     """Each model's cache over S as published (solid, marked, labelled) and its variant with
     every layer attending everything (dotted, one legend entry for all)."""
     for i, (model, g) in enumerate(df.groupby("model", sort=False)):
@@ -97,9 +119,15 @@ def _published_against_all(
         for _, h in g.groupby("variant", sort=False):
             h = h.sort_values("context")
             shown = published(h)
-            ax.plot(h.context, h.kv_cache_bytes / GIB, color=color, ls="-" if shown else ":",
-                    marker=marker if shown else None, ms=2.5,
-                    label=label(model, h) if shown else None)  # fmt: skip
+            ax.plot(
+                h.context,
+                h.kv_cache_bytes / GIB,
+                color=color,
+                ls="-" if shown else ":",
+                marker=marker if shown else None,
+                ms=2.5,
+                label=label(model, h) if shown else None,
+            )
     ax.plot([], [], color="0.4", ls=":", label=dotted)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -128,9 +156,16 @@ def _kv_variants(df: pd.DataFrame, ax) -> None:
         ax.axhline(g.weight_bytes.iloc[0] / GIB, color=color, ls="--", lw=0.8)
     # the variants' weights lie within a few percent: one band, named once above it
     weights = df.groupby("variant", sort=False).weight_bytes.first() / GIB
-    ax.annotate(f"weights (dashed): {weights.min():.0f}-{weights.max():.0f} GiB",
-                (0.02, weights.max()), xycoords=("axes fraction", "data"), xytext=(0, 3),
-                textcoords="offset points", fontsize=5.5, color="0.25", va="bottom")  # fmt: skip
+    ax.annotate(
+        f"weights (dashed): {weights.min():.0f}-{weights.max():.0f} GiB",
+        (0.02, weights.max()),
+        xycoords=("axes fraction", "data"),
+        xytext=(0, 3),
+        textcoords="offset points",
+        fontsize=5.5,
+        color="0.25",
+        va="bottom",
+    )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context S (tokens)")
@@ -204,10 +239,15 @@ def decode_latency(records: pd.DataFrame, fig) -> None:
         for label, style, source, gk in _one_line(list(_decode_lines(g)), "step_floor_s"):
             bound = source == "closed form" and has_measured
             suffix = (" bound" if source == "closed form" else " measured") if has_measured else ""
-            ax.plot(gk.batch, gk.step_floor_s * 1e3, ms=3, ls="--" if bound else "-",
-                    mfc="none" if bound else style["color"],
-                    label=None if label is None else label + suffix,
-                    **style)  # fmt: skip
+            ax.plot(
+                gk.batch,
+                gk.step_floor_s * 1e3,
+                ms=3,
+                ls="--" if bound else "-",
+                mfc="none" if bound else style["color"],
+                label=None if label is None else label + suffix,
+                **style,
+            )
             if source == "measured" and "flagged" in gk:
                 mark_flags(ax, gk.batch, gk.step_floor_s * 1e3, gk["flagged"])
         ax.set_xscale("log", base=2)
@@ -216,12 +256,21 @@ def decode_latency(records: pd.DataFrame, fig) -> None:
         ax.set_xlabel("batch B")
         ax.set_ylabel("ms per decode step (= per token)")
         ctx = int(g.context.iloc[0])
-        where = (f"measured on {device_name(chip, host_cpu(g))}, S={ctx} (dashed: bound)"
-                 if has_measured else f"closed form on {chip}, S={ctx}")  # fmt: skip
+        where = (
+            f"measured on {device_name(chip, host_cpu(g))}, S={ctx} (dashed: bound)"
+            if has_measured
+            else f"closed form on {chip}, S={ctx}"
+        )
         ax.set_title(f"{where}\n{', '.join(dict.fromkeys(g.model))}", fontsize=7)
         mark_unheld(ax, g[g.source == "closed form"], chip)
-        ax.legend(fontsize=5.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2),
-                  ncol=2, columnspacing=1.0)  # fmt: skip
+        ax.legend(
+            fontsize=5.5,
+            frameon=False,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.2),
+            ncol=2,
+            columnspacing=1.0,
+        )
 
 
 def decode_intensity(records: pd.DataFrame, fig) -> None:
@@ -241,10 +290,19 @@ def decode_intensity(records: pd.DataFrame, fig) -> None:
     ax.set_xlabel("batch B")
     ax.set_ylabel("decode intensity (FLOP/byte)")
     ctx = int(first.context.iloc[0])
-    ax.set_title(f"decode intensity vs batch, closed form (any chip), S={ctx}\n"
-                 f"{', '.join(dict.fromkeys(first.model))}", fontsize=7)  # fmt: skip
-    ax.legend(fontsize=5.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.22),
-              ncol=2, columnspacing=1.0)  # fmt: skip
+    ax.set_title(
+        f"decode intensity vs batch, closed form (any chip), S={ctx}\n"
+        f"{', '.join(dict.fromkeys(first.model))}",
+        fontsize=7,
+    )
+    ax.legend(
+        fontsize=5.5,
+        frameon=False,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.22),
+        ncol=2,
+        columnspacing=1.0,
+    )
 
 
 def hkv_ablation(records: pd.DataFrame, fig) -> None:
@@ -263,11 +321,26 @@ def hkv_ablation(records: pd.DataFrame, fig) -> None:
         x = g.kv_bytes_per_token / 2**10
         what = "h_kv" if family == "GQA" else "latent A"
         c = colors[family]
-        ax.plot(x, g.predicted_s * 1e3, marker="o", ms=3, mfc="none", color=c, ls="--", lw=0.8,
-                label=f"{family} over {what}: predicted (bound)")  # fmt: skip
+        ax.plot(
+            x,
+            g.predicted_s * 1e3,
+            marker="o",
+            ms=3,
+            mfc="none",
+            color=c,
+            ls="--",
+            lw=0.8,
+            label=f"{family} over {what}: predicted (bound)",
+        )
         if "measured_s" in g and g.measured_s.notna().any():
-            ax.plot(x, g.measured_s * 1e3, marker="o", ms=3, color=c,
-                    label=f"{family}: measured (median, interleaved)")  # fmt: skip
+            ax.plot(
+                x,
+                g.measured_s * 1e3,
+                marker="o",
+                ms=3,
+                color=c,
+                label=f"{family}: measured (median, interleaved)",
+            )
             if "flagged" in g:
                 mark_flags(ax, x, g.measured_s * 1e3, g["flagged"])
         # the tags in a strip of their own above the time axis's empty foot, one row per family,
@@ -275,8 +348,16 @@ def hkv_ablation(records: pd.DataFrame, fig) -> None:
         row = 0.03 if family == "MLA" else 0.1
         for xi, (_, r) in zip(x, g.iterrows(), strict=True):
             tag = f"A={int(r.kv_lora_rank)}" if family == "MLA" else f"h_kv={int(r.num_kv_heads)}"
-            ax.text(xi, row, tag, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
-                    fontsize=5, color=c)  # fmt: skip
+            ax.text(
+                xi,
+                row,
+                tag,
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="bottom",
+                fontsize=5,
+                color=c,
+            )
     ax.set_xscale("log", base=2)
     ax.margins(x=0.1)  # room for the outermost tags inside the frame
     ax.set_ylim(0, ax.get_ylim()[1])  # a time axis from zero: the gap is read as a ratio
@@ -288,11 +369,21 @@ def hkv_ablation(records: pd.DataFrame, fig) -> None:
     r = df.iloc[0]
     models = " vs ".join(dict.fromkeys(df.model))
     where = device_name(r.device, host_cpu(df))
-    ax.set_title(f"decode step vs KV cache per token\n{models}, B={int(r.batch)}, "
-                 f"S={int(r.context)}\nmeasured on {where}", fontsize=6.5)  # fmt: skip
-    ax.legend(fontsize=5.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.22),
-              ncol=1, title="tags above the axis: each point's h_kv (GQA) or latent A (MLA)",
-              title_fontsize=5.5)  # fmt: skip
+    ax.set_title(
+        "decode step vs KV cache per token\n"
+        f"{models}, B={int(r.batch)}, S={int(r.context)}\n"
+        f"measured on {where}",
+        fontsize=6.5,
+    )
+    ax.legend(
+        fontsize=5.5,
+        frameon=False,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.22),
+        ncol=1,
+        title="tags above the axis: each point's h_kv (GQA) or latent A (MLA)",
+        title_fontsize=5.5,
+    )
 
 
 def tensor_parallel(records: pd.DataFrame, fig) -> None:
@@ -308,12 +399,30 @@ def tensor_parallel(records: pd.DataFrame, fig) -> None:
     shapes = {k: marks[i % len(marks)] for i, k in enumerate(sorted(palette))}
     for k, g in df.groupby("num_kv_heads"):
         color, (marker, size) = palette[int(k)], shapes[int(k)]
-        ax_kv.plot(g.tp, g.kv_cache_bytes_per_device / GIB, color=color, lw=1,
-                   label=f"h_kv={int(k)}")  # fmt: skip
-        ax_kv.scatter(g.tp, g.sharded_kv_cache_bytes_per_device / GIB, s=size, marker=marker,
-                      facecolors="none", edgecolors=color, linewidths=0.8, zorder=3)  # fmt: skip
-        ax_t.plot(g.tp, g.step_floor_s * 1e3, color=color, lw=1, marker=marker, ms=size**0.5,
-                  mfc="none", mew=0.8, label=f"h_kv={int(k)}")  # fmt: skip
+        ax_kv.plot(
+            g.tp, g.kv_cache_bytes_per_device / GIB, color=color, lw=1, label=f"h_kv={int(k)}"
+        )
+        ax_kv.scatter(
+            g.tp,
+            g.sharded_kv_cache_bytes_per_device / GIB,
+            s=size,
+            marker=marker,
+            facecolors="none",
+            edgecolors=color,
+            linewidths=0.8,
+            zorder=3,
+        )
+        ax_t.plot(
+            g.tp,
+            g.step_floor_s * 1e3,
+            color=color,
+            lw=1,
+            marker=marker,
+            ms=size**0.5,
+            mfc="none",
+            mew=0.8,
+            label=f"h_kv={int(k)}",
+        )
         # tp = h_kv: one KV head per device; beyond it devices hold copies, no saving
         if g.tp.min() < k <= g.tp.max():
             ax_kv.axvline(k, color=color, ls=":", lw=0.7)
@@ -326,8 +435,11 @@ def tensor_parallel(records: pd.DataFrame, fig) -> None:
         low, high = ax.get_ylim()  # from a power of two below the lowest line: it has a label
         ax.set_ylim(2.0 ** math.floor(math.log2(low)), high)
     ax_kv.set_ylabel("KV cache per device (GiB, binary)")
-    ax_kv.set_title(f"KV cache per device, closed form: {r0.model},\nB={int(r0.batch)}, "
-                    f"S={int(r0.context):,} (any chip)", fontsize=6.5)  # fmt: skip
+    ax_kv.set_title(
+        f"KV cache per device, closed form: {r0.model},\n"
+        f"B={int(r0.batch)}, S={int(r0.context):,} (any chip)",
+        fontsize=6.5,
+    )
     ax_kv.scatter([], [], s=18, facecolors="none", edgecolors="0.3", label="sharded arrays")
     ax_kv.plot([], [], color="0.4", ls=":", lw=0.7, label="tp = h_kv (beyond: copies)")
     ax_kv.legend(fontsize=5.5, frameon=True)

@@ -26,8 +26,10 @@ def _matters(kernel: str) -> bool:
     from kvjax import kernels
 
     parts = kernel.split(" + ")
-    return any(kernels.REGISTRY.get(p) is not None and kernels.REGISTRY[p].kind == kernels.MATMUL
-               for p in parts)  # fmt: skip
+    return any(
+        kernels.REGISTRY.get(p) is not None and kernels.REGISTRY[p].kind == kernels.MATMUL
+        for p in parts
+    )
 
 
 def _tick(kernel: str, key: dict[str, str]) -> str:
@@ -70,8 +72,9 @@ def kernel_bound(records: pd.DataFrame, fig) -> None:
             ax.scatter([], [], marker="v", s=8, color="red", label="above the roof (see record)")
         ax.axhline(1.0, color="0.2", lw=0.8, ls="--")
         fused: dict[str, str] = {}
-        ax.set_xticks(range(len(order)), [_tick(k, fused) for k in order], rotation=65,
-                      ha="right", fontsize=5)  # fmt: skip
+        ax.set_xticks(
+            range(len(order)), [_tick(k, fused) for k in order], rotation=65, ha="right", fontsize=5
+        )
         if fused:  # the fused rows' names, under the axis
             ax.set_xlabel("; ".join(f"{t} = {name}" for name, t in fused.items()), fontsize=5)
         ax.set_ylabel("bound / measured (1 = roof)", fontsize=6)
@@ -83,8 +86,9 @@ def kernel_bound(records: pd.DataFrame, fig) -> None:
         )
         wl = f"B={int(g.batch.iloc[0])}, S={int(g.context.iloc[0])}"
         where = device_name(device, host_cpu(g))
-        ax.set_title(f"{g.model.iloc[0]} {phase}, {wl}: each kernel in situ\non {where}{cover}",
-                     fontsize=6)  # fmt: skip
+        ax.set_title(
+            f"{g.model.iloc[0]} {phase}, {wl}: each kernel in situ\non {where}{cover}", fontsize=6
+        )
         # a strip of headroom above the tallest bar holds the legend: it covers no bar
         low, high = ax.get_ylim()
         ax.set_ylim(low, high + (0.45 if flagged else 0.25) * (high - low))
@@ -96,5 +100,12 @@ def mark_flags(ax, xs, ys, flags) -> None:
     the trend of the bytes): a figure never shows one silently."""
     hit = [(x, y) for x, y, f in zip(xs, ys, flags, strict=True) if isinstance(f, str) and f]
     if hit:
-        ax.scatter(*zip(*hit, strict=True), s=45, facecolors="none", edgecolors="red",
-                   linewidths=0.7, label="flagged (see the record)", zorder=5)  # fmt: skip
+        ax.scatter(
+            *zip(*hit, strict=True),
+            s=45,
+            facecolors="none",
+            edgecolors="red",
+            linewidths=0.7,
+            label="flagged (see the record)",
+            zorder=5,
+        )
