@@ -1,11 +1,12 @@
 """What the measured view adds to the figures: kernel labels and above-the-roof marks on a
-roofline panel, and each kernel's measured time inside the step against its bound."""
+roofline panel, each kernel's measured time inside the step against its bound, and the decode
+step measured against its bound over the KV bytes a token (the h_kv and MLA latent ablations)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from kvjax.plotting.style import kv_palette
+from kvjax.plotting.style import MLA_COLOR, device_name, host_cpu, kv_palette
 
 
 def short_kernel(name: str) -> str:
@@ -44,8 +45,6 @@ def _tick(kernel: str, key: dict[str, str]) -> str:
 def kernel_bound(records: pd.DataFrame, fig) -> None:
     """Every kernel (row) timed inside the step against its roofline bound, per num_kv_heads:
     bound / measured, 1 on the roof; a red triangle marks a row flagged above the roof."""
-    from kvjax.plotting.style import device_name, host_cpu
-
     df = records[records.experiment == "profile"]
     keys = ["device", "model", "phase", "batch", "context"]
     panels = list(dict.fromkeys(zip(*(df[k] for k in keys), strict=True)))
@@ -109,3 +108,84 @@ def mark_flags(ax, xs, ys, flags) -> None:
             label="flagged (see the record)",
             zorder=5,
         )
+
+
+def hkv_ablation(records: pd.DataFrame, fig) -> None:
+    """Decode step time over KV-cache bytes per token: GQA sweeping num_kv_heads and MLA sweeping
+    kv_lora_rank on one axis, predicted (closed-form bound on the measured ceilings) against
+    measured, each point labelled with its h_kv or latent width."""
+    df = records[records.experiment == "hkv_ablation"].copy()
+    if "attention_kind" not in df:
+        df["attention_kind"] = "GQA"
+    df["family"] = df.attention_kind.fillna("GQA").map(lambda a: "MLA" if a == "MLA" else "GQA")
+    fig.set_size_inches(fig.get_figwidth(), 3.7)
+    ax = fig.subplots()
+    colors = {"GQA": "#4c72b0", "MLA": MLA_COLOR}
+    for family, g in df.groupby("family", sort=True):
+        g = g.sort_values("kv_bytes_per_token")
+        x = g.kv_bytes_per_token / 2**10
+        what = "h_kv" if family == "GQA" else "latent A"
+        c = colors[family]
+        ax.plot(
+            x,
+            g.predicted_s * 1e3,
+            marker="o",
+            ms=3,
+            mfc="none",
+            color=c,
+            ls="--",
+            lw=0.8,
+            label=f"{family} over {what}: predicted (bound)",
+        )
+        if "measured_s" in g and g.measured_s.notna().any():
+            ax.plot(
+                x,
+                g.measured_s * 1e3,
+                marker="o",
+                ms=3,
+                color=c,
+                label=f"{family}: measured (median, interleaved)",
+            )
+            if "flagged" in g:
+                mark_flags(ax, x, g.measured_s * 1e3, g["flagged"])
+        # the tags in a strip of their own above the time axis's empty foot, one row per family,
+        # each under its point: noisy measured lines that cross never carry a tag into a line
+        row = 0.03 if family == "MLA" else 0.1
+        for xi, (_, r) in zip(x, g.iterrows(), strict=True):
+            tag = f"A={int(r.kv_lora_rank)}" if family == "MLA" else f"h_kv={int(r.num_kv_heads)}"
+            ax.text(
+                xi,
+                row,
+                tag,
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="bottom",
+                fontsize=5,
+                color=c,
+            )
+    ax.set_xscale("log", base=2)
+    ax.margins(x=0.1)  # room for the outermost tags inside the frame
+    ax.set_ylim(0, ax.get_ylim()[1])  # a time axis from zero: the gap is read as a ratio
+    low = ax.get_ylim()[1] * 0.18
+    if min(df.predicted_s.min(), df.get("measured_s", df.predicted_s).min()) * 1e3 < low:
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # keep the strip clear of the data
+    ax.set_xlabel("KV cache per token (KiB, binary)")
+    ax.set_ylabel("decode step (ms)")
+    r = df.iloc[0]
+    models = " vs ".join(dict.fromkeys(df.model))
+    where = device_name(r.device, host_cpu(df))
+    ax.set_title(
+        "decode step vs KV cache per token\n"
+        f"{models}, B={int(r.batch)}, S={int(r.context)}\n"
+        f"measured on {where}",
+        fontsize=6.5,
+    )
+    ax.legend(
+        fontsize=5.5,
+        frameon=False,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.22),
+        ncol=1,
+        title="tags above the axis: each point's h_kv (GQA) or latent A (MLA)",
+        title_fontsize=5.5,
+    )

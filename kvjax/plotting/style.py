@@ -1,8 +1,11 @@
-"""One palette for every figure: a colour per num_kv_heads, ordered by value; MLA its own."""
+"""What every figure shares: one palette (a colour per num_kv_heads, ordered by value; MLA its
+own), the measured device as a title names it, readable log ticks, sizes in GiB."""
 
 from __future__ import annotations
 
 import seaborn as sns
+
+GIB = 2**30  # sizes are drawn in GiB (binary), rates in decimal units
 
 
 def kv_palette(values) -> dict[int, tuple]:
