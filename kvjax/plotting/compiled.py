@@ -7,6 +7,7 @@ import pandas as pd
 import seaborn as sns
 
 from kvjax import kernels
+from kvjax.plotting.roofline import draw_roof
 
 SOURCES = {  # source prefix -> (marker, filled, legend)
     "closed form": ("o", False, "closed form"),
@@ -44,11 +45,7 @@ def roofline_compiled(records: pd.DataFrame, fig) -> bool | None:
         for k in kernels.REGISTRY
         if kernels.REGISTRY[k].kind == kernels.MATMUL and k in set(df.kernel)
     ]
-    # tab10 without its grey: grey is "the others" (every kernel that is not a product)
-    tab = [c for i, c in enumerate(sns.color_palette("tab10", 10)) if i != 7]
-    tab += sns.color_palette("tab20b", 20)
-    palette = dict(zip(products, tab[: len(products)], strict=True))
-    device = df.device.dropna().iloc[0] if "device" in df and df.device.notna().any() else ""
+    palette = _product_palette(products)
     for row, model in enumerate(models):
         for col, phase in enumerate(phases):
             ax = axes[row][col]
@@ -57,6 +54,20 @@ def roofline_compiled(records: pd.DataFrame, fig) -> bool | None:
             ax.set_title(
                 f"{model}, {phase} (B={_one(g, 'batch')}, S={_one(g, 'context')})", fontsize=6.5
             )
+    _key(key_ax, df, products, palette)
+    _title(fig, df)
+
+
+def _product_palette(products: list[str]) -> dict:
+    """A colour per product, in the registry's order."""
+    # tab10 without its grey: grey is "the others" (every kernel that is not a product)
+    tab = [c for i, c in enumerate(sns.color_palette("tab10", 10)) if i != 7]
+    tab += sns.color_palette("tab20b", 20)
+    return dict(zip(products, tab[: len(products)], strict=True))
+
+
+def _key(key_ax, df: pd.DataFrame, products: list[str], palette: dict) -> None:
+    """The key column: the three views' markers, the products' colours, the others named."""
     handles = [
         key_ax.scatter(
             [],
@@ -101,6 +112,11 @@ def roofline_compiled(records: pd.DataFrame, fig) -> bool | None:
         transform=key_ax.transAxes,
         color="0.3",
     )
+
+
+def _title(fig, df: pd.DataFrame) -> None:
+    """The title: the chip whose roofline it is and the target compiled for on this host."""
+    device = df.device.dropna().iloc[0] if "device" in df and df.device.notna().any() else ""
     target = str(df.target.dropna().iloc[0]).upper()
     accelerator = "TPU" if target.startswith(("V", "TPU")) else "GPU"
     fig.suptitle(
@@ -119,18 +135,7 @@ def _one(g: pd.DataFrame, column: str):
 
 def _panel(ax, g: pd.DataFrame, palette: dict) -> None:
     peak, bw = g.peak_flops_per_s.iloc[0], g.bandwidth_bytes_per_s.iloc[0]
-    ridge = peak / bw
-    xs = [min(1e-2, g.intensity.min() / 2), ridge, max(1e5, g.intensity.max() * 2)]
-    ax.plot(xs, [min(peak, x * bw) for x in xs], color="0.2", lw=1)
-    ax.axvline(ridge, color="0.5", ls=":", lw=0.8)
-    ax.text(
-        ridge * 1.15,
-        0.03,
-        f"ridge {ridge:.3g}",
-        fontsize=5.5,
-        color="0.3",
-        transform=ax.get_xaxis_transform(),
-    )
+    draw_roof(ax, peak, bw, g.intensity, fontsize=5.5)
     for source, r in g.groupby("source"):
         key = _source_key(source)
         if key is None:

@@ -1,4 +1,6 @@
-"""The published measurements on each chip's roofline (issue 38): one panel per chip class."""
+"""The published measurements against kvjax's bounds: the kernel corpus on each chip's roofline
+(a panel per chip class), the implementation model's held-out residuals, and the serving systems
+against their system bound and their held-out prediction."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ MARKERS = {
 
 
 def _kernel_rows(records: pd.DataFrame) -> pd.DataFrame:
-    """The kernel corpus's records (runs before issue 50 hold nothing else)."""
+    """The kernel corpus's records (a record without `row_kind` is a kernel's)."""
     df = records[records.experiment == "published_roofline"]
     return df[df.row_kind == "kernel"] if "row_kind" in df else df
 
@@ -37,8 +39,8 @@ def published_roofline(records: pd.DataFrame, fig) -> bool | None:
     colors = dict(zip(MARKERS, sns.color_palette("colorblind", len(MARKERS)), strict=True))
     for ax, (title, chips) in zip(axes, panels, strict=True):
         d = df[df.chip.isin(chips)]
-        # placed by the bound (exact FLOPs / compulsory bytes); records of runs before issue 49
-        # have the implementation model's intensity only
+        # placed by the bound (exact FLOPs / compulsory bytes); a record without
+        # `bound_intensity` has the implementation model's intensity only
         at = d.bound_intensity if "bound_intensity" in d else d.closed_intensity
         x = np.geomspace(0.5, max(3e4, at.max() * 2), 200)
         roofs = d.groupby(["chip_peak_flops_per_s", "chip_bandwidth_bytes_per_s"])
@@ -93,13 +95,12 @@ def published_roofline(records: pd.DataFrame, fig) -> bool | None:
 
 
 def published_residuals(records: pd.DataFrame, fig) -> bool | None:
-    """Issue 49's check of the implementation model: each row's held-out residual
-    log2(predicted / measured) (the fit that never saw the row's source group) against the head
-    dimension and S (fused prefill), the implementation (its name up to its first parenthesis),
-    the source group, the chip and how the source timed the row (`timing`: a profiler's kernel
-    time, a CUDA graph's replay, CUDA events around launches from the host, the host's clock;
-    every class). Structure left in these panels is what the model absorbs instead of
-    explains."""
+    """The implementation model's check: each row's held-out residual log2(predicted /
+    measured) (the fit that never saw the row's source group) against the head dimension and S
+    (fused prefill), the implementation (its name up to its first parenthesis), the source group,
+    the chip and how the source timed the row (`timing`: a profiler's kernel time, a CUDA graph's
+    replay, CUDA events around launches from the host, the host's clock; every class). Structure
+    left in these panels is what the model absorbs instead of explains."""
     import seaborn as sns
 
     df = _kernel_rows(records)
@@ -188,9 +189,9 @@ def _prediction_kind(row: pd.Series) -> str:
 
 
 def published_systems(records: pd.DataFrame, fig) -> bool | None:
-    """Issue 50: each published serving-system result against its system bound (throughputs:
-    measured below the diagonal respects it; latencies: above it), and the held-out prediction
-    against the measurement where the simulator ran."""
+    """Each published serving-system result against its system bound (throughputs: measured
+    below the diagonal respects it; latencies: above it), and the held-out prediction against
+    the measurement where the simulator ran."""
     import seaborn as sns
     from matplotlib import ticker
 
@@ -202,71 +203,12 @@ def published_systems(records: pd.DataFrame, fig) -> bool | None:
     families = sorted(df.family.unique(), key=lambda f: (f != "MLPerf Inference", f))
     colors = dict(zip(families, sns.color_palette("colorblind", len(families)), strict=True))
     axes = fig.subplots(1, 3)
-    for ax, part, title in (
-        (axes[0], df[~latency], "throughput (tokens or requests / s)"),
-        (axes[1], df[latency], "latency (TTFT, TPOT; s)"),
-    ):
-        for fam, g in part.groupby("family"):
-            ax.scatter(
-                g.bound_value,
-                g.measured,
-                s=5,
-                lw=0,
-                alpha=0.7,
-                color=colors[fam],
-                label=f"{fam} ({len(g)})",
-            )
-        lo = min(part.bound_value.min(), part.measured.min()) / 2
-        hi = max(part.bound_value.max(), part.measured.max()) * 2
-        ax.plot([lo, hi], [lo, hi], color="0.3", lw=0.7)
-        beat = int(part.above_bound.astype(bool).sum())
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel="kvjax's system bound",
-            ylabel="measured",
-            title=f"{title}: {beat} of {len(part)} beat the bound",
-        )
+    _against_bound(axes[0], df[~latency], "throughput (tokens or requests / s)", colors)
+    _against_bound(axes[1], df[latency], "latency (TTFT, TPOT; s)", colors)
     axes[0].legend(fontsize=4, frameon=True, loc="upper left")
     pred = df[df.predicted_value.notna()]
-    if not pred.empty:  # each row's predicted / measured, its 80% interval, by implementation
-        impl = pred.implementation if "implementation" in pred else pred.family
-        pred = pred.assign(
-            ratio=pred.predicted_value.astype(float) / pred.measured,
-            kind=pred.apply(_prediction_kind, axis=1),
-            impl=impl.fillna("unstated"),
-        )
-        pred = pred.sort_values(["impl", "source_group", "ratio"]).reset_index(drop=True)
-        names = sorted(pred.impl.unique())
-        shades = dict(zip(names, sns.color_palette("dark", len(names)), strict=True))
-        for (name, kind), g in pred.groupby(["impl", "kind"]):
-            color = shades[name]
-            if "predicted_lo" in g and g.predicted_lo.notna().all():
-                lo, hi = g.predicted_lo.astype(float), g.predicted_hi.astype(float)
-                axes[2].errorbar(
-                    g.index,
-                    g.ratio,
-                    yerr=[g.ratio - lo / g.measured, hi / g.measured - g.ratio],
-                    fmt="none",
-                    lw=0.5,
-                    alpha=0.5,
-                    color=color,
-                )
-            n = g.source_group.nunique()
-            label = f"{name}: {kind} ({len(g)}, {n} group{'s' * (n > 1)})"
-            axes[2].scatter(
-                g.index, g.ratio, s=8, lw=0, color=color, marker=_MARKERS[kind], label=label
-            )
-        axes[2].axhline(1.0, color="0.3", lw=0.7)
-        for f in (0.85, 1.15):
-            axes[2].axhline(f, color="0.6", lw=0.5, ls="--")
-        lo = min(0.5, float(pred.ratio.min()) / 1.5) / 5  # room under the rows for the legend
-        axes[2].set_ylim(lo, max(2.0, float(pred.ratio.max())) * 1.5)
-        axes[2].legend(fontsize=4, frameon=True, loc="lower left")
-        axes[2].set_title(
-            f"held out by implementation, {len(pred)} rows: median |pred/meas - 1| "
-            f"{float((pred.ratio - 1).abs().median()):.1%}"
-        )
+    if not pred.empty:
+        _held_out(axes[2], pred)
     axes[2].set(
         yscale="log",
         xlabel="rows (by implementation, group, then ratio)",
@@ -285,3 +227,69 @@ def published_systems(records: pd.DataFrame, fig) -> bool | None:
         fontsize=7,
     )
     return None
+
+
+def _against_bound(ax, part: pd.DataFrame, title: str, colors: dict) -> None:
+    """Measured against the system bound, log-log, coloured by source family, the diagonal drawn."""
+    for fam, g in part.groupby("family"):
+        ax.scatter(
+            g.bound_value,
+            g.measured,
+            s=5,
+            lw=0,
+            alpha=0.7,
+            color=colors[fam],
+            label=f"{fam} ({len(g)})",
+        )
+    lo = min(part.bound_value.min(), part.measured.min()) / 2
+    hi = max(part.bound_value.max(), part.measured.max()) * 2
+    ax.plot([lo, hi], [lo, hi], color="0.3", lw=0.7)
+    beat = int(part.above_bound.astype(bool).sum())
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="kvjax's system bound",
+        ylabel="measured",
+        title=f"{title}: {beat} of {len(part)} beat the bound",
+    )
+
+
+def _held_out(ax, pred: pd.DataFrame) -> None:
+    """Each predicted row's predicted / measured with its 80% interval, by implementation."""
+    import seaborn as sns
+
+    impl = pred.implementation if "implementation" in pred else pred.family
+    pred = pred.assign(
+        ratio=pred.predicted_value.astype(float) / pred.measured,
+        kind=pred.apply(_prediction_kind, axis=1),
+        impl=impl.fillna("unstated"),
+    )
+    pred = pred.sort_values(["impl", "source_group", "ratio"]).reset_index(drop=True)
+    names = sorted(pred.impl.unique())
+    shades = dict(zip(names, sns.color_palette("dark", len(names)), strict=True))
+    for (name, kind), g in pred.groupby(["impl", "kind"]):
+        color = shades[name]
+        if "predicted_lo" in g and g.predicted_lo.notna().all():
+            lo, hi = g.predicted_lo.astype(float), g.predicted_hi.astype(float)
+            ax.errorbar(
+                g.index,
+                g.ratio,
+                yerr=[g.ratio - lo / g.measured, hi / g.measured - g.ratio],
+                fmt="none",
+                lw=0.5,
+                alpha=0.5,
+                color=color,
+            )
+        n = g.source_group.nunique()
+        label = f"{name}: {kind} ({len(g)}, {n} group{'s' * (n > 1)})"
+        ax.scatter(g.index, g.ratio, s=8, lw=0, color=color, marker=_MARKERS[kind], label=label)
+    ax.axhline(1.0, color="0.3", lw=0.7)
+    for f in (0.85, 1.15):
+        ax.axhline(f, color="0.6", lw=0.5, ls="--")
+    lo = min(0.5, float(pred.ratio.min()) / 1.5) / 5  # room under the rows for the legend
+    ax.set_ylim(lo, max(2.0, float(pred.ratio.max())) * 1.5)
+    ax.legend(fontsize=4, frameon=True, loc="lower left")
+    ax.set_title(
+        f"held out by implementation, {len(pred)} rows: median |pred/meas - 1| "
+        f"{float((pred.ratio - 1).abs().median()):.1%}"
+    )

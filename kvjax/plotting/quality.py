@@ -174,78 +174,9 @@ def hkv_quality(records: pd.DataFrame, fig) -> None:
         letter = f"({chr(ord('a') + i)})" if len(tasks) > 1 else ""
         pairs = g["num_pairs"].dropna().unique() if "num_pairs" in g else []
         if task == "recall" and len(pairs) > 1:
-            s = summarize(g, ["num_kv_heads", "num_pairs"], ["val_accuracy"])
-            heads = sorted(s.num_kv_heads.unique())
-            for k, shift in zip(heads, shifts(len(heads), 4.0), strict=True):
-                sk = s[s.num_kv_heads == k].sort_values("num_pairs")
-                _bars(
-                    ax,
-                    sk.num_pairs,
-                    sk,
-                    "val_accuracy",
-                    palette[int(k)],
-                    f"h_kv={int(k)}",
-                    bounds=(0.0, 1.0),
-                    shift=shift,
-                )
-                gk = g[g.num_kv_heads == k]
-                _seeds(ax, gk.num_pairs, gk.val_accuracy, palette[int(k)], shift=shift)
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(sorted(pairs), [f"{p:g}" for p in sorted(pairs)])
-            ax.xaxis.set_minor_locator(ticker.NullLocator())
-            ax.margins(x=0.08)
-            ax.set_xlabel("key-value pairs in context")
-            ax.set_ylabel("recall accuracy")
-            ax.set_title(
-                f"{letter} recall accuracy vs key-value pairs in context\n"
-                f"{model_title(g, sep=chr(10))}",
-                fontsize=7.5,
-            )
-            caption.append(
-                f"{letter} {int(g.tokens.iloc[0]):,} training tokens per model; bars clipped to "
-                "[0, 1]; the h_kv at one pair count drawn side by side"
-            )
-            missing = sorted(set(df.num_kv_heads) - set(heads))
-            if missing:
-                ran = "/".join(str(int(k)) for k in sorted(heads, reverse=True))
-                caption.append(
-                    f"{letter} recall ran h_kv {ran} only (no "
-                    f"h_kv={', '.join(str(int(k)) for k in missing)})"
-                )
+            caption += _recall_over_pairs(ax, g, df, pairs, palette, letter)
         else:
-            metric = "val_loss" if task == "stdlib" else "val_accuracy"
-            d, mha = _minus_mha(g, metric, ["task"])
-            s = summarize(d, ["num_kv_heads", "kv_bytes_per_token"], ["delta"])
-            ax.plot(s.kv_bytes_per_token / 2**10, s.delta, color="0.6", lw=0.8, zorder=1)
-            for _, r in s.iterrows():
-                _bars(
-                    ax,
-                    [r.kv_bytes_per_token / 2**10],
-                    r.to_frame().T,
-                    "delta",
-                    palette[int(r.num_kv_heads)],
-                    f"h_kv={int(r.num_kv_heads)}",
-                )
-            _seeds(
-                ax, d.kv_bytes_per_token / 2**10, d.delta, [palette[int(k)] for k in d.num_kv_heads]
-            )
-            ax.axhline(0.0, color="0.5", lw=0.6)
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-            ax.set_xlabel("KV cache per token (KiB)")
-            unit = "nats/byte" if task == "stdlib" else "accuracy"
-            ax.set_ylabel(f"{'loss' if task == 'stdlib' else 'accuracy'} - MHA's ({unit})")
-            what = "validation loss" if task == "stdlib" else "recall accuracy"
-            ax.set_title(
-                f"{letter} {what} minus MHA's ({mha:.4f}) vs KV per token\n"
-                f"{model_title(g, sep=chr(10))}",
-                fontsize=7.5,
-            )
-            caption.append(
-                f"{letter} {int(g.tokens.iloc[0]):,} training tokens per model; paired: each "
-                f"seed minus the same seed's MHA model (h_kv={int(df.num_kv_heads.max())}); grey "
-                "line joins the means"
-            )
+            caption += _against_kv_bytes(ax, g, df, task, palette, letter)
         if task == "recall" and "chance_accuracy" in g and g.chance_accuracy.notna().all():
             ax.axhline(
                 g.chance_accuracy.iloc[0], color="0.5", ls=":", lw=0.8, label="chance (recall)"
@@ -255,6 +186,84 @@ def hkv_quality(records: pd.DataFrame, fig) -> None:
         k: handles[k] for k in sorted(handles, key=lambda s: (not s.startswith("h_kv"), len(s), s))
     }
     key_row(fig, grid[1, :], handles, caption, ncol=len(handles))
+
+
+def _recall_over_pairs(ax, g, df, pairs, palette, letter: str) -> list[str]:
+    """Recall accuracy against the key-value pairs in context, one line per num_kv_heads, the
+    h_kv at one pair count side by side; returns the panel's caption lines."""
+    caption = []
+    s = summarize(g, ["num_kv_heads", "num_pairs"], ["val_accuracy"])
+    heads = sorted(s.num_kv_heads.unique())
+    for k, shift in zip(heads, shifts(len(heads), 4.0), strict=True):
+        sk = s[s.num_kv_heads == k].sort_values("num_pairs")
+        _bars(
+            ax,
+            sk.num_pairs,
+            sk,
+            "val_accuracy",
+            palette[int(k)],
+            f"h_kv={int(k)}",
+            bounds=(0.0, 1.0),
+            shift=shift,
+        )
+        gk = g[g.num_kv_heads == k]
+        _seeds(ax, gk.num_pairs, gk.val_accuracy, palette[int(k)], shift=shift)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(pairs), [f"{p:g}" for p in sorted(pairs)])
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+    ax.margins(x=0.08)
+    ax.set_xlabel("key-value pairs in context")
+    ax.set_ylabel("recall accuracy")
+    ax.set_title(
+        f"{letter} recall accuracy vs key-value pairs in context\n{model_title(g, sep=chr(10))}",
+        fontsize=7.5,
+    )
+    caption.append(
+        f"{letter} {int(g.tokens.iloc[0]):,} training tokens per model; bars clipped to "
+        "[0, 1]; the h_kv at one pair count drawn side by side"
+    )
+    missing = sorted(set(df.num_kv_heads) - set(heads))
+    if missing:
+        ran = "/".join(str(int(k)) for k in sorted(heads, reverse=True))
+        caption.append(
+            f"{letter} recall ran h_kv {ran} only (no "
+            f"h_kv={', '.join(str(int(k)) for k in missing)})"
+        )
+    return caption
+
+
+def _against_kv_bytes(ax, g, df, task: str, palette, letter: str) -> list[str]:
+    """The metric minus the same seed's MHA model's against KV bytes per token, one point per
+    num_kv_heads and a grey line through the means; returns the panel's caption lines."""
+    metric = "val_loss" if task == "stdlib" else "val_accuracy"
+    d, mha = _minus_mha(g, metric, ["task"])
+    s = summarize(d, ["num_kv_heads", "kv_bytes_per_token"], ["delta"])
+    ax.plot(s.kv_bytes_per_token / 2**10, s.delta, color="0.6", lw=0.8, zorder=1)
+    for _, r in s.iterrows():
+        _bars(
+            ax,
+            [r.kv_bytes_per_token / 2**10],
+            r.to_frame().T,
+            "delta",
+            palette[int(r.num_kv_heads)],
+            f"h_kv={int(r.num_kv_heads)}",
+        )
+    _seeds(ax, d.kv_bytes_per_token / 2**10, d.delta, [palette[int(k)] for k in d.num_kv_heads])
+    ax.axhline(0.0, color="0.5", lw=0.6)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    ax.set_xlabel("KV cache per token (KiB)")
+    unit = "nats/byte" if task == "stdlib" else "accuracy"
+    ax.set_ylabel(f"{'loss' if task == 'stdlib' else 'accuracy'} - MHA's ({unit})")
+    what = "validation loss" if task == "stdlib" else "recall accuracy"
+    ax.set_title(
+        f"{letter} {what} minus MHA's ({mha:.4f}) vs KV per token\n{model_title(g, sep=chr(10))}",
+        fontsize=7.5,
+    )
+    return [
+        f"{letter} {int(g.tokens.iloc[0]):,} training tokens per model; paired: each seed minus "
+        f"the same seed's MHA model (h_kv={int(df.num_kv_heads.max())}); grey line joins the means"
+    ]
 
 
 # f32 right, int2 left of where they land, 11% (a marker's width): their bytes coincide with

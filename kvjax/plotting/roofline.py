@@ -74,74 +74,10 @@ def _panel(ax, df: pd.DataFrame, chip) -> tuple[str | None, str]:
     """One (model, chip): the roof, its points; returns the panel's caption (what is not
     labelled) and its attention intensities for the figure's caption."""
     peak, bw = df.peak_flops_per_s.iloc[0], df.bandwidth_bytes_per_s.iloc[0]
-    ridge = peak / bw
-    xs = [min(1e-2, df.intensity.min() / 2), ridge, max(1e5, df.intensity.max() * 2)]
-    ax.plot(xs, [min(peak, x * bw) for x in xs], color="0.2", lw=1)
-    ax.axvline(ridge, color="0.5", ls=":", lw=0.8)
-    # at the foot of the ridge line: under the roof's right end no kernel lands this low
-    ax.text(
-        ridge * 1.15,
-        0.03,
-        f"ridge {ridge:.3g}",
-        fontsize=6,
-        color="0.3",
-        transform=ax.get_xaxis_transform(),
-    )
-    attention = {}
-    colors = PHASE_COLORS
+    draw_roof(ax, peak, bw, df.intensity, fontsize=6)
+    attention: dict[str, dict[bool, str]] = {}
     for (phase, source), g in df.groupby(["phase", "source"]):
-        roof = [min(peak, i * bw) for i in g.intensity]
-        mark = MARKERS.get(phase, "o")
-        if source in ("closed form, fused", "closed form, unfused"):
-            fused = source.endswith(" fused")
-            form = "fused" if fused else "unfused (sum)"
-            attention.setdefault(phase, {})[fused] = ", ".join(f"{x:.3g}" for x in g.intensity)
-            ax.scatter(
-                g.intensity,
-                roof,
-                marker="*" if fused else "D",
-                s=40 if fused else 16,
-                color=ATTENTION_COLORS[phase],
-                edgecolors="0.2",
-                linewidths=0.4,
-                zorder=4,
-                label=f"{phase} attention, {form}",
-            )
-        elif source == "closed form":  # above the measured points: a hollow mark stays visible
-            ax.scatter(
-                g.intensity,
-                roof,
-                marker=mark,
-                s=14,
-                facecolors="none",
-                zorder=3,
-                edgecolors=colors[phase],
-                linewidths=0.8,
-                label=f"{phase}, closed form",
-            )
-        elif source == "traced":
-            ax.scatter(
-                g.intensity,
-                roof,
-                color=colors[phase],
-                marker="x",
-                s=10,
-                linewidths=0.6,
-                zorder=3,
-                label=f"{phase}, traced (XLA)",
-            )
-        else:
-            ax.scatter(
-                g.intensity,
-                g.achieved_flops_per_s,
-                marker=mark,
-                s=11,
-                color=colors[phase],
-                alpha=0.6,
-                linewidths=0,
-                zorder=2,
-                label=f"{phase}, measured",
-            )
+        _points(ax, g, phase, source, peak, bw, attention)
     measured = df[df.source == "measured"]
     caption = _label_measured(ax, measured, peak, bw) if len(measured) else None
     ax.set_xscale("log")
@@ -160,6 +96,81 @@ def _panel(ax, df: pd.DataFrame, chip) -> tuple[str | None, str]:
         for phase, v in sorted(attention.items())
     )
     return caption, text
+
+
+def draw_roof(ax, peak: float, bw: float, intensity: pd.Series, fontsize: float) -> None:
+    """The roof min(peak, I x bandwidth) across the points' intensities, and the ridge marked."""
+    ridge = peak / bw
+    xs = [min(1e-2, intensity.min() / 2), ridge, max(1e5, intensity.max() * 2)]
+    ax.plot(xs, [min(peak, x * bw) for x in xs], color="0.2", lw=1)
+    ax.axvline(ridge, color="0.5", ls=":", lw=0.8)
+    # at the foot of the ridge line: under the roof's right end no kernel lands this low
+    ax.text(
+        ridge * 1.15,
+        0.03,
+        f"ridge {ridge:.3g}",
+        fontsize=fontsize,
+        color="0.3",
+        transform=ax.get_xaxis_transform(),
+    )
+
+
+def _points(ax, g: pd.DataFrame, phase: str, source: str, peak, bw, attention: dict) -> None:
+    """One phase's kernels from one source, in that source's marker; the attention both ways
+    also noted in `attention` (phase -> fused -> intensities) for the caption."""
+    roof = [min(peak, i * bw) for i in g.intensity]
+    mark = MARKERS.get(phase, "o")
+    colors = PHASE_COLORS
+    if source in ("closed form, fused", "closed form, unfused"):
+        fused = source.endswith(" fused")
+        form = "fused" if fused else "unfused (sum)"
+        attention.setdefault(phase, {})[fused] = ", ".join(f"{x:.3g}" for x in g.intensity)
+        ax.scatter(
+            g.intensity,
+            roof,
+            marker="*" if fused else "D",
+            s=40 if fused else 16,
+            color=ATTENTION_COLORS[phase],
+            edgecolors="0.2",
+            linewidths=0.4,
+            zorder=4,
+            label=f"{phase} attention, {form}",
+        )
+    elif source == "closed form":  # above the measured points: a hollow mark stays visible
+        ax.scatter(
+            g.intensity,
+            roof,
+            marker=mark,
+            s=14,
+            facecolors="none",
+            zorder=3,
+            edgecolors=colors[phase],
+            linewidths=0.8,
+            label=f"{phase}, closed form",
+        )
+    elif source == "traced":
+        ax.scatter(
+            g.intensity,
+            roof,
+            color=colors[phase],
+            marker="x",
+            s=10,
+            linewidths=0.6,
+            zorder=3,
+            label=f"{phase}, traced (XLA)",
+        )
+    else:
+        ax.scatter(
+            g.intensity,
+            g.achieved_flops_per_s,
+            marker=mark,
+            s=11,
+            color=colors[phase],
+            alpha=0.6,
+            linewidths=0,
+            zorder=2,
+            label=f"{phase}, measured",
+        )
 
 
 def _pick(rows: pd.DataFrame) -> list[tuple[str, pd.Series, list[str]]]:

@@ -68,6 +68,8 @@ WEIGHTS_FLOOR = "weights floor (B -> inf)"
 
 
 def serving_frontier(records: pd.DataFrame, fig) -> bool | None:
+    """A panel per (model, tp, context, chip, ep, dp_attention), lettered; one key below them all
+    whose caption says, by panel letter, which lines are missing, a dot or drawn once for two."""
     df = records[records.experiment == "serving_frontier"]
     df = df.assign(
         **{k: df[k].fillna(1).astype(int) if k in df else 1 for k in ("tp", "ep", "dp_attention")}
@@ -112,13 +114,17 @@ def serving_frontier(records: pd.DataFrame, fig) -> bool | None:
             ax.set_xlabel("ms/token per sequence", fontsize=5.5)
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
+    _key(fig.add_subplot(grid[rows, :]), df, handles, where_notes)
+
+
+def _key(legend, df: pd.DataFrame, handles: dict, where_notes: dict) -> None:
+    """The key row: every line's style once, then the notes of all panels by letter."""
     order = {k: i for i, k in enumerate(("MHA", "GQA", "MQA", "MLA"))}
     labels = sorted(handles, key=lambda lab: (order.get(lab.split(",")[0], 9), lab))
     kernel = (
         ", ".join(sorted(set(df.attention_kernel.dropna()))) if "attention_kernel" in df else ""
     )
     fused = {"flash": "attention fused (flash-decoding)", "xla": "attention unfused (XLA)"}
-    legend = fig.add_subplot(grid[rows, :])
     legend.axis("off")
     legend.legend(
         [handles[k] for k in labels],

@@ -1,6 +1,8 @@
-"""The uptraining figure (`gqa_uptrain`): an MHA model converted to fewer KV heads by
-mean-pooling, the first head or a random init and fine-tuned, against the same GQA model trained
-from scratch for the same tokens; means over seeds with 95% Student-t intervals."""
+"""The uptraining figures: `gqa_uptrain`, an MHA model converted to fewer KV heads by
+mean-pooling, the first head or a random init and fine-tuned (Ainslie et al. 2023), against the
+same GQA model trained from scratch for the same tokens; `mla_uptrain`, MHA converted to MLA by
+partial RoPE and a joint SVD of keys and values (MHA2MLA, Ji et al. 2025) against GQA at equal KV
+bytes. Means over seeds with 95% Student-t intervals."""
 
 from __future__ import annotations
 
@@ -147,20 +149,7 @@ def _curves(ax, tuned: pd.DataFrame, mha: pd.DataFrame, caption: list[str]) -> N
     runs = runs[runs.num_kv_heads == runs.num_kv_heads.min()]
     k = int(runs.num_kv_heads.min())
     for method, g in runs.groupby("method", sort=False):
-        color = UPTRAIN_COLORS.get(method, "0.5")
-        curves = [pd.DataFrame(h).set_index("step").val_loss for h in g.history]
-        for c in curves:
-            ax.plot(c.index, c, color=color, lw=0.6, alpha=0.45)
-        mean = pd.concat(curves, axis=1).mean(axis=1)
-        ax.plot(
-            mean.index,
-            mean,
-            color=color,
-            lw=1.4,
-            marker="o",
-            ms=3,
-            label=f"(c) {method}, final {mean.iloc[-1]:.3f}",
-        )
+        _seed_curves(ax, g, UPTRAIN_COLORS.get(method, "0.5"), f"(c) {method}")
     m = _mha_band(ax, mha)
     _log_loss(ax)
     ax.set_xlabel("fine-tune step (0: right after conversion)")
@@ -171,6 +160,23 @@ def _curves(ax, tuned: pd.DataFrame, mha: pd.DataFrame, caption: list[str]) -> N
     )
     what = f"each of {seeds} seeds (thin) and their mean (thick)" if seeds > 1 else "one seed"
     caption.append(f"(c) {what}" + (f"; MHA {m:.3f}" if m is not None else ""))
+
+
+def _seed_curves(ax, g: pd.DataFrame, color, label: str) -> None:
+    """Each seed's validation curve (thin) and their mean (thick, its final value in the key)."""
+    curves = [pd.DataFrame(h).set_index("step").val_loss for h in g.history]
+    for c in curves:
+        ax.plot(c.index, c, color=color, lw=0.6, alpha=0.45)
+    mean = pd.concat(curves, axis=1).mean(axis=1)
+    ax.plot(
+        mean.index,
+        mean,
+        color=color,
+        lw=1.4,
+        marker="o",
+        ms=3,
+        label=f"{label}, final {mean.iloc[-1]:.3f}",
+    )
 
 
 def mla_uptrain(records: pd.DataFrame, fig) -> bool | None:
@@ -194,60 +200,13 @@ def mla_uptrain(records: pd.DataFrame, fig) -> bool | None:
     fig.set_size_inches(fig.get_figwidth(), 3.6)
     grid = fig.add_gridspec(2, 3, height_ratios=[1.0, 0.3])
     ax, ax_before, ax_curve = (fig.add_subplot(grid[0, i]) for i in range(3))
-    for panel, metric, title in (
-        (ax, "val_loss", f"(a) after {budget - pretrain} fine-tune steps"),
-        (ax_before, "val_loss_before", "(b) right after conversion"),
-    ):
-        s = summarize(runs, ["method", "kv_bytes_per_token"], [metric])
-        for (method, sm), shift in zip(s.groupby("method"), shifts(2), strict=True):
-            sm = sm.sort_values("kv_bytes_per_token")
-            _bars(
-                panel,
-                sm.kv_bytes_per_token,
-                sm,
-                metric,
-                UPTRAIN_COLORS[method],
-                MLA_UPTRAIN_LABELS[method],
-                shift=shift,
-            )
-            if method == "mha2mla":
-                for _, r in sm.iterrows():
-                    a = int(
-                        runs[
-                            (runs.method == method)
-                            & (runs.kv_bytes_per_token == r.kv_bytes_per_token)
-                        ].kv_lora_rank.iloc[0]
-                    )
-                    panel.annotate(
-                        f"A={a}",
-                        (r.kv_bytes_per_token, r[metric]),
-                        fontsize=5.5,
-                        color=UPTRAIN_COLORS[method],
-                        xytext=(4, -8),
-                        textcoords="offset points",
-                    )
-        _mha_band(panel, mha)
-        panel.set_xscale("log", base=2)
-        _plain_ticks(panel, sorted(nbytes))
-        panel.set_xlabel("KV cache per token (bytes)")
-        panel.set_ylabel("validation loss (nats/byte)")
-        panel.set_title(f"{title}, per KV bytes", fontsize=7.5)
+    after = f"(a) after {budget - pretrain} fine-tune steps"
+    _at_equal_bytes(ax, runs, "val_loss", after, mha, nbytes)
+    _at_equal_bytes(ax_before, runs, "val_loss_before", "(b) right after conversion", mha, nbytes)
     _log_loss(ax_before)
     small = runs[runs.kv_bytes_per_token == min(nbytes)]
     for method, g in small.groupby("method", sort=False):
-        curves = [pd.DataFrame(h).set_index("step").val_loss for h in g.history]
-        for c in curves:
-            ax_curve.plot(c.index, c, color=UPTRAIN_COLORS[method], lw=0.6, alpha=0.45)
-        mean = pd.concat(curves, axis=1).mean(axis=1)
-        ax_curve.plot(
-            mean.index,
-            mean,
-            color=UPTRAIN_COLORS[method],
-            lw=1.4,
-            marker="o",
-            ms=3,
-            label=f"(c) {MLA_UPTRAIN_LABELS[method]}, final {mean.iloc[-1]:.3f}",
-        )
+        _seed_curves(ax_curve, g, UPTRAIN_COLORS[method], f"(c) {MLA_UPTRAIN_LABELS[method]}")
     _mha_band(ax_curve, mha)
     _log_loss(ax_curve)
     ax_curve.set_xlabel("fine-tune step (0: right after conversion)")
@@ -275,3 +234,41 @@ def mla_uptrain(records: pd.DataFrame, fig) -> bool | None:
         f"MHA converted to MLA or GQA at equal KV bytes and fine-tuned: {model_title(df)}",
         fontsize=8.5,
     )
+
+
+def _at_equal_bytes(panel, runs: pd.DataFrame, metric: str, title: str, mha, nbytes) -> None:
+    """`metric` per method against KV bytes per token (ticked at `nbytes`), MLA's points tagged
+    with their latent width A, the MHA model's as a band."""
+    s = summarize(runs, ["method", "kv_bytes_per_token"], [metric])
+    for (method, sm), shift in zip(s.groupby("method"), shifts(2), strict=True):
+        sm = sm.sort_values("kv_bytes_per_token")
+        _bars(
+            panel,
+            sm.kv_bytes_per_token,
+            sm,
+            metric,
+            UPTRAIN_COLORS[method],
+            MLA_UPTRAIN_LABELS[method],
+            shift=shift,
+        )
+        if method == "mha2mla":
+            for _, r in sm.iterrows():
+                a = int(
+                    runs[
+                        (runs.method == method) & (runs.kv_bytes_per_token == r.kv_bytes_per_token)
+                    ].kv_lora_rank.iloc[0]
+                )
+                panel.annotate(
+                    f"A={a}",
+                    (r.kv_bytes_per_token, r[metric]),
+                    fontsize=5.5,
+                    color=UPTRAIN_COLORS[method],
+                    xytext=(4, -8),
+                    textcoords="offset points",
+                )
+    _mha_band(panel, mha)
+    panel.set_xscale("log", base=2)
+    _plain_ticks(panel, sorted(nbytes))
+    panel.set_xlabel("KV cache per token (bytes)")
+    panel.set_ylabel("validation loss (nats/byte)")
+    panel.set_title(f"{title}, per KV bytes", fontsize=7.5)
