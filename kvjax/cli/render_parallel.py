@@ -1,4 +1,4 @@
-"""Rendering of the tensor-parallel reports (`kvjax calc --tp`, `kvjax trace --tp`) as rich
+"""Rendering of the placed reports (`kvjax calc --tp/--ep/--pp`, `kvjax trace --tp`) as rich
 tables. No numbers are computed here."""
 
 from __future__ import annotations
@@ -119,7 +119,6 @@ def collectives_cell(p: dict[str, Any]) -> str:
 
 def print_sharded_trace(report: dict[str, Any]) -> None:
     """`kvjax trace --tp N`: one device's compiled step and its collectives vs the closed form."""
-    from rich.table import Table
 
     con = console()
     m, wl, c = report["cfg"], report["workload"], report["closed_form"]
@@ -130,46 +129,8 @@ def print_sharded_trace(report: dict[str, Any]) -> None:
         f"compiled stage on {report['backend']}, per device (layers compiled: "
         f"{'/'.join(map(str, report['layers_traced']))}) | {report['trace_seconds']:.1f} s"
     )
-    t = Table(title="one device's step: closed form vs compiled module")
-    for col in ("", "closed form", "traced", "ratio"):
-        t.add_column(col, justify="left" if not col else "right")
-    t.add_row(
-        "FLOPs",
-        fmt_count(report["closed_flops_per_device"]),
-        fmt_count(report["flops_per_device"]),
-        _ratio(report["flops_ratio"]),
-    )
-    t.add_row(
-        "bytes",
-        fmt_rate(report["closed_bytes_per_device"], "B"),
-        fmt_rate(report["bytes_per_device"], "B"),
-        _ratio(report["bytes_ratio"]),
-    )
-    t.add_row(
-        "collective bytes sent",
-        fmt_rate(report["closed_collective_bytes"], "B"),
-        fmt_rate(report["collective_bytes"], "B"),
-        _ratio(report["collective_ratio"]),
-    )
-    con.print(t)
-    k = Table(title="collectives in the compiled HLO (bytes one device sends, ring algorithms)")
-    closed_kinds = report.get("closed_collectives") or {}
-    for col in ("kind", "closed count", "traced count", "closed bytes", "traced bytes"):
-        k.add_column(col, justify="left" if col == "kind" else "right")
-    kinds = list(report["closed_collective_counts"]) + [
-        x for x in report["collectives"] if x not in report["closed_collective_counts"]
-    ]
-    for kind in kinds:
-        row = report["collectives"].get(kind, {"count": 0, "bytes_per_device": 0})
-        k.add_row(
-            kind,
-            str(report["closed_collective_counts"].get(kind, 0)),
-            f"{row['count']:g}",
-            fmt_rate(closed_kinds.get(kind, {}).get("bytes_per_device", 0), "B"),
-            fmt_rate(row["bytes_per_device"], "B"),
-        )
-    if kinds:
-        con.print(k)
+    _print_device_step(con, report)
+    _print_collectives(con, report)
     if report.get("hosts", 1) > 1:
         total = report["collective_bytes"]
         con.print(
@@ -198,3 +159,55 @@ def print_sharded_trace(report: dict[str, Any]) -> None:
     )
     for note in report["notes"]:
         con.print(f"  note: {note}")
+
+
+def _print_device_step(con, report: dict[str, Any]) -> None:
+    """One device's FLOPs, bytes and collective bytes: the closed form against the compiled."""
+    from rich.table import Table
+
+    t = Table(title="one device's step: closed form vs compiled module")
+    for col in ("", "closed form", "traced", "ratio"):
+        t.add_column(col, justify="left" if not col else "right")
+    t.add_row(
+        "FLOPs",
+        fmt_count(report["closed_flops_per_device"]),
+        fmt_count(report["flops_per_device"]),
+        _ratio(report["flops_ratio"]),
+    )
+    t.add_row(
+        "bytes",
+        fmt_rate(report["closed_bytes_per_device"], "B"),
+        fmt_rate(report["bytes_per_device"], "B"),
+        _ratio(report["bytes_ratio"]),
+    )
+    t.add_row(
+        "collective bytes sent",
+        fmt_rate(report["closed_collective_bytes"], "B"),
+        fmt_rate(report["collective_bytes"], "B"),
+        _ratio(report["collective_ratio"]),
+    )
+    con.print(t)
+
+
+def _print_collectives(con, report: dict[str, Any]) -> None:
+    """Each kind of collective in the compiled HLO: counts and bytes, closed form and traced."""
+    from rich.table import Table
+
+    k = Table(title="collectives in the compiled HLO (bytes one device sends, ring algorithms)")
+    closed_kinds = report.get("closed_collectives") or {}
+    for col in ("kind", "closed count", "traced count", "closed bytes", "traced bytes"):
+        k.add_column(col, justify="left" if col == "kind" else "right")
+    kinds = list(report["closed_collective_counts"]) + [
+        x for x in report["collectives"] if x not in report["closed_collective_counts"]
+    ]
+    for kind in kinds:
+        row = report["collectives"].get(kind, {"count": 0, "bytes_per_device": 0})
+        k.add_row(
+            kind,
+            str(report["closed_collective_counts"].get(kind, 0)),
+            f"{row['count']:g}",
+            fmt_rate(closed_kinds.get(kind, {}).get("bytes_per_device", 0), "B"),
+            fmt_rate(row["bytes_per_device"], "B"),
+        )
+    if kinds:
+        con.print(k)

@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
 def trace_report(args: argparse.Namespace) -> dict[str, Any]:
     """The traced view beside the closed form, as the JSON `kvjax trace --json` prints."""
-    from kvjax.traced.step import compare, trace_step
+    from kvjax.traced.step import trace_step
 
     cfg, wl = resolve_model(args), resolve_workload(args)
     chip = resolve_chip(args, cfg)
@@ -177,31 +177,6 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
             roofline=args.roofline,
             new_tokens=wl.new_tokens,
         )
-    closed = analytic.step_cost(cfg, wl)
-    traced_step = roofline.point(
-        kernels.STEP_KERNEL, trace.total.flops, trace.total.bytes, peak, bw
-    )
-    rows = []
-    if trace.stage == "lowered":
-        for r in compare(trace):
-            on_roof = roofline.point(r.name, r.traced_flops, r.traced_bytes, peak, bw)
-            rows.append(
-                {
-                    "name": r.name,
-                    "closed_flops": r.closed_flops,
-                    "traced_flops": r.traced_flops,
-                    "flops_ratio": finite(r.flops_ratio),
-                    "closed_bytes": r.closed_bytes,
-                    "traced_bytes": r.traced_bytes,
-                    "bytes_ratio": finite(r.bytes_ratio),
-                    "closed_transcendentals": r.closed_transcendentals,
-                    "traced_transcendentals": r.traced_transcendentals,
-                    "intensity": finite(on_roof.intensity),
-                    "bound_s": on_roof.bound_s,
-                    "bound": on_roof.bound,
-                    "explanation": r.explanation,
-                }
-            )
     return {
         "model": cfg.to_dict(),
         "workload": {
@@ -214,21 +189,8 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
         "stage": trace.stage,
         "backend": trace.backend,
         "layers_traced": trace.layers_traced,
-        "kernels": rows,
-        "total": {
-            "closed_flops": closed.flops,
-            "traced_flops": trace.total.flops,
-            "flops_ratio": trace.total.flops / closed.flops,
-            "closed_bytes": closed.bytes,
-            "traced_bytes": trace.total.bytes,
-            "bytes_ratio": trace.total.bytes / closed.bytes,
-            "traced_transcendentals": trace.total.transcendentals,
-            "intensity": traced_step.intensity,
-            "bound_s": traced_step.bound_s,
-            "closed_bound_s": roofline.point(
-                kernels.STEP_KERNEL, closed.flops, closed.bytes, peak, bw
-            ).bound_s,
-        },
+        "kernels": _kernel_rows(trace, peak, bw) if trace.stage == "lowered" else [],
+        "total": _total(trace, analytic.step_cost(cfg, wl), peak, bw),
         "xla_module": {
             k: v
             for k, v in trace.xla.items()
@@ -239,6 +201,54 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
         "interpreted": any(n.startswith("interpreted") for n in trace.notes),
         "trace_seconds": trace.trace_seconds,
         "command_seconds": time.perf_counter() - t0,
+    }
+
+
+def _kernel_rows(trace, peak: float, bw: float) -> list[dict[str, Any]]:
+    """Each kernel of the lowered module beside its closed form, on the chip's roofline."""
+    from kvjax.traced.step import compare
+
+    rows = []
+    for r in compare(trace):
+        on_roof = roofline.point(r.name, r.traced_flops, r.traced_bytes, peak, bw)
+        rows.append(
+            {
+                "name": r.name,
+                "closed_flops": r.closed_flops,
+                "traced_flops": r.traced_flops,
+                "flops_ratio": finite(r.flops_ratio),
+                "closed_bytes": r.closed_bytes,
+                "traced_bytes": r.traced_bytes,
+                "bytes_ratio": finite(r.bytes_ratio),
+                "closed_transcendentals": r.closed_transcendentals,
+                "traced_transcendentals": r.traced_transcendentals,
+                "intensity": finite(on_roof.intensity),
+                "bound_s": on_roof.bound_s,
+                "bound": on_roof.bound,
+                "explanation": r.explanation,
+            }
+        )
+    return rows
+
+
+def _total(trace, closed, peak: float, bw: float) -> dict[str, Any]:
+    """The whole step, traced against the closed form, and both on the chip's roofline."""
+    traced_step = roofline.point(
+        kernels.STEP_KERNEL, trace.total.flops, trace.total.bytes, peak, bw
+    )
+    return {
+        "closed_flops": closed.flops,
+        "traced_flops": trace.total.flops,
+        "flops_ratio": trace.total.flops / closed.flops,
+        "closed_bytes": closed.bytes,
+        "traced_bytes": trace.total.bytes,
+        "bytes_ratio": trace.total.bytes / closed.bytes,
+        "traced_transcendentals": trace.total.transcendentals,
+        "intensity": traced_step.intensity,
+        "bound_s": traced_step.bound_s,
+        "closed_bound_s": roofline.point(
+            kernels.STEP_KERNEL, closed.flops, closed.bytes, peak, bw
+        ).bound_s,
     }
 
 

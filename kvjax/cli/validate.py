@@ -125,10 +125,8 @@ def predict_systems(rows: list[dict[str, Any]], args: argparse.Namespace) -> dic
 
 
 def print_validate(report: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from kvjax.units import fmt_seconds
-
+    """`kvjax validate`: the corpus in one line, the systems, then per kernel class the fraction
+    of the bound and the held-out error, and the rows nearest (or above) their bound."""
     con = console()
     s = report["summary"]
     if s:
@@ -141,6 +139,24 @@ def print_validate(report: dict[str, Any]) -> None:
         print_systems(report, con)
     if not s:
         return
+    _print_classes(con, report)
+    for cls, e in report["classes"].items():  # the held-out error by how the sources timed
+        if e.get("by_timing"):
+            con.print(
+                f"{cls} held out, by how the source timed it: "
+                + ", ".join(
+                    f"{k} {b['rows']} rows ({b['groups']} groups) {b['median_abs_error']:.1%}, "
+                    f"predicted/measured {b['median_ratio']:.2f}"
+                    for k, b in e["by_timing"].items()
+                )
+            )
+    _print_rows(con, report)
+
+
+def _print_classes(con, report: dict[str, Any]) -> None:
+    """Per kernel class: bound / measured over its rows, and the model's held-out error."""
+    from rich.table import Table
+
     t = Table(title="per kernel class: bound / measured, and the model's leave-one-group-out error")
     for col in (
         "class",
@@ -172,16 +188,14 @@ def print_validate(report: dict[str, Any]) -> None:
             f"{e['loso_coverage_80']:.0%}" if "fit" in e else "-",
         )
     con.print(t)
-    for cls, e in report["classes"].items():  # the held-out error by how the sources timed
-        if e.get("by_timing"):
-            con.print(
-                f"{cls} held out, by how the source timed it: "
-                + ", ".join(
-                    f"{k} {b['rows']} rows ({b['groups']} groups) {b['median_abs_error']:.1%}, "
-                    f"predicted/measured {b['median_ratio']:.2f}"
-                    for k, b in e["by_timing"].items()
-                )
-            )
+
+
+def _print_rows(con, report: dict[str, Any]) -> None:
+    """The rows faster than their bound, or else the ten closest to it, with predictions."""
+    from rich.table import Table
+
+    from kvjax.units import fmt_seconds
+
     flagged = [r for r in report["rows"] if r["above_bound"]]
     rows = flagged or sorted(report["rows"], key=lambda r: -r["fraction_of_bound"])[:10]
     t = Table(title="faster than the bound" if flagged else "closest to their bound (none above)")
