@@ -8,7 +8,7 @@ import pandas as pd
 
 from kvjax.plotting.measured import mark_flags
 from kvjax.plotting.serving import mark_unheld
-from kvjax.plotting.style import device_name, host_cpu, kv_palette, log_ticks
+from kvjax.plotting.style import device_name, host_cpu, key_below, kv_palette, log_ticks
 
 
 def _decode_lines(g: pd.DataFrame):
@@ -99,14 +99,7 @@ def decode_latency(records: pd.DataFrame, fig) -> None:
         )
         ax.set_title(f"{where}\n{', '.join(dict.fromkeys(g.model))}", fontsize=7)
         mark_unheld(ax, g[g.source == "closed form"], chip)
-        ax.legend(
-            fontsize=5.5,
-            frameon=False,
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.2),
-            ncol=2,
-            columnspacing=1.0,
-        )
+        key_below(ax, -0.2, ncol=2, columnspacing=1.0)
 
 
 def decode_intensity(records: pd.DataFrame, fig) -> None:
@@ -131,11 +124,4 @@ def decode_intensity(records: pd.DataFrame, fig) -> None:
         f"{', '.join(dict.fromkeys(first.model))}",
         fontsize=7,
     )
-    ax.legend(
-        fontsize=5.5,
-        frameon=False,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.22),
-        ncol=2,
-        columnspacing=1.0,
-    )
+    key_below(ax, -0.22, ncol=2, columnspacing=1.0)

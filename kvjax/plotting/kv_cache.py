@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvjax.plotting.style import GIB, kv_palette, variant_color
+from kvjax.plotting.style import GIB, key_below, kv_palette, variant_color
 
 
 def kv_vs_context(records: pd.DataFrame, fig) -> None:
@@ -95,7 +95,7 @@ def _published_against_all(
     ax.set_xlabel("context S (tokens)")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=8)
-    ax.legend(fontsize=6, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol)
+    key_below(ax, -0.2, fontsize=6, ncol=ncol)
 
 
 def _kv_variants(df: pd.DataFrame, ax) -> None:
@@ -133,4 +133,4 @@ def _kv_variants(df: pd.DataFrame, ax) -> None:
     ax.set_ylabel("KV cache (GiB, binary)")
     batch = int(df.batch.iloc[0])
     ax.set_title(f"{model}, B={batch}: KV cache vs the weights, per attention", fontsize=8)
-    ax.legend(fontsize=6, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    key_below(ax, -0.2, fontsize=6, ncol=2)

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvjax.plotting.style import MLA_COLOR, device_name, host_cpu, kv_palette
+from kvjax.plotting.style import (
+    MLA_COLOR,
+    device_name,
+    host_cpu,
+    key_below,
+    kv_palette,
+    red_rings,
+)
 
 
 def short_kernel(name: str) -> str:
@@ -99,15 +106,7 @@ def mark_flags(ax, xs, ys, flags) -> None:
     the trend of the bytes): a figure never shows one silently."""
     hit = [(x, y) for x, y, f in zip(xs, ys, flags, strict=True) if isinstance(f, str) and f]
     if hit:
-        ax.scatter(
-            *zip(*hit, strict=True),
-            s=45,
-            facecolors="none",
-            edgecolors="red",
-            linewidths=0.7,
-            label="flagged (see the record)",
-            zorder=5,
-        )
+        red_rings(ax, *zip(*hit, strict=True), label="flagged (see the record)", zorder=5)
 
 
 def hkv_ablation(records: pd.DataFrame, fig) -> None:
@@ -180,11 +179,9 @@ def hkv_ablation(records: pd.DataFrame, fig) -> None:
         f"measured on {where}",
         fontsize=6.5,
     )
-    ax.legend(
-        fontsize=5.5,
-        frameon=False,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.22),
+    key_below(
+        ax,
+        -0.22,
         ncol=1,
         title="tags above the axis: each point's h_kv (GQA) or latent A (MLA)",
         title_fontsize=5.5,

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
-from kvjax.plotting.style import kv_palette
+from kvjax.plotting.style import caption_below, kv_palette
 from kvjax.stats import summarize
 
 DTYPE_MARKERS = {"f32": "o", "bf16": "o", "int8": "s", "fp8": "^", "int4": "v", "int2": "X"}
@@ -125,16 +125,7 @@ def key_row(fig, grid_cell, handles: dict, caption: list[str], ncol: int) -> Non
         columnspacing=1.2,
         handletextpad=0.4,
     )
-    key.text(
-        0.5,
-        0.0,
-        "\n".join(caption),
-        ha="center",
-        va="bottom",
-        fontsize=KEY_FONT - 1,
-        color="0.25",
-        transform=key.transAxes,
-    )
+    caption_below(key, caption, KEY_FONT - 1)
 
 
 def _handles(axes) -> dict:

@@ -10,7 +10,7 @@ import math
 import pandas as pd
 
 from kvjax.plotting.measured import PHASE_COLORS, _matters, short_kernel
-from kvjax.plotting.style import device_name, host_cpu
+from kvjax.plotting.style import caption_below, device_name, host_cpu, red_rings
 
 ATTENTION_COLORS = {"prefill": "#8c1c13", "decode": "#dd8452"}  # the attention both ways
 MARKERS = {"prefill": "s", "decode": "o"}
@@ -58,16 +58,7 @@ def roofline(records: pd.DataFrame, fig) -> bool | None:
     if intensities:
         lines.append("attention intensity I (fused / unfused sum): " + "; ".join(intensities))
     lines += captions
-    key.text(
-        0.5,
-        0.0,
-        "\n".join(lines),
-        ha="center",
-        va="bottom",
-        fontsize=KEY_FONT - 0.5,
-        color="0.25",
-        transform=key.transAxes,
-    )
+    caption_below(key, lines, KEY_FONT - 0.5)
 
 
 def _panel(ax, df: pd.DataFrame, chip) -> tuple[str | None, str]:
@@ -249,22 +240,6 @@ def _label_measured(ax, g: pd.DataFrame, peak: float, bw: float) -> str | None:
     ]
     if any(above):
         hot = rows[above]
-        ax.scatter(
-            hot.intensity,
-            hot.achieved_flops_per_s,
-            s=45,
-            facecolors="none",
-            edgecolors="red",
-            linewidths=0.7,
-            zorder=5,
-        )
-        ax.scatter(
-            [],
-            [],
-            s=45,
-            facecolors="none",
-            edgecolors="red",
-            linewidths=0.7,
-            label="above the measured roof (the record says why)",
-        )
+        red_rings(ax, hot.intensity, hot.achieved_flops_per_s, zorder=5)
+        red_rings(ax, [], [], label="above the measured roof (the record says why)")
     return caption

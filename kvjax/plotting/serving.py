@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import seaborn as sns
 
-from kvjax.plotting.style import MLA_COLOR, log_ticks
+from kvjax.plotting.style import MLA_COLOR, caption_below, log_ticks
 
 DTYPE_STYLE = {"bf16": "-", "f16": "-", "f32": "-", "fp8": "--", "int8": ":", "int4": "-."}
 
@@ -144,16 +144,7 @@ def _key(legend, df: pd.DataFrame, handles: dict, where_notes: dict) -> None:
         ]
         if items:
             lines.append(f"{kind}: " + "; ".join(items))
-    legend.text(
-        0.5,
-        0.0,
-        "\n".join(lines),
-        ha="center",
-        va="bottom",
-        fontsize=5.5,
-        color="0.25",
-        transform=legend.transAxes,
-    )
+    caption_below(legend, lines, 5.5)
 
 
 def mark_unheld(ax, g: pd.DataFrame, chip: str) -> None:
