@@ -36,17 +36,22 @@ def calc_report(
     }
 
 
+def workload_report(wl: Workload) -> dict[str, Any]:
+    """The workload as every report writes it: phase, B, S and an extend step's T."""
+    return {
+        "phase": wl.phase,
+        "batch": wl.batch,
+        "context": wl.context,
+        "new_tokens": wl.new_tokens,
+    }
+
+
 def _model_and_chip(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> dict[str, Any]:
     """The model, workload and chip as given; the parameters and the weights' bytes."""
     dtype = cfg.peak_dtype
     return {
         "model": cfg.to_dict(),
-        "workload": {
-            "phase": wl.phase,
-            "batch": wl.batch,
-            "context": wl.context,
-            "new_tokens": wl.new_tokens,
-        },
+        "workload": workload_report(wl),
         "chip": {
             "name": chip.name,
             "compute_dtype": dtype,

@@ -21,6 +21,7 @@ from kvjax.cli.args import (
     resolve_model,
     resolve_workload,
 )
+from kvjax.cli.calc_report import workload_report
 from kvjax.devices import batch_per_replica
 from kvjax.errors import KvjaxError
 from kvjax.traced.targets import GPU_TARGETS, TPU_TARGETS, parse_target
@@ -179,12 +180,7 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
         )
     return {
         "model": cfg.to_dict(),
-        "workload": {
-            "phase": wl.phase,
-            "batch": wl.batch,
-            "context": wl.context,
-            "new_tokens": wl.new_tokens,
-        },
+        "workload": workload_report(wl),
         "chip": {"name": chip.name, "peak_flops_per_s": peak, "bandwidth_bytes_per_s": bw},
         "stage": trace.stage,
         "backend": trace.backend,
