@@ -8,7 +8,7 @@ from kvjax import analytic, get_chip, get_model_config
 
 
 def test_decode_latency_names_what_one_chip_cannot_hold(tmp_path):
-    from kvjax.plotting.figures import decode_latency
+    from kvjax.plotting.decode import decode_latency
     from kvjax.runs.launcher import run_config
 
     config = tmp_path / "c.yaml"

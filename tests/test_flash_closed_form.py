@@ -232,7 +232,7 @@ def test_decode_latency_sweeps_the_attention_kernel(tmp_path):
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from kvjax.plotting.figures import decode_latency
+    from kvjax.plotting.decode import decode_latency
     from kvjax.runs.launcher import run_config
 
     config = tmp_path / "c.yaml"

@@ -213,7 +213,7 @@ def test_hybrid_presets_are_hybrid():
 
 def test_calc_reports_state_beside_kv():
     from kvjax.analytic.variants import variant_rows
-    from kvjax.cli.calc import calc_report
+    from kvjax.cli.calc_report import calc_report
     from kvjax.hardware import get_chip
 
     cfg = get_model_config("qwen3-next-80b-a3b")

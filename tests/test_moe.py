@@ -231,7 +231,7 @@ def test_bad_moe_configs_name_the_field(changes, message):
 
 def test_tensor_and_expert_parallel_placement_by_hand():
     from kvjax.analytic import parallel
-    from kvjax.cli.calc import expert_parallel_report as expert_parallel
+    from kvjax.cli.calc_report import expert_parallel_report as expert_parallel
 
     mixtral = get_model_config("mixtral-8x7b")
     # tp: every expert's width split, the router replicated

@@ -14,7 +14,7 @@ from kvjax.analytic import Workload, step_cost, step_kernels, weight_bytes
 from kvjax.analytic.variants import mla_variant
 from kvjax.cli import main
 from kvjax.cli.args import finite_json
-from kvjax.cli.calc import calc_report
+from kvjax.cli.calc_report import calc_report
 from kvjax.hardware import CHIPS
 from kvjax.model.config import PRESETS
 from kvjax.plotting.explorer import explorer_data, render_explorer, write_explorer

@@ -6,7 +6,7 @@ import pytest
 from kvjax import analytic, get_chip, get_model_config, kernels
 from kvjax.analytic import Workload
 from kvjax.analytic.variants import variants_table
-from kvjax.cli.calc import calc_report
+from kvjax.cli.calc_report import calc_report
 
 KiB, GiB, TiB = 2**10, 2**30, 2**40
 

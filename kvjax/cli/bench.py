@@ -19,6 +19,7 @@ from kvjax.cli.args import (
     resolve_model,
     resolve_workload,
 )
+from kvjax.cli.calc_report import workload_report
 from kvjax.units import fmt_rate, sig
 
 
@@ -110,12 +111,7 @@ def bench_report(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "device": device_name(),
         "model": base.to_dict(),
-        "workload": {
-            "phase": wl.phase,
-            "batch": wl.batch,
-            "context": wl.context,
-            "new_tokens": wl.new_tokens,
-        },  # fmt: skip
+        "workload": workload_report(wl),
         "ceilings": {
             "peak_flops_per_s": ceilings.peak(base.compute_dtype),
             "bandwidth_bytes_per_s": ceilings.bandwidth_bytes_per_s,

@@ -43,28 +43,48 @@ def add_parser(sub) -> None:
         action="store_true",
         help="one curve per attention variant (MHA, GQA, MQA, MLA) of the model",
     )
-    p.add_argument("--tp", type=positive_int, default=None,
-                   help="tensor-parallel degree inside each attention group (default: 1, or, "
-                   "when one chip cannot hold the model, the fewest of 2, 4, 8 that can, said "
-                   "in the output)")  # fmt: skip
-    p.add_argument("--dp-attention", type=positive_int, default=None, metavar="N",
-                   help="data-parallel attention groups (default: --ep, else 1); "
-                   "devices = tp x N")  # fmt: skip
-    p.add_argument("--ep", type=positive_int, default=1,
-                   help="MoE: experts spread over the --dp-attention devices (tp = 1)")  # fmt: skip
-    p.add_argument("--chunk", type=positive_int, default=0, metavar="C",
-                   help="time to first token with chunked prefill of C-token chunks")  # fmt: skip
     p.add_argument(
-        "--predict", action="store_true",
+        "--tp",
+        type=positive_int,
+        default=None,
+        help="tensor-parallel degree inside each attention group (default: 1, or, when one chip "
+        "cannot hold the model, the fewest of 2, 4, 8 that can, said in the output)",
+    )
+    p.add_argument(
+        "--dp-attention",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="data-parallel attention groups (default: --ep, else 1); devices = tp x N",
+    )
+    p.add_argument(
+        "--ep",
+        type=positive_int,
+        default=1,
+        help="MoE: experts spread over the --dp-attention devices (tp = 1)",
+    )
+    p.add_argument(
+        "--chunk",
+        type=positive_int,
+        default=0,
+        metavar="C",
+        help="time to first token with chunked prefill of C-token chunks",
+    )
+    p.add_argument(
+        "--predict",
+        action="store_true",
         help="add each point's predicted step time [80%% interval] beside its bound, from the "
         "efficiency model fitted on the published measurements (kvjax validate)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--max-quality-cost", type=finite_float, default=None, metavar="NATS",
+        "--max-quality-cost",
+        type=finite_float,
+        default=None,
+        metavar="NATS",
         help="a quality budget: mark each variant whose committed quality cost (validation loss "
         "over MHA's, nats/byte, on the small quality model: kvjax.quality.costs) is above NATS "
         "and name the fastest point within it; a variant with no committed cost is refused",
-    )  # fmt: skip
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -88,9 +108,14 @@ def variants_of(cfg: ModelConfig, all_variants: bool) -> list[tuple[str, ModelCo
 
 
 def frontier_report(
-    cfg: ModelConfig, chip: ChipSpec, context: int, page_size: int = 0, chunk: int = 0,
-    all_variants: bool = False, placement: dict[str, int] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    cfg: ModelConfig,
+    chip: ChipSpec,
+    context: int,
+    page_size: int = 0,
+    chunk: int = 0,
+    all_variants: bool = False,
+    placement: dict[str, int] | None = None,
+) -> dict[str, Any]:
     """`placement`: tp, ep, dp_attention (`kvjax.analytic.parallel.Placement`), one chip if
     None."""
     curves = []
@@ -114,7 +139,7 @@ def frontier_report(
             "memory_bytes": chip.memory_bytes,
             "peak_flops_per_s": chip.peak(cfg.peak_dtype),
             "bandwidth_bytes_per_s": chip.bandwidth_bytes_per_s,
-        },  # fmt: skip
+        },
         "context": context,
         "page_size": page_size,
         "chunk": chunk,
@@ -129,20 +154,31 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_model(args)
     chip = resolve_chip(args, cfg)
     placement = {"tp": args.tp or 1, "ep": args.ep, "dp_attention": args.dp_attention or args.ep}
-    report = frontier_report(cfg, chip, args.context, args.page_size, args.chunk, args.variants,
-                             placement)  # fmt: skip
+    report = frontier_report(
+        cfg, chip, args.context, args.page_size, args.chunk, args.variants, placement
+    )
     auto = args.tp is None and args.ep == 1 and args.dp_attention is None and not args.predict
     if auto and not all(report["max_batch"].values()):
         for tp in (2, 4, 8):  # the seed's 70B on H100s: the explorer opens on 8
-            placed = frontier_report(cfg, chip, args.context, args.page_size, args.chunk,
-                                     args.variants, {**placement, "tp": tp})  # fmt: skip
+            placed = frontier_report(
+                cfg,
+                chip,
+                args.context,
+                args.page_size,
+                args.chunk,
+                args.variants,
+                {**placement, "tp": tp},
+            )
             if all(placed["max_batch"].values()):
-                placed["tp_note"] = (f"no --tp given and one {chip.name} holds no batch: tp={tp}, "
-                                     "the fewest of 1, 2, 4, 8 that does")  # fmt: skip
+                placed["tp_note"] = (
+                    f"no --tp given and one {chip.name} holds no batch: tp={tp}, the fewest of "
+                    "1, 2, 4, 8 that does"
+                )
                 report = placed
                 break
-    for (_, variant), curve in zip(variants_of(cfg, args.variants), report["variants"],
-                                   strict=True):  # fmt: skip
+    for (_, variant), curve in zip(
+        variants_of(cfg, args.variants), report["variants"], strict=True
+    ):
         curve["no_batch_fits"] = None if curve["max_batch"] else nothing_fits(variant, chip, curve)
     if args.predict:
         if report["devices"] > 1:
@@ -155,8 +191,9 @@ def run(args: argparse.Namespace) -> int:
     return emit(args, report, print_frontier)
 
 
-def apply_quality_budget(report: dict[str, Any], cfg: ModelConfig, all_variants: bool,
-                         budget: float) -> None:  # fmt: skip
+def apply_quality_budget(
+    report: dict[str, Any], cfg: ModelConfig, all_variants: bool, budget: float
+) -> None:
     """Each curve's committed quality cost and whether it is within `budget` (its mean; the
     interval printed beside), and the fastest point (tokens/s per chip) of the curves within."""
     from kvjax.quality.costs import quality_cost
@@ -165,17 +202,20 @@ def apply_quality_budget(report: dict[str, Any], cfg: ModelConfig, all_variants:
     for curve in report["variants"]:
         cost = quality_cost(variants[curve["variant"]])
         if cost.missing:
-            raise KvjaxError(f"--max-quality-cost {budget:g}: variant {curve['variant']!r} has no "
-                             f"committed quality cost ({cost.missing})")  # fmt: skip
+            raise KvjaxError(
+                f"--max-quality-cost {budget:g}: variant {curve['variant']!r} has no committed "
+                f"quality cost ({cost.missing})"
+            )
         curve["quality_cost"] = cost.as_dict()
         curve["within_quality_budget"] = bool(cost.delta <= budget)
     kept = [(c, p) for c in report["variants"] if c["within_quality_budget"] for p in c["points"]]
     best = max(kept, key=lambda cp: cp[1]["tokens_per_s"], default=None)
     report["max_quality_cost"] = budget
     report["fastest_within_quality_budget"] = best and {
-        "variant": best[0]["variant"], "quality_cost": best[0]["quality_cost"]["delta"],
+        "variant": best[0]["variant"],
+        "quality_cost": best[0]["quality_cost"]["delta"],
         **{k: best[1][k] for k in ("batch", "tokens_per_s", "ms_per_token")},
-    }  # fmt: skip
+    }
 
 
 def add_predictions(report: dict[str, Any], cfg: ModelConfig, chip: ChipSpec, all_variants: bool):
@@ -216,7 +256,7 @@ def print_frontier(report: dict[str, Any]) -> None:
             ", collectives over the link overlapped (the larger); tokens/s per chip"
             if report["devices"] > 1
             else ""
-        )  # fmt: skip
+        )
     )
     t = Table(title="throughput-latency frontier (each curve ends where memory ends)")
     predicted = any("predicted_s" in p for p in report["points"])
@@ -228,8 +268,13 @@ def print_frontier(report: dict[str, Any]) -> None:
     for curve in report["variants"]:
         for p in curve["points"]:
             over = " (over the quality budget)" * (curve.get("within_quality_budget") is False)
-            cells = [curve["variant"] + over, f"{p['batch']:,}", sig(p["ms_per_token"]),
-                     f"{p['tokens_per_s']:,.0f}", fmt_bytes(p["memory_bytes"])]  # fmt: skip
+            cells = [
+                curve["variant"] + over,
+                f"{p['batch']:,}",
+                sig(p["ms_per_token"]),
+                f"{p['tokens_per_s']:,.0f}",
+                fmt_bytes(p["memory_bytes"]),
+            ]
             if predicted:
                 cells += [
                     f"{sig(1e3 * p['predicted_s'])} [{sig(1e3 * p['predicted_lo_s'])}, "
@@ -246,9 +291,11 @@ def print_frontier(report: dict[str, Any]) -> None:
         if "quality_cost" in curve:
             q = curve["quality_cost"]
             verdict = "within" if curve["within_quality_budget"] else "OVER"
-            con.print(f"  {curve['variant']:<16} quality cost {q['delta']:+.4f} [{q['low']:+.4f}, "
-                      f"{q['high']:+.4f}] nats/byte ({q['comparison']}): {verdict} the budget "
-                      f"{report['max_quality_cost']:g}")  # fmt: skip
+            con.print(
+                f"  {curve['variant']:<16} quality cost {q['delta']:+.4f} [{q['low']:+.4f}, "
+                f"{q['high']:+.4f}] nats/byte ({q['comparison']}): {verdict} the budget "
+                f"{report['max_quality_cost']:g}"
+            )
         chunked = curve["time_to_first_token_chunked_s"]
         extra = (
             f"; chunked by {report['chunk']:,}: {fmt_seconds(chunked)}"
@@ -266,9 +313,13 @@ def print_frontier(report: dict[str, Any]) -> None:
         best = report["fastest_within_quality_budget"]
         con.print(
             f"  fastest within a quality cost of {report['max_quality_cost']:g} nats/byte: "
-            + (f"{best['variant']} at B={best['batch']:,}, {best['tokens_per_s']:,.0f} tokens/s, "
-               f"{sig(best['ms_per_token'])} ms/token" if best else "none (no variant within)")
-        )  # fmt: skip
+            + (
+                f"{best['variant']} at B={best['batch']:,}, {best['tokens_per_s']:,.0f} "
+                f"tokens/s, {sig(best['ms_per_token'])} ms/token"
+                if best
+                else "none (no variant within)"
+            )
+        )
 
 
 def nothing_fits(variant: ModelConfig, chip: ChipSpec, curve: dict[str, Any]) -> str:

@@ -51,8 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except OSError as exc:  # the file system said no: name the path and why
         where = f" {exc.filename!r}" if exc.filename else ""
-        print(f"kvjax {args.command}: error: cannot use{where}: {exc.strerror or exc}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"kvjax {args.command}: error: cannot use{where}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -72,9 +72,13 @@ def profile_report(args: argparse.Namespace) -> dict[str, Any]:
     ):
         read_ceiling, bandwidths = ReadCeiling.beside(ceilings), []
         profiles = profile_sweep(
-            cfgs, wl, steps=-(-args.steps // rounds), rounds=rounds, trace_root=str(root),
+            cfgs,
+            wl,
+            steps=-(-args.steps // rounds),
+            rounds=rounds,
+            trace_root=str(root),
             between=lambda _: bandwidths.append(read_ceiling()),
-        )  # fmt: skip
+        )
     points = reports_on_ceilings(  # under the read ceiling measured in this run
         profiles,
         in_run_ceilings(ceilings, bandwidths),
@@ -114,8 +118,18 @@ def print_profile(report: dict[str, Any]) -> None:
             f"{fmt_rate(c['bandwidth_bytes_per_s'], 'B/s')} measured {c['date']}"
         )
         t = Table(title=f"in situ, median of {point['steps']} steps (bytes: per step)")
-        cols = ("kernel(s)", "ops", "median", "of step", "closed bytes", "compiled bytes",
-                "achieved", "bound", "of bound", "")  # fmt: skip
+        cols = (
+            "kernel(s)",
+            "ops",
+            "median",
+            "of step",
+            "closed bytes",
+            "compiled bytes",
+            "achieved",
+            "bound",
+            "of bound",
+            "",
+        )
         for col in cols:
             t.add_column(col, justify="left" if col in ("kernel(s)", "") else "right")
         step = point["step"]

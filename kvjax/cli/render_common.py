@@ -1,5 +1,7 @@
-"""What every report's rendering shares: the console, the attention label, ratios. The report
-modules (`render`, `render_parallel`, `render_target`) import from here, never each other."""
+"""What every report's rendering shares: the console, the attention label, ratios, a hybrid's
+state line. The report modules (`render`, `render_calc`, `render_parallel`, `render_target`) take
+them from here; only `render_calc` calls another, for calc's placements (`render_parallel`) and
+predictions (`validate`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rendering of the tensor-parallel reports (`kvjax calc --tp`, `kvjax trace --tp`) as rich
+"""Rendering of the placed reports (`kvjax calc --tp/--ep/--pp`, `kvjax trace --tp`) as rich
 tables. No numbers are computed here."""
 
 from __future__ import annotations
@@ -20,21 +20,31 @@ def print_pipeline(p: dict[str, Any]) -> None:
     """`calc --pp`: each stage on one device, and what runs between them."""
     from rich.table import Table
 
-    t = Table(title=f"pipeline: {p['pp']} stages x tp {p['tp']} = {p['devices']} devices "
-                    "(one device of each stage)")  # fmt: skip
+    t = Table(
+        title=f"pipeline: {p['pp']} stages x tp {p['tp']} = {p['devices']} devices (one device "
+        "of each stage)"
+    )
     for col in ("stage", "layers", "weights", "KV cache", "FLOPs", "bytes", "bound"):
         t.add_column(col, justify="right")
     for st in p["stages"]:
-        t.add_row(str(st["index"]), str(st["layers"]), fmt_bytes(st["weight_bytes"]),
-                  fmt_bytes(st["kv_cache_bytes"]), f"{st['flops']:.3g}", fmt_bytes(st["bytes"]),
-                  fmt_seconds(st["bound_s"]))  # fmt: skip
+        t.add_row(
+            str(st["index"]),
+            str(st["layers"]),
+            fmt_bytes(st["weight_bytes"]),
+            fmt_bytes(st["kv_cache_bytes"]),
+            f"{st['flops']:.3g}",
+            fmt_bytes(st["bytes"]),
+            fmt_seconds(st["bound_s"]),
+        )
     con = console()
     con.print(t)
     hop = "-" if p["stage_link_s"] is None else fmt_seconds(p["stage_link_s"])
-    con.print(f"  between stages: {fmt_bytes(p['stage_message_bytes'])} a device a step ({hop} "
-              f"over the link); period {fmt_seconds(p['period_s'])} (the slowest stage, "
-              f"micro-batches in flight), latency {fmt_seconds(p['latency_s'])} through all; "
-              f"one micro-batch alone idles {p['bubble_with_one_micro_batch']:.0%}")  # fmt: skip
+    con.print(
+        f"  between stages: {fmt_bytes(p['stage_message_bytes'])} a device a step ({hop} over "
+        f"the link); period {fmt_seconds(p['period_s'])} (the slowest stage, micro-batches in "
+        f"flight), latency {fmt_seconds(p['latency_s'])} through all; one micro-batch alone "
+        f"idles {p['bubble_with_one_micro_batch']:.0%}"
+    )
 
 
 def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) -> None:
@@ -85,8 +95,11 @@ def print_tensor_parallel(report: dict[str, Any], points: list[dict[str, Any]]) 
 
 def split_label(p: dict[str, Any]) -> str:
     """tp8, dp8 x ep8, dp2 x tp4: the axes over one."""
-    parts = [f"{n}{p.get(k, 1)}" for n, k in (("dp", "dp_attention"), ("tp", "tp"), ("ep", "ep"))
-             if p.get(k, 1) > 1]  # fmt: skip
+    parts = [
+        f"{n}{p.get(k, 1)}"
+        for n, k in (("dp", "dp_attention"), ("tp", "tp"), ("ep", "ep"))
+        if p.get(k, 1) > 1
+    ]
     return " x ".join(parts) or "1"
 
 
@@ -106,7 +119,6 @@ def collectives_cell(p: dict[str, Any]) -> str:
 
 def print_sharded_trace(report: dict[str, Any]) -> None:
     """`kvjax trace --tp N`: one device's compiled step and its collectives vs the closed form."""
-    from rich.table import Table
 
     con = console()
     m, wl, c = report["cfg"], report["workload"], report["closed_form"]
@@ -117,46 +129,8 @@ def print_sharded_trace(report: dict[str, Any]) -> None:
         f"compiled stage on {report['backend']}, per device (layers compiled: "
         f"{'/'.join(map(str, report['layers_traced']))}) | {report['trace_seconds']:.1f} s"
     )
-    t = Table(title="one device's step: closed form vs compiled module")
-    for col in ("", "closed form", "traced", "ratio"):
-        t.add_column(col, justify="left" if not col else "right")
-    t.add_row(
-        "FLOPs",
-        fmt_count(report["closed_flops_per_device"]),
-        fmt_count(report["flops_per_device"]),
-        _ratio(report["flops_ratio"]),
-    )
-    t.add_row(
-        "bytes",
-        fmt_rate(report["closed_bytes_per_device"], "B"),
-        fmt_rate(report["bytes_per_device"], "B"),
-        _ratio(report["bytes_ratio"]),
-    )
-    t.add_row(
-        "collective bytes sent",
-        fmt_rate(report["closed_collective_bytes"], "B"),
-        fmt_rate(report["collective_bytes"], "B"),
-        _ratio(report["collective_ratio"]),
-    )
-    con.print(t)
-    k = Table(title="collectives in the compiled HLO (bytes one device sends, ring algorithms)")
-    closed_kinds = report.get("closed_collectives") or {}
-    for col in ("kind", "closed count", "traced count", "closed bytes", "traced bytes"):
-        k.add_column(col, justify="left" if col == "kind" else "right")
-    kinds = list(report["closed_collective_counts"]) + [
-        x for x in report["collectives"] if x not in report["closed_collective_counts"]
-    ]
-    for kind in kinds:
-        row = report["collectives"].get(kind, {"count": 0, "bytes_per_device": 0})
-        k.add_row(
-            kind,
-            str(report["closed_collective_counts"].get(kind, 0)),
-            f"{row['count']:g}",
-            fmt_rate(closed_kinds.get(kind, {}).get("bytes_per_device", 0), "B"),
-            fmt_rate(row["bytes_per_device"], "B"),
-        )
-    if kinds:
-        con.print(k)
+    _print_device_step(con, report)
+    _print_collectives(con, report)
     if report.get("hosts", 1) > 1:
         total = report["collective_bytes"]
         con.print(
@@ -185,3 +159,55 @@ def print_sharded_trace(report: dict[str, Any]) -> None:
     )
     for note in report["notes"]:
         con.print(f"  note: {note}")
+
+
+def _print_device_step(con, report: dict[str, Any]) -> None:
+    """One device's FLOPs, bytes and collective bytes: the closed form against the compiled."""
+    from rich.table import Table
+
+    t = Table(title="one device's step: closed form vs compiled module")
+    for col in ("", "closed form", "traced", "ratio"):
+        t.add_column(col, justify="left" if not col else "right")
+    t.add_row(
+        "FLOPs",
+        fmt_count(report["closed_flops_per_device"]),
+        fmt_count(report["flops_per_device"]),
+        _ratio(report["flops_ratio"]),
+    )
+    t.add_row(
+        "bytes",
+        fmt_rate(report["closed_bytes_per_device"], "B"),
+        fmt_rate(report["bytes_per_device"], "B"),
+        _ratio(report["bytes_ratio"]),
+    )
+    t.add_row(
+        "collective bytes sent",
+        fmt_rate(report["closed_collective_bytes"], "B"),
+        fmt_rate(report["collective_bytes"], "B"),
+        _ratio(report["collective_ratio"]),
+    )
+    con.print(t)
+
+
+def _print_collectives(con, report: dict[str, Any]) -> None:
+    """Each kind of collective in the compiled HLO: counts and bytes, closed form and traced."""
+    from rich.table import Table
+
+    k = Table(title="collectives in the compiled HLO (bytes one device sends, ring algorithms)")
+    closed_kinds = report.get("closed_collectives") or {}
+    for col in ("kind", "closed count", "traced count", "closed bytes", "traced bytes"):
+        k.add_column(col, justify="left" if col == "kind" else "right")
+    kinds = list(report["closed_collective_counts"]) + [
+        x for x in report["collectives"] if x not in report["closed_collective_counts"]
+    ]
+    for kind in kinds:
+        row = report["collectives"].get(kind, {"count": 0, "bytes_per_device": 0})
+        k.add_row(
+            kind,
+            str(report["closed_collective_counts"].get(kind, 0)),
+            f"{row['count']:g}",
+            fmt_rate(closed_kinds.get(kind, {}).get("bytes_per_device", 0), "B"),
+            fmt_rate(row["bytes_per_device"], "B"),
+        )
+    if kinds:
+        con.print(k)

@@ -23,8 +23,17 @@ def print_target_trace(report: dict[str, Any]) -> None:
         f"this host in {tg['compile_seconds']:.1f} s"
     )
     t = Table(title="per kernel, summed over layers: closed form vs the target's executable")
-    for col in ("kernel", "closed FLOPs", "compiled FLOPs", "ratio", "closed bytes",
-                "compiled bytes", "ratio", "executed as", "temporaries / extra"):  # fmt: skip
+    for col in (
+        "kernel",
+        "closed FLOPs",
+        "compiled FLOPs",
+        "ratio",
+        "closed bytes",
+        "compiled bytes",
+        "ratio",
+        "executed as",
+        "temporaries / extra",
+    ):
         t.add_column(col, justify="left" if col[0] in "ket" else "right")
     for k in tg["kernels"]:
         extra = [f"{n}x {name}" for name, n in k["temporaries"].items()]
@@ -35,8 +44,11 @@ def print_target_trace(report: dict[str, Any]) -> None:
         if k["convert_flops"] and k["kind"] == "matmul":
             extra.append(f"+{fmt_count(k['convert_flops'])} convert FLOPs")
         if k["fused_with"]:
-            extra.append("fused with " + ", ".join(k["fused_with"][:3])
-                         + ("..." if len(k["fused_with"]) > 3 else ""))  # fmt: skip
+            extra.append(
+                "fused with "
+                + ", ".join(k["fused_with"][:3])
+                + ("..." if len(k["fused_with"]) > 3 else "")
+            )
         t.add_row(
             k["name"],
             fmt_count(k["closed_flops"]) if k["closed_flops"] else "0",

@@ -117,8 +117,10 @@ def run_figures(args: argparse.Namespace) -> int:
         exported = load_exports(folder)
         have = set(frames[0].experiment) if frames and len(frames[0]) else set()
         if have & set(exported.experiment):  # a run's own records win over its export
-            print(f"{folder}: {', '.join(sorted(have & set(exported.experiment)))} read from "
-                  "--runs instead")  # fmt: skip
+            print(
+                f"{folder}: {', '.join(sorted(have & set(exported.experiment)))} read from "
+                "--runs instead"
+            )
             exported = exported[~exported.experiment.isin(have)]
         frames.append(exported)
     records = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -73,8 +73,9 @@ def serve_report(args: argparse.Namespace) -> dict[str, Any]:
     check_requests(requests, max_len, None)
     pages = pool_pages(args.max_batch, max_len, P, args.kv_pool_tokens)
     check_requests(requests, max_len, Scheduler(PagePool(pages, P), args.max_batch, 1))
-    engine = Engine(cfg, args.max_batch, max_len, args.token_budget, P, args.kv_pool_tokens,
-                    seed=args.seed)  # fmt: skip
+    engine = Engine(
+        cfg, args.max_batch, max_len, args.token_budget, P, args.kv_pool_tokens, seed=args.seed
+    )
     # with --save-steps, first the calibration (after one left out: the first serve after the
     # compile has outliers of 50 ms): on the step clock, so every coefficient of the step model
     # is determined by its batches, however fast or busy the machine (a served run alone rarely
@@ -87,22 +88,41 @@ def serve_report(args: argparse.Namespace) -> dict[str, Any]:
     if args.save_steps:
         from kvjax.serving.steps_file import save_steps
 
-        save_steps(args.save_steps, {
-            "model": cfg.name, "device": device_name(), "max_batch": args.max_batch,
-            "max_len": max_len,
-            "token_budget": args.token_budget, "page_size": P,
-            "kv_pool_tokens": engine.pool_pages * P, "buckets": list(engine.buckets),
-            "features": list(engine.features), "calibration_runs": 1},
-            [calibration.measured, result.measured])  # fmt: skip
+        save_steps(
+            args.save_steps,
+            {
+                "model": cfg.name,
+                "device": device_name(),
+                "max_batch": args.max_batch,
+                "max_len": max_len,
+                "token_budget": args.token_budget,
+                "page_size": P,
+                "kv_pool_tokens": engine.pool_pages * P,
+                "buckets": list(engine.buckets),
+                "features": list(engine.features),
+                "calibration_runs": 1,
+            },
+            [calibration.measured, result.measured],
+        )
     out = report(result, args.slo_ttft, args.slo_itl)
     out.update(
-        model=cfg.name, chip=device_name(), device=device_name(), backend=jax.default_backend(),
-        jax_version=jax.__version__, rate_requests_per_s=args.rate if not args.trace else None,
-        kv_pool_tokens=engine.pool_pages * P, kv_pool_pages=engine.pool_pages, page_size=P,
-        max_batch=args.max_batch, max_len=max_len, token_budget=args.token_budget,
-        buckets=list(engine.buckets), prefix_caching=False,
+        model=cfg.name,
+        chip=device_name(),
+        device=device_name(),
+        backend=jax.default_backend(),
+        jax_version=jax.__version__,
+        rate_requests_per_s=args.rate if not args.trace else None,
+        kv_pool_tokens=engine.pool_pages * P,
+        kv_pool_pages=engine.pool_pages,
+        page_size=P,
+        max_batch=args.max_batch,
+        max_len=max_len,
+        token_budget=args.token_budget,
+        buckets=list(engine.buckets),
+        prefix_caching=False,
         compilations_at_warmup=engine.warm_compilations,
-        compilations_after_warmup=result.compilations_after_warmup, warmup_s=engine.warmup_s,
+        compilations_after_warmup=result.compilations_after_warmup,
+        warmup_s=engine.warmup_s,
         step_time="measured (this machine's wall clock)",
-    )  # fmt: skip
+    )
     return out

@@ -21,6 +21,7 @@ from kvjax.cli.args import (
     resolve_model,
     resolve_workload,
 )
+from kvjax.cli.calc_report import workload_report
 from kvjax.devices import batch_per_replica
 from kvjax.errors import KvjaxError
 from kvjax.traced.targets import GPU_TARGETS, TPU_TARGETS, parse_target
@@ -58,15 +59,21 @@ def add_parser(sub) -> None:
         "collectives (on a CPU, tp x dp simulated devices)",
     )
     trace.add_argument(
-        "--dp", "--dp-attention", dest="dp", type=positive_int, default=1,
+        "--dp",
+        "--dp-attention",
+        dest="dp",
+        type=positive_int,
+        default=1,
         help="data-parallel degree: each of N groups runs batch/N sequences with its own cache "
         "(data-parallel attention; the experts too unless --ep)",
-    )  # fmt: skip
+    )
     trace.add_argument(
-        "--ep", type=positive_int, default=1,
+        "--ep",
+        type=positive_int,
+        default=1,
         help="MoE: spread the routed experts over the --dp-attention devices (ep = dp, tp = 1), "
         "dispatched by all-to-all",
-    )  # fmt: skip
+    )
     trace.add_argument(
         "--target",
         default=None,
@@ -104,8 +111,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.processes is not None or distributed.requested() is not None:
         if args.tp * args.dp == 1 or args.target is not None:
-            raise KvjaxError("several processes trace the sharded program on this host's CPU "
-                             "devices: add --tp/--dp and drop --target")  # fmt: skip
+            raise KvjaxError(
+                "several processes trace the sharded program on this host's CPU devices: add "
+                "--tp/--dp and drop --target"
+            )
         if args.processes is not None and distributed.check_processes(args.processes) > 1:
             return distributed.launch(without_processes(args.argv), args.processes)
         distributed.initialize()
@@ -150,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
 
 def trace_report(args: argparse.Namespace) -> dict[str, Any]:
     """The traced view beside the closed form, as the JSON `kvjax trace --json` prints."""
-    from kvjax.traced.step import compare, trace_step
+    from kvjax.traced.step import trace_step
 
     cfg, wl = resolve_model(args), resolve_workload(args)
     chip = resolve_chip(args, cfg)
@@ -169,58 +178,15 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
             roofline=args.roofline,
             new_tokens=wl.new_tokens,
         )
-    closed = analytic.step_cost(cfg, wl)
-    traced_step = roofline.point(
-        kernels.STEP_KERNEL, trace.total.flops, trace.total.bytes, peak, bw
-    )
-    rows = []
-    if trace.stage == "lowered":
-        for r in compare(trace):
-            on_roof = roofline.point(r.name, r.traced_flops, r.traced_bytes, peak, bw)
-            rows.append(
-                {
-                    "name": r.name,
-                    "closed_flops": r.closed_flops,
-                    "traced_flops": r.traced_flops,
-                    "flops_ratio": finite(r.flops_ratio),
-                    "closed_bytes": r.closed_bytes,
-                    "traced_bytes": r.traced_bytes,
-                    "bytes_ratio": finite(r.bytes_ratio),
-                    "closed_transcendentals": r.closed_transcendentals,
-                    "traced_transcendentals": r.traced_transcendentals,
-                    "intensity": finite(on_roof.intensity),
-                    "bound_s": on_roof.bound_s,
-                    "bound": on_roof.bound,
-                    "explanation": r.explanation,
-                }
-            )
     return {
         "model": cfg.to_dict(),
-        "workload": {
-            "phase": wl.phase,
-            "batch": wl.batch,
-            "context": wl.context,
-            "new_tokens": wl.new_tokens,
-        },  # fmt: skip
+        "workload": workload_report(wl),
         "chip": {"name": chip.name, "peak_flops_per_s": peak, "bandwidth_bytes_per_s": bw},
         "stage": trace.stage,
         "backend": trace.backend,
         "layers_traced": trace.layers_traced,
-        "kernels": rows,
-        "total": {
-            "closed_flops": closed.flops,
-            "traced_flops": trace.total.flops,
-            "flops_ratio": trace.total.flops / closed.flops,
-            "closed_bytes": closed.bytes,
-            "traced_bytes": trace.total.bytes,
-            "bytes_ratio": trace.total.bytes / closed.bytes,
-            "traced_transcendentals": trace.total.transcendentals,
-            "intensity": traced_step.intensity,
-            "bound_s": traced_step.bound_s,
-            "closed_bound_s": roofline.point(
-                kernels.STEP_KERNEL, closed.flops, closed.bytes, peak, bw
-            ).bound_s,
-        },
+        "kernels": _kernel_rows(trace, peak, bw) if trace.stage == "lowered" else [],
+        "total": _total(trace, analytic.step_cost(cfg, wl), peak, bw),
         "xla_module": {
             k: v
             for k, v in trace.xla.items()
@@ -231,6 +197,54 @@ def trace_report(args: argparse.Namespace) -> dict[str, Any]:
         "interpreted": any(n.startswith("interpreted") for n in trace.notes),
         "trace_seconds": trace.trace_seconds,
         "command_seconds": time.perf_counter() - t0,
+    }
+
+
+def _kernel_rows(trace, peak: float, bw: float) -> list[dict[str, Any]]:
+    """Each kernel of the lowered module beside its closed form, on the chip's roofline."""
+    from kvjax.traced.step import compare
+
+    rows = []
+    for r in compare(trace):
+        on_roof = roofline.point(r.name, r.traced_flops, r.traced_bytes, peak, bw)
+        rows.append(
+            {
+                "name": r.name,
+                "closed_flops": r.closed_flops,
+                "traced_flops": r.traced_flops,
+                "flops_ratio": finite(r.flops_ratio),
+                "closed_bytes": r.closed_bytes,
+                "traced_bytes": r.traced_bytes,
+                "bytes_ratio": finite(r.bytes_ratio),
+                "closed_transcendentals": r.closed_transcendentals,
+                "traced_transcendentals": r.traced_transcendentals,
+                "intensity": finite(on_roof.intensity),
+                "bound_s": on_roof.bound_s,
+                "bound": on_roof.bound,
+                "explanation": r.explanation,
+            }
+        )
+    return rows
+
+
+def _total(trace, closed, peak: float, bw: float) -> dict[str, Any]:
+    """The whole step, traced against the closed form, and both on the chip's roofline."""
+    traced_step = roofline.point(
+        kernels.STEP_KERNEL, trace.total.flops, trace.total.bytes, peak, bw
+    )
+    return {
+        "closed_flops": closed.flops,
+        "traced_flops": trace.total.flops,
+        "flops_ratio": trace.total.flops / closed.flops,
+        "closed_bytes": closed.bytes,
+        "traced_bytes": trace.total.bytes,
+        "bytes_ratio": trace.total.bytes / closed.bytes,
+        "traced_transcendentals": trace.total.transcendentals,
+        "intensity": traced_step.intensity,
+        "bound_s": traced_step.bound_s,
+        "closed_bound_s": roofline.point(
+            kernels.STEP_KERNEL, closed.flops, closed.bytes, peak, bw
+        ).bound_s,
     }
 
 
@@ -248,10 +262,18 @@ def sharded_trace_report(args: argparse.Namespace, devices=None, count=None) -> 
         f"{f', ep={ep}' if ep > 1 else ''})"
     ):
         t = trace_sharded_step(
-            cfg, wl.phase, wl.batch, wl.context, args.tp, args.dp, layers=args.trace_layers,
-            devices=devices, count=count, devices_per_host=getattr(args, "devices_per_host", None),
+            cfg,
+            wl.phase,
+            wl.batch,
+            wl.context,
+            args.tp,
+            args.dp,
+            layers=args.trace_layers,
+            devices=devices,
+            count=count,
+            devices_per_host=getattr(args, "devices_per_host", None),
             expert_parallel=ep > 1,
-        )  # fmt: skip
+        )
     capacity = cfg.num_experts / cfg.experts_per_token if ep > 1 else None
     pl = parallel.Placement(args.tp, ep, args.dp)
     closed = placement_point.placement_point(cfg, pl, wl, chip, capacity_factor=capacity).to_dict()
@@ -267,7 +289,7 @@ def sharded_trace_report(args: argparse.Namespace, devices=None, count=None) -> 
             "peak_flops_per_s": peak,
             "bandwidth_bytes_per_s": bw,
             "interconnect_bytes_per_s": link,
-        },  # fmt: skip
+        },
         closed_form=closed,
         flops_ratio=t.flops_per_device / t.closed_flops_per_device,
         bytes_ratio=t.bytes_per_device / t.closed_bytes_per_device,
@@ -298,8 +320,10 @@ def target_trace_report(args: argparse.Namespace) -> dict[str, Any]:
     if args.tp > 1 or args.dp > 1 or target.num_devices > 1:
         return target_sharded_report(args, target)
     if args.roofline or args.trace_layers != "all":
-        raise KvjaxError("--target compiles every layer as the chip would run it; drop "
-                         "--roofline and --trace-layers")  # fmt: skip
+        raise KvjaxError(
+            "--target compiles every layer as the chip would run it; drop --roofline and "
+            "--trace-layers"
+        )
     cfg, wl = resolve_model(args), resolve_workload(args)
     with render.progress(f"compiling {cfg.name} for {target.name} ({cfg.num_layers} layers)"):
         trace = trace_target_step(cfg, wl.phase, wl.batch, wl.context, target)
@@ -323,8 +347,10 @@ def target_sharded_report(args: argparse.Namespace, target) -> dict[str, Any]:
     from kvjax.traced.target_costs import module_totals
 
     if target.platform != "tpu":
-        raise KvjaxError(f"--tp/--dp with --target need a TPU slice (tpu-v5e:2x2); "
-                         f"{target.name} compiles for one device")  # fmt: skip
+        raise KvjaxError(
+            f"--tp/--dp with --target need a TPU slice (tpu-v5e:2x2); {target.name} compiles for "
+            "one device"
+        )
     if args.tp * args.dp != target.num_devices:
         raise KvjaxError(
             f"--tp {args.tp} x --dp {args.dp} = {args.tp * args.dp} devices, but "

@@ -92,8 +92,13 @@ def predict_systems(rows: list[dict[str, Any]], args: argparse.Namespace) -> dic
     con = console(stderr=args.json)
     todo = runnable(rows)
     skipped: Counter[str] = Counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  console=con, transient=True) as bar:  # fmt: skip
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=con,
+        transient=True,
+    ) as bar:
         task = bar.add_task("predicting", total=len(todo))
 
         def on_row(row, pred) -> None:
@@ -107,8 +112,10 @@ def predict_systems(rows: list[dict[str, Any]], args: argparse.Namespace) -> dic
             if isinstance(pred, str):  # a run that failed, said
                 con.print(f"{where}: {pred}")
             else:
-                con.print(f"{where}: predicted {pred['predicted_value']:.4g}, measured "
-                          f"{row['measured']:.4g}, {pred['seconds']:.1f} s")  # fmt: skip
+                con.print(
+                    f"{where}: predicted {pred['predicted_value']:.4g}, measured "
+                    f"{row['measured']:.4g}, {pred['seconds']:.1f} s"
+                )
             bar.advance(task)
 
         done = predict_rows(rows, args.out, args.resume, on_row)
@@ -118,10 +125,8 @@ def predict_systems(rows: list[dict[str, Any]], args: argparse.Namespace) -> dic
 
 
 def print_validate(report: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from kvjax.units import fmt_seconds
-
+    """`kvjax validate`: the corpus in one line, the systems, then per kernel class the fraction
+    of the bound and the held-out error, and the rows nearest (or above) their bound."""
     con = console()
     s = report["summary"]
     if s:
@@ -134,32 +139,76 @@ def print_validate(report: dict[str, Any]) -> None:
         print_systems(report, con)
     if not s:
         return
+    _print_classes(con, report)
+    for cls, e in report["classes"].items():  # the held-out error by how the sources timed
+        if e.get("by_timing"):
+            con.print(
+                f"{cls} held out, by how the source timed it: "
+                + ", ".join(
+                    f"{k} {b['rows']} rows ({b['groups']} groups) {b['median_abs_error']:.1%}, "
+                    f"predicted/measured {b['median_ratio']:.2f}"
+                    for k, b in e["by_timing"].items()
+                )
+            )
+    _print_rows(con, report)
+
+
+def _print_classes(con, report: dict[str, Any]) -> None:
+    """Per kernel class: bound / measured over its rows, and the model's held-out error."""
+    from rich.table import Table
+
     t = Table(title="per kernel class: bound / measured, and the model's leave-one-group-out error")
-    for col in ("class", "rows", "above", "min", "median", "max", "fitted", "groups",
-                "median |pred/meas - 1|", "80% coverage"):  # fmt: skip
+    for col in (
+        "class",
+        "rows",
+        "above",
+        "min",
+        "median",
+        "max",
+        "fitted",
+        "groups",
+        "median |pred/meas - 1|",
+        "80% coverage",
+    ):
         t.add_column(col, justify="left" if col == "class" else "right")
     for cls, e in report["classes"].items():
         if cls == "system":
             continue
         f = e["fraction_of_bound"]
         t.add_row(
-            cls, str(e["rows"]), str(e["above_bound"]), f"{f['min']:.3f}", f"{f['median']:.3f}",
-            f"{f['max']:.3f}", str(e.get("fitted_rows", "-")), str(e.get("sources", "-")),
+            cls,
+            str(e["rows"]),
+            str(e["above_bound"]),
+            f"{f['min']:.3f}",
+            f"{f['median']:.3f}",
+            f"{f['max']:.3f}",
+            str(e.get("fitted_rows", "-")),
+            str(e.get("sources", "-")),
             f"{e['loso_median_abs_error']:.1%}" if "fit" in e else "-",
             f"{e['loso_coverage_80']:.0%}" if "fit" in e else "-",
-        )  # fmt: skip
+        )
     con.print(t)
-    for cls, e in report["classes"].items():  # the held-out error by how the sources timed
-        if e.get("by_timing"):
-            con.print(f"{cls} held out, by how the source timed it: " + ", ".join(
-                f"{k} {b['rows']} rows ({b['groups']} groups) {b['median_abs_error']:.1%}, "
-                f"predicted/measured {b['median_ratio']:.2f}"
-                for k, b in e["by_timing"].items()))  # fmt: skip
+
+
+def _print_rows(con, report: dict[str, Any]) -> None:
+    """The rows faster than their bound, or else the ten closest to it, with predictions."""
+    from rich.table import Table
+
+    from kvjax.units import fmt_seconds
+
     flagged = [r for r in report["rows"] if r["above_bound"]]
     rows = flagged or sorted(report["rows"], key=lambda r: -r["fraction_of_bound"])[:10]
     t = Table(title="faster than the bound" if flagged else "closest to their bound (none above)")
-    for col in ("where", "kernel", "chip", "implementation", "measured", "bound", "fraction",
-                "predicted [80%]"):  # fmt: skip
+    for col in (
+        "where",
+        "kernel",
+        "chip",
+        "implementation",
+        "measured",
+        "bound",
+        "fraction",
+        "predicted [80%]",
+    ):
         t.add_column(col)
     for r in rows:
         p = r["predicted_s"]
@@ -167,10 +216,15 @@ def print_validate(report: dict[str, Any]) -> None:
         span = f"[{fmt_seconds(lo)}, {fmt_seconds(hi)}]" if p is not None else ""
         pred = "-" if p is None else f"{fmt_seconds(p)} {span}"
         t.add_row(
-            f"{r['file'].rsplit('/', 1)[-1]}:{r['line']}", r["kernel"], r["chip"],
-            str(r["implementation"] or "-"), fmt_seconds(r["measured_s"]),
-            fmt_seconds(r["bound_s"]), f"{r['fraction_of_bound']:.3f}", pred,
-        )  # fmt: skip
+            f"{r['file'].rsplit('/', 1)[-1]}:{r['line']}",
+            r["kernel"],
+            r["chip"],
+            str(r["implementation"] or "-"),
+            fmt_seconds(r["measured_s"]),
+            fmt_seconds(r["bound_s"]),
+            f"{r['fraction_of_bound']:.3f}",
+            pred,
+        )
         if r.get("flag_reason"):
             t.add_row("", f"[dim]{r['flag_reason']}[/dim]", "", "", "", "", "", "")
     con.print(t)
@@ -199,25 +253,51 @@ def print_systems(report: dict[str, Any], con) -> None:
             f"{_pct(c['median_of_group_medians'], 1)}"
         )
         for key, label in (("by_implementation", "implementation"), ("by_chip_family", "chip")):
-            con.print(f"  by {label}: " + ", ".join(
-                f"{g} {e['rows']} rows {e['median_abs_error']:.1%} (covered "
-                f"{_pct(e['coverage_80'])})" for g, e in c[key].items()))  # fmt: skip
-    t = Table(title="serving systems" if len(report["system_rows"]) <= 20
-              else "serving systems closest to their bound")  # fmt: skip
-    for col in ("source", "metric", "scope", "measured", "bound", "fraction", "side",
-                "predicted [80%]"):  # fmt: skip
+            con.print(
+                f"  by {label}: "
+                + ", ".join(
+                    f"{g} {e['rows']} rows {e['median_abs_error']:.1%} (covered "
+                    f"{_pct(e['coverage_80'])})"
+                    for g, e in c[key].items()
+                )
+            )
+    t = Table(
+        title="serving systems"
+        if len(report["system_rows"]) <= 20
+        else "serving systems closest to their bound"
+    )
+    for col in (
+        "source",
+        "metric",
+        "scope",
+        "measured",
+        "bound",
+        "fraction",
+        "side",
+        "predicted [80%]",
+    ):
         t.add_column(col)
     rows = sorted(report["system_rows"], key=lambda r: -r["fraction_of_bound"])
     if len(rows) > 20:
         rows = [r for r in rows if r["above_bound"]] or rows[:10]
     for r in rows:
         p = r.get("predicted_value")
-        span = ("" if r.get("predicted_lo") is None
-                else f" [{r['predicted_lo']:.4g}, {r['predicted_hi']:.4g}]")  # fmt: skip
+        span = (
+            ""
+            if r.get("predicted_lo") is None
+            else f" [{r['predicted_lo']:.4g}, {r['predicted_hi']:.4g}]"
+        )
         pred = "-" if p is None else f"{p:.4g}{span}"
-        t.add_row(r["source"], r["metric"], r["scope"], f"{r['measured']:.4g}",
-                  f"{r['bound_value']:.4g}", f"{r['fraction_of_bound']:.3f}",
-                  r["bound_side"], pred)  # fmt: skip
+        t.add_row(
+            r["source"],
+            r["metric"],
+            r["scope"],
+            f"{r['measured']:.4g}",
+            f"{r['bound_value']:.4g}",
+            f"{r['fraction_of_bound']:.3f}",
+            r["bound_side"],
+            pred,
+        )
     con.print(t)
 
 
@@ -234,11 +314,15 @@ def print_predicted(pred: dict[str, Any], con) -> None:
     def span(r):
         if r.get("predicted_s") is None:
             return "-"
-        return (f"{fmt_seconds(r['predicted_s'])} [{fmt_seconds(r['predicted_lo_s'])}, "
-                f"{fmt_seconds(r['predicted_hi_s'])}]")  # fmt: skip
+        return (
+            f"{fmt_seconds(r['predicted_s'])} [{fmt_seconds(r['predicted_lo_s'])}, "
+            f"{fmt_seconds(r['predicted_hi_s'])}]"
+        )
 
-    t = Table(title="predicted (efficiency model fitted on the published measurements; "
-                    "80% interval): kvjax validate")  # fmt: skip
+    t = Table(
+        title="predicted (efficiency model fitted on the published measurements; 80% interval): "
+        "kvjax validate"
+    )
     for col in ("kernel", "class", "bound", "predicted [80%]"):
         t.add_column(col, justify="left" if col in ("kernel", "class") else "right")
     for r in pred["kernels"]:

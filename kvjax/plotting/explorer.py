@@ -29,7 +29,7 @@ def _model_entry(cfg: ModelConfig) -> dict[str, Any]:
 
 def explorer_data() -> dict[str, Any]:
     """Everything the page needs, from the Python presets (nothing retyped), the hybrids' state
-    layers (issue 31) included."""
+    layers included."""
     models = {
         name: _model_entry(cfg) for name, cfg in PRESETS.items() if not name.startswith("tiny")
     }

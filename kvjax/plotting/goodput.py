@@ -45,8 +45,9 @@ def goodput(records: pd.DataFrame, fig) -> bool | None:
     fig.suptitle(
         f"{r0.model} on {r0.chip} (closed-form steps): {int(r0.prompt_len)}-token prompts, "
         f"{int(r0.output_len)} out; SLO TTFT <= {r0.slo_ttft_s:g} s and ITL P99 <= "
-        f"{r0.slo_itl_s * 1e3:g} ms; star: the knee (90% within the SLO)", fontsize=6,
-    )  # fmt: skip
+        f"{r0.slo_itl_s * 1e3:g} ms; star: the knee (90% within the SLO)",
+        fontsize=6,
+    )
     for i, kv in enumerate(dtypes):
         ax = fig.add_subplot(grid[0, i])
         g = df[df.kv_dtype == kv]
@@ -62,12 +63,26 @@ def goodput(records: pd.DataFrame, fig) -> bool | None:
             served = runs.rate_requests_per_s * runs.attainment
             knee = line[line.knee].iloc[0]
             energy = knee.energy_j_per_output_token
-            label = (f"{name}: knee {knee.rate_requests_per_s:.2f}/s, {energy:.2f} J/token\n"
-                     f"    {_quality(knee)}")  # fmt: skip
-            ax.plot(runs.rate_requests_per_s, served, "--o" if again else "-o", ms=2, color=color,
-                    lw=WIDTH.get(kind, 0.9), label=label)  # fmt: skip
-            ax.plot([knee.rate_requests_per_s], [knee.rate_requests_per_s * knee.attainment],
-                    "*", ms=6, color=color)  # fmt: skip
+            label = (
+                f"{name}: knee {knee.rate_requests_per_s:.2f}/s, {energy:.2f} J/token\n"
+                f"    {_quality(knee)}"
+            )
+            ax.plot(
+                runs.rate_requests_per_s,
+                served,
+                "--o" if again else "-o",
+                ms=2,
+                color=color,
+                lw=WIDTH.get(kind, 0.9),
+                label=label,
+            )
+            ax.plot(
+                [knee.rate_requests_per_s],
+                [knee.rate_requests_per_s * knee.attainment],
+                "*",
+                ms=6,
+                color=color,
+            )
             top = max(top, runs.rate_requests_per_s.max())
         ax.plot([0, top], [0, top], color="0.7", lw=0.6, ls=":", label="every request in the SLO")
         ax.set_title(f"({chr(ord('a') + i)}) {kv} KV cache", fontsize=6)
@@ -76,6 +91,7 @@ def goodput(records: pd.DataFrame, fig) -> bool | None:
         ax.tick_params(labelsize=5)
         legend = fig.add_subplot(grid[1, i])
         legend.axis("off")
-        legend.legend(*ax.get_legend_handles_labels(), loc="upper center", fontsize=4.8,
-                      frameon=False)  # fmt: skip
+        legend.legend(
+            *ax.get_legend_handles_labels(), loc="upper center", fontsize=4.8, frameon=False
+        )
     return True

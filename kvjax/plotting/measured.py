@@ -1,11 +1,19 @@
 """What the measured view adds to the figures: kernel labels and above-the-roof marks on a
-roofline panel, and each kernel's measured time inside the step against its bound."""
+roofline panel, each kernel's measured time inside the step against its bound, and the decode
+step measured against its bound over the KV bytes a token (the h_kv and MLA latent ablations)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from kvjax.plotting.style import kv_palette
+from kvjax.plotting.style import (
+    MLA_COLOR,
+    device_name,
+    host_cpu,
+    key_below,
+    kv_palette,
+    red_rings,
+)
 
 
 def short_kernel(name: str) -> str:
@@ -26,8 +34,10 @@ def _matters(kernel: str) -> bool:
     from kvjax import kernels
 
     parts = kernel.split(" + ")
-    return any(kernels.REGISTRY.get(p) is not None and kernels.REGISTRY[p].kind == kernels.MATMUL
-               for p in parts)  # fmt: skip
+    return any(
+        kernels.REGISTRY.get(p) is not None and kernels.REGISTRY[p].kind == kernels.MATMUL
+        for p in parts
+    )
 
 
 def _tick(kernel: str, key: dict[str, str]) -> str:
@@ -42,8 +52,6 @@ def _tick(kernel: str, key: dict[str, str]) -> str:
 def kernel_bound(records: pd.DataFrame, fig) -> None:
     """Every kernel (row) timed inside the step against its roofline bound, per num_kv_heads:
     bound / measured, 1 on the roof; a red triangle marks a row flagged above the roof."""
-    from kvjax.plotting.style import device_name, host_cpu
-
     df = records[records.experiment == "profile"]
     keys = ["device", "model", "phase", "batch", "context"]
     panels = list(dict.fromkeys(zip(*(df[k] for k in keys), strict=True)))
@@ -70,8 +78,9 @@ def kernel_bound(records: pd.DataFrame, fig) -> None:
             ax.scatter([], [], marker="v", s=8, color="red", label="above the roof (see record)")
         ax.axhline(1.0, color="0.2", lw=0.8, ls="--")
         fused: dict[str, str] = {}
-        ax.set_xticks(range(len(order)), [_tick(k, fused) for k in order], rotation=65,
-                      ha="right", fontsize=5)  # fmt: skip
+        ax.set_xticks(
+            range(len(order)), [_tick(k, fused) for k in order], rotation=65, ha="right", fontsize=5
+        )
         if fused:  # the fused rows' names, under the axis
             ax.set_xlabel("; ".join(f"{t} = {name}" for name, t in fused.items()), fontsize=5)
         ax.set_ylabel("bound / measured (1 = roof)", fontsize=6)
@@ -83,8 +92,9 @@ def kernel_bound(records: pd.DataFrame, fig) -> None:
         )
         wl = f"B={int(g.batch.iloc[0])}, S={int(g.context.iloc[0])}"
         where = device_name(device, host_cpu(g))
-        ax.set_title(f"{g.model.iloc[0]} {phase}, {wl}: each kernel in situ\non {where}{cover}",
-                     fontsize=6)  # fmt: skip
+        ax.set_title(
+            f"{g.model.iloc[0]} {phase}, {wl}: each kernel in situ\non {where}{cover}", fontsize=6
+        )
         # a strip of headroom above the tallest bar holds the legend: it covers no bar
         low, high = ax.get_ylim()
         ax.set_ylim(low, high + (0.45 if flagged else 0.25) * (high - low))
@@ -96,5 +106,83 @@ def mark_flags(ax, xs, ys, flags) -> None:
     the trend of the bytes): a figure never shows one silently."""
     hit = [(x, y) for x, y, f in zip(xs, ys, flags, strict=True) if isinstance(f, str) and f]
     if hit:
-        ax.scatter(*zip(*hit, strict=True), s=45, facecolors="none", edgecolors="red",
-                   linewidths=0.7, label="flagged (see the record)", zorder=5)  # fmt: skip
+        red_rings(ax, *zip(*hit, strict=True), label="flagged (see the record)", zorder=5)
+
+
+def hkv_ablation(records: pd.DataFrame, fig) -> None:
+    """Decode step time over KV-cache bytes per token: GQA sweeping num_kv_heads and MLA sweeping
+    kv_lora_rank on one axis, predicted (closed-form bound on the measured ceilings) against
+    measured, each point labelled with its h_kv or latent width."""
+    df = records[records.experiment == "hkv_ablation"].copy()
+    if "attention_kind" not in df:
+        df["attention_kind"] = "GQA"
+    df["family"] = df.attention_kind.fillna("GQA").map(lambda a: "MLA" if a == "MLA" else "GQA")
+    fig.set_size_inches(fig.get_figwidth(), 3.7)
+    ax = fig.subplots()
+    colors = {"GQA": "#4c72b0", "MLA": MLA_COLOR}
+    for family, g in df.groupby("family", sort=True):
+        g = g.sort_values("kv_bytes_per_token")
+        x = g.kv_bytes_per_token / 2**10
+        what = "h_kv" if family == "GQA" else "latent A"
+        c = colors[family]
+        ax.plot(
+            x,
+            g.predicted_s * 1e3,
+            marker="o",
+            ms=3,
+            mfc="none",
+            color=c,
+            ls="--",
+            lw=0.8,
+            label=f"{family} over {what}: predicted (bound)",
+        )
+        if "measured_s" in g and g.measured_s.notna().any():
+            ax.plot(
+                x,
+                g.measured_s * 1e3,
+                marker="o",
+                ms=3,
+                color=c,
+                label=f"{family}: measured (median, interleaved)",
+            )
+            if "flagged" in g:
+                mark_flags(ax, x, g.measured_s * 1e3, g["flagged"])
+        # the tags in a strip of their own above the time axis's empty foot, one row per family,
+        # each under its point: noisy measured lines that cross never carry a tag into a line
+        row = 0.03 if family == "MLA" else 0.1
+        for xi, (_, r) in zip(x, g.iterrows(), strict=True):
+            tag = f"A={int(r.kv_lora_rank)}" if family == "MLA" else f"h_kv={int(r.num_kv_heads)}"
+            ax.text(
+                xi,
+                row,
+                tag,
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="bottom",
+                fontsize=5,
+                color=c,
+            )
+    ax.set_xscale("log", base=2)
+    ax.margins(x=0.1)  # room for the outermost tags inside the frame
+    ax.set_ylim(0, ax.get_ylim()[1])  # a time axis from zero: the gap is read as a ratio
+    low = ax.get_ylim()[1] * 0.18
+    if min(df.predicted_s.min(), df.get("measured_s", df.predicted_s).min()) * 1e3 < low:
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # keep the strip clear of the data
+    ax.set_xlabel("KV cache per token (KiB, binary)")
+    ax.set_ylabel("decode step (ms)")
+    r = df.iloc[0]
+    models = " vs ".join(dict.fromkeys(df.model))
+    where = device_name(r.device, host_cpu(df))
+    ax.set_title(
+        "decode step vs KV cache per token\n"
+        f"{models}, B={int(r.batch)}, S={int(r.context)}\n"
+        f"measured on {where}",
+        fontsize=6.5,
+    )
+    key_below(
+        ax,
+        -0.22,
+        ncol=1,
+        title="tags above the axis: each point's h_kv (GQA) or latent A (MLA)",
+        title_fontsize=5.5,
+    )

@@ -57,14 +57,27 @@ def mla_quality(records: pd.DataFrame, fig) -> bool | None:
             if task == "stdlib":  # MHA (0 by construction) starts both lines
                 sf = sf[sf.variant != "MHA"]
             color = FAMILY_COLORS[fam]
-            _bars(ax, sf.kv_bytes_per_token, sf, "delta", color, fam, shift=shift,
-                  bounds=None if task == "stdlib" else (0.0, 1.0))  # fmt: skip
+            _bars(
+                ax,
+                sf.kv_bytes_per_token,
+                sf,
+                "delta",
+                color,
+                fam,
+                shift=shift,
+                bounds=None if task == "stdlib" else (0.0, 1.0),
+            )
             rows = d[d.variant.map(_family) == fam]
             _seeds(ax, rows.kv_bytes_per_token, rows.delta, color, shift=shift)
             for _, r in sf.iterrows():
-                ax.annotate(r.variant, (r.kv_bytes_per_token, r.delta), fontsize=5.5,
-                            color=color, xytext=(shift + 3, -7 if fam == "MLA" else 4),
-                            textcoords="offset points")  # fmt: skip
+                ax.annotate(
+                    r.variant,
+                    (r.kv_bytes_per_token, r.delta),
+                    fontsize=5.5,
+                    color=color,
+                    xytext=(shift + 3, -7 if fam == "MLA" else 4),
+                    textcoords="offset points",
+                )
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
         ax.set_xlabel("KV cache per token (bytes)")
@@ -79,13 +92,19 @@ def mla_quality(records: pd.DataFrame, fig) -> bool | None:
                 ax.axhline(g.chance_accuracy.iloc[0], color="0.5", ls=":", lw=0.8)
             if "learned" in g and g.learned.notna().any():
                 learned = g.groupby("variant").learned.agg(lambda x: f"{int(x.sum())}/{len(x)}")
-                caption.append(f"{letter} seeds that learned recall (final accuracy >= 0.9): "
-                               + ", ".join(f"{v} {n}" for v, n in learned.items()))  # fmt: skip
+                caption.append(
+                    f"{letter} seeds that learned recall (final accuracy >= 0.9): "
+                    + ", ".join(f"{v} {n}" for v, n in learned.items())
+                )
         named = g.sort_values("kv_lora_rank", kind="stable")  # the GQA model's name and shape
-        ax.set_title(f"{letter} {what}\n{model_title(named, sep=chr(10))}, "
-                     f"{int(g.steps.iloc[0]):,} steps", fontsize=7.5)  # fmt: skip
-    caption.append("MLA's latent width A chosen so A + RoPE 8 equals GQA's 2 x h_kv x 16: "
-                   "each MLA point sits at a GQA point's bytes")  # fmt: skip
+        ax.set_title(
+            f"{letter} {what}\n{model_title(named, sep=chr(10))}, {int(g.steps.iloc[0]):,} steps",
+            fontsize=7.5,
+        )
+    caption.append(
+        "MLA's latent width A chosen so A + RoPE 8 equals GQA's 2 x h_kv x 16: each MLA point "
+        "sits at a GQA point's bytes"
+    )
     handles: dict = {}
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
-from kvjax.plotting.style import kv_palette
+from kvjax.plotting.style import caption_below, kv_palette
 from kvjax.stats import summarize
 
 DTYPE_MARKERS = {"f32": "o", "bf16": "o", "int8": "s", "fp8": "^", "int4": "v", "int2": "X"}
@@ -38,18 +38,41 @@ def _bars(ax, x, s, metric, color, label, marker="o", ls="-", bounds=None, shift
     to the side (`dodge`), the data unchanged."""
     ci = s[f"{metric}_ci"].fillna(0.0).to_numpy(float) if f"{metric}_ci" in s else 0.0 * s[metric]
     y = s[metric].to_numpy(float)
-    yerr = [ci, ci] if bounds is None else [np.minimum(ci, y - bounds[0]),
-                                            np.minimum(ci, bounds[1] - y)]  # fmt: skip
-    ax.errorbar(x, y, yerr=yerr, color=color, marker=marker, ms=3.5, lw=0.9, ls=ls, capsize=2,
-                label=label, transform=dodge(ax, shift))  # fmt: skip
+    yerr = (
+        [ci, ci]
+        if bounds is None
+        else [np.minimum(ci, y - bounds[0]), np.minimum(ci, bounds[1] - y)]
+    )
+    ax.errorbar(
+        x,
+        y,
+        yerr=yerr,
+        color=color,
+        marker=marker,
+        ms=3.5,
+        lw=0.9,
+        ls=ls,
+        capsize=2,
+        label=label,
+        transform=dodge(ax, shift),
+    )
     x = np.asarray(x, float)
     _span(ax, np.r_[x, x], np.r_[y - yerr[0], y + yerr[1]])
 
 
 def _seeds(ax, x, values, color, marker="o", shift=0.0):
     """Each seed's value, small, behind the mean."""
-    ax.scatter(x, values, s=9, color=color, alpha=0.5, marker=marker, lw=0, zorder=0,
-               transform=dodge(ax, shift))  # fmt: skip
+    ax.scatter(
+        x,
+        values,
+        s=9,
+        color=color,
+        alpha=0.5,
+        marker=marker,
+        lw=0,
+        zorder=0,
+        transform=dodge(ax, shift),
+    )
     _span(ax, x, values)
 
 
@@ -92,10 +115,17 @@ def key_row(fig, grid_cell, handles: dict, caption: list[str], ncol: int) -> Non
     """The figure's key and caption in a row of their own below the panels, off the data."""
     key = fig.add_subplot(grid_cell)
     key.axis("off")
-    key.legend(list(handles.values()), list(handles), loc="upper center", ncol=ncol,
-               fontsize=KEY_FONT, frameon=False, columnspacing=1.2, handletextpad=0.4)  # fmt: skip
-    key.text(0.5, 0.0, "\n".join(caption), ha="center", va="bottom", fontsize=KEY_FONT - 1,
-             color="0.25", transform=key.transAxes)  # fmt: skip
+    key.legend(
+        list(handles.values()),
+        list(handles),
+        loc="upper center",
+        ncol=ncol,
+        fontsize=KEY_FONT,
+        frameon=False,
+        columnspacing=1.2,
+        handletextpad=0.4,
+    )
+    caption_below(key, caption, KEY_FONT - 1)
 
 
 def _handles(axes) -> dict:
@@ -135,59 +165,96 @@ def hkv_quality(records: pd.DataFrame, fig) -> None:
         letter = f"({chr(ord('a') + i)})" if len(tasks) > 1 else ""
         pairs = g["num_pairs"].dropna().unique() if "num_pairs" in g else []
         if task == "recall" and len(pairs) > 1:
-            s = summarize(g, ["num_kv_heads", "num_pairs"], ["val_accuracy"])
-            heads = sorted(s.num_kv_heads.unique())
-            for k, shift in zip(heads, shifts(len(heads), 4.0), strict=True):
-                sk = s[s.num_kv_heads == k].sort_values("num_pairs")
-                _bars(ax, sk.num_pairs, sk, "val_accuracy", palette[int(k)], f"h_kv={int(k)}",
-                      bounds=(0.0, 1.0), shift=shift)  # fmt: skip
-                gk = g[g.num_kv_heads == k]
-                _seeds(ax, gk.num_pairs, gk.val_accuracy, palette[int(k)], shift=shift)
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(sorted(pairs), [f"{p:g}" for p in sorted(pairs)])
-            ax.xaxis.set_minor_locator(ticker.NullLocator())
-            ax.margins(x=0.08)
-            ax.set_xlabel("key-value pairs in context")
-            ax.set_ylabel("recall accuracy")
-            ax.set_title(f"{letter} recall accuracy vs key-value pairs in context\n"
-                         f"{model_title(g, sep=chr(10))}", fontsize=7.5)  # fmt: skip
-            caption.append(f"{letter} {int(g.tokens.iloc[0]):,} training tokens per model; "
-                           "bars clipped to [0, 1]; the h_kv at one pair count drawn side "
-                           "by side")  # fmt: skip
-            missing = sorted(set(df.num_kv_heads) - set(heads))
-            if missing:
-                ran = "/".join(str(int(k)) for k in sorted(heads, reverse=True))
-                caption.append(f"{letter} recall ran h_kv {ran} only (no h_kv="
-                               f"{', '.join(str(int(k)) for k in missing)})")  # fmt: skip
+            caption += _recall_over_pairs(ax, g, df, pairs, palette, letter)
         else:
-            metric = "val_loss" if task == "stdlib" else "val_accuracy"
-            d, mha = _minus_mha(g, metric, ["task"])
-            s = summarize(d, ["num_kv_heads", "kv_bytes_per_token"], ["delta"])
-            ax.plot(s.kv_bytes_per_token / 2**10, s.delta, color="0.6", lw=0.8, zorder=1)
-            for _, r in s.iterrows():
-                _bars(ax, [r.kv_bytes_per_token / 2**10], r.to_frame().T, "delta",
-                      palette[int(r.num_kv_heads)], f"h_kv={int(r.num_kv_heads)}")  # fmt: skip
-            _seeds(ax, d.kv_bytes_per_token / 2**10, d.delta, [palette[int(k)] for k in
-                                                                 d.num_kv_heads])  # fmt: skip
-            ax.axhline(0.0, color="0.5", lw=0.6)
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-            ax.set_xlabel("KV cache per token (KiB)")
-            unit = "nats/byte" if task == "stdlib" else "accuracy"
-            ax.set_ylabel(f"{'loss' if task == 'stdlib' else 'accuracy'} - MHA's ({unit})")
-            what = "validation loss" if task == "stdlib" else "recall accuracy"
-            ax.set_title(f"{letter} {what} minus MHA's ({mha:.4f}) vs KV per token\n"
-                         f"{model_title(g, sep=chr(10))}", fontsize=7.5)  # fmt: skip
-            caption.append(f"{letter} {int(g.tokens.iloc[0]):,} training tokens per model; "
-                           "paired: each seed minus the same seed's MHA model (h_kv="
-                           f"{int(df.num_kv_heads.max())}); grey line joins the means")  # fmt: skip
+            caption += _against_kv_bytes(ax, g, df, task, palette, letter)
         if task == "recall" and "chance_accuracy" in g and g.chance_accuracy.notna().all():
-            ax.axhline(g.chance_accuracy.iloc[0], color="0.5", ls=":", lw=0.8,
-                       label="chance (recall)")  # fmt: skip
+            ax.axhline(
+                g.chance_accuracy.iloc[0], color="0.5", ls=":", lw=0.8, label="chance (recall)"
+            )
     handles = _handles(axes)
-    handles = {k: handles[k] for k in sorted(handles, key=lambda s: (not s.startswith("h_kv"),
-                                                                   len(s), s))}  # fmt: skip
+    handles = {
+        k: handles[k] for k in sorted(handles, key=lambda s: (not s.startswith("h_kv"), len(s), s))
+    }
     key_row(fig, grid[1, :], handles, caption, ncol=len(handles))
+
+
+def _recall_over_pairs(ax, g, df, pairs, palette, letter: str) -> list[str]:
+    """Recall accuracy against the key-value pairs in context, one line per num_kv_heads, the
+    h_kv at one pair count side by side; returns the panel's caption lines."""
+    caption = []
+    s = summarize(g, ["num_kv_heads", "num_pairs"], ["val_accuracy"])
+    heads = sorted(s.num_kv_heads.unique())
+    for k, shift in zip(heads, shifts(len(heads), 4.0), strict=True):
+        sk = s[s.num_kv_heads == k].sort_values("num_pairs")
+        _bars(
+            ax,
+            sk.num_pairs,
+            sk,
+            "val_accuracy",
+            palette[int(k)],
+            f"h_kv={int(k)}",
+            bounds=(0.0, 1.0),
+            shift=shift,
+        )
+        gk = g[g.num_kv_heads == k]
+        _seeds(ax, gk.num_pairs, gk.val_accuracy, palette[int(k)], shift=shift)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(pairs), [f"{p:g}" for p in sorted(pairs)])
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+    ax.margins(x=0.08)
+    ax.set_xlabel("key-value pairs in context")
+    ax.set_ylabel("recall accuracy")
+    ax.set_title(
+        f"{letter} recall accuracy vs key-value pairs in context\n{model_title(g, sep=chr(10))}",
+        fontsize=7.5,
+    )
+    caption.append(
+        f"{letter} {int(g.tokens.iloc[0]):,} training tokens per model; bars clipped to "
+        "[0, 1]; the h_kv at one pair count drawn side by side"
+    )
+    missing = sorted(set(df.num_kv_heads) - set(heads))
+    if missing:
+        ran = "/".join(str(int(k)) for k in sorted(heads, reverse=True))
+        caption.append(
+            f"{letter} recall ran h_kv {ran} only (no "
+            f"h_kv={', '.join(str(int(k)) for k in missing)})"
+        )
+    return caption
+
+
+def _against_kv_bytes(ax, g, df, task: str, palette, letter: str) -> list[str]:
+    """The metric minus the same seed's MHA model's against KV bytes per token, one point per
+    num_kv_heads and a grey line through the means; returns the panel's caption lines."""
+    metric = "val_loss" if task == "stdlib" else "val_accuracy"
+    d, mha = _minus_mha(g, metric, ["task"])
+    s = summarize(d, ["num_kv_heads", "kv_bytes_per_token"], ["delta"])
+    ax.plot(s.kv_bytes_per_token / 2**10, s.delta, color="0.6", lw=0.8, zorder=1)
+    for _, r in s.iterrows():
+        _bars(
+            ax,
+            [r.kv_bytes_per_token / 2**10],
+            r.to_frame().T,
+            "delta",
+            palette[int(r.num_kv_heads)],
+            f"h_kv={int(r.num_kv_heads)}",
+        )
+    _seeds(ax, d.kv_bytes_per_token / 2**10, d.delta, [palette[int(k)] for k in d.num_kv_heads])
+    ax.axhline(0.0, color="0.5", lw=0.6)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    ax.set_xlabel("KV cache per token (KiB)")
+    unit = "nats/byte" if task == "stdlib" else "accuracy"
+    ax.set_ylabel(f"{'loss' if task == 'stdlib' else 'accuracy'} - MHA's ({unit})")
+    what = "validation loss" if task == "stdlib" else "recall accuracy"
+    ax.set_title(
+        f"{letter} {what} minus MHA's ({mha:.4f}) vs KV per token\n{model_title(g, sep=chr(10))}",
+        fontsize=7.5,
+    )
+    return [
+        f"{letter} {int(g.tokens.iloc[0]):,} training tokens per model; paired: each seed minus "
+        f"the same seed's MHA model (h_kv={int(df.num_kv_heads.max())}); grey line joins the means"
+    ]
 
 
 # f32 right, int2 left of where they land, 11% (a marker's width): their bytes coincide with
@@ -219,18 +286,39 @@ def kv_pareto(records: pd.DataFrame, fig) -> None:
         for _, r in s[s.eval_kv_dtype == dtype].iterrows():
             ci = r.get("delta_ci", 0.0)
             color = palette[int(r.num_kv_heads)]
-            ax.errorbar(r.x, r.delta, yerr=0.0 if pd.isna(ci) else ci, color=color,
-                        marker=marker, ms=4.5 if hollow else 4, mfc="white" if hollow else color,
-                        mew=1.0, capsize=2, lw=0.8, ls="none", zorder=2)  # fmt: skip
-        ax.plot([], [], color="0.3", marker=marker, ls="none", mfc="white" if hollow else "0.3",
-                label=f"{dtype} cache")  # fmt: skip
+            ax.errorbar(
+                r.x,
+                r.delta,
+                yerr=0.0 if pd.isna(ci) else ci,
+                color=color,
+                marker=marker,
+                ms=4.5 if hollow else 4,
+                mfc="white" if hollow else color,
+                mew=1.0,
+                capsize=2,
+                lw=0.8,
+                ls="none",
+                zorder=2,
+            )
+        ax.plot(
+            [],
+            [],
+            color="0.3",
+            marker=marker,
+            ls="none",
+            mfc="white" if hollow else "0.3",
+            label=f"{dtype} cache",
+        )
     ax.axhline(0.0, color="0.5", lw=0.6)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
     ax.set_xlabel("KV cache per token (bytes, scales included)")
     ax.set_ylabel("stdlib loss - MHA's (nats/byte)")
-    ax.set_title(f"validation loss minus MHA's (f32, {mha:.4f}) vs KV bytes\n"
-                 f"{model_title(df)}, paired by seed", fontsize=7.5)  # fmt: skip
+    ax.set_title(
+        f"validation loss minus MHA's (f32, {mha:.4f}) vs KV bytes\n"
+        f"{model_title(df)}, paired by seed",
+        fontsize=7.5,
+    )
     handles = _handles([ax])
     order = [f"{t} cache" for t in dtypes] + [f"h_kv={k}" for k in sorted(palette)]
     caption = [

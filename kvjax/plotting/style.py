@@ -1,8 +1,12 @@
-"""One palette for every figure: a colour per num_kv_heads, ordered by value; MLA its own."""
+"""What every figure shares: one palette (a colour per num_kv_heads, ordered by value; MLA its
+own), the measured device as a title names it, readable log ticks, sizes in GiB, a key and
+caption below the data, red rings."""
 
 from __future__ import annotations
 
 import seaborn as sns
+
+GIB = 2**30  # sizes are drawn in GiB (binary), rates in decimal units
 
 
 def kv_palette(values) -> dict[int, tuple]:
@@ -51,3 +55,29 @@ def log_ticks(axis) -> None:
     axis.set_major_locator(ticker.FixedLocator(ticks))
     axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def key_below(ax, y: float, fontsize: float = 5.5, **kwargs) -> None:
+    """The axes' key centred below them, off the data (`y`: its top, in axes fractions)."""
+    ax.legend(
+        fontsize=fontsize, frameon=False, loc="upper center", bbox_to_anchor=(0.5, y), **kwargs
+    )
+
+
+def caption_below(key, lines: list[str], fontsize: float) -> None:
+    """A caption's lines at the foot of a key row, centred, in grey."""
+    key.text(
+        0.5,
+        0.0,
+        "\n".join(lines),
+        ha="center",
+        va="bottom",
+        fontsize=fontsize,
+        color="0.25",
+        transform=key.transAxes,
+    )
+
+
+def red_rings(ax, xs, ys, **kwargs) -> None:
+    """Red rings round points no reader may miss (flagged, or above their roof)."""
+    ax.scatter(xs, ys, s=45, facecolors="none", edgecolors="red", linewidths=0.7, **kwargs)

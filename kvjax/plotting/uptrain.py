@@ -1,6 +1,8 @@
-"""The uptraining figure (`gqa_uptrain`): an MHA model converted to fewer KV heads by
-mean-pooling, the first head or a random init and fine-tuned, against the same GQA model trained
-from scratch for the same tokens; means over seeds with 95% Student-t intervals."""
+"""The uptraining figures: `gqa_uptrain`, an MHA model converted to fewer KV heads by
+mean-pooling, the first head or a random init and fine-tuned (Ainslie et al. 2023), against the
+same GQA model trained from scratch for the same tokens; `mla_uptrain`, MHA converted to MLA by
+partial RoPE and a joint SVD of keys and values (MHA2MLA, Ji et al. 2025) against GQA at equal KV
+bytes. Means over seeds with 95% Student-t intervals."""
 
 from __future__ import annotations
 
@@ -11,8 +13,13 @@ from matplotlib.patches import Patch
 from kvjax.plotting.quality import _bars, _handles, key_row, model_title, shifts
 from kvjax.stats import summarize
 
-UPTRAIN_COLORS = {"mean": "#4c72b0", "first": "#dd8452", "random": "#55a868", "scratch": "0.35",
-                  "mha2mla": "#c44e52"}  # fmt: skip
+UPTRAIN_COLORS = {
+    "mean": "#4c72b0",
+    "first": "#dd8452",
+    "random": "#55a868",
+    "scratch": "0.35",
+    "mha2mla": "#c44e52",
+}
 MLA_UPTRAIN_LABELS = {"mean": "GQA (mean-pooled)", "mha2mla": "MLA (MHA2MLA)"}
 CURVE_TICKS = (1.4, 1.5, 1.6, 1.7, 1.8, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0)
 
@@ -34,8 +41,9 @@ def _methods(ax, s: pd.DataFrame, x: str, line: bool) -> None:
     for method, shift in zip(methods, shifts(len(methods)), strict=True):
         sm = s[s.method == method].sort_values(x)
         ls = ("--" if method == "scratch" else "-") if line else "none"
-        _bars(ax, sm[x], sm, "val_loss", UPTRAIN_COLORS.get(method, "0.5"), method, ls=ls,
-              shift=shift)  # fmt: skip
+        _bars(
+            ax, sm[x], sm, "val_loss", UPTRAIN_COLORS.get(method, "0.5"), method, ls=ls, shift=shift
+        )
 
 
 def _log_loss(ax) -> None:
@@ -94,9 +102,11 @@ def gqa_uptrain(records: pd.DataFrame, fig) -> None:
     ax.set_xlabel("num_kv_heads after conversion")
     ax.set_ylabel("validation loss (nats/byte)")
     ax.set_title(f"(a) validation loss after {budget} fine-tune steps, per h_kv", fontsize=7.5)
-    caption = [f"(a), (b): means over seeds, bars 95% Student-t intervals, the methods side by "
-               f"side (dodged in x); scratch: the GQA model trained from scratch for the same "
-               f"tokens ({pretrain} + fine-tune steps)"]  # fmt: skip
+    caption = [
+        "(a), (b): means over seeds, bars 95% Student-t intervals, the methods side by side "
+        "(dodged in x); scratch: the GQA model trained from scratch for the same tokens "
+        f"({pretrain} + fine-tune steps)"
+    ]
     budgets = tuned.groupby("num_kv_heads").finetune.nunique()
     if budgets.max() > 1:  # the h_kv with the most (method, budget) runs
         runs_k = tuned.drop_duplicates(["num_kv_heads", "method", "finetune"]).num_kv_heads
@@ -115,8 +125,9 @@ def gqa_uptrain(records: pd.DataFrame, fig) -> None:
         ax_budget.set_title(f"(b) h_kv={k}: validation loss per fine-tune budget", fontsize=7.5)
         left_out = sorted(set(tk.method) - set(both.method))
         if left_out:
-            caption.append(f"(b) {', '.join(left_out)} ran at {budget} fine-tune steps only "
-                           "(shown in a)")  # fmt: skip
+            caption.append(
+                f"(b) {', '.join(left_out)} ran at {budget} fine-tune steps only (shown in a)"
+            )
     else:
         ax_budget.set_axis_off()
     _curves(ax_curve, tuned, mha, caption)
@@ -124,8 +135,10 @@ def gqa_uptrain(records: pd.DataFrame, fig) -> None:
     if "MHA (trained)" in handles:  # the line on its band, as drawn
         handles["MHA (trained), 95% CI"] = (Patch(color="0.85"), handles.pop("MHA (trained)"))
     key_row(fig, grid[1, :], handles, caption, ncol=len(handles))
-    fig.suptitle(f"MHA converted to GQA and fine-tuned: {model_title(df)}, {pretrain} "
-                 "pre-training steps", fontsize=8.5)  # fmt: skip
+    fig.suptitle(
+        f"MHA converted to GQA and fine-tuned: {model_title(df)}, {pretrain} pre-training steps",
+        fontsize=8.5,
+    )
 
 
 def _curves(ax, tuned: pd.DataFrame, mha: pd.DataFrame, caption: list[str]) -> None:
@@ -136,22 +149,34 @@ def _curves(ax, tuned: pd.DataFrame, mha: pd.DataFrame, caption: list[str]) -> N
     runs = runs[runs.num_kv_heads == runs.num_kv_heads.min()]
     k = int(runs.num_kv_heads.min())
     for method, g in runs.groupby("method", sort=False):
-        color = UPTRAIN_COLORS.get(method, "0.5")
-        curves = [pd.DataFrame(h).set_index("step").val_loss for h in g.history]
-        for c in curves:
-            ax.plot(c.index, c, color=color, lw=0.6, alpha=0.45)
-        mean = pd.concat(curves, axis=1).mean(axis=1)
-        ax.plot(mean.index, mean, color=color, lw=1.4, marker="o", ms=3,
-                label=f"(c) {method}, final {mean.iloc[-1]:.3f}")  # fmt: skip
+        _seed_curves(ax, g, UPTRAIN_COLORS.get(method, "0.5"), f"(c) {method}")
     m = _mha_band(ax, mha)
     _log_loss(ax)
     ax.set_xlabel("fine-tune step (0: right after conversion)")
     ax.set_ylabel("validation loss (nats/byte)")
     seeds = int(runs.seed.nunique()) if "seed" in runs else 1
-    ax.set_title(f"(c) h_kv={k}: validation loss during the {int(longest)}-step fine-tune",
-                 fontsize=7.5)  # fmt: skip
+    ax.set_title(
+        f"(c) h_kv={k}: validation loss during the {int(longest)}-step fine-tune", fontsize=7.5
+    )
     what = f"each of {seeds} seeds (thin) and their mean (thick)" if seeds > 1 else "one seed"
     caption.append(f"(c) {what}" + (f"; MHA {m:.3f}" if m is not None else ""))
+
+
+def _seed_curves(ax, g: pd.DataFrame, color, label: str) -> None:
+    """Each seed's validation curve (thin) and their mean (thick, its final value in the key)."""
+    curves = [pd.DataFrame(h).set_index("step").val_loss for h in g.history]
+    for c in curves:
+        ax.plot(c.index, c, color=color, lw=0.6, alpha=0.45)
+    mean = pd.concat(curves, axis=1).mean(axis=1)
+    ax.plot(
+        mean.index,
+        mean,
+        color=color,
+        lw=1.4,
+        marker="o",
+        ms=3,
+        label=f"{label}, final {mean.iloc[-1]:.3f}",
+    )
 
 
 def mla_uptrain(records: pd.DataFrame, fig) -> bool | None:
@@ -166,68 +191,84 @@ def mla_uptrain(records: pd.DataFrame, fig) -> bool | None:
     budget = int(mla.steps.max())
     mha = df[df.method == "mha"].drop_duplicates(["seed", "steps"])
     nbytes = set(mla.kv_bytes_per_token)
-    runs = df[df.method.isin(["mha2mla", "mean"]) & (df.steps == budget)
-              & df.kv_bytes_per_token.isin(nbytes)].drop_duplicates(
-        ["method", "kv_bytes_per_token", "seed"])  # fmt: skip
+    runs = df[
+        df.method.isin(["mha2mla", "mean"])
+        & (df.steps == budget)
+        & df.kv_bytes_per_token.isin(nbytes)
+    ].drop_duplicates(["method", "kv_bytes_per_token", "seed"])
     pretrain = int(mha.steps.min())
     fig.set_size_inches(fig.get_figwidth(), 3.6)
     grid = fig.add_gridspec(2, 3, height_ratios=[1.0, 0.3])
     ax, ax_before, ax_curve = (fig.add_subplot(grid[0, i]) for i in range(3))
-    for panel, metric, title in (
-        (ax, "val_loss", f"(a) after {budget - pretrain} fine-tune steps"),
-        (ax_before, "val_loss_before", "(b) right after conversion"),
-    ):
-        s = summarize(runs, ["method", "kv_bytes_per_token"], [metric])
-        for (method, sm), shift in zip(s.groupby("method"), shifts(2), strict=True):
-            sm = sm.sort_values("kv_bytes_per_token")
-            _bars(panel, sm.kv_bytes_per_token, sm, metric, UPTRAIN_COLORS[method],
-                  MLA_UPTRAIN_LABELS[method], shift=shift)  # fmt: skip
-            if method == "mha2mla":
-                for _, r in sm.iterrows():
-                    a = int(runs[(runs.method == method)
-                                 & (runs.kv_bytes_per_token == r.kv_bytes_per_token)]
-                            .kv_lora_rank.iloc[0])  # fmt: skip
-                    panel.annotate(f"A={a}", (r.kv_bytes_per_token, r[metric]), fontsize=5.5,
-                                   color=UPTRAIN_COLORS[method], xytext=(4, -8),
-                                   textcoords="offset points")  # fmt: skip
-        _mha_band(panel, mha)
-        panel.set_xscale("log", base=2)
-        _plain_ticks(panel, sorted(nbytes))
-        panel.set_xlabel("KV cache per token (bytes)")
-        panel.set_ylabel("validation loss (nats/byte)")
-        panel.set_title(f"{title}, per KV bytes", fontsize=7.5)
+    after = f"(a) after {budget - pretrain} fine-tune steps"
+    _at_equal_bytes(ax, runs, "val_loss", after, mha, nbytes)
+    _at_equal_bytes(ax_before, runs, "val_loss_before", "(b) right after conversion", mha, nbytes)
     _log_loss(ax_before)
     small = runs[runs.kv_bytes_per_token == min(nbytes)]
     for method, g in small.groupby("method", sort=False):
-        curves = [pd.DataFrame(h).set_index("step").val_loss for h in g.history]
-        for c in curves:
-            ax_curve.plot(c.index, c, color=UPTRAIN_COLORS[method], lw=0.6, alpha=0.45)
-        mean = pd.concat(curves, axis=1).mean(axis=1)
-        ax_curve.plot(
-            mean.index,
-            mean,
-            color=UPTRAIN_COLORS[method],
-            lw=1.4,
-            marker="o",
-            ms=3,
-            label=f"(c) {MLA_UPTRAIN_LABELS[method]}, final {mean.iloc[-1]:.3f}",
-        )
+        _seed_curves(ax_curve, g, UPTRAIN_COLORS[method], f"(c) {MLA_UPTRAIN_LABELS[method]}")
     _mha_band(ax_curve, mha)
     _log_loss(ax_curve)
     ax_curve.set_xlabel("fine-tune step (0: right after conversion)")
     ax_curve.set_ylabel("validation loss (nats/byte)")
-    ax_curve.set_title(f"(c) {min(nbytes):g} B/token: the fine-tune's validation loss",
-                       fontsize=7.5)  # fmt: skip
+    ax_curve.set_title(
+        f"(c) {min(nbytes):g} B/token: the fine-tune's validation loss", fontsize=7.5
+    )
     handles = _handles([ax, ax_curve])
     if "MHA (trained)" in handles:
         handles["MHA (trained), 95% CI"] = (Patch(color="0.85"), handles.pop("MHA (trained)"))
-    rope = f"RoPE kept on {int(mla.qk_rope_head_dim.iloc[0])} dims a head" if (
-        "qk_rope_head_dim" in mla) else "partial RoPE"  # fmt: skip
-    caption = [f"MHA pre-trained {pretrain} steps, converted at equal KV bytes: MLA by {rope} and "
-               "a joint SVD of keys and values",
-               "(MHA2MLA, Ji et al. 2025; A: latent width), GQA by mean-pooling heads (Ainslie et "
-               "al. 2023); means over seeds, bars 95% Student-t intervals; (c) each seed thin, "
-               "their mean thick"]  # fmt: skip
+    rope = (
+        f"RoPE kept on {int(mla.qk_rope_head_dim.iloc[0])} dims a head"
+        if ("qk_rope_head_dim" in mla)
+        else "partial RoPE"
+    )
+    caption = [
+        f"MHA pre-trained {pretrain} steps, converted at equal KV bytes: MLA by {rope} and a "
+        "joint SVD of keys and values",
+        "(MHA2MLA, Ji et al. 2025; A: latent width), GQA by mean-pooling heads (Ainslie et al. "
+        "2023); means over seeds, bars 95% Student-t intervals; (c) each seed thin, their mean "
+        "thick",
+    ]
     key_row(fig, grid[1, :], handles, caption, ncol=len(handles))
-    fig.suptitle(f"MHA converted to MLA or GQA at equal KV bytes and fine-tuned: "
-                 f"{model_title(df)}", fontsize=8.5)  # fmt: skip
+    fig.suptitle(
+        f"MHA converted to MLA or GQA at equal KV bytes and fine-tuned: {model_title(df)}",
+        fontsize=8.5,
+    )
+
+
+def _at_equal_bytes(panel, runs: pd.DataFrame, metric: str, title: str, mha, nbytes) -> None:
+    """`metric` per method against KV bytes per token (ticked at `nbytes`), MLA's points tagged
+    with their latent width A, the MHA model's as a band."""
+    s = summarize(runs, ["method", "kv_bytes_per_token"], [metric])
+    for (method, sm), shift in zip(s.groupby("method"), shifts(2), strict=True):
+        sm = sm.sort_values("kv_bytes_per_token")
+        _bars(
+            panel,
+            sm.kv_bytes_per_token,
+            sm,
+            metric,
+            UPTRAIN_COLORS[method],
+            MLA_UPTRAIN_LABELS[method],
+            shift=shift,
+        )
+        if method == "mha2mla":
+            for _, r in sm.iterrows():
+                a = int(
+                    runs[
+                        (runs.method == method) & (runs.kv_bytes_per_token == r.kv_bytes_per_token)
+                    ].kv_lora_rank.iloc[0]
+                )
+                panel.annotate(
+                    f"A={a}",
+                    (r.kv_bytes_per_token, r[metric]),
+                    fontsize=5.5,
+                    color=UPTRAIN_COLORS[method],
+                    xytext=(4, -8),
+                    textcoords="offset points",
+                )
+    _mha_band(panel, mha)
+    panel.set_xscale("log", base=2)
+    _plain_ticks(panel, sorted(nbytes))
+    panel.set_xlabel("KV cache per token (bytes)")
+    panel.set_ylabel("validation loss (nats/byte)")
+    panel.set_title(f"{title}, per KV bytes", fontsize=7.5)
