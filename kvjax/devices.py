@@ -43,7 +43,7 @@ def default_platforms(env=None) -> None:
 
     With the accelerator plugins installed (the `targets` extra, for deviceless compiles), jax
     would probe CUDA at start and fail on a host without a driver: the CUDA plugin then does not
-    register, and its topology (kvjax.traced.targets) is unavailable. Only the environment is
+    register, and its topology (kvjax.traced.target_compile) is unavailable. Only the environment is
     touched, and only before jax starts (afterwards it is read already)."""
     env = os.environ if env is None else env
     if "jax" in sys.modules:
@@ -62,8 +62,8 @@ CUDA_KERNELS = "jax_cuda12_plugin"  # its libraries, which jaxlib loads when it 
 def defer_cuda_plugin() -> None:
     """Keep jax from loading the CUDA plugin when it starts: on a host with no GPU driver its
     libraries log about the missing driver on every run, into every command's stderr.
-    `kvjax.traced.targets` starts it when a GPU target is compiled for. Only before jax starts,
-    on a host with no accelerator, and only when the plugin is installed."""
+    `kvjax.traced.target_compile` starts it when a GPU target is compiled for. Only before jax
+    starts, on a host with no accelerator, and only when the plugin is installed."""
     import importlib.util
     import types
 

@@ -217,7 +217,8 @@ def check_placement(cfg: ModelConfig, pl: Placement) -> None:
 def device_workload(cfg: ModelConfig, pl: Placement, wl: Workload) -> Workload:
     """One device's share of the step: B / dp_attention sequences; under expert parallelism its
     MoE layers read the experts it holds that the whole batch touches, (E/ep) * (1 - (1-k/E)^M)
-    (`kvjax.cli.calc.expert_parallel_report`), and compute its M_l * k routed rows (balanced)."""
+    (`kvjax.cli.calc_report.expert_parallel_report`), and compute its M_l * k routed rows
+    (balanced)."""
     check_placement(cfg, pl)
     if wl.batch % pl.dp_attention:
         raise KvjaxError(
