@@ -144,11 +144,16 @@ def add_workload_args(parser: argparse.ArgumentParser, extend: bool = False) -> 
         )
 
 
+def _page_default(page_size: int | None) -> str:
+    return "the --engine's, else 16" if page_size is None else str(page_size or "unpaged")
+
+
 def add_serving_args(
-    parser, page_size: int = 0, speculative: bool = True, draft: bool = True
+    parser, page_size: int | None = 0, speculative: bool = True, draft: bool = True
 ) -> None:
     """The serving flags, defined once: --page-size (default `page_size`: 0, an unpaged cache
-    as the closed form sizes it; an engine's 16, vLLM's default block), and (`speculative`)
+    as the closed form sizes it; an engine's 16, vLLM's default block; None: resolved by the
+    command, from an --engine), and (`speculative`)
     --spec-tokens and --acceptance, and (`draft`) --draft-model. `parser`: a parser, or the
     argument group to add them to."""
     g = (
@@ -162,7 +167,7 @@ def add_serving_args(
         default=page_size,
         metavar="P",
         help=f"a paged KV cache of P-token pages (vLLM: 16): sizes and capacity on pages "
-        f"(default {page_size or 'unpaged'})",
+        f"(default {_page_default(page_size)})",
     )
     if speculative:
         g.add_argument(

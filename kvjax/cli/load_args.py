@@ -68,23 +68,32 @@ def add_load_args(
     g.add_argument("--seed", type=int, default=0)
 
 
-def add_engine_args(p, max_batch: int = 256, token_budget: int = 2048, speculative: bool = False):
+def add_engine_args(
+    p,
+    max_batch: int = 256,
+    token_budget: int = 2048,
+    speculative: bool = False,
+    profiles: bool = False,
+):
     """The scheduler's limits (pages of 16 tokens; `speculative`: drafted tokens a step) and the
-    SLO both clocks are judged by; returns the group."""
+    SLO both clocks are judged by; returns the group. `profiles`: the limits default to None, an
+    --engine's defaults (`kvjax.serving.engine_profiles`) or else these, resolved by the
+    command."""
     s = p.add_argument_group("engine")
+    said = "the --engine's, else " if profiles else ""
     s.add_argument(
         "--max-batch",
         type=positive_int,
-        default=max_batch,
-        help=f"running requests at most (default {max_batch})",
+        default=None if profiles else max_batch,
+        help=f"running requests at most (default {said}{max_batch})",
     )
     s.add_argument(
         "--token-budget",
         type=positive_int,
-        default=token_budget,
-        help=f"tokens a step computes at most (chunked prefill; default {token_budget})",
+        default=None if profiles else token_budget,
+        help=f"tokens a step computes at most (chunked prefill; default {said}{token_budget})",
     )
-    add_serving_args(s, page_size=16, speculative=speculative, draft=False)
+    add_serving_args(s, page_size=None if profiles else 16, speculative=speculative, draft=False)
     s.add_argument(
         "--slo-ttft",
         type=positive_float,

@@ -7,6 +7,7 @@ preemptions, the KV pool in pages and tokens."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from kvjax.cli.arg_types import positive_float, positive_int
@@ -40,18 +41,26 @@ def add_parser(sub) -> None:
     add_model_args(p)
     add_chip_args(p)
     add_load_args(p, closed_loop=True)
-    s = add_engine_args(p, speculative=True)
+    s = add_engine_args(p, speculative=True, profiles=True)
+    s.add_argument(
+        "--engine",
+        default=None,
+        metavar="NAME[@VERSION]",
+        help="an engine's scheduler as its code sets the defaults, each cited (vllm, vllm-llm, "
+        "sglang, trtllm-serve, trtllm-bench; kvjax.serving.engine_profiles); the flags given "
+        "override it",
+    )
     s.add_argument(
         "--memory-utilization",
         type=positive_float,
-        default=0.9,
-        help="share of the chip's memory the engine takes (default 0.9)",
+        default=None,
+        help="share of the chip's memory the engine takes (default the --engine's, else 0.9)",
     )
     s.add_argument("--no-prefix-caching", action="store_true")
     s.add_argument(
         "--admission",
         choices=("recompute", "reserve"),
-        default="recompute",
+        default=None,
         help="recompute: pages as a request grows, the last admitted preempted when they run out "
         "(vLLM; default); reserve: admitted only with pages for its prompt and all its output "
         "(TensorRT-LLM's GUARANTEED_NO_EVICT)",
@@ -195,29 +204,36 @@ def _check(args: argparse.Namespace) -> None:
         )
 
 
-def deployment_of(args: argparse.Namespace, cfg, chip, longest: int):
-    """The deployment the flags describe (`kvjax.serving.deployment`), on the fewest
-    tensor-parallel chips that hold the model where --tp is not given, and why in words."""
-    from kvjax.serving.deployment import (
-        Deployment,
-        EngineSettings,
-        Placement,
-        fewest_tensor_parallel,
-    )
-    from kvjax.serving.step_time import STEP_MODELS
+def engine_of(args: argparse.Namespace, chip) -> tuple[Any, dict[str, Any] | None]:
+    """The engine's settings (`engine_profiles.resolve`: an --engine's defaults on the chip, or
+    kvjax's, with the flags given over them) and, with an --engine, where each came from."""
+    from kvjax.serving.engine_profiles import resolve
 
-    placement = Placement(args.tp or 1, args.pp, args.ep, args.dp_attention, args.replicas)
-    engine = EngineSettings(
-        max_batch=args.max_batch,
-        token_budget=args.token_budget,
-        page_size=args.page_size,
-        memory_utilization=args.memory_utilization,
-        reserve=args.admission == "reserve",
-        prefix_caching=not args.no_prefix_caching,
+    given = {
+        "max_batch": args.max_batch,
+        "token_budget": args.token_budget,
+        "page_size": args.page_size,
+        "memory_utilization": args.memory_utilization,
+        "reserve": None if args.admission is None else args.admission == "reserve",
+        "prefix_caching": False if args.no_prefix_caching else None,
+    }
+    engine, used = resolve(args.engine, chip, {k: v for k, v in given.items() if v is not None})
+    return replace(
+        engine,
         spec_tokens=args.spec_tokens or 0,
         acceptance=args.acceptance or 0.0,
         route=args.route,
-    )
+    ), used
+
+
+def deployment_of(args: argparse.Namespace, cfg, chip, longest: int):
+    """The deployment the flags describe (`kvjax.serving.deployment`), on the fewest
+    tensor-parallel chips that hold the model where --tp is not given, and why in words."""
+    from kvjax.serving.deployment import Deployment, Placement, fewest_tensor_parallel
+    from kvjax.serving.step_time import STEP_MODELS
+
+    placement = Placement(args.tp or 1, args.pp, args.ep, args.dp_attention, args.replicas)
+    engine, _ = engine_of(args, chip)
     d = Deployment(
         cfg,
         chip,
@@ -265,6 +281,9 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
         )
     )
     out["disaggregated"] = bool(args.disaggregate)
+    engine_used = engine_of(args, chip)[1]
+    if engine_used is not None:
+        out["engine"] = engine_used
     p, pool = d.placement, d.pool
     out.update(
         tp=p.tp,
@@ -290,7 +309,7 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
         reserve_bytes=pool.reserve_bytes,
         slot_bytes_per_request=pool.slot_bytes,
         token_budget=d.token_budget,
-        chunked_prefill=not d.whole_prefill,
+        chunked_prefill=d.chunked,
         whole_prefill_reason=d.whole_prefill,
         step_time=STEP_TIMES[args.step_time],
     )

@@ -75,6 +75,7 @@ class EngineSettings:
     reserve_bytes: float | None = None  # None: `memory.engine_reserve_bytes(chip)`
     reserve: bool = False
     prefix_caching: bool = True
+    chunked_prefill: bool = True
     spec_tokens: int = 0
     acceptance: float = 0.0
     route: str = "round-robin"
@@ -110,11 +111,17 @@ class Deployment:
         return whole_prefill_reason(self.model)
 
     @property
+    def chunked(self) -> bool:
+        """Prompts prefilled in chunks of the token budget (the engine's, where the model's
+        layers allow it)."""
+        return self.engine.chunked_prefill and not self.whole_prefill
+
+    @property
     def token_budget(self) -> int:
         """The engine's tokens a step, raised to the longest request where prompts are
         prefilled whole (as an engine without chunked prefill runs)."""
         b = self.engine.token_budget
-        return max(b, self.longest - 1) if self.whole_prefill else b
+        return b if self.chunked else max(b, self.longest - 1)
 
     @cached_property
     def devices(self) -> tuple[ModelConfig, ModelConfig]:
@@ -162,7 +169,7 @@ class Deployment:
             e.max_batch,
             self.token_budget,
             prefix_caching=e.prefix_caching and not whole,
-            chunked_prefill=not whole,
+            chunked_prefill=self.chunked,
             reserve=e.reserve,
             spec_tokens=e.spec_tokens,
             acceptance=e.acceptance,

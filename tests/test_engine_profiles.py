@@ -1,0 +1,100 @@
+"""Engines as cited profiles: every default names the line it comes from and that line holds the
+value; the chip-dependent rules by hand; `kvjax simulate --engine` runs one, flags over it."""
+
+import json
+import re
+
+import pytest
+
+from kvjax.errors import KvjaxError
+from kvjax.hardware import get_chip
+from kvjax.serving.engine_profiles import PROFILES, check_cited, get_profile, resolve
+
+# defaults kvjax takes without a line of the engine's (said in the profile)
+UNCITED = {
+    ("trtllm-serve", "page_size"),
+    ("trtllm-bench", "page_size"),
+    ("trtllm-bench", "prefix_caching"),
+}
+
+
+def _numbers(line: str) -> set[float]:
+    return {float(x) for x in re.findall(r"\d*\.?\d+", line)}
+
+
+@pytest.mark.parametrize("key", sorted(PROFILES))
+def test_every_default_cites_the_line_that_sets_it(key):
+    """repo@commit-or-tag:path:line for each default (but the three kvjax states it takes
+    itself), and a numeric default is a number on its quoted line (a commit is 40 hex digits,
+    a tag is v-something)."""
+    p = PROFILES[key]
+    assert check_cited(p) == []
+    for name, d in p.defaults.items():
+        if (p.name, name) in UNCITED:
+            assert d.cite == "" and d.line
+            continue
+        repo, rest = d.cite.split("@", 1)
+        ref = rest.split(":")[0]
+        assert "/" in repo and (re.fullmatch(r"[0-9a-f]{40}", ref) or ref.startswith("v")), d
+        if isinstance(d.value, int | float) and not isinstance(d.value, bool):
+            if (p.name, name) != ("trtllm-bench", "token_budget"):  # 4096 x (1 + ISL / OSL)
+                assert float(d.value) in _numbers(d.line) or (
+                    d.value == 1.0 and name == "memory_utilization"  # TRT-LLM: of free memory
+                ), (key, name, d)
+
+
+def test_vllm_and_sglang_defaults_by_device_by_hand():
+    """vLLM V1: 70 GiB or more and not an A100: 1024 sequences, 8192 tokens a step (vllm serve),
+    16384 (the LLM class); else 256 and 2048 (8192). SGLang: an 8192-token chunk below 160 GiB,
+    16384 above, and (memory - reserved) / memory with reserved = 512 + 1.5 chunk + 512 + 128
+    MiB, 10 GiB at least."""
+    h100, a100, b200 = (get_chip(c) for c in ("h100-sxm", "a100-80gb", "b200"))
+    serve = get_profile("vllm")
+    assert (
+        serve.settings(h100)[0].max_batch == 1024 and serve.settings(h100)[0].token_budget == 8192
+    )
+    assert (serve.settings(a100)[0].max_batch, serve.settings(a100)[0].token_budget) == (256, 2048)
+    assert get_profile("vllm-llm").settings(b200)[0].token_budget == 16384
+    sg = get_profile("sglang")
+    mib = 80e9 / 2**20
+    assert sg.settings(h100)[0].memory_utilization == round((mib - 13440) / mib, 3)
+    big = 180e9 / 2**20
+    e = sg.settings(b200)[0]
+    assert (e.token_budget, e.memory_utilization) == (16384, round((big - 25728) / big, 3))
+    assert get_profile("trtllm-serve").settings(h100)[0].reserve is True
+    assert get_profile("vllm@0.6.3").settings(h100)[0].chunked_prefill is False
+    with pytest.raises(KvjaxError, match="unknown engine 'tgi'"):
+        get_profile("tgi")
+
+
+def test_simulate_runs_an_engine_with_the_flags_over_it(capsys):
+    """`kvjax simulate --engine vllm --concurrency 16`: vllm serve's settings, each with its
+    line, in the JSON; --max-batch given wins and says so; without --engine none is printed."""
+    from kvjax.cli.main import main
+
+    args = [
+        "simulate",
+        "--model",
+        "llama-3.1-8b",
+        "--chip",
+        "h100-sxm",
+        "--concurrency",
+        "16",
+        "--requests",
+        "32",
+        "--prompt-len",
+        "1024",
+        "--output-len",
+        "32",
+        "--json",
+    ]
+    assert main([*args, "--engine", "vllm", "--max-batch", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    used = out["engine"]["settings"]
+    assert out["engine"]["profile"] == "vllm@0.11.2" and out["token_budget"] == 8192
+    assert used["max_batch"] == {"value": 8, "from": "given"}
+    assert used["token_budget"]["line"] == "UsageContext.OPENAI_API_SERVER: 8192,"
+    assert main(args) == 0
+    assert "engine" not in json.loads(capsys.readouterr().out)
+    engine, _ = resolve(None, get_chip("h100-sxm"), {})
+    assert (engine.max_batch, engine.token_budget, engine.page_size) == (256, 2048, 16)
