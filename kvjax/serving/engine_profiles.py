@@ -76,31 +76,28 @@ def _large_gpu(chip: ChipSpec) -> bool:
     return (chip.memory_bytes or 0) >= 70 * GIB and "a100" not in chip.name
 
 
-def _vllm_serve(chip: ChipSpec) -> dict[str, Default]:
-    """vLLM V1's `vllm serve` defaults by device (`_set_default_args`' table)."""
-    a = f"{VLLM_0112}:vllm/engine/arg_utils.py"
-    if _large_gpu(chip):
-        return {
-            "max_batch": Default(1024, f"{a}:1900", "UsageContext.OPENAI_API_SERVER: 1024,"),
-            "token_budget": Default(8192, f"{a}:1896", "UsageContext.OPENAI_API_SERVER: 8192,"),
-        }
-    return {
-        "max_batch": Default(256, f"{a}:1910", "UsageContext.OPENAI_API_SERVER: 256,"),
-        "token_budget": Default(2048, f"{a}:1906", "UsageContext.OPENAI_API_SERVER: 2048,"),
-    }
+# vLLM V1's defaults by usage context and device (`get_batch_defaults`' table): the context's
+# enum name, and per device class (line, value) of max_num_seqs and of max_num_batched_tokens
+_VLLM_TABLE = {
+    "vllm-serve": (
+        "OPENAI_API_SERVER",
+        {True: ((1900, 1024), (1896, 8192)), False: ((1910, 256), (1906, 2048))},
+    ),
+    "vllm-llm": (
+        "LLM_CLASS",
+        {True: ((1899, 1024), (1895, 16384)), False: ((1909, 256), (1905, 8192))},
+    ),
+}
 
 
-def _vllm_llm_class(chip: ChipSpec) -> dict[str, Default]:
-    """vLLM V1's LLM class (`vllm bench throughput`) defaults by device."""
+def _vllm(context: str, chip: ChipSpec) -> dict[str, Default]:
+    """vLLM V1's max running requests and tokens a step for a usage context on `chip`."""
     a = f"{VLLM_0112}:vllm/engine/arg_utils.py"
-    if _large_gpu(chip):
-        return {
-            "max_batch": Default(1024, f"{a}:1899", "UsageContext.LLM_CLASS: 1024,"),
-            "token_budget": Default(16384, f"{a}:1895", "UsageContext.LLM_CLASS: 16384,"),
-        }
+    name, table = _VLLM_TABLE[context]
+    (seq_line, seqs), (tok_line, tokens) = table[_large_gpu(chip)]
     return {
-        "max_batch": Default(256, f"{a}:1909", "UsageContext.LLM_CLASS: 256,"),
-        "token_budget": Default(8192, f"{a}:1905", "UsageContext.LLM_CLASS: 8192,"),
+        "max_batch": Default(seqs, f"{a}:{seq_line}", f"UsageContext.{name}: {seqs},"),
+        "token_budget": Default(tokens, f"{a}:{tok_line}", f"UsageContext.{name}: {tokens},"),
     }
 
 
@@ -128,7 +125,11 @@ def _sglang_memory(chip: ChipSpec) -> dict[str, Default]:
     }
 
 
-RULES = {"vllm-serve": _vllm_serve, "vllm-llm": _vllm_llm_class, "sglang": _sglang_memory}
+RULES = {
+    "vllm-serve": lambda chip: _vllm("vllm-serve", chip),
+    "vllm-llm": lambda chip: _vllm("vllm-llm", chip),
+    "sglang": _sglang_memory,
+}
 
 _V = f"{VLLM_0112}:vllm"
 _VLLM_COMMON = {
