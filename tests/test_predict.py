@@ -130,8 +130,9 @@ def test_gemm_row_closed_form_by_hand(report):
 
 def test_fp4_gemm_row_closed_form_by_hand(report):
     """DeepGEMM PR #348's MXFP4 8192^3 on a B200: 2mnk FLOPs at the fp4 peak (9 PFLOP/s dense),
-    A and B at 4 bits an element (their scales left out: fewer bytes keep it a bound), C in bf16;
-    its printed 5702 TFLOP/s is 0.63 of that peak."""
+    the bound's A and B at 4 bits an element (their scales left out: fewer bytes keep it a bound),
+    the model's with MXFP4's e8m0 scale a block of 32 (4.25 bits), C in bf16; its printed 5702
+    TFLOP/s is 0.63 of that peak."""
     rows = [r for r in report["rows"] if (r["m"], r["n"], r["k"]) == (8192, 8192, 8192)
             and r["chip"] == "b200" and r["dtype"] == "fp4"
             and r["implementation"].startswith("DeepGEMM")]  # fmt: skip
@@ -139,7 +140,8 @@ def test_fp4_gemm_row_closed_form_by_hand(report):
     n = 8192
     flops, nbytes = 2 * n**3, 2 * n * n * 0.5 + 2 * n * n
     r = rows[0]
-    assert (r["closed_flops"], r["closed_bytes"]) == (flops, nbytes)
+    assert (r["closed_flops"], r["bound_bytes"]) == (flops, nbytes)
+    assert r["closed_bytes"] == 2 * n * n * 0.5 * 4.25 / 4 + 2 * n * n
     assert r["bound_s"] == pytest.approx(flops / 9000e12) and r["bound_side"] == "compute"
     assert flops / r["measured_s"] == pytest.approx(5702e12, rel=1e-3)
     assert r["fraction_of_bound"] == pytest.approx(5702 / 9000, rel=1e-3)
@@ -276,7 +278,7 @@ def test_a_gemm_splits_k_to_fill_its_last_wave_by_hand():
     tiles, 31 waves and 4 tiles over; 16 stretches of 512 leave 64 over 496 full waves. K too
     short to split: the tiles alone. The H100 SXM, H800 and H200 are one compute family."""
     from kvjax.hardware import get_chip
-    from kvjax.predict.bounds import compute_family, gemm_tiles
+    from kvjax.predict.gemm import compute_family, gemm_tiles
 
     assert gemm_tiles(128, 2112, 7168, 1, 132) == 17 * 7
     assert gemm_tiles(8192, 8192, 8192, 1, 132) == 4096 * 16
@@ -589,3 +591,19 @@ def test_huber_is_squared_within_delta_and_linear_beyond():
     y = np.full(9, 10e-6)
     y[0] = 100e-6  # one row 10x slow
     assert model.fit(xs, y).t0_s == pytest.approx(10e-6, rel=0.1)
+
+
+def test_fp4_gemms_are_a_family_of_their_own():
+    """A block-scaled FP4 GEMM's efficiencies are fitted apart from its chip's bf16 and fp8
+    GEMMs (`gemm.gemm_family`): on the B200 its kernels reach a lower fraction of the FP4 peak
+    than the others do of theirs; the model reads the block scales (`fp4_bits`), the bound not."""
+    from kvjax.hardware import get_chip
+    from kvjax.predict.gemm import fp4_bits, gemm_family
+    from kvjax.predict.validate import corpus_fits
+
+    b200 = get_chip("b200")
+    assert (gemm_family(b200, "fp4"), gemm_family(b200, "fp8")) == ("b200 fp4", "b200")
+    fit = corpus_fits()["matmul"]
+    assert fit.compute_efficiency_of("b200 fp4") < fit.compute_efficiency_of("b200")
+    assert fp4_bits("DeepGEMM (MXF4 SM100_MMA_MXF4_SS)") == 4.25
+    assert fp4_bits("cuDNN NVFP4 (FlashInfer mm_fp4)") == fp4_bits(None) == 4.5

@@ -18,7 +18,8 @@ from kvjax.analytic.step import layer_kernels, layer_kinds, step_cost
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
 from kvjax.model.config import ModelConfig
-from kvjax.predict.bounds import attention_fill, compute_family, special_seconds
+from kvjax.predict.bounds import attention_fill, special_seconds
+from kvjax.predict.gemm import gemm_family
 from kvjax.predict.model import Features, Fit
 from kvjax.predict.validate import corpus_fits
 
@@ -49,6 +50,7 @@ def _interval(
     special_s: float = 0.0,
     launches: int = 1,
     fill: float = 1.0,
+    dtype: str = "",
 ) -> dict[str, float]:
     """`calls` launches of one kernel (its layers), each of 1/calls of the FLOPs and bytes (and of
     the exponentials' `special_s`; `fill`: a block loop's `bounds.pipeline_fill`), on `chip` (its
@@ -60,7 +62,7 @@ def _interval(
         peak,
         chip.bandwidth_bytes_per_s,
         special_s=special_s / calls,
-        family=compute_family(chip),
+        family=gemm_family(chip, dtype),
         launches=launches,
         fill=fill,
     )
@@ -98,6 +100,7 @@ def kernel_seconds(
     peak: float,
     special_s: float = 0.0,
     fill: float = 1.0,
+    dtype: str = "",
 ) -> float | None:
     """One kernel of a step (summed over its layers) as its class predicts it: `layers` launches
     of 1/layers of its FLOPs, bytes and exponentials' `special_s` (a per-layer kernel), with the
@@ -113,7 +116,7 @@ def kernel_seconds(
         peak,
         chip.bandwidth_bytes_per_s,
         special_s=special_s / calls,
-        family=compute_family(chip),
+        family=gemm_family(chip, dtype),
         fill=fill,
     )
     return calls * float(fits[cls].predict([x])[0])
@@ -157,6 +160,7 @@ def predict_step(
                     calls,
                     exps if attn else 0.0,
                     fill=fill if attn else 1.0,
+                    dtype=cfg.peak_dtype,
                 )
             )
         else:

@@ -35,12 +35,11 @@ from kvjax.analytic.costs import Workload
 from kvjax.analytic.primitives import _matmul
 from kvjax.analytic.step import step_cost
 from kvjax.errors import KvjaxError
-from kvjax.hardware import CHIPS, ChipSpec, get_chip
+from kvjax.hardware import ChipSpec, get_chip
 from kvjax.model.config import DTYPE_BYTES, ModelConfig, get_model_config
 from kvjax.predict.corpus import Row
+from kvjax.predict.gemm import fp4_bits, gemm_family, gemm_tiles
 
-TILE = 128  # the output tile GEMM and attention kernels hand one core (the wave term's unit)
-SPLIT_K = 512  # the shortest stretch of K a GEMM's split hands one core
 MMA_ROWS = 64  # the rows of one tensor-core tile a decode kernel packs its query rows into
 
 
@@ -230,23 +229,30 @@ def _attention_closed(row: Row) -> Closed:
 
 
 def _matmul_closed(row: Row) -> Closed:
-    """A GEMM row: 2mnk, each operand once, its work units (`gemm_tiles`), its chip's family."""
+    """A GEMM row: 2mnk, each operand once, its work units (`gemm_tiles`), its family
+    (`gemm_family`). An FP4 GEMM's bound reads its operands at 4 bits; the model reads their
+    block scales too (`fp4_bits`: NVFP4's e4m3 a block of 16, MXFP4's e8m0 a block of 32)."""
     chip, chips, bw = _roofs(row)
     dtype = row.dtype
     groups = row.batch or 1
     a = DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else 0.5
     out = 2 if a < 2 else a
     one = _matmul("matmul", row.m, row.k, row.n, a, a, out=out)
+    model = one
+    if dtype == "fp4":
+        scaled = a * fp4_bits(row.values.get("implementation")) / 4
+        model = _matmul("matmul", row.m, row.k, row.n, scaled, scaled, out=out)
     peak = _peak(chip, "bf16" if dtype == "int4" else dtype, row) * chips
     tiles = gemm_tiles(row.m, row.n, row.k, groups, chip.num_cores or 1)
     return Closed(
         groups * one.flops,
-        groups * one.bytes,
+        groups * model.bytes,
         peak,
         bw,
         tiles,
         chip.num_cores or 1,
-        family=compute_family(chip),
+        bound_bytes=groups * one.bytes,
+        family=gemm_family(chip, dtype),
     )
 
 
@@ -297,29 +303,6 @@ def step_config(row: Row) -> ModelConfig:
         attention_kernel="flash",
         matmul_dtype="fp8" if row.dtype == "fp8" else "",
     )
-
-
-def gemm_tiles(m: int, n: int, k: int, groups: int, cores: int) -> int:
-    """The work units a GEMM hands the cores: its 128 x 128 output tiles, each split along K
-    into s stretches of `SPLIT_K` or more, s the split whose last wave of tiles is fullest (the
-    least s of those): what cuBLAS's split-K and stream-K and DeepGEMM's block choice do when the
-    output tiles alone fill the cores badly (17 tiles of a 128 x 2112 output on 132 SMs: split
-    7 ways, 119 units in one wave, where unsplit 13% of the wave would be busy)."""
-    tiles = groups * math.ceil(m / TILE) * math.ceil(n / TILE)
-    best, units = 0.0, tiles
-    for s in range(1, max(1, k // SPLIT_K) + 1):
-        w = tiles * s / (math.ceil(tiles * s / cores) * cores)
-        if w > best + 1e-12:
-            best, units = w, tiles * s
-    return units
-
-
-def compute_family(chip: ChipSpec) -> str:
-    """The chips of one compute design (the same 16-bit peak over as many cores: the H100 SXM,
-    H800 and H200 are one GH100; the H20 is one cut to 78 SMs and capped), joined by '/'."""
-    key = (chip.peak_flops_per_s.get("bf16"), chip.num_cores)
-    same = [n for n, c in CHIPS.items() if (c.peak_flops_per_s.get("bf16"), c.num_cores) == key]
-    return "/".join(same) if chip.name in same else chip.name
 
 
 def pipeline_fill(cost: flash.FlashCost, batch: int, queries: int) -> float:

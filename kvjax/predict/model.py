@@ -19,7 +19,7 @@ their tails, and over several chips on their all-reduces: a 7B model's step pays
 compute e_c that the class's best kernels reach (times w, the share of the last wave of tiles
 that is busy: 133 tiles on 132 SMs take two waves), and the fraction of HBM bandwidth e_b. Both
 fractions are at most 1, so a prediction never lies below its bound (up to t0 >= 0). A chip
-family (`kvjax.predict.bounds.compute_family`: one compute design) with `FAMILY_ROWS` compute-bound
+family (`kvjax.predict.gemm.compute_family`: one compute design) with `FAMILY_ROWS` compute-bound
 rows or more in the fit has its own e_c, fitted with t0 and e_b held and pulled towards the
 class's (the H20, a GH100 capped to 148 TFLOP/s, runs its GEMMs at 0.96 of that peak, where the
 H100's reach 0.8 of theirs); a family the fit never saw takes the class's.
@@ -73,7 +73,7 @@ class Features:
     # the softmax's exponentials at the chip's special-function rate (fused attention), seconds:
     # serial with the matmuls in the compute term (0: none, or no sourced rate)
     special_s: float = 0.0
-    family: str = ""  # the chip's compute family (`bounds.compute_family`)
+    family: str = ""  # the GEMM's family (`gemm.gemm_family`)
     launches: float = 1.0  # n_0: the times the fixed term t0 is paid (a step: its layers)
     fill: float = 1.0  # the compute term's stretch for a block loop's pipeline fill, (n + 1) / n
     # time serial with the max: a whole step's tensor-parallel collectives, which engines run

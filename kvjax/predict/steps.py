@@ -70,14 +70,18 @@ def kernel_s(
     peak: float,
     chips: int = 1,
     fill: float = 1.0,
+    dtype: str = "",
 ) -> float:
     """One kernel of a step (summed over the `layers` that run it: `kernel_layers`; over `chips`
     chips as one aggregate roof) by its class, or at its bound where it has none; `fill`: the
-    fused attention's pipeline fill (`bounds.attention_fill`)."""
+    fused attention's pipeline fill (`bounds.attention_fill`); `dtype`: its matmuls' (a GEMM's
+    family, `gemm.gemm_family`)."""
     f, q = k.flops / chips, k.bytes / chips
     attn = name == kernels.ATTENTION
     special = special_seconds(k.transcendentals, chip, chips) if attn else 0
-    t = kernel_seconds(fits, name, f, q, phase, layers, chip, peak, special, fill if attn else 1.0)
+    t = kernel_seconds(
+        fits, name, f, q, phase, layers, chip, peak, special, fill if attn else 1.0, dtype
+    )
     return t if t is not None else roofline.bound_time_s(f, q, peak, chip.bandwidth_bytes_per_s)
 
 
@@ -100,7 +104,16 @@ def kernels_s(
     for name, k in ks.items():
         k = scale_weights(k, 0.5) if int4 else k
         total += kernel_s(
-            fits, name, k, attention_form(cfg, wl), layers.get(name, 1), chip, peak, chips, fill
+            fits,
+            name,
+            k,
+            attention_form(cfg, wl),
+            layers.get(name, 1),
+            chip,
+            peak,
+            chips,
+            fill,
+            cfg.peak_dtype,
         )
     return total
 

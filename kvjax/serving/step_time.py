@@ -209,7 +209,15 @@ class KernelStepTime(PredictedStepTime):
             else 1.0
         )
         return kernel_s(
-            self.fits, name, k, phase, self.layers.get(name, 1), self.chip, self.peak, fill=fill
+            self.fits,
+            name,
+            k,
+            phase,
+            self.layers.get(name, 1),
+            self.chip,
+            self.peak,
+            fill=fill,
+            dtype=self.cfg.peak_dtype,
         )
 
     def __call__(self, batch) -> float:
