@@ -24,7 +24,8 @@ def run_point(point) -> list[dict]:
             "bandwidth_bytes_per_s", "bound_s", "bound_side", "fraction_of_bound", "above_bound",
             "predicted_s", "predicted_lo_s", "predicted_hi_s", "held_out_predicted_s",
             "num_chips", "source_group", "head_dim", "seq_q", "seq_kv", "causal", "batch",
-            "m", "n", "k", "best_of_shape", "timing")  # fmt: skip
+            "m", "n", "k", "best_of_shape", "timing", "window", "page_size", "schedule",
+            "programs", "stretch", "l2_flushed", "clock_locked")  # fmt: skip
     records = []
     for row in report["rows"]:
         rec = {k: row[k] for k in keep}

@@ -462,7 +462,7 @@ def test_the_bound_never_exceeds_the_implementation_model(
     assert bound.flops <= sum(k.flops for k in model.kernels())
     assert bound.bytes <= sum(k.bytes for k in model.kernels()) * (1 + 1e-12)
     if flash.attention_form(cfg, wl) == "prefill":  # every program runs a key block or more:
-        from kvjax.predict.bounds import pipeline_fill  # the prediction's fill adds up to one
+        from kvjax.predict.plans import pipeline_fill  # the prediction's fill adds up to one
 
         assert 1 < pipeline_fill(model, batch, T) <= 2
     if T <= 60 and S <= 200:

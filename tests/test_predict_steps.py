@@ -12,7 +12,7 @@ from kvjax.analytic.costs import Workload
 from kvjax.analytic.step import step_kernels
 from kvjax.hardware import get_chip
 from kvjax.model.config import get_model_config
-from kvjax.predict import model, steps
+from kvjax.predict import model, plans, steps
 from kvjax.predict.heldout import conformal_ends
 
 
@@ -42,11 +42,23 @@ def test_a_step_is_its_kernels_by_their_classes_plus_one_fixed_time():
     assert steps.kernel_s(fits, kernels.NORM_ATTN, norm, "decode", L, chip, P) == (
         roofline.bound_time_s(norm.flops, norm.bytes, P, BW))  # fmt: skip
     a, d = ks[kernels.ATTENTION], fits["attention_decode"]
-    assert steps.kernel_s(fits, kernels.ATTENTION, a, "decode", L, chip, P) == pytest.approx(
-        L * (d.t0_s + a.bytes / L / (d.bandwidth_efficiency * BW)))  # fmt: skip
+    # kvjax's plan: 8 sequences x 8 KV heads, split in 2 (ceil(132 / 64) = 3, to a power of two)
+    # of 4 of the 8 128-key blocks: 128 programs on 132 SMs, the busiest core walks 4 blocks where
+    # the mean core walks 512 / 132
+    stretch = 4 / (8 * 8 * 8 / 132)
+    assert plans.attention_stretch(cfg, wl, chip) == pytest.approx(stretch)
+    assert steps.kernel_s(
+        fits, kernels.ATTENTION, a, "decode", L, chip, P, stretch=stretch
+    ) == pytest.approx(L * (d.t0_s + a.bytes / L / (d.bandwidth_efficiency * BW) * stretch))
     total = steps.kernels_s(fits, cfg, wl, chip)
-    assert total == pytest.approx(sum(steps.kernel_s(fits, n, k, "decode", L, chip, P)
-                                      for n, k in ks.items()))  # fmt: skip
+    assert total == pytest.approx(
+        sum(
+            steps.kernel_s(
+                fits, n, k, "decode", L, chip, P, stretch=stretch if n == kernels.ATTENTION else 0
+            )
+            for n, k in ks.items()
+        )
+    )
     # a hybrid's attention runs in its attention layers only: 12 of qwen3-next's 48
     hybrid = get_model_config("qwen3-next-80b-a3b", attention_kernel="flash")
     assert steps.kernel_layers(hybrid)[kernels.ATTENTION] == 12

@@ -19,6 +19,19 @@ def console(stderr: bool = False):
     return Console(highlight=False, soft_wrap=True, width=200, stderr=stderr)
 
 
+def progress_bar(con):
+    """A progress bar on `con` that goes when done: its task's words, the bar, done of total."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=con,
+        transient=True,
+    )
+
+
 def attention_label(m: dict[str, Any]) -> str:
     """`num_kv_heads=8` for MHA/GQA/MQA; the latent, RoPE width and decode form for MLA."""
     if m.get("kv_lora_rank"):

@@ -8,14 +8,18 @@ from collections import Counter
 from typing import Any
 
 from kvjax.cli.args import emit
-from kvjax.cli.render_common import console
+from kvjax.cli.render_common import console, progress_bar
 from kvjax.errors import KvjaxError
 
 DESCRIPTION = """\
 Each CSV row is one published measurement (columns: source, source_group, chip, dtype, kernel,
 implementation, batch, seq_q, seq_kv, num_heads, num_kv_heads, head_dim, causal, latent_dim,
 rope_dim, m, n, k, model, context, measured_s, convention, confidence; optional num_chips,
-kv_dtype, flag_reason, timing: kernel, graph, events or host, how the source timed it). For
+kv_dtype, flag_reason, timing: kernel, graph, events or host, how the source timed it;
+page_size: a paged cache's tokens a page, which some decode kernels plan by; window: a
+sliding window's key positions a query sees, itself included, which the bound counts;
+implementation_version, l2_flushed (true or false) and clock_locked (MHz): how the run was
+set up, recorded to tell runs apart). For
 each row: kvjax's closed form for that exact shape, the bound on the chip's spec,
 fraction_of_bound = bound / measured (above 1: the measurement beats the bound, which is then
 wrong), and the time an efficiency model predicts with its 80% interval:
@@ -58,6 +62,12 @@ def add_parser(sub) -> None:
         action="store_true",
         help="with --predict --out: keep the rows the CSV already holds and run the others",
     )
+    p.add_argument(
+        "--views",
+        action="store_true",
+        help="each kernel class held out three ways: by source group, by implementation, by chip "
+        "(`held_out_views` in --json)",
+    )
     p.set_defaults(func=run)
 
 
@@ -71,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"rows": [], "classes": {}, "summary": {}}
     if kernels or not args.csv:
         report = validate(read_corpus(kernels or None))
+        if args.views:
+            from kvjax.predict.views import held_out_views
+
+            report["held_out_views"] = held_out_views(read_corpus(kernels or None))
     if (args.out or args.resume) and not args.predict:
         raise KvjaxError("--out and --resume apply to --predict only")
     if systems:
@@ -85,20 +99,12 @@ def run(args: argparse.Namespace) -> int:
 def predict_systems(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict:
     """`--predict`: every row the simulator can run, with a progress bar and the seconds a row
     (on stderr under --json), keyed by (source, metric)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
     from kvjax.serving.system_predict import predict_rows, runnable
 
     con = console(stderr=args.json)
     todo = runnable(rows)
     skipped: Counter[str] = Counter()
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        console=con,
-        transient=True,
-    ) as bar:
+    with progress_bar(con) as bar:
         task = bar.add_task("predicting", total=len(todo))
 
         def on_row(row, pred) -> None:
@@ -140,6 +146,8 @@ def print_validate(report: dict[str, Any]) -> None:
     if not s:
         return
     _print_classes(con, report)
+    if report.get("held_out_views"):
+        _print_views(con, report)
     for cls, e in report["classes"].items():  # the held-out error by how the sources timed
         if e.get("by_timing"):
             con.print(
@@ -187,6 +195,28 @@ def _print_classes(con, report: dict[str, Any]) -> None:
             f"{e['loso_median_abs_error']:.1%}" if "fit" in e else "-",
             f"{e['loso_coverage_80']:.0%}" if "fit" in e else "-",
         )
+    con.print(t)
+
+
+def _print_views(con, report: dict[str, Any]) -> None:
+    """`--views`: each class's held-out error by source group, by implementation, by chip."""
+    from rich.table import Table
+
+    t = Table(title="held out three ways: median |pred/meas - 1| (rows; of group medians)")
+    for col in ("class", "view", "groups", "rows", "median", "of group medians", "80% coverage"):
+        t.add_column(col, justify="left" if col in ("class", "view") else "right")
+    for cls, views in report.get("held_out_views", {}).items():
+        for view, e in views.items():
+            cover = e["coverage_80"]
+            t.add_row(
+                cls,
+                view,
+                str(e["groups"]),
+                str(e["rows"]),
+                f"{e['median_abs_error']:.1%}",
+                f"{e['median_of_group_medians']:.1%}",
+                "-" if cover is None else f"{cover:.0%}",
+            )
     con.print(t)
 
 

@@ -58,11 +58,11 @@ FIGURES: dict[str, tuple[str, Callable, tuple[float, float]]] = {
     "kernel_bound": ("profile", kernel_bound, (2 * COLUMN_WIDTH_IN, 2.8)),
     "serving_frontier": ("serving_frontier", serving_frontier, (2 * COLUMN_WIDTH_IN, 4.4)),
     "goodput": ("serving_goodput", goodput, (2 * COLUMN_WIDTH_IN, 3.2)),
-    "published_roofline": ("published_roofline", published_roofline, (4 * COLUMN_WIDTH_IN, 3.2)),
+    "published_roofline": ("published_roofline", published_roofline, (5 * COLUMN_WIDTH_IN, 3.2)),
     "published_residuals": (
         "published_roofline",
         published_residuals,
-        (4.6 * COLUMN_WIDTH_IN, 4.2),
+        (5.2 * COLUMN_WIDTH_IN, 4.2),
     ),
     "published_systems": ("published_roofline", published_systems, (3 * COLUMN_WIDTH_IN, 2.8)),
 }

@@ -11,6 +11,7 @@ PANELS = (
     ("Hopper: H100 SXM, H800, H200", ("h100-sxm", "h800", "h200")),
     ("H20", ("h20",)),
     ("A100 (40 / 80 GB)", ("a100-80gb", "a100-40gb")),
+    ("Blackwell: B200, GB200", ("b200", "gb200")),
     ("TPU v5e", ("tpu-v5e",)),
 )
 MARKERS = {
@@ -66,17 +67,10 @@ def published_roofline(records: pd.DataFrame, fig) -> bool | None:
                 alpha=0.8,
                 lw=0,
             )
-        above = d[d.above_bound]
-        if not above.empty:
-            ax.scatter(
-                at[above.index],
-                above.measured_flops_per_s,
-                s=30,
-                facecolors="none",
-                edgecolors="red",
-                lw=0.8,
-                label="above its bound",
-            )
+        # the rows whose bound counts a sliding window's pairs and keys; any above its bound
+        windowed = d[d["window"].notna()] if "window" in d else d.iloc[:0]
+        _ring(ax, at, windowed, "sliding window", s=16, marker="s", edgecolors="0.2", lw=0.5)
+        _ring(ax, at, d[d.above_bound], "above its bound", s=30, edgecolors="red", lw=0.8)
         ax.set(
             xscale="log",
             yscale="log",
@@ -94,11 +88,21 @@ def published_roofline(records: pd.DataFrame, fig) -> bool | None:
     return None
 
 
+def _ring(ax, at, rows: pd.DataFrame, label: str, **style) -> None:
+    """Hollow markers around `rows` on a roofline panel (none drawn, no legend entry, if empty)."""
+    if not rows.empty:
+        ax.scatter(
+            at[rows.index], rows.measured_flops_per_s, facecolors="none", label=label, **style
+        )
+
+
 def published_residuals(records: pd.DataFrame, fig) -> bool | None:
     """The implementation model's check: each row's held-out residual log2(predicted /
     measured) (the fit that never saw the row's source group) against the head dimension and S
-    (fused prefill), the implementation (its name up to its first parenthesis), the source group,
-    the chip and how the source timed the row (`timing`: a profiler's kernel time, a CUDA graph's
+    (fused prefill), a decode's stretch (its busiest core's walk over the mean core's, on the
+    schedule its implementation plans: `kvjax.predict.implementations`), the implementation
+    (its name up to its first parenthesis), the source group, the chip and how the source timed
+    the row (`timing`: a profiler's kernel time, a CUDA graph's
     replay, CUDA events around launches from the host, the host's clock; every class). Structure
     left in these panels is what the model absorbs instead of explains."""
     import seaborn as sns
@@ -114,13 +118,48 @@ def published_residuals(records: pd.DataFrame, fig) -> bool | None:
     df["impl"] = [str(i).split(" (")[0][:28] for i in df.implementation.fillna(df.kernel)]
     timing = df["timing"] if "timing" in df else pd.Series("", index=df.index)
     df["timing"] = timing.fillna("").replace("", "unstated")
-    axes = fig.subplots(1, 6, gridspec_kw={"width_ratios": (1, 1, 1.3, 1.3, 1, 0.8)})
+    axes = fig.subplots(1, 7, gridspec_kw={"width_ratios": (1, 1, 1, 1.3, 1.3, 1, 0.8)})
     colors = dict(zip(MARKERS, sns.color_palette("colorblind", len(MARKERS)), strict=True))
+    _prefill_panels(axes[:2], pre)
+    _by_stretch(axes[2], df)
+    for ax, by in zip(axes[3:], ("impl", "source_group", "chip", "timing"), strict=True):
+        sns.stripplot(
+            data=df, x="residual", y=by, hue="kernel", ax=ax, size=2.5, palette=colors, jitter=0.25
+        )
+        ax.set(xlabel="log2(predicted / measured)", ylabel="")
+    for ax in axes[:3]:
+        ax.set_ylabel("log2(predicted / measured), held out")
+        ax.legend(fontsize=4 if ax is axes[2] else 5, frameon=True)
+    for ax in axes:
+        ax.axhline(0, color="0.3", lw=0.6) if ax in axes[:3] else ax.axvline(0, color="0.3", lw=0.6)
+        ax.tick_params(labelsize=5)
+        ax.tick_params(axis="y", labelsize=4 if ax in axes[3:5] else 5)
+        ax.xaxis.label.set_fontsize(6)
+        ax.yaxis.label.set_fontsize(6)
+    for ax in (*axes[3:5], axes[6]):  # one legend of the kernel classes, on the chip panel
+        ax.get_legend().remove()
+    axes[5].legend(fontsize=4, frameon=True)
+    fig.suptitle(
+        f"Held-out residuals of kvjax's implementation model, the {len(df)} fastest rows of "
+        "their shapes (0 = exact; +1 = predicted twice the measured time)",
+        fontsize=7,
+    )
+    return None
+
+
+def _prefill_panels(axes, pre: pd.DataFrame) -> None:
+    """The fused prefills' residuals by head dimension and by S, coloured by their mask."""
+    import seaborn as sns
+
+    windowed = pre["window"].notna() if "window" in pre else pd.Series(False, index=pre.index)
     pre = pre.assign(
-        mask=np.where(pre.causal.astype(bool), "causal", "not causal"),
+        mask=np.where(
+            windowed, "sliding window", np.where(pre.causal.astype(bool), "causal", "not causal")
+        ),
         head=pre.head_dim.astype(int),
     )
-    masks = dict(zip(("causal", "not causal"), sns.color_palette("deep", 2), strict=True))
+    kinds = ("causal", "not causal", "sliding window")
+    masks = dict(zip(kinds, sns.color_palette("deep", 3), strict=True))
     sns.stripplot(
         data=pre,
         x="head",
@@ -145,33 +184,28 @@ def published_residuals(records: pd.DataFrame, fig) -> bool | None:
             color=masks[mask],
         )
     axes[1].set(xscale="log", xlabel="S (fused prefill)")
-    for ax, by in zip(axes[2:], ("impl", "source_group", "chip", "timing"), strict=True):
-        sns.stripplot(
-            data=df, x="residual", y=by, hue="kernel", ax=ax, size=2.5, palette=colors, jitter=0.25
-        )
-        ax.set(xlabel="log2(predicted / measured)", ylabel="")
-    for ax in axes[:2]:
-        ax.set_ylabel("log2(predicted / measured), held out")
-        ax.legend(fontsize=5, frameon=True)
-    for ax in axes:
-        ax.axhline(0, color="0.3", lw=0.6) if ax in axes[:2] else ax.axvline(0, color="0.3", lw=0.6)
-        ax.tick_params(labelsize=5)
-        ax.tick_params(axis="y", labelsize=4 if ax in axes[2:4] else 5)
-        ax.xaxis.label.set_fontsize(6)
-        ax.yaxis.label.set_fontsize(6)
-    for ax in (*axes[2:4], axes[5]):  # one legend of the kernel classes, on the chip panel
-        ax.get_legend().remove()
-    axes[4].legend(fontsize=4, frameon=True)
-    fig.suptitle(
-        f"Held-out residuals of kvjax's implementation model, the {len(df)} fastest rows of "
-        "their shapes (0 = exact; +1 = predicted twice the measured time)",
-        fontsize=7,
-    )
-    return None
 
 
-def _family(group: str) -> str:
-    return "MLPerf Inference" if group.startswith("mlperf-") else group
+def _by_stretch(ax, df: pd.DataFrame) -> None:
+    """Decode rows' residuals against their schedule's stretch, one colour a schedule (an
+    implementation's rule, or kvjax's plan where no rule names the row)."""
+    import seaborn as sns
+
+    dec = df[df.kernel == "attention_decode"]
+    if "stretch" not in dec or dec.stretch.isna().all():
+        ax.set_axis_off()
+        return
+    names = sorted(dec.schedule.fillna("kvjax").unique())
+    colors = dict(zip(names, sns.color_palette("tab10", len(names)), strict=True))
+    for name, g in dec.groupby(dec.schedule.fillna("kvjax")):
+        ax.scatter(g.stretch, g.residual, s=7, alpha=0.8, lw=0, label=name, color=colors[name])
+    ax.set(xscale="log", xlabel="decode: busiest core / mean core (its own schedule)")
+
+
+def _family(source: str, group: str) -> str:
+    """A system row's colour: MLPerf's results together (their submitters' groups are many),
+    else its source group (NVIDIA's TensorRT-LLM pages, SGLang's blog, AMD's ROCm docs)."""
+    return "MLPerf Inference" if str(source).startswith("mlperf-inference") else group
 
 
 _MARKERS = {"offline": "o", "at a rate or concurrency": "s", "under an SLO": "D", "latency": "^"}
@@ -198,7 +232,8 @@ def published_systems(records: pd.DataFrame, fig) -> bool | None:
     df = records[records.experiment == "published_roofline"]
     if "row_kind" not in df or not (df.row_kind == "system").any():
         return False
-    df = df[df.row_kind == "system"].assign(family=lambda d: d.source_group.map(_family))
+    df = df[df.row_kind == "system"]
+    df = df.assign(family=[_family(s, g) for s, g in zip(df.source, df.source_group, strict=True)])
     latency = df.metric.str.endswith("_s") & ~df.metric.str.endswith("per_s")
     families = sorted(df.family.unique(), key=lambda f: (f != "MLPerf Inference", f))
     colors = dict(zip(families, sns.color_palette("colorblind", len(families)), strict=True))

@@ -18,9 +18,10 @@ from kvjax.analytic.step import layer_kernels, layer_kinds, step_cost
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
 from kvjax.model.config import ModelConfig
-from kvjax.predict.bounds import attention_fill, special_seconds
+from kvjax.predict.bounds import special_seconds
 from kvjax.predict.gemm import gemm_family
 from kvjax.predict.model import Features, Fit
+from kvjax.predict.plans import attention_fill, attention_stretch
 from kvjax.predict.validate import corpus_fits
 
 
@@ -51,9 +52,10 @@ def _interval(
     launches: int = 1,
     fill: float = 1.0,
     dtype: str = "",
+    stretch: float = 0.0,
 ) -> dict[str, float]:
     """`calls` launches of one kernel (its layers), each of 1/calls of the FLOPs and bytes (and of
-    the exponentials' `special_s`; `fill`: a block loop's `bounds.pipeline_fill`), on `chip` (its
+    the exponentials' `special_s`; `fill`: a block loop's `plans.pipeline_fill`), on `chip` (its
     bandwidth, its compute family's e_c); a whole step pays the fit's fixed term once per layer
     (`launches`)."""
     x = Features(
@@ -65,6 +67,7 @@ def _interval(
         family=gemm_family(chip, dtype),
         launches=launches,
         fill=fill,
+        stretch=stretch,
     )
     p, lo, hi = fit.interval([x])
     return {
@@ -101,11 +104,13 @@ def kernel_seconds(
     special_s: float = 0.0,
     fill: float = 1.0,
     dtype: str = "",
+    stretch: float = 0.0,
 ) -> float | None:
     """One kernel of a step (summed over its layers) as its class predicts it: `layers` launches
     of 1/layers of its FLOPs, bytes and exponentials' `special_s` (a per-layer kernel), with the
-    fused attention's pipeline `fill`, no wave term; None where the kernel has no class (norms,
-    RoPE, elementwise ops, unfused attention)."""
+    fused attention's pipeline `fill` and a decode's `stretch` (`plans.attention_stretch`), no
+    other wave term; None where the kernel has no class (norms, RoPE, elementwise ops, unfused
+    attention)."""
     cls = kernel_class(name, phase)
     if cls not in fits or flops + nbytes <= 0:
         return None
@@ -118,6 +123,7 @@ def kernel_seconds(
         special_s=special_s / calls,
         family=gemm_family(chip, dtype),
         fill=fill,
+        stretch=stretch,
     )
     return calls * float(fits[cls].predict([x])[0])
 
@@ -136,14 +142,16 @@ def predict_step(
     phase, layers = wl.phase, kernel_layers(cfg, chip)
     peak = chip.peak(cfg.peak_dtype)
     out = []
-    exps, fill = 0.0, 1.0  # the fused attention's exponentials (at the chip's special-function
-    # rate) and its block loop's pipeline fill
+    # the fused attention's exponentials (at the chip's special-function rate), its block loop's
+    # pipeline fill and a decode's busiest core over its mean (`plans.attention_stretch`)
+    exps, fill, stretch = 0.0, 1.0, 0.0
     if any(k["name"] == kernels.ATTENTION for k in placed):
         from kvjax.analytic.step import step_kernels
 
         fused = step_kernels(cfg, wl, chip).get(kernels.ATTENTION)
         exps = special_seconds(fused.transcendentals, chip) if fused is not None else 0.0
-        fill = attention_fill(cfg, wl, chip) if cfg.attention_kernel == "flash" else 1.0
+        if cfg.attention_kernel == "flash":
+            fill, stretch = attention_fill(cfg, wl, chip), attention_stretch(cfg, wl, chip)
     for k in placed:
         cls = kernel_class(k["name"], phase)
         row = {"name": k["name"], "class": cls, "bound_s": k["bound_s"]}
@@ -161,6 +169,7 @@ def predict_step(
                     exps if attn else 0.0,
                     fill=fill if attn else 1.0,
                     dtype=cfg.peak_dtype,
+                    stretch=stretch if attn else 0.0,
                 )
             )
         else:

@@ -37,10 +37,10 @@ from kvjax.analytic.step import step_cost
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec, get_chip
 from kvjax.model.config import DTYPE_BYTES, ModelConfig, get_model_config
+from kvjax.predict import implementations
 from kvjax.predict.corpus import Row
 from kvjax.predict.gemm import fp4_bits, gemm_family, gemm_tiles
-
-MMA_ROWS = 64  # the rows of one tensor-core tile a decode kernel packs its query rows into
+from kvjax.predict.plans import decode_schedule, kvjax_schedule, pipeline_fill
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,10 @@ class Closed:
     serial_s: float = 0.0
     # the same collectives' bytes at the link's line rate, no latency: the bound overlaps them
     link_s: float = 0.0
+    # a decode kernel's busiest core's walk over the mean core's (`Schedule.stretch`), on both
+    # sides of the model (0: the compute side's waves of `tiles` only)
+    stretch: float = 0.0
+    schedule: str = ""  # whose plan: an implementation's rule, or kvjax's
 
     @property
     def floor_flops(self) -> float:
@@ -145,6 +149,9 @@ def _attention_config(row: Row, dtype: str) -> ModelConfig:
         weight_dtype=w,
         kv_dtype=dtype,
         attention_kernel="flash",
+        # a windowed row's one layer is a sliding one: its W key positions, itself included
+        sliding_window=row.values.get("window") or 0,
+        layer_pattern="L" if row.values.get("window") else "G",
     )
 
 
@@ -187,10 +194,18 @@ def _attention_closed(row: Row) -> Closed:
     cfg = _attention_config(row, dtype)
     peak = _peak(chip, "fp8" if dtype == "fp8" else cfg.compute_dtype, row) * chips
     wl, T = _attention_workload(row)
-    tiles = flash.plan_for_chip(cfg, wl, chip)
+    sched = decode_schedule(row, cfg, T, chip) if kind == "attention_decode" else None
+    slower = 1.0  # the bound's peak over the peak the implementation's inner products run at
+    if sched is not None and sched.implementation != implementations.KVJAX:
+        tiles = flash.plan_for_chip(cfg, wl, chip, splits=sched.splits)
+        if sched.compute_dtype:  # fp8 KV dequantized to 16 bits: the prediction's, not the bound's
+            slower = peak / (_peak(chip, sched.compute_dtype, row) * chips)
+    else:
+        tiles = flash.plan_for_chip(cfg, wl, chip)
     causal = True if row.causal is None else row.causal
-    cost = flash.flash_attention_cost(cfg, wl, tiles, causal=causal)
-    floor = compulsory.compulsory_cost(cfg, wl, causal=causal)
+    sliding = bool(cfg.sliding_window)
+    cost = flash.flash_attention_cost(cfg, wl, tiles, sliding=sliding, causal=causal)
+    floor = compulsory.compulsory_cost(cfg, wl, sliding=sliding, causal=causal)
     flops = sum(k.flops for k in cost.kernels())
     nbytes = sum(k.bytes for k in cost.kernels())
     floor_bytes = floor.bytes
@@ -207,11 +222,12 @@ def _attention_closed(row: Row) -> Closed:
         padded = flops
         fill = pipeline_fill(cost, row.batch, T)
     else:
-        programs = row.batch * shape.kv_heads * tiles.splits
-        # a KV head's G x T query rows are one MMA tile of M = 64 rows (Hopper's wgmma,
-        # FlashMLA's block): 16 heads x 1..4 queries cost what 64 rows cost
-        rows = shape.query_heads // shape.kv_heads * T
-        padded = flops * math.ceil(rows / MMA_ROWS) * MMA_ROWS / rows
+        if sched is None or sched.implementation == implementations.KVJAX:
+            sched = kvjax_schedule(cfg, wl, tiles, T, sliding)
+        programs = sched.programs
+        # the query rows a tile computes over those it needs (a KV head's G x T rows in one
+        # MMA tile of 64 rows in kvjax's plan: 16 heads x 1..4 queries cost what 64 rows cost)
+        padded = flops * sched.padding * slower
     exps = sum(k.transcendentals for k in cost.kernels())
     return Closed(
         flops,
@@ -225,6 +241,8 @@ def _attention_closed(row: Row) -> Closed:
         floor_bytes,
         special_seconds(exps, chip, chips),
         fill=fill,
+        stretch=sched.stretch(chip.num_cores or 1) if sched is not None else 0.0,
+        schedule=sched.implementation if sched is not None else "",
     )
 
 
@@ -303,31 +321,6 @@ def step_config(row: Row) -> ModelConfig:
         attention_kernel="flash",
         matmul_dtype="fp8" if row.dtype == "fp8" else "",
     )
-
-
-def pipeline_fill(cost: flash.FlashCost, batch: int, queries: int) -> float:
-    """(n + 1) / n: the compute term's stretch for a block loop whose programs each run n key
-    blocks (on average; a causal band's are shorter). Its software pipeline has two stages (the
-    next K/V block's load beside the current block's matmuls and softmax, as FlashAttention-2
-    and -3 and cuDNN run it), and n blocks through a two-stage pipeline take n + 1 stage times:
-    the first block's load is waited for and the last block's O written after it. A constant of
-    the structure, not fitted: a sequence of 512 in 128-key blocks pays 1/4 more, one of 16,384
-    1/128; n counts whole tiles of pairs, so a program of less than one tile (a short sequence's
-    partial block) pays its one stage twice, 2 at most."""
-    plan = cost.plan
-    programs = batch * math.ceil(queries / plan.block_q)  # per query head
-    blocks = cost.computed_pairs / (plan.block_q * plan.block_k)
-    return 1.0 + min(1.0, programs / blocks) if blocks > 0 else 1.0
-
-
-def attention_fill(cfg: ModelConfig, wl: Workload, chip: ChipSpec) -> float:
-    """`pipeline_fill` of a step's fused attention where it runs prefill's block loop (its
-    full-attention layers' plan), 1 where it runs flash-decoding (a memory-bound split whose
-    loads the pipeline overlaps)."""
-    if flash.attention_form(cfg, wl) != "prefill":
-        return 1.0
-    plan = flash.plan_for_chip(cfg, wl, chip)
-    return pipeline_fill(flash.flash_attention_cost(cfg, wl, plan), wl.batch, wl.query_len)
 
 
 def special_seconds(transcendentals: float, chip: ChipSpec, chips: int = 1) -> float:

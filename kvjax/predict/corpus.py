@@ -50,7 +50,23 @@ COLUMNS = (
     "convention",
     "confidence",
 )
-OPTIONAL = ("num_chips", "kv_dtype", "flag_reason", "timing")  # extra columns kvjax reads
+OPTIONAL = (
+    "num_chips",
+    "kv_dtype",
+    "flag_reason",
+    "timing",
+    "page_size",
+    "window",
+    "implementation_version",
+    "l2_flushed",
+    "clock_locked",
+)  # extra columns kvjax reads
+# What tells two runs of one kernel apart beside its shape: `page_size` (a paged cache's tokens
+# a page; empty: contiguous or not stated), `window` (a sliding window's key positions a query
+# sees, itself included, as `ModelConfig.sliding_window` counts them; empty: full attention),
+# `implementation_version` (the version or commit timed), `l2_flushed` (whether the harness
+# flushed the L2 between calls; empty: the source and its harness do not tell), `clock_locked`
+# (the SM clock in MHz a run locked; empty: not locked or not stated).
 # how a row was timed: `kernel`, the kernel's own duration from a profiler or device timer
 # (CUPTI, kineto, nsys, nvbench's GPU time); `graph`, a CUDA graph's replay between CUDA events
 # (no host launch); `events`, CUDA events or one synchronize around back-to-back launches from
@@ -74,6 +90,9 @@ INTS = (
     "k",
     "context",
     "num_chips",
+    "page_size",
+    "window",
+    "clock_locked",
 )
 # A row's dtype: int4 is weight-only (gpt-fast's int4 rows: half of int8's weight bytes, computed
 # in bf16); fp4 a GEMM's (both operands 4-bit, block-scaled: NVFP4, MXFP4) at the chip's fp4
@@ -83,6 +102,7 @@ DTYPES = (*DTYPE_BYTES, "int4", "fp4")
 ONLY_MATMUL = ("fp4",)
 KV_DTYPES = (*DTYPE_BYTES, *PACKED_KV_BYTES)
 _DTYPE_COLUMNS = {"dtype": DTYPES, "kv_dtype": KV_DTYPES}
+BOOLS = ("causal", "l2_flushed")
 REQUIRED = {
     "attention_prefill": ("batch", "seq_q", "num_heads", "head_dim"),
     "attention_decode": ("batch", "seq_kv", "num_heads"),
@@ -148,7 +168,7 @@ def _cell(path: str, line: int, column: str, text: str) -> Any:
         if not math.isfinite(value) or value <= 0:
             raise _bad(path, line, column, f"{text!r} must be a positive number of seconds")
         return value
-    if column == "causal":
+    if column in BOOLS:
         if text.lower() not in ("true", "false", "1", "0"):
             raise _bad(path, line, column, f"{text!r} is not true or false")
         return text.lower() in ("true", "1")
@@ -166,6 +186,19 @@ def _cell(path: str, line: int, column: str, text: str) -> Any:
     if column == "timing" and text not in TIMING:
         raise _bad(path, line, column, f"{text!r}; allowed: {', '.join(TIMING)} (or empty)")
     return text
+
+
+def _check_window(path: str, line: int, values: dict[str, Any]) -> None:
+    """A sliding window is a fused attention's, causal (the band below the diagonal that
+    `exact_pairs` counts), of a GQA/MHA layer."""
+    if values["window"] is None:
+        return
+    if values["kernel"] not in ("attention_prefill", "attention_decode"):
+        raise _bad(path, line, "window", f"a {values['kernel']} row has no attention window")
+    if values["causal"] is False:
+        raise _bad(path, line, "window", "a sliding window is causal; causal is false")
+    if values["latent_dim"]:
+        raise _bad(path, line, "window", "kvjax counts no window for a latent (MLA) row")
 
 
 def read_csv(path: str | Path) -> list[Row]:
@@ -204,6 +237,7 @@ def read_csv(path: str | Path) -> list[Row]:
             for column in REQUIRED[values["kernel"]]:
                 if values[column] is None:
                     raise _bad(name, i, column, f"is empty; a {values['kernel']} row needs it")
+            _check_window(name, i, values)
             extra = {c: raw[c] for c in header if c not in known}
             rows.append(Row(values, name, i, extra))
     return rows

@@ -10,7 +10,7 @@ head) at the chip's special-function rate R (`ChipSpec.special_function_ops_per_
 0 where not), serial with the matmuls as FlashAttention-2 runs them: no fitted parameter (the
 exponentials' count per pair is the same at every head dimension, their share of the work
 largest at 64). f = (b + 1) / b is a block loop's two-stage pipeline over the b key blocks each
-of its programs runs (`bounds.pipeline_fill`; 1 elsewhere), also no fitted parameter.
+of its programs runs (`plans.pipeline_fill`; 1 elsewhere), also no fitted parameter.
 
 three physical parameters per class: a fixed launch and latency term t0, paid n_0 times (once for
 a kernel; once per layer for a whole step, whose layers each launch their kernels and wait on
@@ -79,6 +79,9 @@ class Features:
     # time serial with the max: a whole step's tensor-parallel collectives, which engines run
     # between its kernels (`kvjax.predict.collectives`, sourced constants; 0: one chip)
     serial_s: float = 0.0
+    # a decode kernel's busiest core over its mean core (`implementations.Schedule.stretch`): the
+    # compute and memory times both stretched by it (0: the compute side's waves of `tiles`)
+    stretch: float = 0.0
 
 
 def _arrays(xs: Sequence[Features]):
@@ -91,7 +94,11 @@ def _arrays(xs: Sequence[Features]):
     X = np.array([x.special_s for x in xs], float)
     fill = np.array([x.fill for x in xs], float)
     wave = np.where(n > 0, n / (np.ceil(np.maximum(n, 1) / c) * c), 1.0)
-    return (F / P + X) * fill / wave, Q / BW  # compute and memory times at full efficiency
+    stretch = np.array([x.stretch for x in xs], float)
+    memory = np.where(stretch > 0, stretch, 1.0)
+    compute = np.where(stretch > 0, stretch, 1.0 / wave)
+    # compute and memory times at full efficiency
+    return (F / P + X) * fill * compute, Q / BW * memory
 
 
 def _launches(xs: Sequence[Features]) -> np.ndarray:

@@ -39,9 +39,10 @@ from kvjax.hardware import ChipSpec, get_chip
 from kvjax.model.config import ModelConfig
 from kvjax.predict import heldout
 from kvjax.predict.apply import kernel_layers, kernel_seconds
-from kvjax.predict.bounds import attention_fill, special_seconds, step_config
+from kvjax.predict.bounds import special_seconds, step_config
 from kvjax.predict.collectives import tensor_parallel_link
 from kvjax.predict.model import Fit, huber_loss
+from kvjax.predict.plans import attention_fill, attention_stretch
 
 _T0 = np.concatenate([[0.0], np.geomspace(1e-6, 0.1, 1001)])
 
@@ -71,16 +72,29 @@ def kernel_s(
     chips: int = 1,
     fill: float = 1.0,
     dtype: str = "",
+    stretch: float = 0.0,
 ) -> float:
     """One kernel of a step (summed over the `layers` that run it: `kernel_layers`; over `chips`
     chips as one aggregate roof) by its class, or at its bound where it has none; `fill`: the
-    fused attention's pipeline fill (`bounds.attention_fill`); `dtype`: its matmuls' (a GEMM's
+    fused attention's pipeline fill (`plans.attention_fill`) and a decode's busiest core over
+    its mean (`plans.attention_stretch`); `dtype`: its matmuls' (a GEMM's
     family, `gemm.gemm_family`)."""
     f, q = k.flops / chips, k.bytes / chips
     attn = name == kernels.ATTENTION
     special = special_seconds(k.transcendentals, chip, chips) if attn else 0
     t = kernel_seconds(
-        fits, name, f, q, phase, layers, chip, peak, special, fill if attn else 1.0, dtype
+        fits,
+        name,
+        f,
+        q,
+        phase,
+        layers,
+        chip,
+        peak,
+        special,
+        fill if attn else 1.0,
+        dtype,
+        stretch if attn else 0.0,
     )
     return t if t is not None else roofline.bound_time_s(f, q, peak, chip.bandwidth_bytes_per_s)
 
@@ -100,6 +114,7 @@ def kernels_s(
     ks = step_kernels(cfg, wl, chip)
     # the fused attention's pipeline fill, once a step (kernel_s applies it to that kernel only)
     fill = attention_fill(cfg, wl, chip) if kernels.ATTENTION in ks else 1.0
+    stretch = attention_stretch(cfg, wl, chip) if kernels.ATTENTION in ks else 0.0
     total = 0.0
     for name, k in ks.items():
         k = scale_weights(k, 0.5) if int4 else k
@@ -114,6 +129,7 @@ def kernels_s(
             chips,
             fill,
             cfg.peak_dtype,
+            stretch,
         )
     return total
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,9 +27,10 @@ from kvjax.predict import bounds, heldout, model
 from kvjax.predict.corpus import COLUMNS, CORPUS_DIR, OPTIONAL, TIMING, Row, read_corpus
 from kvjax.predict.groups import implementation_of
 
-# a row's shape: its columns but where it came from and what it measured, and its chips and cache
+# a row's shape: its columns but where it came from and what it measured, and its chips, cache
+# and window
 _NOT_SHAPE = ("source", "source_group", "implementation", "measured_s", "convention", "confidence")
-_SHAPE = (*(c for c in COLUMNS if c not in _NOT_SHAPE), "num_chips", "kv_dtype")
+_SHAPE = (*(c for c in COLUMNS if c not in _NOT_SHAPE), "num_chips", "kv_dtype", "window")
 
 
 def features(closed: bounds.Closed) -> model.Features:
@@ -44,6 +46,7 @@ def features(closed: bounds.Closed) -> model.Features:
         closed.launches,
         closed.fill,
         closed.serial_s,
+        closed.stretch,
     )
 
 
@@ -57,9 +60,13 @@ def best_of_each_shape(rows: list[Row]) -> list[bool]:
     return [r.measured_s == fastest[tuple(r.values.get(c) for c in _SHAPE)] for r in rows]
 
 
-def fit_classes(rows: list[Row], closed: list[bounds.Closed]) -> dict[str, model.Validation]:
-    """Per class, the model fitted on the fastest rows, validated leaving one source group out
-    (`Row.group`)."""
+def fit_classes(
+    rows: list[Row], closed: list[bounds.Closed], group: Callable[[Row], str] | None = None
+) -> dict[str, model.Validation]:
+    """Per class, the model fitted on the fastest rows, validated leaving one group out: a
+    source group (`Row.group`), or what `group` says of a row (`views`: an implementation, a
+    chip)."""
+    group = group or (lambda r: r.group)
     best = best_of_each_shape(rows)
     groups: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(rows):
@@ -69,13 +76,13 @@ def fit_classes(rows: list[Row], closed: list[bounds.Closed]) -> dict[str, model
     for cls, idx in groups.items():
         by_group = defaultdict(int)
         for i in idx:
-            by_group[rows[i].group] += 1
+            by_group[group(rows[i])] += 1
         if len(by_group) < 2 or len(idx) - max(by_group.values()) < 2:
             continue  # too few rows to hold a group out
         out[cls] = model.leave_one_source_out(
             [features(closed[i]) for i in idx],
             [rows[i].measured_s for i in idx],
-            [rows[i].group for i in idx],
+            [group(rows[i]) for i in idx],
         )
     return out
 
@@ -199,6 +206,12 @@ def _record(
         fraction_of_bound=fraction,
         above_bound=bool(fraction > 1.0),
         best_of_shape=best,
+        # a decode row's schedule: its implementation's rule (`implementations`), or "kvjax"
+        # where no rule names it (kvjax's own plan); the programs it launches and the busiest
+        # core's walk over the mean core's
+        schedule=c.schedule or None,
+        programs=c.tiles if c.schedule else None,
+        stretch=c.stretch if c.schedule else None,
     )
     if fitted is not None:
         p, lo, hi = (float(x[0]) for x in fitted.interval([features(c)]))

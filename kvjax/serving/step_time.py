@@ -199,15 +199,13 @@ class KernelStepTime(PredictedStepTime):
         self.layers = steps.kernel_layers(self.cfg, chip)  # the layers that run each kernel
 
     def _kernel_s(self, name: str, k, phase: str, wl: Workload | None = None) -> float:
-        from kvjax.predict.bounds import attention_fill
+        from kvjax.predict.plans import attention_fill, attention_stretch
         from kvjax.predict.steps import kernel_s, scale_weights
 
         k = scale_weights(k, self.weight_scale)
-        fill = (
-            attention_fill(self.cfg, wl, self.chip)
-            if name == kernels.ATTENTION and wl is not None
-            else 1.0
-        )
+        attn = name == kernels.ATTENTION and wl is not None
+        fill = attention_fill(self.cfg, wl, self.chip) if attn else 1.0
+        stretch = attention_stretch(self.cfg, wl, self.chip) if attn else 0.0
         return kernel_s(
             self.fits,
             name,
@@ -218,6 +216,7 @@ class KernelStepTime(PredictedStepTime):
             self.peak,
             fill=fill,
             dtype=self.cfg.peak_dtype,
+            stretch=stretch,
         )
 
     def __call__(self, batch) -> float:
