@@ -13,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from kvjax.cli import bench, calc, frontier, profile, runs, serve, simulate, trace, validate
+from kvjax.cli import bench, calc, frontier, plan, profile, runs, serve, simulate, trace, validate
 from kvjax.errors import KvjaxError
 
 
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_parsers(sub)
     validate.add_parser(sub)
     simulate.add_parser(sub)
+    plan.add_parser(sub)
     serve.add_parser(sub)
     return parser
 

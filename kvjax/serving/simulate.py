@@ -212,6 +212,12 @@ def report(
     itl_each = [np.diff(r.token_times) for r in rs]
     itl = np.concatenate(itl_each) if itl_each else np.array([])
     e2e = [r.finish_s - r.arrival_s for r in rs]
+    # a request's time per output token after its first (MLPerf's TPOT), where it has two
+    tpot = [
+        (r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1)
+        for r in rs
+        if len(r.token_times) > 1
+    ]
     start = min(r.arrival_s for r in rs)
     span = result.end_s - start
     out_tokens = sum(r.generated for r in rs)
@@ -225,6 +231,7 @@ def report(
         "requests_out": sum(r.finish_s is not None for r in rs),
         "ttft_s": _stats(ttft),
         "itl_s": _stats(itl),
+        "tpot_s": _stats(tpot),
         "e2e_s": _stats(e2e),
         "throughput_tokens_per_s": out_tokens / span,
         "goodput_requests_per_s": float(sum(good)) / span,

@@ -1,0 +1,82 @@
+"""`kvjax plan`'s answer (`kvjax.serving.plan` searches): the best option that meets the SLO, the
+`kvjax simulate` line that runs it, and the report of every option with the frontier."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kvjax.serving.plan import Planner, Traffic, frontier
+
+
+def best_option(rows: list[dict[str, Any]], traffic: Traffic) -> dict[str, Any] | None:
+    """The option with the most predicted output tokens/s per chip that meets the SLO."""
+    ok = [r for r in rows if r.get("predicted") and r.get("meets_slo", not traffic.has_slo)]
+    return max(ok, key=lambda r: r["predicted"]) if ok else None
+
+
+def simulate_command(
+    model: str, chip: str, traffic: Traffic, row: dict[str, Any], engine: str | None
+) -> str:
+    """The `kvjax simulate` line that runs the option under the plan's load."""
+    t = traffic
+    parts = [
+        f"python3 -m kvjax simulate --model {model} --chip {chip}",
+        f"--prompt-len {t.prompt_len} --output-len {t.output_len}",
+    ]
+    if t.concurrency is not None:
+        parts.append(f"--concurrency {t.concurrency}")
+    else:
+        parts.append(f"--rate {row.get('rate_per_s') or t.rate:.6g}")
+    parts.append(f"--requests {t.requests * row['replicas']}")
+    if row["ep"] > 1:
+        parts.append(f"--ep {row['ep']} --dp-attention {row['dp_attention']}")
+    else:
+        parts.append(f"--tp {row['tp']} --pp {row['pp']}")
+    parts.append(f"--replicas {row['replicas']} --kv-dtype {row['kv_dtype']}")
+    parts.append(f"--max-batch {row['max_batch']} --step-time kernels")
+    if engine:
+        parts.append(f"--engine {engine}")
+    if t.slo_ttft_s is not None:
+        parts.append(f"--slo-ttft {t.slo_ttft_s:g}")
+    # its TPOT at the percentile is the report's `tpot_s` (simulate's --slo-itl is another
+    # SLO: each request's inter-token times at their P99)
+    return " ".join(parts)
+
+
+def plan_report(planner: Planner, model_name: str, engine: str | None) -> dict[str, Any]:
+    start = time.perf_counter()
+    rows = planner.search()
+    best = best_option(rows, planner.traffic)
+    if best is not None:
+        best = best | {
+            "command": simulate_command(
+                model_name, planner.chip.name, planner.traffic, best, engine
+            )
+        }
+    t = planner.traffic
+    counts = {
+        s: sum(r["status"] == s for r in rows)
+        for s in ("predicted", "screened", "pruned", "refused")
+    }
+    return {
+        "model": planner.model.name,
+        "chip": planner.chip.name,
+        "chips": planner.chips,
+        "traffic": {
+            "prompt_len": t.prompt_len,
+            "output_len": t.output_len,
+            "rate": t.rate,
+            "concurrency": t.concurrency,
+            "slo_ttft_s": t.slo_ttft_s,
+            "slo_tpot_s": t.slo_tpot_s,
+            "slo_percentile": t.percentile,
+            "requests_a_run": t.requests,
+        },
+        "engine": engine or "kvjax",
+        "options": rows,
+        "counts": counts,
+        "frontier": frontier(rows),
+        "best": best,
+        "seconds": time.perf_counter() - start,
+    }

@@ -1,0 +1,127 @@
+"""`kvjax plan` (kvjax.serving.plan): the placements it searches, the frontier by hand, its load
+refused by name, and a tiny search whose every prediction lies under its bound."""
+
+import json
+
+import pytest
+
+from kvjax.cli.main import main
+from kvjax.errors import KvjaxError
+from kvjax.model.config import get_model_config
+from kvjax.serving.deployment import Placement
+from kvjax.serving.plan import Traffic, frontier, placements
+
+
+def test_every_split_of_eight_chips_is_searched():
+    dense = placements(get_model_config("llama-3.1-70b"), 8)
+    # tp x pp dividing 8, tp <= 8: (1,1) (1,2) (1,4) (1,8) (2,1) (2,2) (2,4) (4,1) (4,2) (8,1)
+    assert len(dense) == 10 and all(p.chips == 8 for p in dense)
+    assert Placement(tp=4, pp=2, replicas=1) in dense and Placement(replicas=8) in dense
+    moe = placements(get_model_config("mixtral-8x7b"), 8)
+    # and the experts over 2, 4 or 8 data-parallel attention groups
+    ep = [p for p in moe if p.ep > 1]
+    assert [(p.ep, p.dp_attention, p.replicas) for p in ep] == [(2, 2, 4), (4, 4, 2), (8, 8, 1)]
+    assert (
+        len(placements(get_model_config("llama-3.1-70b"), 6)) == 3
+    )  # (1,1) (1,2) (2,1) x replicas
+
+
+def test_the_frontier_keeps_what_no_option_beats_on_both_axes():
+    rows = [
+        {"option": "a", "predicted": 100.0, "per_user": 10.0},
+        {"option": "b", "predicted": 80.0, "per_user": 30.0},
+        {"option": "c", "predicted": 70.0, "per_user": 20.0},  # beaten by b on both
+        {"option": "d", "predicted": 100.0, "per_user": 5.0},  # beaten by a on per user
+        {"option": "e", "predicted": 0.0, "per_user": 50.0},  # nothing predicted: left out
+    ]
+    assert [r["option"] for r in frontier(rows)] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"rate": 1.0, "concurrency": 4}, "--rate or --concurrency, not both"),
+        ({}, "give --slo-ttft and/or --slo-tpot"),
+        ({"rate": 1.0, "percentile": 120.0}, "slo_percentile=120.0"),
+    ],
+)
+def test_a_load_that_cannot_be_planned_is_refused_by_name(kwargs, says):
+    with pytest.raises(KvjaxError, match=says):
+        Traffic(512, 64, **kwargs)
+
+
+def test_a_tiny_plan_predicts_under_its_bound_and_names_its_best(capsys):
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "llama-3.1-8b",
+                "--chip",
+                "h100-sxm",
+                "--chips",
+                "2",
+                "--prompt-len",
+                "512",
+                "--output-len",
+                "64",
+                "--rate",
+                "4",
+                "--slo-ttft",
+                "1",
+                "--slo-tpot",
+                "0.05",
+                "--requests",
+                "20",
+                "--kv-dtypes",
+                "bf16",
+                "--json",
+            ]
+        )  # fmt: skip
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    rows = out["options"]
+    assert {(r["tp"], r["pp"], r["replicas"]) for r in rows} == {(1, 1, 2), (1, 2, 1), (2, 1, 1)}
+    for r in rows:
+        # at 4 requests/s of 64 tokens no option delivers more than 128 tokens/s a chip
+        assert r["bound"] == pytest.approx(min(128.0, r["bound"]))
+        for key in ("screened", "predicted", "predicted_hi"):
+            if r.get(key):
+                assert r[key] <= r["bound"] * (1 + 1e-9), (r["option"], key)
+    best = out["best"]
+    assert best["meets_slo"] and best["predicted_lo"] <= best["predicted"] <= best["predicted_hi"]
+    assert best["ttft_s"] <= 1 and best["tpot_s"] <= 0.05
+    assert f"--tp {best['tp']} --pp {best['pp']} --replicas {best['replicas']}" in best["command"]
+    assert out["frontier"] and all(f["predicted"] for f in out["frontier"])
+    # the chosen option meets the SLO in its own simulation, run from the line plan prints
+    assert main([*best["command"].split()[3:], "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert ran["ttft_s"]["p99"] <= 1 and ran["tpot_s"]["p99"] <= 0.05
+
+
+def plan_table_row(r: dict) -> str:
+    """One refined option as the serving README's table writes it."""
+    return (
+        f"| {r['option']} | {r['bound']:,.0f} | {r['predicted']:,.0f} [{r['predicted_lo']:,.0f}, "
+        f"{r['predicted_hi']:,.0f}] | {r['per_user']:.1f} | {r['ttft_s']:.2f} s | "
+        f"{1e3 * r['tpot_s']:.1f} ms |"
+    )
+
+
+def test_the_serving_readmes_plan_table_is_the_committed_benchmark():
+    """kvjax/serving/README.md's table of the 8-chip plan: the refined options of
+    experiments/results/plan_search.json, the best first, and the search's seconds."""
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    case = json.loads((root / "experiments/results/plan_search.json").read_text())["cases"]["8"]
+    readme = (root / "kvjax/serving/README.md").read_text()
+    rows = case["report"]["options"]
+    assert rows and all(r["status"] == "predicted" for r in rows)
+    for r in rows:
+        assert plan_table_row(r) in readme, r["option"]
+        assert r["predicted_lo"] <= r["predicted"] <= r["predicted_hi"] < r["bound"]
+    best = case["best"]
+    assert best["option"] == max(rows, key=lambda r: r["predicted"] * r["meets_slo"])["option"]
+    assert f"in {case['seconds']:.0f} s" in readme
