@@ -685,3 +685,19 @@ def test_lengths_drawn_from_a_datasets_samples(tmp_path):
         bad.write_text(text)
         with pytest.raises(KvjaxError, match=rf"prompt_len=sample:{bad}"):
             lengths(f"sample:{bad}", 3, np.random.default_rng(0), "prompt_len")
+
+
+def test_a_pool_of_millions_of_pages_lists_none_until_used():
+    """The never-used pages are handed out first, in order, and are not listed (a tiny model's
+    pool on an 80 GB chip is ~10M pages a copy); freed pages follow, least recently freed first."""
+    from kvjax.serving.pages import PagePool
+
+    pool = PagePool(10_000_000, 16)
+    assert len(pool.free) == 0 and pool.free_pages == 10_000_000
+    a = pool.allocate(3)
+    assert a == [0, 1, 2] and pool.used_pages == 3
+    pool.release(a)  # in reverse: 2, 1, 0 join the freed list
+    assert pool.allocate(2) == [3, 4] and list(pool.free) == [2, 1, 0]
+    small = PagePool(4, 16)
+    small.release(small.allocate(2))
+    assert small.allocate(4) == [2, 3, 1, 0] and small.allocate(1) is None

@@ -29,8 +29,11 @@ class PagePool:
         self.refs = [0] * num_pages
         self.hash_of: dict[int, object] = {}  # page -> its content hash (full prompt pages)
         self.cached: dict[object, int] = {}  # hash -> page
-        # free pages, the cached ones least recently freed first, then never-used ones
-        self.free: OrderedDict[int, None] = OrderedDict((p, None) for p in range(num_pages))
+        # free pages: the never-used ones first (pages `fresh` on, not listed: a pool of
+        # millions of pages costs nothing until used), then the freed ones, least recently
+        # freed first (a cached one stays cached until an allocation takes it)
+        self.fresh = 0
+        self.free: OrderedDict[int, None] = OrderedDict()
         # prompt pages found in the cache / looked up, once per admitted request (first
         # admissions; re-admissions after a preemption apart, as vLLM's PrefixCacheStats)
         self.hits = self.lookups = 0
@@ -38,11 +41,11 @@ class PagePool:
 
     @property
     def free_pages(self) -> int:
-        return len(self.free)
+        return self.num_pages - self.fresh + len(self.free)
 
     @property
     def used_pages(self) -> int:
-        return self.num_pages - len(self.free)
+        return self.num_pages - self.free_pages
 
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)
@@ -74,11 +77,14 @@ class PagePool:
 
     def allocate(self, n: int) -> list[int] | None:
         """n fresh pages, evicting the least recently freed cached ones; None if fewer are free."""
-        if n > len(self.free):
+        if n > self.free_pages:
             return None
         out = []
         for _ in range(n):
-            p, _ = self.free.popitem(last=False)
+            if self.fresh < self.num_pages:  # a never-used page
+                p, self.fresh = self.fresh, self.fresh + 1
+            else:
+                p, _ = self.free.popitem(last=False)
             h = self.hash_of.pop(p, None)
             if h is not None and self.cached.get(h) == p:
                 del self.cached[h]
