@@ -331,17 +331,28 @@ class Planner:
                 runs[r["option"]] = (o, d)
             rows.append(r)
         live = [r for r in rows if r.get("screened_meets")]
-        edge = frontier(live, "screened", "screened_per_user")
+        whole = frontier(live, "screened", "screened_per_user")
+        edge = whole
         if len(edge) > FRONTIER:  # its ends and points between, evenly
             edge = [edge[round(i * (len(edge) - 1) / (FRONTIER - 1))] for i in range(FRONTIER)]
         keep = {r["option"] for r in edge}
         keep |= {r["option"] for r in sorted(live, key=lambda r: -r["screened"])[:REFINE]}
+        on_edge = {r["option"] for r in whole}
         for r in rows:
             if r["option"] in keep:
                 r |= self.refine(*runs[r["option"]])
             elif r["status"] == "predicted":
-                r |= {"status": "screened", "why": "beaten on both axes by a screened option"}
+                r |= {"status": "screened", "why": _why_screened(r, on_edge)}
         return rows
+
+
+def _why_screened(r: dict[str, Any], on_edge: set[str]) -> str:
+    """Why a screened option was not refined, in words."""
+    if not r.get("screened_meets"):
+        return "misses the SLO when screened"
+    if r["option"] in on_edge:
+        return f"on the screened frontier, between the {FRONTIER} points refined"
+    return "beaten on both axes by a screened option"
 
 
 def _placement(o: Option) -> dict[str, int]:
