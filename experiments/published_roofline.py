@@ -13,19 +13,22 @@ SYSTEM_KEEP = ("source", "source_group", "implementation", "chip", "num_chips", 
                "fraction_of_bound", "above_bound", "predicted_value", "predicted_lo",
                "predicted_hi", "input_len", "output_len")  # fmt: skip
 
+# a kernel row's columns the records keep
+KEEP = (
+    "source chip dtype kernel implementation measured_s confidence bound_flops bound_bytes "
+    "bound_intensity closed_flops closed_bytes closed_intensity peak_flops_per_s "
+    "bandwidth_bytes_per_s bound_s bound_side fraction_of_bound above_bound predicted_s "
+    "predicted_lo_s predicted_hi_s held_out_predicted_s num_chips source_group head_dim seq_q "
+    "seq_kv causal batch m n k best_of_shape timing window page_size schedule programs stretch "
+    "l2_flushed clock_locked"
+)
+
 OPTIONS: dict = {}
 
 
 def run_point(point) -> list[dict]:
     report = validate(read_corpus())
-    keep = ("source", "chip", "dtype", "kernel", "implementation", "measured_s", "confidence",
-            "bound_flops", "bound_bytes", "bound_intensity", "closed_flops", "closed_bytes",
-            "closed_intensity", "peak_flops_per_s",
-            "bandwidth_bytes_per_s", "bound_s", "bound_side", "fraction_of_bound", "above_bound",
-            "predicted_s", "predicted_lo_s", "predicted_hi_s", "held_out_predicted_s",
-            "num_chips", "source_group", "head_dim", "seq_q", "seq_kv", "causal", "batch",
-            "m", "n", "k", "best_of_shape", "timing", "window", "page_size", "schedule",
-            "programs", "stretch", "l2_flushed", "clock_locked")  # fmt: skip
+    keep = KEEP.split()
     records = []
     for row in report["rows"]:
         rec = {k: row[k] for k in keep}

@@ -51,35 +51,11 @@ def test_a_load_that_cannot_be_planned_is_refused_by_name(kwargs, says):
 
 
 def test_a_tiny_plan_predicts_under_its_bound_and_names_its_best(capsys):
-    assert (
-        main(
-            [
-                "plan",
-                "--model",
-                "llama-3.1-8b",
-                "--chip",
-                "h100-sxm",
-                "--chips",
-                "2",
-                "--prompt-len",
-                "512",
-                "--output-len",
-                "64",
-                "--rate",
-                "4",
-                "--slo-ttft",
-                "1",
-                "--slo-tpot",
-                "0.05",
-                "--requests",
-                "20",
-                "--kv-dtypes",
-                "bf16",
-                "--json",
-            ]
-        )  # fmt: skip
-        == 0
+    args = (
+        "plan --model llama-3.1-8b --chip h100-sxm --chips 2 --prompt-len 512 --output-len 64 "
+        "--rate 4 --slo-ttft 1 --slo-tpot 0.05 --requests 20 --kv-dtypes bf16 --json"
     )
+    assert main(args.split()) == 0
     out = json.loads(capsys.readouterr().out)
     rows = out["options"]
     assert {(r["tp"], r["pp"], r["replicas"]) for r in rows} == {(1, 1, 2), (1, 2, 1), (2, 1, 1)}

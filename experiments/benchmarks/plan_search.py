@@ -23,8 +23,12 @@ from kvjax.cli.plan import planner_of
 from kvjax.files import write_json_atomic
 from kvjax.serving.plan_report import plan_report
 
-CASE = ("plan --model llama-3.1-70b --chip h200 --prompt-len 2048 --output-len 256 "
-        "--slo-ttft 2 --slo-tpot 0.05 --chips")  # fmt: skip
+CASE = (
+    "plan --model llama-3.1-70b --chip h200 --prompt-len 2048 --output-len 256 "
+    "--slo-ttft 2 --slo-tpot 0.05 --chips"
+)
+# what the JSON keeps of the best option
+BEST = "option bound predicted predicted_lo predicted_hi per_user ttft_s tpot_s rate_per_s command"
 OUT = Path("experiments/results/plan_search.json")
 FIGURE = Path("paper_figures/plan.png")
 
@@ -36,13 +40,11 @@ def run_case(chips: int) -> dict:
     report = plan_report(planner, "llama-3.1-70b", None)
     seconds = time.perf_counter() - start
     best = report["best"] or {}
-    keep = ("option", "bound", "predicted", "predicted_lo", "predicted_hi", "per_user", "ttft_s",
-            "tpot_s", "rate_per_s", "command")  # fmt: skip
     return {
         "command": f"python3 -m kvjax {CASE} {chips}",
         "seconds": seconds,
         "counts": report["counts"],
-        "best": {k: best.get(k) for k in keep},
+        "best": {k: best.get(k) for k in BEST.split()},
         "frontier": [r["option"] for r in report["frontier"]],
         "report": report,
     }
@@ -52,8 +54,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default="8,64", help="chip counts, comma-separated")
     a = p.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    git = ["git", "rev-parse", "--short", "HEAD"]
+    commit = subprocess.run(git, capture_output=True, text=True).stdout.strip()
     out = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
