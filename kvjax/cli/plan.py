@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
         "batch; prunes by the system bound; predicts each option from the published kernels "
         "(the simulator, its steps from `--step-time kernels`) under the load: at --rate, at "
         "--concurrency, or at the highest rate the SLO holds at its percentile (MLPerf's "
-        "Server). Prints each option's bound, prediction and 80%% interval, the Pareto frontier "
+        "Server). Prints each option's bound, prediction and 80% interval, the Pareto frontier "
         "of output tokens/s per chip against tokens/s per user, and the best option that meets "
         "the SLO with its `kvjax simulate` line.",
     )
@@ -159,7 +159,7 @@ def print_plan(report: dict[str, Any]) -> None:
         f"{t['slo_tpot_s']} s at P{t['slo_percentile']:g}; {report['counts']}, "
         f"{report['seconds']:.1f} s"
     )
-    table = Table(title="options (output tokens/s per chip)")
+    table = Table(title="options (output tokens/s per chip; * on the frontier)")
     for col in ("option", "bound", "predicted [80%]", "per user", "TTFT", "TPOT", "SLO", "note"):
         table.add_column(col)
     on_frontier = {r["option"] for r in report["frontier"]}
