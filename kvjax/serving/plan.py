@@ -135,6 +135,7 @@ class Planner:
     max_batches: tuple[int, ...]
     progress: Callable[[str], None] | None = None
     _steps: dict = field(default_factory=dict)
+    _bounds: dict = field(default_factory=dict)
 
     def options(self) -> list[Option]:
         return [
@@ -179,9 +180,12 @@ class Planner:
         replica's chips; at a rate no more than the rate's tokens)."""
         from kvjax.serving.system_bound import system_bound
 
-        cfg = self.model.replace(kv_dtype=o.kv_dtype, attention_kernel="flash")
         t = self.traffic
-        b = system_bound(cfg, self.chip, o.devices, t.prompt_len, t.output_len)
+        key = (o.kv_dtype, o.devices)  # all it depends on: computed once a key, for the search
+        if key not in self._bounds:
+            cfg = self.model.replace(kv_dtype=o.kv_dtype, attention_kernel="flash")
+            self._bounds[key] = system_bound(cfg, self.chip, o.devices, t.prompt_len, t.output_len)
+        b = self._bounds[key]
         per_chip = b.output_tokens_per_s / o.devices
         if t.rate is not None:
             per_chip = min(per_chip, t.rate * t.output_len / self.chips)
