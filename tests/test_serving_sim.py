@@ -272,6 +272,11 @@ def test_cli_simulate_json_and_errors(tmp_path, capsys):
     assert main([*argv, "--json", "--disaggregate", "--price-per-chip-hour", "2"]) == 0
     two = json.loads(capsys.readouterr().out)
     assert two["chips"] == 2 and two["requests_out"] == 30 and two["disaggregated"]
+    assert two["instances"] == {"prefill": 1, "decode": 1}
+    assert main([*argv, "--json", "--disaggregate", "2p1d", "--tp", "2"]) == 0
+    six = json.loads(capsys.readouterr().out)
+    assert (six["chips"], six["tp"], six["requests_out"]) == (6, 2, 30)
+    assert six["instances"] == {"prefill": 2, "decode": 1}
     held = 2 * two["duration_s"]  # chip-seconds
     assert two["energy_j_per_output_token"] == pytest.approx(700 * held / two["output_tokens"])
     assert two["cost_per_million_output_tokens"] == pytest.approx(
@@ -451,6 +456,28 @@ def test_disaggregation_by_hand_and_against_colocation():
     assert apart["requests_in"] == apart["requests_out"] == 100
     assert apart["itl_s"]["p99"] < 0.5 * together["itl_s"]["p99"]
     assert apart["slo"]["met"] >= together["slo"]["met"]
+
+
+def test_disaggregation_over_several_instances_by_hand():
+    """Two requests of 64 + 3 tokens at t = 0, a budget of 64 tokens a step (one prompt), 1 s
+    steps, 0.5 s transfers. One prefill instance samples their first tokens at 1 and 2; two
+    (2P1D) at 1 and 1, and the decode instance then steps both together (tokens at 2.5, 3.5).
+    1P2D: each request on its own decode instance. Every step is counted once."""
+    from kvjax.serving.disagg import simulate_disaggregated
+
+    def run(x: int, y: int):
+        reqs = [Request(i, 0.0, 64, 3) for i in range(2)]
+        scheds = [Scheduler(PagePool(16, 16), 4, 64) for _ in range(x + y)]
+        result = simulate_disaggregated(
+            reqs, scheds[:x], scheds[x:], lambda b: 1.0, lambda b: 1.0, lambda r: 0.5
+        )
+        return [r.token_times for r in reqs], result.steps
+
+    assert run(1, 1) == ([[1.0, 2.5, 3.5], [2.0, 3.5, 4.5]], 2 + 3)
+    assert run(2, 1) == ([[1.0, 2.5, 3.5], [1.0, 2.5, 3.5]], 2 + 2)
+    assert run(1, 2) == ([[1.0, 2.5, 3.5], [2.0, 3.5, 4.5]], 2 + 4)
+    with pytest.raises(KvjaxError, match="one prefill and one decode"):
+        simulate_disaggregated([], [], [Scheduler(PagePool(16, 16), 4, 64)], None, None, None)
 
 
 def test_a_speed_trace_stretches_the_steps_that_start_inside_it():

@@ -107,3 +107,17 @@ def int_list(text: str) -> list[int]:
     if repeated:
         raise argparse.ArgumentTypeError(f"{text!r} lists {repeated[0]} more than once")
     return values
+
+
+def instances_spec(text: str) -> tuple[int, int]:
+    """Disaggregated instances as xPyD (2P2D: two prefill instances, two decode instances)."""
+    raw = text.strip().upper()
+    p, _, d = raw.partition("P")
+    if not (d.endswith("D") and p.isdigit() and d[:-1].isdigit()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not xPyD: the prefill and decode instances, e.g. 1P1D or 2P3D"
+        )
+    x, y = int(p), int(d[:-1])
+    if min(x, y) < 1 or max(x, y) > 1024:
+        raise argparse.ArgumentTypeError(f"{text!r}: each of x and y must lie in 1 .. 1024")
+    return x, y

@@ -56,7 +56,11 @@ def print_simulation(r: dict[str, Any]) -> None:
         )
     con.print(t)
     if r.get("disaggregated"):
-        con.print("  disaggregated: prefill on one chip, decode on another (2 chips)")
+        n, tp = r["instances"], r["tp"]
+        con.print(
+            f"  disaggregated: prefill on {n['prefill']} instance(s), decode on "
+            f"{n['decode']}, of {tp} chip(s) each ({(n['prefill'] + n['decode']) * tp} chips)"
+        )
     if r.get("energy_j_per_output_token") is not None:
         price = r.get("cost_per_million_output_tokens")
         con.print(

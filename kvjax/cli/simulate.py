@@ -10,7 +10,7 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from kvjax.cli.arg_types import positive_float, positive_int
+from kvjax.cli.arg_types import instances_spec, positive_float, positive_int
 from kvjax.cli.args import (
     add_chip_args,
     add_model_args,
@@ -148,8 +148,13 @@ def _add_cost_args(c) -> None:
     )
     c.add_argument(
         "--disaggregate",
-        action="store_true",
-        help="prefill on one chip, decode on another, the prompt's KV over the link between",
+        nargs="?",
+        const="1P1D",
+        default=None,
+        type=instances_spec,
+        metavar="XPYD",
+        help="prefill on X instances, decode on Y others (default 1P1D), each of --tp chips, "
+        "the prompt's KV over the link between",
     )
     c.add_argument(
         "--link-gb-per-s",
@@ -191,10 +196,10 @@ def _check(args: argparse.Namespace) -> None:
         )
     if args.disaggregate and args.concurrency:
         raise KvjaxError("--disaggregate runs arrivals at --rate (not a --concurrency loop)")
-    if args.disaggregate and (args.tp or args.replicas > 1 or placed):
+    if args.disaggregate and (args.replicas > 1 or placed):
         raise KvjaxError(
-            "--tp/--pp/--ep/--dp-attention/--replicas and --disaggregate do not go together "
-            "(one chip an instance)"
+            "--pp/--ep/--dp-attention/--replicas and --disaggregate do not go together "
+            "(instances of --tp chips, as many as XPYD says)"
         )
     if args.ep != args.dp_attention or (args.pp > 1 and args.ep > 1):
         raise KvjaxError(
@@ -265,8 +270,9 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
             raise KvjaxError(
                 f"chip {chip.name!r} has no interconnect bandwidth; give --link-gb-per-s"
             )
-        result = d.run_disaggregated(requests, link, args.link_latency_us * 1e-6)
-        chips = 2
+        x, y = args.disaggregate
+        result = d.run_disaggregated(requests, link, args.link_latency_us * 1e-6, (x, y))
+        chips = (x + y) * d.placement.tp
     else:  # copies behind a router (kvjax.serving.router)
         result = d.run(requests, concurrency=args.concurrency)
         chips = d.placement.chips
@@ -281,6 +287,8 @@ def simulate_report(args: argparse.Namespace) -> dict[str, Any]:
         )
     )
     out["disaggregated"] = bool(args.disaggregate)
+    if args.disaggregate:
+        out["instances"] = dict(zip(("prefill", "decode"), args.disaggregate, strict=True))
     engine_used = engine_of(args, chip)[1]
     if engine_used is not None:
         out["engine"] = engine_used

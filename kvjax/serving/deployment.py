@@ -8,8 +8,8 @@ pool the memory leaves, the copies, the placement's collectives) is written once
 
 The copies: pp micro-batches in flight (each over 1/pp of the largest stage's cache), or one per
 data-parallel attention group, times the replicas behind a router (`kvjax.serving.placed`,
-`kvjax.serving.router`); disaggregated, a prefill instance and a decode instance with the
-prompt's cache moved over the link between (`kvjax.serving.disagg`).
+`kvjax.serving.router`); disaggregated, x prefill instances and y decode instances of tp chips
+each with the prompt's cache moved over the link between (`kvjax.serving.disagg`).
 """
 
 from __future__ import annotations
@@ -191,24 +191,41 @@ class Deployment:
         return simulate_replicas(requests, self.schedulers(), step, self.engine.route)
 
     def run_disaggregated(
-        self, requests: list[Request], link_bytes_per_s: float, latency_s: float = 0.0
+        self,
+        requests: list[Request],
+        link_bytes_per_s: float,
+        latency_s: float = 0.0,
+        instances: tuple[int, int] = (1, 1),
+        factor: float = 1.0,
     ) -> SimulationResult:
-        """Prefill on one instance, decode on another (one chip each), the prompt's cache over
-        a link of `link_bytes_per_s` between them."""
+        """Prefill on `instances[0]` instances, decode on `instances[1]` (xP + yD), each on the
+        placement's tp chips, the prompt's cache over a link of `link_bytes_per_s` a chip
+        between them (each chip moves its shard), each step `factor` times as long."""
         from kvjax.serving.disagg import kv_transfer_s, simulate_disaggregated
 
-        if self.placement != Placement():
+        p = self.placement
+        if (p.pp, p.ep, p.dp_attention, p.replicas) != (1, 1, 1, 1):
             raise KvjaxError(
-                "a disaggregated deployment runs one chip an instance (no "
-                "--tp/--pp/--ep/--dp-attention/--replicas)"
+                "a disaggregated deployment runs instances of --tp chips (no "
+                "--pp/--ep/--dp-attention/--replicas: give the instances as xPyD)"
             )
-        prefill = self.scheduler()
+        x, y = instances
+        if min(x, y) < 1:
+            raise KvjaxError(f"instances={instances!r}: at least one prefill and one decode")
         decode = replace(
             self.engine, prefix_caching=False, reserve=False, spec_tokens=0, acceptance=0.0
         )
-        decode = replace(self, engine=decode).scheduler()
+        decode = replace(self, engine=decode)
+        step = self.step if factor == 1 else placed.Scaled(self.step, factor)
         move = kv_transfer_s(self.pool.bytes_per_token, link_bytes_per_s, latency_s)
-        return simulate_disaggregated(requests, prefill, decode, self.step, self.step, move)
+        return simulate_disaggregated(
+            requests,
+            [self.scheduler() for _ in range(x)],
+            [decode.scheduler() for _ in range(y)],
+            step,
+            step,
+            move,
+        )
 
 
 def fewest_tensor_parallel(d: Deployment) -> tuple[Deployment, str | None]:
