@@ -10,6 +10,8 @@ from kvjax.errors import KvjaxError
 from kvjax.model.config import get_model_config
 from kvjax.serving.deployment import Placement
 from kvjax.serving.plan import Traffic, frontier, placements
+from kvjax.serving.plan_options import disaggregated
+from kvjax.serving.plan_report import simulate_command
 
 
 def test_every_split_of_eight_chips_is_searched():
@@ -24,6 +26,33 @@ def test_every_split_of_eight_chips_is_searched():
     assert (
         len(placements(get_model_config("llama-3.1-70b"), 6)) == 3
     )  # (1,1) (1,2) (2,1) x replicas
+
+
+def test_prefill_and_decode_apart_over_every_split_of_the_chips():
+    """8 chips as xP + yD: instances of 1 chip (1P7D .. 7P1D), of 2 (1P3D .. 3P1D), of 4 (1P1D);
+    none of 8. Over two nodes of 4 tensor parallelism stays inside a node; chips that do not split
+    over the nodes, and a KV link not given between nodes, are refused by name."""
+    from kvjax.hardware import get_chip
+    from kvjax.serving.plan import Planner
+
+    apart = disaggregated(8)
+    assert [(p.tp, xy) for p, xy in apart if p.tp > 1] == [
+        (2, (1, 3)),
+        (2, (2, 2)),
+        (2, (3, 1)),
+        (4, (1, 1)),
+    ]
+    assert len(apart) == 7 + 3 + 1 and all(p.tp * sum(xy) == 8 for p, xy in apart)
+    cfg = get_model_config("llama-3.1-70b")
+    assert max(p.tp for p in placements(cfg, 8, nodes=2)) == 4
+    assert max(p.tp for p, _ in disaggregated(8, nodes=2)) == 4
+    with pytest.raises(KvjaxError, match="chips=8 do not split over nodes=3"):
+        placements(cfg, 8, nodes=3)
+    traffic = Traffic(512, 64, rate=1.0)
+    planner = Planner(cfg, get_chip("h200"), 16, traffic, None, ("bf16",), (256,), nodes=2)
+    with pytest.raises(KvjaxError, match="give --link-gb-per-s"):
+        planner.link  # noqa: B018
+    assert Planner(cfg, get_chip("h200"), 8, traffic, None, (), ()).link == 450e9
 
 
 def test_the_frontier_keeps_what_no_option_beats_on_both_axes():
@@ -58,7 +87,13 @@ def test_a_tiny_plan_predicts_under_its_bound_and_names_its_best(capsys):
     assert main(args.split()) == 0
     out = json.loads(capsys.readouterr().out)
     rows = out["options"]
-    assert {(r["tp"], r["pp"], r["replicas"]) for r in rows} == {(1, 1, 2), (1, 2, 1), (2, 1, 1)}
+    splits = {(r["tp"], r["pp"], r["replicas"], r["prefill"], r["decode"]) for r in rows}
+    assert splits == {
+        (1, 1, 2, None, None),
+        (1, 2, 1, None, None),
+        (2, 1, 1, None, None),
+        (1, 1, 1, 1, 1),
+    }
     for r in rows:
         # at 4 requests/s of 64 tokens no option delivers more than 128 tokens/s a chip
         assert r["bound"] == pytest.approx(min(128.0, r["bound"]))
@@ -74,6 +109,12 @@ def test_a_tiny_plan_predicts_under_its_bound_and_names_its_best(capsys):
     assert main([*best["command"].split()[3:], "--json"]) == 0
     ran = json.loads(capsys.readouterr().out)
     assert ran["ttft_s"]["p99"] <= 1 and ran["tpot_s"]["p99"] <= 0.05
+    # a disaggregated option's line runs its xP + yD
+    apart = next(r for r in rows if r["prefill"])
+    line = simulate_command("llama-3.1-8b", "h100-sxm", Traffic(512, 64, rate=4.0), apart, None)
+    assert "--disaggregate 1P1D --tp 1" in line and "--requests 100" in line
+    assert main([*line.replace("--requests 100", "--requests 10").split()[3:], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["instances"] == {"prefill": 1, "decode": 1}
 
 
 def plan_table_row(r: dict) -> str:

@@ -31,18 +31,33 @@ def add_parser(sub) -> None:
         "plan",
         help="the deployment a workload should run on N chips, searched, bound beside prediction",
         description="Searches every placement of --chips chips (tensor and pipeline parallel, "
-        "expert parallel over data-parallel attention groups, replicas), KV dtype and engine "
-        "batch; prunes by the system bound; predicts each option from the published kernels "
-        "(the simulator, its steps from `--step-time kernels`) under the load: at --rate, at "
-        "--concurrency, or at the highest rate the SLO holds at its percentile (MLPerf's "
-        "Server). Prints each option's bound, prediction and 80% interval, the Pareto frontier "
-        "of output tokens/s per chip against tokens/s per user, and the best option that meets "
+        "expert parallel over data-parallel attention groups, replicas; prefill and decode "
+        "apart as xP + yD instances), KV dtype and engine batch; prunes by the system bound; "
+        "predicts each option from the published kernels (the simulator, its steps from "
+        "`--step-time kernels`) under the load: at --rate, at --concurrency, or at the highest "
+        "rate the SLO holds at its percentile (MLPerf's Server). Prints each option's bound, "
+        "prediction and 80% interval, the Pareto frontier of output tokens/s per chip against "
+        "tokens/s per user, and the best option that meets "
         "the SLO with its `kvjax simulate` line.",
     )
     add_model_args(p)
     add_chip_args(p)
     g = p.add_argument_group("the chips and the load")
     g.add_argument("--chips", type=positive_int, required=True, help="chips to place the model on")
+    g.add_argument(
+        "--nodes",
+        type=positive_int,
+        default=1,
+        help="nodes the chips sit in, evenly (tensor parallelism and a disaggregated instance "
+        "stay inside one; default 1)",
+    )
+    g.add_argument(
+        "--link-gb-per-s",
+        type=positive_float,
+        default=None,
+        help="the prompt's KV between prefill and decode instances, GB/s a chip (default on "
+        "one node: the chip's interconnect; required on several)",
+    )
     g.add_argument("--prompt-len", type=positive_int, default=2048, help="tokens a prompt")
     g.add_argument("--output-len", type=positive_int, default=256, help="tokens an output")
     load = g.add_mutually_exclusive_group()
@@ -112,7 +127,10 @@ def planner_of(args: argparse.Namespace):
         kv = tuple(dict.fromkeys(kv))
     for dtype in kv:
         cfg.replace(kv_dtype=dtype)  # refused by name where the dtype is not one kvjax sizes
-    return Planner(cfg, chip, args.chips, traffic, engine, kv, batches)
+    link = args.link_gb_per_s * 1e9 if args.link_gb_per_s else None
+    return Planner(
+        cfg, chip, args.chips, traffic, engine, kv, batches, nodes=args.nodes, link_bytes_per_s=link
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,12 +1,14 @@
 """`kvjax plan`: the deployment a workload should run on N chips, searched over placements (tensor
-and pipeline parallel copies, expert parallelism over data-parallel attention groups, replicas),
-KV dtypes and the engine's batch, each option with its bound beside its prediction.
+and pipeline parallel copies, expert parallelism over data-parallel attention groups, replicas;
+prefill and decode together or apart as xP + yD: `kvjax.serving.plan_options`), KV dtypes and the
+engine's batch, each option with its bound beside its prediction.
 
 Each option is a `Deployment` (`kvjax.serving.deployment`) whose steps are predicted from the
 published kernels (`KernelStepTime` on every corpus row's fits, the engine steps' fixed time and
 its 80% interval: `system_predict.held_fits(None)`). Its bound is the system bound of one replica's
 chips (`system_bound`: exact FLOPs and compulsory bytes over the replica's peaks, whatever the
-split), per chip. The search:
+split; prefill and decode apart are a split too), per chip. A disaggregated option is simulated
+whole (every instance, the whole load); the others one replica at its share. The search:
 
 1. every placement of the chips that holds the model, by the memory check the engine's pool makes
    (refused with the bytes);
@@ -34,92 +36,16 @@ from typing import Any
 from kvjax.errors import KvjaxError
 from kvjax.hardware import ChipSpec
 from kvjax.model.config import ModelConfig
-from kvjax.serving.deployment import Deployment, EngineSettings, Placement
+from kvjax.serving.deployment import Deployment, EngineSettings
 from kvjax.serving.load import generate
+from kvjax.serving.plan_options import Option, Traffic, disaggregated, placements
 from kvjax.serving.simulate import report
 from kvjax.serving.slo_search import slo_percentiles, slo_prediction
 
-PLAN_REQUESTS = 100  # requests a replica serves in a refined option's run
 SCREEN_MIN = 50  # the least requests a replica serves in a screening run (half of them)
 SCREEN_STEPS = 5  # bisections of a screened option's rate under the SLO
 REFINE = 3  # the best options under the SLO refined beside the screened frontier
 FRONTIER = 4  # the screened frontier's points refined, at most (spread along it)
-TP_MAX = 8  # tensor parallel within one node's NVLink (or ICI) domain
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """The workload: fixed prompt and output lengths, at a rate, a concurrency, or (neither) the
-    highest rate the SLO holds at; the SLO at a percentile of requests (MLPerf's P99)."""
-
-    prompt_len: int
-    output_len: int
-    rate: float | None = None
-    concurrency: int | None = None
-    slo_ttft_s: float | None = None
-    slo_tpot_s: float | None = None
-    percentile: float = 99.0
-    requests: int = PLAN_REQUESTS
-
-    def __post_init__(self) -> None:
-        if self.rate is not None and self.concurrency is not None:
-            raise KvjaxError("give --rate or --concurrency, not both (neither: the SLO's rate)")
-        if self.rate is None and self.concurrency is None and not self.has_slo:
-            raise KvjaxError(
-                "with neither --rate nor --concurrency the plan serves the highest rate an SLO "
-                "holds at: give --slo-ttft and/or --slo-tpot"
-            )
-        if not 0 < self.percentile <= 100:
-            raise KvjaxError(f"slo_percentile={self.percentile!r} must lie in (0, 100]")
-
-    @property
-    def has_slo(self) -> bool:
-        return self.slo_ttft_s is not None or self.slo_tpot_s is not None
-
-    def meets(self, ttft_s: float, tpot_s: float) -> bool:
-        return (self.slo_ttft_s is None or ttft_s <= self.slo_ttft_s) and (
-            self.slo_tpot_s is None or tpot_s <= self.slo_tpot_s
-        )
-
-
-@dataclass(frozen=True)
-class Option:
-    """One configuration: a placement of the chips, the cache's dtype, the engine's batch."""
-
-    placement: Placement
-    kv_dtype: str
-    max_batch: int
-
-    @property
-    def devices(self) -> int:
-        """Chips one replica spans."""
-        p = self.placement
-        return p.tp * p.pp * p.dp_attention
-
-    @property
-    def label(self) -> str:
-        p = self.placement
-        split = f"ep{p.ep} dp-attn{p.dp_attention}" if p.ep > 1 else f"tp{p.tp} pp{p.pp}"
-        return f"{split} x{p.replicas}, kv {self.kv_dtype}, batch {self.max_batch}"
-
-
-def placements(cfg: ModelConfig, chips: int) -> list[Placement]:
-    """Every split of `chips` into replicas of tp x pp chips (tp <= 8, powers of two), and for a
-    mixture of experts into replicas of D data-parallel attention groups with the experts over
-    them (ep = D, tp = 1)."""
-    if isinstance(chips, bool) or not isinstance(chips, int) or chips < 1:
-        raise KvjaxError(f"chips={chips!r} must be a positive integer")
-    sizes = [d for d in (2**i for i in range(12)) if d <= chips and chips % d == 0]
-    out = [
-        Placement(tp=tp, pp=pp, replicas=chips // (tp * pp))
-        for tp in sizes
-        if tp <= TP_MAX
-        for pp in sizes
-        if chips % (tp * pp) == 0
-    ]
-    if cfg.is_moe:
-        out += [Placement(ep=d, dp_attention=d, replicas=chips // d) for d in sizes if d > 1]
-    return out
 
 
 @dataclass
@@ -134,16 +60,36 @@ class Planner:
     kv_dtypes: tuple[str, ...]
     max_batches: tuple[int, ...]
     progress: Callable[[str], None] | None = None
+    nodes: int = 1
+    link_bytes_per_s: float | None = None  # the KV's link, disaggregated (None: the chip's)
     _steps: dict = field(default_factory=dict)
     _bounds: dict = field(default_factory=dict)
 
     def options(self) -> list[Option]:
+        """Every placement, and (under arrivals: the simulator's disaggregation runs no closed
+        loop) every xP + yD, with each KV dtype and batch."""
+        split = [(p, None) for p in placements(self.model, self.chips, self.nodes)]
+        if self.traffic.concurrency is None:
+            split += disaggregated(self.chips, self.nodes)
         return [
-            Option(p, kv, mb)
-            for p in placements(self.model, self.chips)
+            Option(p, kv, mb, instances)
+            for p, instances in split
             for kv in self.kv_dtypes
             for mb in self.max_batches
         ]
+
+    @property
+    def link(self) -> float:
+        """The disaggregated KV's bandwidth a chip, B/s: the link given, else (one node) the
+        chip's interconnect."""
+        if self.link_bytes_per_s:
+            return self.link_bytes_per_s
+        if self.nodes > 1 or not self.chip.interconnect_bytes_per_s:
+            raise KvjaxError(
+                f"the KV's link between prefill and decode instances on {self.nodes} node(s) of "
+                f"{self.chip.name} is not known: give --link-gb-per-s"
+            )
+        return self.chip.interconnect_bytes_per_s
 
     def _fits(self):
         from kvjax.serving.system_predict import held_fits
@@ -199,6 +145,8 @@ class Planner:
             hands a replica every R-th arrival, less bursty: the prediction errs slow) or of
             the clients, each step `factor` times as long."""
             prompts = generate(requests, rate, str(t.prompt_len), str(t.output_len), 0)
+            if o.instances:
+                return d.run_disaggregated(prompts, self.link, 0.0, o.instances, factor)
             clients = None
             if t.concurrency is not None:
                 clients = max(1, t.concurrency // o.placement.replicas)
@@ -248,7 +196,7 @@ class Planner:
         largest rate that holds it in `SCREEN_STEPS` bisections of the 16x bracket below its
         offline rate (within 1.09x)."""
         t = self.traffic
-        serve = self._serve(d, o, max(SCREEN_MIN, t.requests // 2))
+        serve = self._serve(d, o, max(SCREEN_MIN, t.requests // 2) * o.units)
         offline = serve(1e9)
         out = {"offline": self._measure(o, offline)["per_chip"]}
         share = o.placement.replicas  # the replicas the load is split over
@@ -284,7 +232,7 @@ class Planner:
         t = self.traffic
         fits = self._fits()
         ends = (math.exp(fits.overhead.lo), math.exp(fits.overhead.hi))
-        serve = self._serve(d, o, t.requests)
+        serve = self._serve(d, o, t.requests * o.units)
         share = o.placement.replicas
         if t.rate is None and t.concurrency is None:
             found = slo_prediction(self._slo_row(), serve, ends, t.output_len, share)
@@ -369,6 +317,8 @@ def _placement(o: Option) -> dict[str, int]:
         "replicas": p.replicas,
         "kv_dtype": o.kv_dtype,
         "max_batch": o.max_batch,
+        "prefill": o.instances[0] if o.instances else None,
+        "decode": o.instances[1] if o.instances else None,
     }
 
 

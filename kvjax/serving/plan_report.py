@@ -16,9 +16,15 @@ def best_option(rows: list[dict[str, Any]], traffic: Traffic) -> dict[str, Any] 
 
 
 def simulate_command(
-    model: str, chip: str, traffic: Traffic, row: dict[str, Any], engine: str | None
+    model: str,
+    chip: str,
+    traffic: Traffic,
+    row: dict[str, Any],
+    engine: str | None,
+    link: float | None = None,
 ) -> str:
-    """The `kvjax simulate` line that runs the option under the plan's load."""
+    """The `kvjax simulate` line that runs the option under the plan's load (a disaggregated
+    one's KV over `link` B/s a chip where given, else the chip's interconnect)."""
     t = traffic
     parts = [
         f"python3 -m kvjax simulate --model {model} --chip {chip}",
@@ -28,6 +34,14 @@ def simulate_command(
         parts.append(f"--concurrency {t.concurrency}")
     else:
         parts.append(f"--rate {row.get('rate_per_s') or t.rate:.6g}")
+    if row.get("prefill"):
+        x, y = row["prefill"], row["decode"]
+        parts.append(f"--requests {t.requests * max(x, y)} --disaggregate {x}P{y}D")
+        parts.append(f"--tp {row['tp']} --kv-dtype {row['kv_dtype']}")
+        parts.append(f"--max-batch {row['max_batch']} --step-time kernels")
+        if link is not None:
+            parts.append(f"--link-gb-per-s {link / 1e9:g}")
+        return _engine_and_slo(parts, t, engine)
     parts.append(f"--requests {t.requests * row['replicas']}")
     if row["ep"] > 1:
         parts.append(f"--ep {row['ep']} --dp-attention {row['dp_attention']}")
@@ -35,6 +49,10 @@ def simulate_command(
         parts.append(f"--tp {row['tp']} --pp {row['pp']}")
     parts.append(f"--replicas {row['replicas']} --kv-dtype {row['kv_dtype']}")
     parts.append(f"--max-batch {row['max_batch']} --step-time kernels")
+    return _engine_and_slo(parts, t, engine)
+
+
+def _engine_and_slo(parts: list[str], t: Traffic, engine: str | None) -> str:
     if engine:
         parts.append(f"--engine {engine}")
     if t.slo_ttft_s is not None:
@@ -51,7 +69,12 @@ def plan_report(planner: Planner, model_name: str, engine: str | None) -> dict[s
     if best is not None:
         best = best | {
             "command": simulate_command(
-                model_name, planner.chip.name, planner.traffic, best, engine
+                model_name,
+                planner.chip.name,
+                planner.traffic,
+                best,
+                engine,
+                planner.link_bytes_per_s,
             )
         }
     t = planner.traffic
@@ -63,6 +86,9 @@ def plan_report(planner: Planner, model_name: str, engine: str | None) -> dict[s
         "model": planner.model.name,
         "chip": planner.chip.name,
         "chips": planner.chips,
+        "nodes": planner.nodes,
+        "link_gb_per_s": (planner.link_bytes_per_s or planner.chip.interconnect_bytes_per_s or 0)
+        / 1e9,
         "traffic": {
             "prompt_len": t.prompt_len,
             "output_len": t.output_len,
