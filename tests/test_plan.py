@@ -142,3 +142,38 @@ def test_the_serving_readmes_plan_table_is_the_committed_benchmark():
     best = case["best"]
     assert best["option"] == max(rows, key=lambda r: r["predicted"] * r["meets_slo"])["option"]
     assert f"in {case['seconds']:.0f} s" in readme
+
+
+def test_variants_carry_their_committed_quality_cost_within_the_budget(capsys):
+    """--variants: llama-3.1-8b's MHA, GQA (8 KV heads), MQA and MLA forms, each option with
+    its committed cost read here from quality_differences.csv (GQA: 4 query heads a KV head, the
+    quality model's h_kv=2; MQA h_kv=1); over a budget between GQA's and MQA's, MQA is refused
+    by name and the best is MHA or GQA, its line setting the variant's KV heads."""
+    import csv
+
+    from kvjax.quality.costs import QUALITY_CSV
+    from kvjax.serving.plan_variants import variant_flags
+
+    loss = {
+        r["comparison"]: float(r["mean"])
+        for r in csv.DictReader(QUALITY_CSV.open())
+        if r["family"] == "stdlib" and r["metric"] == "val_loss" and not r["condition"]
+    }
+    gqa, mqa = loss["h_kv=2 - MHA"], loss["h_kv=1 - MHA"]
+    assert 0 < gqa < mqa
+    args = (
+        "plan --model llama-3.1-8b --chip h100-sxm --chips 1 --prompt-len 256 --output-len 16 "
+        "--rate 2 --slo-ttft 1 --requests 10 --kv-dtypes bf16 --variants --json "
+        f"--max-quality-cost {(gqa + mqa) / 2}"
+    )
+    assert main(args.split()) == 0
+    rows = json.loads(capsys.readouterr().out)["options"]
+    by = {r["variant"]: r for r in rows}
+    assert by["MHA"]["quality_cost"] == 0 and by["GQA"]["quality_cost"] == pytest.approx(gqa)
+    assert by["MQA"]["status"] == "refused" and "over the budget" in by["MQA"]["why"]
+    assert by["MQA"]["quality_cost"] == pytest.approx(mqa)
+    cfg = get_model_config("llama-3.1-8b")
+    assert variant_flags(cfg, cfg.replace(num_kv_heads=1)) == "--kv-heads 1"
+    assert variant_flags(cfg, cfg.replace(d_ff=2 * cfg.d_ff)) is None  # not a variant
+    with pytest.raises(SystemExit):
+        main(["plan", "--model", "llama-3.1-8b", "--chips", "1", "--rate", "1", "--bogus"])

@@ -97,6 +97,21 @@ def add_parser(sub) -> None:
         help="KV dtypes to search, comma-separated (default: the model's, and fp8 where the "
         "chip computes fp8)",
     )
+    v = p.add_argument_group("attention variants")
+    v.add_argument(
+        "--variants",
+        action="store_true",
+        help="search each attention variant of the model (MHA, GQA, MQA, MLA) too, each option "
+        "with its committed quality cost",
+    )
+    v.add_argument(
+        "--max-quality-cost",
+        type=float,
+        default=None,
+        metavar="NATS",
+        help="with --variants: refuse a variant and KV dtype whose committed quality cost "
+        "(validation loss over MHA's, nats/byte) is above NATS or not committed",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--figure", default=None, help="write the frontier's figure to this PNG")
     p.set_defaults(func=run)
@@ -137,16 +152,25 @@ def run(args: argparse.Namespace) -> int:
     from kvjax.serving.plan_report import plan_report
 
     planner = planner_of(args)
+    if args.max_quality_cost is not None and not args.variants:
+        raise KvjaxError("--max-quality-cost chooses among variants: give --variants too")
     con = console(stderr=args.json)
     with progress_bar(con) as bar:
-        task = bar.add_task("planning", total=len(planner.options()))
+        variants = 4 if args.variants else 1  # MHA, GQA, MQA and MLA forms
+        task = bar.add_task("planning", total=variants * len(planner.options()))
 
         def step(label: str) -> None:
             bar.update(task, description=label)
             bar.advance(task)
 
         planner.progress = step
-        report = plan_report(planner, args.model or planner.model.name, args.engine)
+        report = plan_report(
+            planner,
+            args.model or planner.model.name,
+            args.engine,
+            args.variants,
+            args.max_quality_cost,
+        )
     if args.figure:
         from kvjax.plotting.plan import plan_figure
 
@@ -157,6 +181,13 @@ def run(args: argparse.Namespace) -> int:
             + report["options"][0]["why"]
         )
     return emit(args, report, print_plan)
+
+
+def _note(r: dict[str, Any]) -> str:
+    """An option's note: why it was not refined, and a variant's quality cost."""
+    cost = r.get("quality_cost")
+    quality = f"quality +{cost:.4f} nats/B" if cost is not None else ""
+    return "; ".join(x for x in (quality, r.get("why", "")) if x)
 
 
 def print_plan(report: dict[str, Any]) -> None:
@@ -183,7 +214,9 @@ def print_plan(report: dict[str, Any]) -> None:
     on_frontier = {r["option"] for r in report["frontier"]}
     for r in report["options"]:
         if r["status"] == "refused":
-            table.add_row(r["option"], "", "", "", "", "", "", "refused: does not fit")
+            quality = "quality" in r.get("why", "")
+            why = r["why"] if quality else "does not fit"
+            table.add_row(r["option"], "", "", "", "", "", "", f"refused: {why}")
             continue
         pred = (
             f"{r['predicted']:,.0f} [{r['predicted_lo']:,.0f}, {r['predicted_hi']:,.0f}]"
@@ -198,7 +231,7 @@ def print_plan(report: dict[str, Any]) -> None:
             f"{r['ttft_s']:.3f}" if r.get("ttft_s") is not None else "",
             f"{r['tpot_s']:.4f}" if r.get("tpot_s") is not None else "",
             {True: "met", False: "missed"}.get(r.get("meets_slo"), ""),
-            r.get("why", ""),
+            _note(r),
         )
     con.print(table)
     best = report["best"]
@@ -209,4 +242,4 @@ def print_plan(report: dict[str, Any]) -> None:
         f"best under the SLO: {best['option']}, {best['predicted']:,.0f} output tokens/s a chip "
         f"[{best['predicted_lo']:,.0f}, {best['predicted_hi']:,.0f}] (bound {best['bound']:,.0f})"
     )
-    con.print(best["command"])
+    con.print(best["command"] or best["command_note"])

@@ -62,6 +62,11 @@ class Planner:
     progress: Callable[[str], None] | None = None
     nodes: int = 1
     link_bytes_per_s: float | None = None  # the KV's link, disaggregated (None: the chip's)
+    fits: Any = None  # the kernels' and steps' fits (None: every corpus row's, `held_fits`)
+    weight_scale: float = 1.0  # the weights' bytes against the config's dtype (NVFP4 on fp8)
+    screen_requests: int | None = None  # a replica's in a screening run (None: half, >= 50)
+    refined_best: int = REFINE
+    refined_edge: int = FRONTIER
     _steps: dict = field(default_factory=dict)
     _bounds: dict = field(default_factory=dict)
 
@@ -94,7 +99,7 @@ class Planner:
     def _fits(self):
         from kvjax.serving.system_predict import held_fits
 
-        return held_fits(None)
+        return self.fits or held_fits(None)
 
     def _step_model(self, dev: ModelConfig, chip: ChipSpec):
         """One KernelStepTime a device model, shared by every option that runs it."""
@@ -103,7 +108,9 @@ class Planner:
         key = (dev, chip.name)
         if key not in self._steps:
             fits = self._fits()
-            self._steps[key] = KernelStepTime(dev, chip, fits.kernels, fits.overhead)
+            self._steps[key] = KernelStepTime(
+                dev, chip, fits.kernels, fits.overhead, self.weight_scale
+            )
         return self._steps[key]
 
     def deployment(self, o: Option) -> Deployment:
@@ -119,6 +126,7 @@ class Planner:
             replace(self.engine, max_batch=o.max_batch),
             self._step_model,
             achieved=True,
+            weight_scale=self.weight_scale,
         )
 
     def bound(self, o: Option) -> dict[str, float]:
@@ -130,7 +138,14 @@ class Planner:
         key = (o.kv_dtype, o.devices)  # all it depends on: computed once a key, for the search
         if key not in self._bounds:
             cfg = self.model.replace(kv_dtype=o.kv_dtype, attention_kernel="flash")
-            self._bounds[key] = system_bound(cfg, self.chip, o.devices, t.prompt_len, t.output_len)
+            self._bounds[key] = system_bound(
+                cfg,
+                self.chip,
+                o.devices,
+                t.prompt_len,
+                t.output_len,
+                weight_scale=self.weight_scale,
+            )
         b = self._bounds[key]
         per_chip = b.output_tokens_per_s / o.devices
         if t.rate is not None:
@@ -196,7 +211,8 @@ class Planner:
         largest rate that holds it in `SCREEN_STEPS` bisections of the 16x bracket below its
         offline rate (within 1.09x)."""
         t = self.traffic
-        serve = self._serve(d, o, max(SCREEN_MIN, t.requests // 2) * o.units)
+        n = self.screen_requests or max(SCREEN_MIN, t.requests // 2)
+        serve = self._serve(d, o, n * o.units)
         offline = serve(1e9)
         out = {"offline": self._measure(o, offline)["per_chip"]}
         share = o.placement.replicas  # the replicas the load is split over
@@ -260,7 +276,8 @@ class Planner:
 
     def search(self) -> list[dict[str, Any]]:
         """Every option screened (most promising first, by its bound), those no screened option
-        beats refined: the screened frontier and the `REFINE` best under the SLO; an option
+        beats refined: the screened frontier (`refined_edge` points of it, at most) and the
+        `refined_best` best under the SLO; an option
         whose offline prediction is below the best screened under the SLO is not screened."""
         ranked = []
         for o in self.options():
@@ -285,25 +302,27 @@ class Planner:
         live = [r for r in rows if r.get("screened_meets")]
         whole = frontier(live, "screened", "screened_per_user")
         edge = whole
-        if len(edge) > FRONTIER:  # its ends and points between, evenly
-            edge = [edge[round(i * (len(edge) - 1) / (FRONTIER - 1))] for i in range(FRONTIER)]
+        n = self.refined_edge
+        if len(edge) > n:  # its ends and points between, evenly
+            edge = [edge[round(i * (len(edge) - 1) / max(1, n - 1))] for i in range(n)] if n else []
         keep = {r["option"] for r in edge}
-        keep |= {r["option"] for r in sorted(live, key=lambda r: -r["screened"])[:REFINE]}
+        ranked = sorted(live, key=lambda r: -r["screened"])
+        keep |= {r["option"] for r in ranked[: self.refined_best]}
         on_edge = {r["option"] for r in whole}
         for r in rows:
             if r["option"] in keep:
                 r |= self.refine(*runs[r["option"]])
             elif r["status"] == "predicted":
-                r |= {"status": "screened", "why": _why_screened(r, on_edge)}
+                r |= {"status": "screened", "why": _why_screened(r, on_edge, n)}
         return rows
 
 
-def _why_screened(r: dict[str, Any], on_edge: set[str]) -> str:
+def _why_screened(r: dict[str, Any], on_edge: set[str], points: int) -> str:
     """Why a screened option was not refined, in words."""
     if not r.get("screened_meets"):
         return "misses the SLO when screened"
     if r["option"] in on_edge:
-        return f"on the screened frontier, between the {FRONTIER} points refined"
+        return f"on the screened frontier, between the {points} points refined"
     return "beaten on both axes by a screened option"
 
 

@@ -10,9 +10,12 @@ from kvjax.serving.plan import Planner, Traffic, frontier
 
 
 def best_option(rows: list[dict[str, Any]], traffic: Traffic) -> dict[str, Any] | None:
-    """The option with the most predicted output tokens/s per chip that meets the SLO."""
+    """The option with the most predicted output tokens/s per chip that meets the SLO; on a tie
+    the one of least quality cost, then the most tokens/s per user."""
     ok = [r for r in rows if r.get("predicted") and r.get("meets_slo", not traffic.has_slo)]
-    return max(ok, key=lambda r: r["predicted"]) if ok else None
+    if not ok:
+        return None
+    return max(ok, key=lambda r: (r["predicted"], -(r.get("quality_cost") or 0), r["per_user"]))
 
 
 def simulate_command(
@@ -26,8 +29,9 @@ def simulate_command(
     """The `kvjax simulate` line that runs the option under the plan's load (a disaggregated
     one's KV over `link` B/s a chip where given, else the chip's interconnect)."""
     t = traffic
+    flags = row.get("model_flags")
     parts = [
-        f"python3 -m kvjax simulate --model {model} --chip {chip}",
+        f"python3 -m kvjax simulate --model {model} --chip {chip}" + (f" {flags}" if flags else ""),
         f"--prompt-len {t.prompt_len} --output-len {t.output_len}",
     ]
     if t.concurrency is not None:
@@ -62,11 +66,24 @@ def _engine_and_slo(parts: list[str], t: Traffic, engine: str | None) -> str:
     return " ".join(parts)
 
 
-def plan_report(planner: Planner, model_name: str, engine: str | None) -> dict[str, Any]:
+def plan_report(
+    planner: Planner,
+    model_name: str,
+    engine: str | None,
+    variants: bool = False,
+    max_quality_cost: float | None = None,
+) -> dict[str, Any]:
+    """The search's answer; with `variants`, over the model's attention variants, each option
+    with its quality cost (`kvjax.serving.plan_variants`), within `max_quality_cost`."""
+    from kvjax.serving.plan_variants import plan_variants
+
     start = time.perf_counter()
-    rows = planner.search()
+    rows = plan_variants(planner, max_quality_cost) if variants else planner.search()
     best = best_option(rows, planner.traffic)
-    if best is not None:
+    if best is not None and best.get("variant") and best.get("model_flags") is None:
+        why = f"no simulate flags say the variant {best['variant']}"  # never the base model
+        best = best | {"command": None, "command_note": why}
+    elif best is not None:
         best = best | {
             "command": simulate_command(
                 model_name,
@@ -100,6 +117,8 @@ def plan_report(planner: Planner, model_name: str, engine: str | None) -> dict[s
             "requests_a_run": t.requests,
         },
         "engine": engine or "kvjax",
+        "variants": variants,
+        "max_quality_cost": max_quality_cost,
         "options": rows,
         "counts": counts,
         "frontier": frontier(rows),
