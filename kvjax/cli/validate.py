@@ -93,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
         rows, summary = validate_systems(rows, predictions)
         report["system_rows"] = rows
         report["classes"]["system"] = summary
+        if not args.predict:  # the committed P99 latencies' predictions (latency_predict)
+            from kvjax.serving.latency_predict import latency_summary
+
+            report["latency"] = latency_summary()
     return emit(args, report, print_validate)
 
 
@@ -291,6 +295,12 @@ def print_systems(report: dict[str, Any], con) -> None:
                     for g, e in c[key].items()
                 )
             )
+    for metric, e in (report.get("latency") or {}).items():
+        con.print(
+            f"{metric} at the submission's rate (MLPerf Server and Interactive): "
+            f"{e['rows']} rows, median |predicted/measured - 1| {_pct(e['median_abs_error'], 1)}, "
+            f"predicted/measured {e['median_ratio']:.2f}, covered {_pct(e['coverage_80'])}"
+        )
     t = Table(
         title="serving systems"
         if len(report["system_rows"]) <= 20
