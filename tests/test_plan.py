@@ -30,8 +30,9 @@ def test_every_split_of_eight_chips_is_searched():
 
 def test_prefill_and_decode_apart_over_every_split_of_the_chips():
     """8 chips as xP + yD: instances of 1 chip (1P7D .. 7P1D), of 2 (1P3D .. 3P1D), of 4 (1P1D);
-    none of 8. Over two nodes of 4 tensor parallelism stays inside a node; chips that do not split
-    over the nodes, and a KV link not given between nodes, are refused by name."""
+    none of 8; over more instances, x every eighth of them. Over two nodes of 4, tensor
+    parallelism stays inside a node; chips that do not split over the nodes, and a KV link not
+    given between nodes, are refused by name."""
     from kvjax.hardware import get_chip
     from kvjax.serving.plan import Planner
 
@@ -43,6 +44,9 @@ def test_prefill_and_decode_apart_over_every_split_of_the_chips():
         (4, (1, 1)),
     ]
     assert len(apart) == 7 + 3 + 1 and all(p.tp * sum(xy) == 8 for p, xy in apart)
+    # 64 chips: x every eighth of the instances (64 of one chip: 8P56D .. 56P8D)
+    wide = [xy for p, xy in disaggregated(64) if p.tp == 1]
+    assert wide == [(8 * k, 64 - 8 * k) for k in range(1, 8)]
     cfg = get_model_config("llama-3.1-70b")
     assert max(p.tp for p in placements(cfg, 8, nodes=2)) == 4
     assert max(p.tp for p, _ in disaggregated(8, nodes=2)) == 4

@@ -255,6 +255,7 @@ class Planner:
             if not found["predicted_value"]:
                 return {"predicted": 0.0, "meets_slo": False}
             at = self._measure(o, serve(found["rate_per_s"]))
+            at["per_chip"] = found["predicted_value"] / self.chips  # the rate's tokens
             lo, hi = found["predicted_lo"] / self.chips, found["predicted_hi"] / self.chips
             rate = found["rate_per_s"] * share
         else:

@@ -19,6 +19,7 @@ from kvjax.serving.deployment import Placement
 
 PLAN_REQUESTS = 100  # requests a replica serves in a refined option's run
 TP_MAX = 8  # tensor parallel within one node's NVLink (or ICI) domain
+SHARES = 8  # a disaggregated option's prefill instances: every eighth of the instances
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,14 @@ def placements(cfg: ModelConfig, chips: int, nodes: int = 1) -> list[Placement]:
 
 
 def disaggregated(chips: int, nodes: int = 1) -> list[tuple[Placement, tuple[int, int]]]:
-    """Every xP + yD of `chips`: instances of tp chips (tp <= 8, within a node), x + y = chips /
-    tp, x and y >= 1."""
+    """The xP + yD of `chips`: instances of tp chips (tp <= 8, within a node), x + y = n =
+    chips / tp, x and y >= 1; x every eighth of n (all of them up to 8 instances)."""
     per_node = _check_chips(chips, nodes)
-    return [
-        (Placement(tp=tp), (x, chips // tp - x))
-        for tp in _sizes(chips)
-        if tp <= min(TP_MAX, per_node) and chips // tp >= 2
-        for x in range(1, chips // tp)
-    ]
+    out = []
+    for tp in _sizes(chips):
+        n = chips // tp
+        if tp > min(TP_MAX, per_node) or n < 2:
+            continue
+        shares = sorted({round(k * n / SHARES) for k in range(1, SHARES)} - {0, n})
+        out += [(Placement(tp=tp), (x, n - x)) for x in shares]
+    return out
