@@ -155,8 +155,8 @@ def test_variants_carry_their_committed_quality_cost_within_the_budget(capsys):
     by name and the best is MHA or GQA, its line setting the variant's KV heads."""
     import csv
 
+    from kvjax.cli.plan_variants import variant_flags
     from kvjax.quality.costs import QUALITY_CSV
-    from kvjax.serving.plan_variants import variant_flags
 
     loss = {
         r["comparison"]: float(r["mean"])

@@ -42,6 +42,24 @@ def add_parser(sub) -> None:
     )
     add_model_args(p)
     add_chip_args(p)
+    _add_load_args(p)
+    s = p.add_argument_group("SLO")
+    s.add_argument("--slo-ttft", type=positive_float, help="time to first token, s")
+    s.add_argument("--slo-tpot", type=positive_float, help="time per output token, s")
+    s.add_argument(
+        "--slo-percentile",
+        type=positive_float,
+        default=99.0,
+        help="the percentile of requests the SLO holds at (default 99, as MLPerf)",
+    )
+    _add_engine_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--figure", default=None, help="write the frontier's figure to this PNG")
+    p.set_defaults(func=run)
+
+
+def _add_load_args(p) -> None:
+    """The chips, their nodes and link, and the load."""
     g = p.add_argument_group("the chips and the load")
     g.add_argument("--chips", type=positive_int, required=True, help="chips to place the model on")
     g.add_argument(
@@ -69,15 +87,10 @@ def add_parser(sub) -> None:
         default=100,
         help="requests a replica serves in a refined run (half, at least 50, screening)",
     )
-    s = p.add_argument_group("SLO")
-    s.add_argument("--slo-ttft", type=positive_float, help="time to first token, s")
-    s.add_argument("--slo-tpot", type=positive_float, help="time per output token, s")
-    s.add_argument(
-        "--slo-percentile",
-        type=positive_float,
-        default=99.0,
-        help="the percentile of requests the SLO holds at (default 99, as MLPerf)",
-    )
+
+
+def _add_engine_args(p) -> None:
+    """The engine's settings searched, and the attention variants."""
     e = p.add_argument_group("engine")
     e.add_argument(
         "--engine",
@@ -112,9 +125,6 @@ def add_parser(sub) -> None:
         help="with --variants: refuse a variant and KV dtype whose committed quality cost "
         "(validation loss over MHA's, nats/byte) is above NATS or not committed",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--figure", default=None, help="write the frontier's figure to this PNG")
-    p.set_defaults(func=run)
 
 
 def planner_of(args: argparse.Namespace):
@@ -164,12 +174,20 @@ def run(args: argparse.Namespace) -> int:
             bar.advance(task)
 
         planner.progress = step
+        search = None
+        if args.variants:
+            from kvjax.cli.plan_variants import plan_variants
+
+            def search(p):
+                return plan_variants(p, args.max_quality_cost)
+
         report = plan_report(
             planner,
             args.model or planner.model.name,
             args.engine,
-            args.variants,
-            args.max_quality_cost,
+            search,
+            variants=args.variants,
+            max_quality_cost=args.max_quality_cost,
         )
     if args.figure:
         from kvjax.plotting.plan import plan_figure

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvjax.serving.plan import Planner, Traffic, frontier
@@ -70,15 +71,13 @@ def plan_report(
     planner: Planner,
     model_name: str,
     engine: str | None,
-    variants: bool = False,
-    max_quality_cost: float | None = None,
+    search: Callable[[Planner], list[dict[str, Any]]] | None = None,
+    **about: Any,
 ) -> dict[str, Any]:
-    """The search's answer; with `variants`, over the model's attention variants, each option
-    with its quality cost (`kvjax.serving.plan_variants`), within `max_quality_cost`."""
-    from kvjax.serving.plan_variants import plan_variants
-
+    """The search's answer: `planner.search()`'s, or `search(planner)`'s (`kvjax plan
+    --variants`: over the model's attention variants), `about` the search in the report."""
     start = time.perf_counter()
-    rows = plan_variants(planner, max_quality_cost) if variants else planner.search()
+    rows = search(planner) if search else planner.search()
     best = best_option(rows, planner.traffic)
     if best is not None and best.get("variant") and best.get("model_flags") is None:
         why = f"no simulate flags say the variant {best['variant']}"  # never the base model
@@ -117,8 +116,7 @@ def plan_report(
             "requests_a_run": t.requests,
         },
         "engine": engine or "kvjax",
-        "variants": variants,
-        "max_quality_cost": max_quality_cost,
+        **about,
         "options": rows,
         "counts": counts,
         "frontier": frontier(rows),

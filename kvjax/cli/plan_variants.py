@@ -1,9 +1,9 @@
-"""`kvjax plan --variants`: the search run for each attention variant of the model (its MHA, GQA,
-MQA and MLA forms: `kvjax.analytic.variants`), each option with the variant's committed quality
-cost (validation loss over MHA's, nats/byte, with the cache's dtype: `kvjax.quality.costs`). With
-a budget (`--max-quality-cost`), a variant and KV dtype whose cost is above it, or has no
-committed cost, is refused before anything is simulated, and the best option is the best within
-it."""
+"""`kvjax plan --variants`, a search `kvjax.serving.plan_report` runs: the search for each
+attention variant of the model (its MHA, GQA, MQA and MLA forms: `kvjax.analytic.variants`),
+each option with the variant's committed quality cost (validation loss over MHA's, nats/byte,
+with the cache's dtype: `kvjax.quality.costs`). With a budget (`--max-quality-cost`), a variant
+and KV dtype whose cost is above it, or has no committed cost, is refused before anything is
+simulated, and the best option is the best within it."""
 
 from __future__ import annotations
 
