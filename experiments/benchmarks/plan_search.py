@@ -86,7 +86,7 @@ def main() -> None:
         # the refined options kept (the README's table), the screened, pruned and refused counted
         report = case["report"]
         report["options"] = [r for r in report["options"] if r["status"] == "predicted"]
-        out["cases"][name] = case
+        out["cases"][name] = case | {"commit": commit, "date": out["date"]}
     write_json_atomic(OUT, out)
 
 
