@@ -10,7 +10,10 @@ says:
 
 - `pessimistic`: plan's best < 0.9 x measured (its predictions are slow, or it misses a
   configuration the submitter ran);
-- `try`: plan's best > 1.1 x measured under another configuration (it names one to try);
+- `try`: plan's best > 1.1 x its prediction of the submitted option, under another
+  configuration (it names one to try);
+- `optimistic`: its prediction of the submitted option > 1.1 x measured (a best above the
+  measured result is the prediction's error, not a configuration to try);
 - `agrees`: otherwise.
 
 Submissions of one configuration (chips, model, dtypes, lengths, SLO, engine) share one search.
@@ -115,12 +118,30 @@ def search(planner: Planner, submitted: Option) -> dict[str, Any]:
     }
 
 
-def verdict(measured: float, best: float, same: bool) -> str:
+def verdict(measured: float, submitted: float, best: float, same: bool) -> str:
+    """What a row says of plan (module docstring), the first that holds."""
     if best < LOW * measured:
         return "pessimistic"
-    if best > HIGH * measured and not same:
+    if best > HIGH * submitted and not same:
         return "try"
+    if submitted > HIGH * measured:
+        return "optimistic"
     return "agrees"
+
+
+def write_verdicts(path: Path) -> None:
+    """The verdict column of a written table, again from its columns."""
+    t = pd.read_csv(path)
+    t["verdict"] = [
+        verdict(
+            r.measured_per_chip,
+            r.submitted_predicted,
+            r.best_predicted,
+            r.best_option == r.submitted,
+        )
+        for r in t.itertuples()
+    ]
+    write_text_atomic(path, t.to_csv(index=False))
 
 
 def main() -> None:
@@ -131,8 +152,13 @@ def main() -> None:
     p.add_argument("--only", default="", help="sources containing this text only")
     p.add_argument("--limit", type=int, default=None, help="the first N submissions only")
     p.add_argument("--out", default=str(OUT))
+    p.add_argument(
+        "--verdicts", action="store_true", help="only the verdicts of --out, again from its columns"
+    )
     p.add_argument("--resume", action="store_true", help="keep the rows --out holds, run the rest")
     a = p.parse_args()
+    if a.verdicts:
+        return write_verdicts(Path(a.out))
     rows, done = [], {}
     if a.resume and Path(a.out).exists():
         rows = pd.read_csv(a.out).to_dict("records")
@@ -162,7 +188,10 @@ def main() -> None:
             out["submitted_predicted"] / out["best_predicted"] if out["best_predicted"] else None
         )
         out["verdict"] = verdict(
-            per_chip, out["best_predicted"], out["best_option"] == submitted.label
+            per_chip,
+            out["submitted_predicted"],
+            out["best_predicted"],
+            out["best_option"] == submitted.label,
         )
         rows.append(out)
         print(
