@@ -66,3 +66,28 @@ def test_the_summary_by_hand(tmp_path):
     assert s["by_chip_family"]["Blackwell"]["median_abs_error"] == pytest.approx(0.1)
     assert "tpot_p99_s" not in latency_summary(path)
     assert math.isfinite(s["by_chip_family"]["Hopper"]["median_ratio"])
+
+
+def test_the_readmes_latency_line_is_the_committed_summary():
+    from pathlib import Path
+
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    s = latency_summary()
+    t, p = s["ttft_p99_s"], s["tpot_p99_s"]
+    assert f"{t['rows']} submissions): median |predicted/measured - 1|" in readme
+    assert (
+        f"{t['median_abs_error']:.1%} for TTFT and {p['median_abs_error']:.1%} for TPOT" in readme
+    )
+    assert f"({t['median_ratio']:.2f}x and {p['median_ratio']:.2f}x)" in readme
+
+
+def test_validate_mds_latency_table_is_the_committed_summary():
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "experiments/published/VALIDATE.md").read_text()
+    for metric, e in latency_summary().items():
+        for chips, g in [("all", e), *e["by_chip_family"].items()]:
+            cells = (
+                f"{g['median_abs_error']:.1%} | {g['median_ratio']:.2f} | {g['coverage_80']:.0%}"
+            )
+            assert f"| {metric} | {chips} | {g['rows']} | {cells} |" in text, (metric, chips)
