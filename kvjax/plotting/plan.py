@@ -1,5 +1,6 @@
 """`kvjax plan --figure`: the options searched, output tokens/s per chip against tokens/s per user,
-the refined ones with their 80% interval and their bound, the frontier joined, the best marked."""
+the refined ones with their 80% interval and their bound (prefill and decode apart as squares),
+the frontier joined, the best marked."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def plan_figure(report: dict[str, Any], path: str | Path) -> Path:
             r["per_user"],
             r["predicted"],
             yerr=[[r["predicted"] - r["predicted_lo"]], [r["predicted_hi"] - r["predicted"]]],
-            fmt="o",
+            fmt="s" if r.get("prefill") else "o",
             ms=3,
             lw=0.6,
             color=color,
@@ -58,6 +59,8 @@ def plan_figure(report: dict[str, Any], path: str | Path) -> Path:
         )
     ax.scatter([], [], marker="_", color="C0", label="bound (system, per chip)")
     ax.errorbar([], [], yerr=[], fmt="o", ms=3, color="C0", label="predicted [80%], SLO met")
+    if any(r.get("prefill") for r in refined):
+        ax.errorbar([], [], yerr=[], fmt="s", ms=3, color="C0", label="prefill and decode apart")
     ax.set(
         xlabel="tokens/s per user (1 / mean TPOT)",
         ylabel="output tokens/s per chip",
