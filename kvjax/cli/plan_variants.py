@@ -11,16 +11,16 @@ import dataclasses
 from dataclasses import replace
 from typing import Any
 
+from kvjax.cli.args import _MLA_FLAGS, _SIZE_FLAGS
 from kvjax.model.config import ModelConfig
 from kvjax.serving.plan import Planner
 
-# the config fields a variant changes and the `kvjax simulate` flags that set them
+# the config fields a variant changes, each set by the model flag `add_model_args` gives it
+VARIANT_FIELDS = ("num_kv_heads", "head_dim", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 VARIANT_FLAGS = {
-    "num_kv_heads": "--kv-heads",
-    "head_dim": "--head-dim",
-    "kv_lora_rank": "--kv-lora-rank",
-    "qk_rope_head_dim": "--rope-head-dim",
-    "v_head_dim": "--v-head-dim",
+    field: "--" + flag.replace("_", "-")
+    for flag, field in {**_SIZE_FLAGS, **_MLA_FLAGS}.items()
+    if field in VARIANT_FIELDS
 }
 
 

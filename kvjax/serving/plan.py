@@ -13,9 +13,9 @@ whole (every instance, the whole load); the others one replica at its share. The
 1. every placement of the chips that holds the model, by the memory check the engine's pool makes
    (refused with the bytes);
 2. pruned by the bound: an option whose TTFT or TPOT bound misses the SLO cannot meet it;
-3. each option served offline (as many requests as its copies take), the most it could deliver:
-   options are run under the load in that order, and one whose offline prediction is below the
-   best found under the SLO is not (the load only lowers it);
+3. options screened in the order of their bounds, and one whose bound is below the best found
+   under the SLO is not (no option beats its bound); each screened one served offline first
+   (as many requests as its copies take), which brackets its rate from above;
 4. under the load: at `--rate` or `--concurrency`, else at the highest Poisson rate whose TTFT and
    TPOT hold at the percentile (`slo_search.slo_prediction`, MLPerf's Server scenario); the
    interval from runs with every step at the interval's ends.
