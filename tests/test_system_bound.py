@@ -203,12 +203,15 @@ def test_a_published_row_is_predicted_by_fits_that_never_saw_its_implementation(
     assert summary["simulated_coverage_80"] == pytest.approx(float(np.mean(simulated)))
     # the calibrated interval by hand: an implementation's ends are the order statistics
     # ceil(0.9 (n + 1)) from each side of the other implementations' n log(measured /
-    # predicted), where n reaches MIN_CALIBRATION; else the simulated interval
-    impl = {k: keyed[k]["implementation"] for k in committed}
+    # predicted) on the row's chip family, where n reaches MIN_CALIBRATION; else the simulated
+    from kvjax.predict.groups import chip_family
+
+    impl = {k: (keyed[k]["implementation"], chip_family(keyed[k]["chip"])) for k in committed}
     resid = {k: math.log(keyed[k]["measured"] / v["predicted_value"]) for k, v in committed.items()}
     inside = []
     for k, v in committed.items():
-        others = sorted(r for j, r in resid.items() if impl[j] != impl[k])
+        others = sorted(r for j, r in resid.items()
+                        if impl[j][0] != impl[k][0] and impl[j][1] == impl[k][1])  # fmt: skip
         if len(others) < MIN_CALIBRATION:
             inside.append(v["predicted_lo"] <= keyed[k]["measured"] <= v["predicted_hi"])
             continue

@@ -248,8 +248,8 @@ def corpus_files(paths: list[str] | None = None) -> list[Path]:
     if paths:
         return [Path(p) for p in paths]
     # systems.csv, its length distributions (lengths.csv) and MLPerf rows' engine settings
-    # (mlperf_engines.csv) are kvjax.serving's
-    serving = ("systems.csv", "lengths.csv", "mlperf_engines.csv")
+    # (mlperf_engines.csv, mlperf_amd_engines.csv) are kvjax.serving's
+    serving = ("systems.csv", "lengths.csv", "mlperf_engines.csv", "mlperf_amd_engines.csv")
     return sorted(p for p in CORPUS_DIR.glob("*.csv") if p.name not in serving)
 
 

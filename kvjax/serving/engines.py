@@ -5,11 +5,14 @@
 A row takes, in order: the settings its own source states (`ROW_ENGINES`, by source prefix);
 for an MLPerf submission that ran TensorRT-LLM, the settings its configuration file states
 (experiments/published/mlperf_engines.csv, extracted by `experiments/extract_mlperf_engines.py`);
-else its implementation's defaults (`DEFAULTS`), said so per row. Each setting: `max_batch` (the
-most requests running; None: the row's own prompts), `token_budget` (tokens a step), `reserve`
-(a request's whole cache reserved at admission, else admission without it and preemption by
-recompute), `free` (the share of the cache's pages the engine uses) and `util` (the share of the
-chip's memory the engine takes before sizing its cache).
+for one that ran AMD's vLLM harness, its harness YAML's (mlperf_amd_engines.csv, extracted by
+`experiments/extract_amd_engines.py`); else its implementation's defaults (`DEFAULTS`), said so
+per row. Each setting: `max_batch` (the most requests running; None: the row's own prompts),
+`token_budget` (tokens a step), `reserve` (a request's whole cache reserved at admission, else
+admission without it and preemption by recompute), `free` (the share of the cache's pages the
+engine uses), `util` (the share of the chip's memory the engine takes before sizing its cache)
+and, where stated, `chunked` (prompts split over steps; default True) and `page_size` (tokens a
+cache page; default 16).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvjax.predict.groups import TENSORRT_LLM
+from kvjax.predict.groups import AMD_VLLM, TENSORRT_LLM
 
 # TensorRT-LLM as trtllm-bench runs it: max batch 4096, 8192 tokens a step (its max_num_tokens
 # default), each request's cache reserved at admission (the GUARANTEED_NO_EVICT capacity policy)
@@ -55,7 +58,14 @@ ROW_ENGINES: dict[str, dict[str, Any]] = {
 }
 ROW_STATED = "the row's stated settings"
 STATED_MLPERF = "the submission's configuration file (experiments/published/mlperf_engines.csv)"
-MLPERF_ENGINES_CSV = Path(__file__).parents[2] / "experiments" / "published" / "mlperf_engines.csv"
+PUBLISHED = Path(__file__).parents[2] / "experiments" / "published"
+MLPERF_ENGINES_CSV = PUBLISHED / "mlperf_engines.csv"
+STATED_AMD = "the submission's harness configuration (experiments/published/mlperf_amd_engines.csv)"
+FROM_AMD = (
+    "AMD's own submission's harness configuration for the chip and scenario; the submitter's "
+    "code states none (experiments/published/mlperf_amd_engines.csv)"
+)
+MLPERF_AMD_ENGINES_CSV = PUBLISHED / "mlperf_amd_engines.csv"
 UNSTATED = "engine settings unstated: TensorRT-LLM's trtllm-bench defaults; lengths at the means"
 
 
@@ -68,6 +78,10 @@ def engine_of(row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     if implementation == TENSORRT_LLM and row["source"].startswith("mlperf-"):
         stated = mlperf_engines().get(row["source"])
         return (stated, STATED_MLPERF) if stated else (TRTLLM_BENCH, UNSTATED)
+    if implementation == AMD_VLLM and row["source"].startswith("mlperf-"):
+        stated, borrowed = mlperf_amd_engines().get(row["source"], (None, False))
+        if stated:
+            return stated, FROM_AMD if borrowed else STATED_AMD
     if implementation in DEFAULTS:
         return DEFAULTS[implementation], f"{implementation}'s defaults (the row states none)"
     return None, f"no engine settings known for implementation {implementation or 'unstated'!r}"
@@ -90,4 +104,31 @@ def mlperf_engines() -> dict[str, dict[str, Any]]:
             util=1.0,
         )
         for r in pd.read_csv(MLPERF_ENGINES_CSV, keep_default_na=False).to_dict("records")
+    }
+
+
+@cache
+def mlperf_amd_engines() -> dict[str, tuple[dict[str, Any], bool]]:
+    """MLPerf rows of AMD's vLLM harness: the vLLM engine settings their harness YAML states
+    (max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, enable_chunked_prefill,
+    block_size), by source, and whether the YAML is AMD's own, borrowed for a submitter whose
+    code holds none. vLLM admits without reserving a request's cache and preempts by recompute;
+    its cache takes every page the memory leaves."""
+    if not MLPERF_AMD_ENGINES_CSV.exists():
+        return {}
+    read = pd.read_csv(MLPERF_AMD_ENGINES_CSV, keep_default_na=False).to_dict("records")
+    return {
+        r["source"]: (
+            dict(
+                max_batch=int(r["max_num_seqs"]),
+                token_budget=int(r["max_num_batched_tokens"]),
+                reserve=False,
+                free=1.0,
+                util=float(r["gpu_memory_utilization"]),
+                chunked=str(r["enable_chunked_prefill"]) == "True",
+                page_size=int(r["block_size"]),
+            ),
+            str(r["from_amd"]) == "True",
+        )
+        for r in read
     }

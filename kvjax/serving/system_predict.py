@@ -235,12 +235,13 @@ def deployment(row: dict[str, Any], fits: HeldFits) -> RowRun:
     settings = EngineSettings(
         max_batch=max_batch,
         token_budget=engine["token_budget"],
-        page_size=16,
+        page_size=engine.get("page_size", 16),
         memory_utilization=engine["util"],
         cache_fraction=engine["free"],
         reserve_bytes=0,
         reserve=engine["reserve"],
         prefix_caching=False,
+        chunked_prefill=engine.get("chunked", True),
     )
 
     def step_model(dev, chip):

@@ -3,8 +3,10 @@
 A row's prediction (`kvjax.serving.system_predict`) comes from kernel classes and an engine-step
 overhead fitted without any row of the row's implementation (`kvjax.predict.groups`); its 80%
 interval is calibrated without them too: split-conformal on log(measured / predicted) of the
-other implementations' predicted system rows (`calibrate`), where they number
-`MIN_CALIBRATION` or more. Where fewer do, the interval is the simulator's own, run at the ends
+other implementations' predicted system rows on the row's chip family (`calibrate`), where they
+number `MIN_CALIBRATION` or more. The chip family, because a prediction's error is as much the
+chip's as the engine's: a family without its own kernels in the corpus (AMD's, today) is
+predicted on other chips' efficiencies, and its residuals say nothing of a Hopper row's. Where fewer do, the interval is the simulator's own, run at the ends
 of the held-out engine steps' nested interval (steps of other implementations only), and the
 row says so (`interval_from`): it carries the steps' uncertainty, not the engine's.
 
@@ -52,11 +54,12 @@ def attach(
 
 def calibrate(predicted: list[dict[str, Any]], reference: list[dict[str, Any]]) -> None:
     """Each predicted row's 80% interval from the whole-system residuals of `reference`'s rows of
-    other implementations (`conformal_ends`), times its prediction, where they number
-    `MIN_CALIBRATION` or more; else the simulator's interval at the held-out steps' ends. The
-    simulator's interval stays as `simulated_lo`/`_hi` on every row. A row that names no
-    implementation is calibrated on every reference row but itself."""
+    other implementations on its chip family (`conformal_ends`), times its prediction, where
+    they number `MIN_CALIBRATION` or more; else the simulator's interval at the held-out steps'
+    ends. The simulator's interval stays as `simulated_lo`/`_hi` on every row. A row that names
+    no implementation is calibrated on every reference row of its family but itself."""
     impl = np.array([r.get("implementation") or "" for r in reference])
+    family = np.array([chip_family(r["chip"]) for r in reference])
     keys = [(r["source"], r["metric"]) for r in reference]
     resid = np.log([r["measured"] / r["predicted_value"] for r in reference])
     for r in predicted:
@@ -64,17 +67,19 @@ def calibrate(predicted: list[dict[str, Any]], reference: list[dict[str, Any]]) 
     for r in predicted:
         name = r.get("implementation") or ""
         keep = (impl != name) if name else np.array([k != (r["source"], r["metric"]) for k in keys])
-        others = resid[keep] if len(resid) else resid
+        others = resid[keep & (family == chip_family(r["chip"]))] if len(resid) else resid
         if len(others) < MIN_CALIBRATION:
             r["interval_from"] = (
                 f"the held-out engine steps' interval, simulated (other implementations' system "
-                f"rows: {len(others)}, under {MIN_CALIBRATION})"
+                f"rows on its chip family: {len(others)}, under {MIN_CALIBRATION})"
             )
             continue
         lo, hi = conformal_ends(others)
         r["predicted_lo"] = r["predicted_value"] * math.exp(lo)
         r["predicted_hi"] = r["predicted_value"] * math.exp(hi)
-        r["interval_from"] = f"the other implementations' {len(others)} system rows"
+        r["interval_from"] = (
+            f"the other implementations' {len(others)} system rows on its chip family"
+        )
 
 
 def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
