@@ -98,3 +98,23 @@ def test_simulate_runs_an_engine_with_the_flags_over_it(capsys):
     assert "engine" not in json.loads(capsys.readouterr().out)
     engine, _ = resolve(None, get_chip("h100-sxm"), {})
     assert (engine.max_batch, engine.token_budget, engine.page_size) == (256, 2048, 16)
+
+
+def test_a_published_row_naming_only_its_engine_runs_that_engines_defaults():
+    """A vLLM row with no stated settings: offline runs `vllm bench throughput`'s LLM-class
+    defaults (1,024 requests and 16,384 tokens a step on an H100, as cited), a served row
+    `vllm serve`'s (8,192 tokens), a row naming release 0.6.3 that release's V0 profile (256
+    requests, 2,048 tokens, no chunking); SGLang's on an H100 its 8,192-token chunk; each said."""
+    from kvjax.serving.engines import engine_of
+
+    row = dict(source="mine", implementation="vLLM", scenario="offline", chip="h100-sxm")
+    engine, said = engine_of(row)
+    assert (engine["max_batch"], engine["token_budget"], engine["reserve"]) == (1024, 16384, False)
+    assert "vllm-llm" in said and "the row states none" in said
+    engine, said = engine_of({**row, "scenario": "concurrency"})
+    assert engine["token_budget"] == 8192 and "(vllm, " in said
+    engine, said = engine_of({**row, "scenario": "rate", "engine_version": "0.6.3"})
+    assert (engine["max_batch"], engine["token_budget"], engine["chunked"]) == (256, 2048, False)
+    assert "vllm@0.6.3" in said
+    engine, _ = engine_of({**row, "implementation": "SGLang", "scenario": "rate"})
+    assert engine["token_budget"] == 8192 and engine["page_size"] == 1

@@ -23,13 +23,21 @@ from typing import Any
 
 import pandas as pd
 
-from kvjax.predict.groups import AMD_VLLM, TENSORRT_LLM
+from kvjax.hardware import get_chip
+from kvjax.predict.groups import AMD_VLLM, SGLANG, TENSORRT_LLM, VLLM
+from kvjax.serving.engine_profiles import PROFILES, get_profile
 
 # TensorRT-LLM as trtllm-bench runs it: max batch 4096, 8192 tokens a step (its max_num_tokens
 # default), each request's cache reserved at admission (the GUARANTEED_NO_EVICT capacity policy)
 # in 0.9 of the memory the weights and the largest step leave (kv_cache_free_gpu_mem_fraction).
 TRTLLM_BENCH = dict(max_batch=4096, token_budget=8192, reserve=True, free=0.9, util=1.0)
 DEFAULTS: dict[str, dict[str, Any]] = {TENSORRT_LLM: TRTLLM_BENCH}
+# Engines whose defaults kvjax.serving.engine_profiles cites, by implementation: the profile an
+# offline row runs (the engine's offline entry point) and the one a served row runs.
+PROFILE_DEFAULTS: dict[str, tuple[str, str]] = {
+    VLLM: ("vllm-llm", "vllm"),
+    SGLANG: ("sglang", "sglang"),
+}
 # Rows whose source states their own engine settings, by source prefix.
 ROW_ENGINES: dict[str, dict[str, Any]] = {
     # TensorRT-LLM's DeepSeek-R1 best-practice H200 max-throughput run (its `convention`:
@@ -84,6 +92,15 @@ def engine_of(row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
             return stated, FROM_AMD if borrowed else STATED_AMD
     if implementation in DEFAULTS:
         return DEFAULTS[implementation], f"{implementation}'s defaults (the row states none)"
+    if implementation in PROFILE_DEFAULTS:
+        offline, online = PROFILE_DEFAULTS[implementation]
+        spec = offline if row["scenario"] == "offline" else online
+        version = row.get("engine_version") or ""
+        key = f"{spec}@{version}" if f"{spec}@{version}" in PROFILES else spec
+        return profile_engine(key, row["chip"]), (
+            f"{implementation}'s defaults as {get_profile(key).entry} sets them "
+            f"({key}, kvjax.serving.engine_profiles; the row states none)"
+        )
     return None, f"no engine settings known for implementation {implementation or 'unstated'!r}"
 
 
@@ -132,3 +149,18 @@ def mlperf_amd_engines() -> dict[str, tuple[dict[str, Any], bool]]:
         )
         for r in read
     }
+
+
+def profile_engine(spec: str, chip: str) -> dict[str, Any]:
+    """An engine profile's defaults on `chip` as a published row's settings; its version as
+    `spec` names it (`vllm@0.6.3`), else the latest profile here."""
+    e, _ = get_profile(spec).settings(get_chip(chip))
+    return dict(
+        max_batch=e.max_batch,
+        token_budget=e.token_budget,
+        reserve=e.reserve,
+        free=e.cache_fraction,
+        util=e.memory_utilization,
+        chunked=e.chunked_prefill,
+        page_size=e.page_size,
+    )

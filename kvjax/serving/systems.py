@@ -43,7 +43,13 @@ COLUMNS = (
     "convention, confidence"
 ).split(", ")
 # columns a user's CSV may leave out (empty: not stated); the committed corpus fills them
-OPTIONAL = ("implementation", "spec_tokens", "acceptance", "cached_input_fraction")
+OPTIONAL = (
+    "implementation",
+    "engine_version",
+    "spec_tokens",
+    "acceptance",
+    "cached_input_fraction",
+)
 USED = "used"  # a column's value where a source says the feature ran, without a number
 SCENARIOS = (
     "offline",
@@ -89,6 +95,7 @@ def _engine_columns(path, line, raw, row) -> None:
     """What an engine did that changes the physics: drafted tokens a step, their acceptance,
     the input tokens a prefix cache served."""
     row["implementation"] = (raw.get("implementation") or "").strip()
+    row["engine_version"] = (raw.get("engine_version") or "").strip()
     row["spec_tokens"] = _number(path, line, raw, "spec_tokens", integer=True, zero=True, used=True)
     row["acceptance"] = _number(path, line, raw, "acceptance")
     row["cached_input_fraction"] = _number(
