@@ -69,7 +69,8 @@ def test_vllm_and_sglang_defaults_by_device_by_hand():
 
 def test_simulate_runs_an_engine_with_the_flags_over_it(capsys):
     """`kvjax simulate --engine vllm --concurrency 16`: vllm serve's settings, each with its
-    line, in the JSON; --max-batch given wins and says so; without --engine none is printed."""
+    line, in the JSON and in the table; --max-batch given wins and says so; without --engine none
+    is printed."""
     from kvjax.cli.main import main
 
     args = [
@@ -96,6 +97,11 @@ def test_simulate_runs_an_engine_with_the_flags_over_it(capsys):
     assert used["token_budget"]["line"] == "UsageContext.OPENAI_API_SERVER: 8192,"
     assert main(args) == 0
     assert "engine" not in json.loads(capsys.readouterr().out)
+    text = [a for a in args if a != "--json"]  # the table prints each setting and its source
+    assert main([*text, "--engine", "vllm", "--max-batch", "8"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "engine vllm@0.11.2 (vllm serve):" in printed and "max_batch = 8 (a flag)" in printed
+    assert "token_budget = 8192 (vllm-project/vllm@275de34" in printed
     engine, _ = resolve(None, get_chip("h100-sxm"), {})
     assert (engine.max_batch, engine.token_budget, engine.page_size) == (256, 2048, 16)
 

@@ -22,6 +22,8 @@ def print_simulation(r: dict[str, Any]) -> None:
     )
     if r.get("tp_note"):
         con.print(f"  ({r['tp_note']})")
+    if r.get("engine"):
+        _print_engine(con, r["engine"])
     if r.get("slot_bytes_per_request"):
         con.print(
             f"  each running request also holds {r['slot_bytes_per_request']:,} B of "
@@ -81,3 +83,12 @@ def print_simulation(r: dict[str, Any]) -> None:
         f"{r['goodput_requests_per_s']:.3g} requests/s ({met}); {r['preemptions']} preemptions; "
         f"peak {r['peak_pages_in_use']:,} pages; prefix hit rate {hit}"
     )
+
+
+def _print_engine(con, engine: dict[str, Any]) -> None:
+    """The --engine's profile and each setting it ran with: the value and where it comes from
+    (the engine's cited line, or `given` by a flag)."""
+    con.print(f"  engine {engine['profile']} ({engine['entry']}):")
+    for name, used in engine["settings"].items():
+        source = "a flag" if used["from"] == "given" else used["from"]
+        con.print(f"    {name} = {used['value']}  [dim]({source})[/dim]")
