@@ -14,7 +14,10 @@ harness, the row's accuracy target, MaxP) is resolved through its bases and the 
 GPUBaseConfig, and the scheduler policy is the harness's default (`trtllm_batch_sched_policy`,
 max_util, code/harness/harness_llm/main_llm.cc; no config sets it). A row whose file has no such
 block or class, or states no batch or token budget, is left out (its prediction keeps
-trtllm-bench's defaults, said per row)."""
+trtllm-bench's defaults, said per row), unless the CSV already holds it: 68 rows were read with
+a helper script from files this parser does not read (Cisco's multi-node runs set by
+`closed/Cisco/environment_var_resolver.sh`; v4.1 partners' classes registered under a system id
+their `code/common/systems` lists map), each quoting its file and lines, and are kept."""
 
 from __future__ import annotations
 
@@ -175,12 +178,25 @@ def main() -> None:
             parent = show(version, str(Path(path).parents[1] / "__init__.py")) or ""
             system = r["source"].split(":")[2].removesuffix("_TRT")
             accuracy = "k_99_9" if benchmark.endswith("-99.9") else "k_99"
-            got = settings_v41(text, parent, system, accuracy)
+            try:
+                got = settings_v41(text, parent, system, accuracy)
+            except SyntaxError:  # Sustainable_Metal_Cloud's Server custom.py, as published
+                got = None
         if got:
             cited = f"{REPO.format(version)} @ {commits[version]} : {path}"
             out.append({"source": r["source"], **got, "file": cited})
-    write_text_atomic(OUT, pd.DataFrame(out).to_csv(index=False))
-    print(f"{len(out)} rows' engine settings written to {OUT}")
+    # rows read by hand from files this parser does not read (Cisco's multi-node resolver
+    # script, v4.1 classes registered under another system id) are kept as they are
+    made = {o["source"] for o in out}
+    kept = []
+    if OUT.exists():
+        kept = [
+            r
+            for r in pd.read_csv(OUT, keep_default_na=False).to_dict("records")
+            if r["source"] not in made
+        ]
+    write_text_atomic(OUT, pd.DataFrame(out + kept).to_csv(index=False))
+    print(f"{len(out)} rows' engine settings written to {OUT}, {len(kept)} kept as read by hand")
 
 
 if __name__ == "__main__":

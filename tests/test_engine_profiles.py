@@ -124,3 +124,31 @@ def test_a_published_row_naming_only_its_engine_runs_that_engines_defaults():
     assert "vllm@0.6.3" in said
     engine, _ = engine_of({**row, "implementation": "SGLang", "scenario": "rate"})
     assert engine["token_budget"] == 8192 and engine["page_size"] == 1
+
+
+def test_a_published_rows_own_command_line_over_its_engines_defaults():
+    """DataCrunch's BF16-labelled DeepSeek-V3 on 8 H200 (SGLang's repository) states
+    --mem-fraction-static 0.8 over SGLang's defaults, its FP8 runs nothing; tpu-recipes' Llama-3.3-70B on a v6e-8 states --max-num-seqs 256,
+    --max-num-batched-tokens 512 and --gpu-memory-utilization 0.98 over vllm serve's; each said."""
+    from kvjax.serving.engines import engine_of
+    from kvjax.serving.systems import read_systems
+
+    rows = {r["source"]: r for r in read_systems()}
+    dsv3 = rows["sglang-bench-dsv3:deepseek-v3:8xh200:bf16:in1024-out1024:rate1:output_tps"]
+    engine, said = engine_of(dsv3)
+    assert engine["util"] == 0.8 and engine["token_budget"] == 8192  # H200: SGLang's 8,192 chunk
+    assert said.startswith("the row's stated util over SGLang's defaults")
+    assert "--mem-fraction-static 0.8" in dsv3["convention"]
+    fp8 = rows["sglang-bench-dsv3:deepseek-v3:8xh200:fp8:in1024-out1024:rate1:output_tps"]
+    assert "--mem-fraction-static" not in fp8["convention"]
+    assert engine_of(fp8)[0]["util"] != 0.8 and "the row states none" in engine_of(fp8)[1]
+    tpu = rows["tpu-recipes:vllm-tpu:llama-3.3-70b:v6e-8:tp8:in1000-out1000:c64:output_tps"]
+    engine, said = engine_of(tpu)
+    assert (engine["max_batch"], engine["token_budget"], engine["util"]) == (256, 512, 0.98)
+    assert tpu["implementation"] == "vLLM (TPU)" and "(vllm, " in said
+    for flag in (
+        "--max-num-seqs 256",
+        "--max-num-batched-tokens 512",
+        "--gpu-memory-utilization 0.98",
+    ):
+        assert flag in tpu["convention"]

@@ -377,8 +377,9 @@ def test_mlperf_rows_run_the_engine_their_configuration_file_states():
         row = rows[(r["source"], "output_tokens_per_s")]
         assert "_TRT" in r["source"] and r["file"].endswith(row["quote"].split("config: ")[1]
                                                             .split()[0])  # fmt: skip
-        assert f"': {r['max_batch']}" in r["quote"]
-        assert re.search(rf"'?max_num_tokens'?( =|:) {r['max_num_tokens']}\b", r["quote"])
+        # a config's batch ({'llama2-70b': 2048}), or Cisco's multi-node resolver's BATCH_SIZE=
+        assert re.search(rf"(': |BATCH_SIZE=){r['max_batch']}\b", r["quote"])
+        assert re.search(rf"'?max_num_tokens'?( =|:) ?{r['max_num_tokens']}\b", r["quote"])
         batch = re.search(r"gpu_batch_size: \{ '[^']+': (\d+)", row["quote"])
         assert batch is None or int(batch.group(1)) == r["max_batch"]  # the row's own quote
     v41 = rows[("mlperf-inference-v4.1:NVIDIA:H200-SXM-141GBx8_TRT:llama2-70b-99:Offline",
@@ -389,7 +390,13 @@ def test_mlperf_rows_run_the_engine_their_configuration_file_states():
     assert "H200_SXM_141GBx8: gpu_batch_size = {'llama2-70b': 806} (H200_SXM_141GBx1)" in quoted
     asus = rows[("mlperf-inference-v4.1:ASUSTeK:ESC_N8_E11_H100x8_TRT:llama2-70b-99:Offline",
                  "output_tokens_per_s")]  # fmt: skip
-    assert engines.engine_of(asus) == (engines.TRTLLM_BENCH, engines.UNSTATED)
+    engine, said = engines.engine_of(asus)  # its custom.py class: batch 896, 4,096 tokens
+    assert (engine["max_batch"], engine["token_budget"], said) == (896, 4096, engines.STATED_MLPERF)
+    assert (asus["tp"], asus["pp"], asus["compute_dtype"], asus["kv_dtype"]) == (2, 1, "fp8", "fp8")
+    # Cisco's configs/C885_H200x8/ holds no llama3_1-8b.py: trtllm-bench's defaults, said
+    cisco8b = rows[("mlperf-inference-v5.1:Cisco:C885_H200x8_TRT:llama3.1-8b:Offline",
+                    "output_tokens_per_s")]  # fmt: skip
+    assert engines.engine_of(cisco8b) == (engines.TRTLLM_BENCH, engines.UNSTATED)
     b200 = rows[("mlperf-inference-v5.1:Broadcom_Supermicro:vSYS-422GA-NBRT-B200-SXM-180GBx8_TRT:"
                  "llama3.1-405b:Server", "output_tokens_per_s")]  # fmt: skip
     assert "b200" not in sp.kernel_chips() and "h200" in sp.kernel_chips()

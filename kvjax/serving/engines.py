@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from kvjax.hardware import get_chip
-from kvjax.predict.groups import AMD_VLLM, SGLANG, TENSORRT_LLM, VLLM
+from kvjax.predict.groups import AMD_VLLM, SGLANG, TENSORRT_LLM, VLLM, VLLM_TPU
 from kvjax.serving.engine_profiles import PROFILES, get_profile
 
 # TensorRT-LLM as trtllm-bench runs it: max batch 4096, 8192 tokens a step (its max_num_tokens
@@ -36,7 +36,18 @@ DEFAULTS: dict[str, dict[str, Any]] = {TENSORRT_LLM: TRTLLM_BENCH}
 # offline row runs (the engine's offline entry point) and the one a served row runs.
 PROFILE_DEFAULTS: dict[str, tuple[str, str]] = {
     VLLM: ("vllm-llm", "vllm"),
+    VLLM_TPU: ("vllm-llm", "vllm"),
     SGLANG: ("sglang", "sglang"),
+}
+# What a row's own command line states over its engine's defaults, by source prefix.
+ROW_OVERRIDES: dict[str, dict[str, Any]] = {
+    # DataCrunch's DeepSeek-V3 runs in SGLang's repository (benchmark/benchmark_dsv3/README.md):
+    # the BF16-labelled runs' `sglang.launch_server ... --mem-fraction-static 0.8` (the FP8
+    # runs state no memory fraction)
+    "sglang-bench-dsv3:deepseek-v3:8xh200:bf16:": dict(util=0.8),
+    # tpu-recipes' Llama-3.3-70B on a v6e-8: `vllm serve ... --gpu-memory-utilization 0.98
+    # --max-num-batched-tokens 512 --max-num-seqs 256 --no-enable-prefix-caching`
+    "tpu-recipes:vllm-tpu:llama-3.3-70b:": dict(util=0.98, token_budget=512, max_batch=256),
 }
 # Rows whose source states their own engine settings, by source prefix.
 ROW_ENGINES: dict[str, dict[str, Any]] = {
@@ -97,9 +108,11 @@ def engine_of(row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         spec = offline if row["scenario"] == "offline" else online
         version = row.get("engine_version") or ""
         key = f"{spec}@{version}" if f"{spec}@{version}" in PROFILES else spec
-        return profile_engine(key, row["chip"]), (
-            f"{implementation}'s defaults as {get_profile(key).entry} sets them "
-            f"({key}, kvjax.serving.engine_profiles; the row states none)"
+        stated = next((v for k, v in ROW_OVERRIDES.items() if row["source"].startswith(k)), {})
+        said = f"the row's stated {', '.join(stated)} over " if stated else ""
+        return {**profile_engine(key, row["chip"]), **stated}, (
+            f"{said}{implementation}'s defaults as {get_profile(key).entry} sets them "
+            f"({key}, kvjax.serving.engine_profiles{'' if stated else '; the row states none'})"
         )
     return None, f"no engine settings known for implementation {implementation or 'unstated'!r}"
 
