@@ -128,8 +128,9 @@ def test_a_published_row_naming_only_its_engine_runs_that_engines_defaults():
 
 def test_a_published_rows_own_command_line_over_its_engines_defaults():
     """DataCrunch's BF16-labelled DeepSeek-V3 on 8 H200 (SGLang's repository) states
-    --mem-fraction-static 0.8 over SGLang's defaults, its FP8 runs nothing; tpu-recipes' Llama-3.3-70B on a v6e-8 states --max-num-seqs 256,
-    --max-num-batched-tokens 512 and --gpu-memory-utilization 0.98 over vllm serve's; each said."""
+    --mem-fraction-static 0.8 over SGLang's defaults, its FP8 runs nothing; tpu-recipes'
+    Llama-3.3-70B on a v6e-8 states --max-num-seqs 256, --max-num-batched-tokens 512 and
+    --gpu-memory-utilization 0.98 over vllm serve's; each said."""
     from kvjax.serving.engines import engine_of
     from kvjax.serving.systems import read_systems
 

@@ -31,11 +31,11 @@ experiments/published/systems.csv (whole serving systems: source, source_group, 
 model, the dtypes, tp, pp, ep, dp_attention, replicas, scenario, input_len, output_len,
 length_distribution, requests, concurrency, rate_per_s, the SLO columns, metric, scope,
 measured, convention, confidence; optional implementation, engine_version, spec_tokens,
-acceptance, cached_input_fraction) is put under the system bound of each row's metric (class `system`), with
-the committed prediction where one ran. `--predict` runs the simulator on each system row it can
-(a progress bar, the seconds a row): a row of an implementation the corpus holds is predicted by
-fits that never saw that implementation's rows, and calibrated on other implementations'
-systems; `prediction_from` says what fed it. Without a CSV: the committed corpus
+acceptance, cached_input_fraction) is put under the system bound of each row's metric (class
+`system`), with the committed prediction where one ran. `--predict` runs the simulator on each
+system row it can (a progress bar, the seconds a row): a row of an implementation the corpus
+holds is predicted by fits that never saw that implementation's rows, and calibrated on other
+implementations' systems; `prediction_from` says what fed it. Without a CSV: the committed corpus
 (experiments/published/, systems.csv included)."""
 
 

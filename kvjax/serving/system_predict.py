@@ -201,11 +201,15 @@ class RowRun:
     requests: int
     input_len: int
     output_len: int
+    concurrency: int | None = None  # a closed loop's clients a replica (None: arrivals)
 
     def serve(self, rate: float, factor: float = 1.0):
-        """One replica's run at `rate` (Poisson arrivals), each step `factor` times as long."""
+        """One replica's run at `rate` (Poisson arrivals), or by its closed loop of clients
+        (a finished request replaced at once, as `vllm bench serve --max-concurrency`,
+        genai-perf and NIM's benchmarks send them, each TTFT from its own send), each step
+        `factor` times as long."""
         prompts = generate(self.requests, rate, str(self.input_len), str(self.output_len), 0)
-        return self.deployment.run(prompts, factor)
+        return self.deployment.run(prompts, factor, concurrency=self.concurrency)
 
 
 def deployment(row: dict[str, Any], fits: HeldFits) -> RowRun:
@@ -257,7 +261,10 @@ def deployment(row: dict[str, Any], fits: HeldFits) -> RowRun:
         achieved=True,
         weight_scale=scale,
     )
-    return RowRun(d, replicas, n, I, O)
+    clients = None
+    if row["scenario"] == "concurrency":  # the clients spread over the replicas
+        clients = max(1, int(row["concurrency"]) // replicas)
+    return RowRun(d, replicas, n, I, O, clients)
 
 
 def _value(row: dict[str, Any], run: RowRun, rate: float, factor: float = 1.0):

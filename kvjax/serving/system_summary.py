@@ -6,9 +6,10 @@ interval is calibrated without them too: split-conformal on log(measured / predi
 other implementations' predicted system rows on the row's chip family (`calibrate`), where they
 number `MIN_CALIBRATION` or more. The chip family, because a prediction's error is as much the
 chip's as the engine's: a family without its own kernels in the corpus (AMD's, today) is
-predicted on other chips' efficiencies, and its residuals say nothing of a Hopper row's. Where fewer do, the interval is the simulator's own, run at the ends
-of the held-out engine steps' nested interval (steps of other implementations only), and the
-row says so (`interval_from`): it carries the steps' uncertainty, not the engine's.
+predicted on other chips' efficiencies, and its residuals say nothing of a Hopper row's. Where
+fewer do, the interval is the simulator's own, run at the ends of the held-out engine steps'
+nested interval (steps of other implementations only), and the row says so (`interval_from`): it
+carries the steps' uncertainty, not the engine's.
 
 The summary (`kvjax validate --json`, `classes.system`): the pooled median |predicted / measured
 - 1| and the 80% interval's coverage over every held-out row, and the same per implementation,
