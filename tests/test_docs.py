@@ -398,3 +398,21 @@ def test_readmes_mha2mla_numbers_are_the_committed_exports():
     costs = step_costs(pd.read_csv(ROOT / "experiments" / "results" / "mla_conversion.csv"))
     for _, c in costs.iterrows():
         assert f"{c['mean']:+.3f} [{c.low:+.3f}, {c.high:+.3f}]" in runs, c.stage
+
+
+def test_the_reference_pages_lead_with_todays_table():
+    """VALIDATE.md, the closed form's and the serving reference open with what they answer and a
+    table of today's results, each the same generator's as the README's."""
+    from kvjax.predict.corpus import read_corpus
+    from kvjax.predict.validate import validate
+
+    pages = {
+        "experiments/published/VALIDATE.md": kernel_table(validate(read_corpus())),
+        "kvjax/analytic/README.md": seed_table(),
+        "kvjax/serving/README.md": plan_lines()[0],
+    }
+    for page, table in pages.items():
+        text = (ROOT / page).read_text()
+        head = text[: text.index(table)] if table in text else None
+        assert head is not None, page
+        assert "What it answers:" in head and head.count("\n## ") == 0, page
