@@ -17,17 +17,14 @@ and its multi-step decoding (`num_scheduler_steps`) are recorded, not simulated.
 
 from __future__ import annotations
 
-import argparse
-import subprocess
-
 import pandas as pd
 import yaml
 
+from experiments.mlperf_repos import parse_repos
 from kvjax.files import write_text_atomic
 from kvjax.serving.systems import read_systems
 
 OUT = "experiments/published/mlperf_amd_engines.csv"
-REPO = "github.com/mlcommons/inference_results_v{}"
 IMPLEMENTATION = "AMD vLLM (ROCm)"
 # the harness's vllm_engine_config keys kvjax reads, and the recorded ones it does not simulate
 READ = (
@@ -67,41 +64,25 @@ def engine_settings(text: str) -> dict | None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--v5.1", dest="v51", help="the git directory of an inference_results_v5.1 clone"
-    )
-    p.add_argument(
-        "--v4.1", dest="v41", help="the git directory of an inference_results_v4.1 clone"
-    )
-    a = p.parse_args()
-    repos = {v: d for v, d in (("5.1", a.v51), ("4.1", a.v41)) if d}
-    if not repos:
-        p.error("give --v5.1 GIT_DIR, --v4.1 GIT_DIR or both")
-
-    def git(version: str, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-C", repos[version], *args], capture_output=True, text=True)
-
-    commits = {v: git(v, "rev-parse", "HEAD").stdout.strip() for v in repos}
+    repos = parse_repos(__doc__)
     out, missing = [], []
     for r in read_systems():
         if r["implementation"] != IMPLEMENTATION or not r["source"].startswith("mlperf-"):
             continue
         _, submitter, _, benchmark, scenario = r["source"].split(":")
-        version = next((v for v in repos if REPO.format(v) in r["file"]), None)
+        version = repos.version_of(r["file"])
         if version is None or any(o["source"] == r["source"] for o in out):
             continue
         for who in (submitter, "AMD"):
             found = [
-                (path, shown.stdout)
+                (path, text)
                 for path in yaml_paths(who, benchmark, scenario, r["chip"])
-                if (shown := git(version, "show", f"HEAD:{path}")).returncode == 0
+                if (text := repos.show(version, path)) is not None
             ]
             got = engine_settings(found[0][1]) if found else None
             if got:
-                cited = f"{REPO.format(version)} @ {commits[version]} : {found[0][0]}"
                 row = {"source": r["source"], **got, "from_amd": who != submitter}
-                out.append({**row, "file": cited})
+                out.append({**row, "file": repos.cite(version, found[0][0])})
                 break
         else:
             missing.append(r["source"])

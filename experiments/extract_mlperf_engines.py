@@ -21,19 +21,17 @@ their `code/common/systems` lists map), each quoting its file and lines, and are
 
 from __future__ import annotations
 
-import argparse
 import ast
 import re
-import subprocess
 from pathlib import Path
 
 import pandas as pd
 
+from experiments.mlperf_repos import parse_repos
 from kvjax.files import write_text_atomic
 from kvjax.serving.systems import read_systems
 
 OUT = Path("experiments/published/mlperf_engines.csv")
-REPO = "github.com/mlcommons/inference_results_v{}"
 HARNESS = "code/harness/harness_llm/main_llm.cc"  # v4.1: the scheduler policy's default
 
 
@@ -138,44 +136,25 @@ def settings_v41(module: str, parent: str, system: str, accuracy: str) -> dict |
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--v5.1", dest="v51", help="the git directory of an inference_results_v5.1 clone"
-    )
-    p.add_argument(
-        "--v4.1", dest="v41", help="the git directory of an inference_results_v4.1 clone"
-    )
-    a = p.parse_args()
-    repos = {v: d for v, d in (("5.1", a.v51), ("4.1", a.v41)) if d}
-    if not repos:
-        p.error("give --v5.1 GIT_DIR, --v4.1 GIT_DIR or both")
-    commits = {v: subprocess.run(["git", "-C", d, "rev-parse", "HEAD"], capture_output=True,
-                                 text=True, check=True).stdout.strip()
-               for v, d in repos.items()}  # fmt: skip
-
-    def show(version: str, path: str) -> str | None:
-        shown = subprocess.run(["git", "-C", repos[version], "show", f"HEAD:{path}"],
-                               capture_output=True, text=True)  # fmt: skip
-        return shown.stdout if shown.returncode == 0 else None
-
+    repos = parse_repos(__doc__)
     out, seen = [], set()
     for r in read_systems():
         found = re.search(r"config: (\S+\.py)", r["quote"] or "")
-        version = next((v for v in repos if REPO.format(v) in r["file"]), None)
+        version = repos.version_of(r["file"])
         if not (r["source_group"].startswith("mlperf-") and "_TRT" in r["source"] and found):
             continue
         if r["source"] in seen or version is None:
             continue
         seen.add(r["source"])
         path, benchmark = found.group(1), r["source"].split(":")[3]
-        text = show(version, path)
+        text = repos.show(version, path)
         if text is None:
             continue
         if version == "5.1":
             part = block(text, "0.999" if benchmark.endswith("-99.9") else "0.99")
             got = settings(part) if part else None
         else:
-            parent = show(version, str(Path(path).parents[1] / "__init__.py")) or ""
+            parent = repos.show(version, str(Path(path).parents[1] / "__init__.py")) or ""
             system = r["source"].split(":")[2].removesuffix("_TRT")
             accuracy = "k_99_9" if benchmark.endswith("-99.9") else "k_99"
             try:
@@ -183,8 +162,7 @@ def main() -> None:
             except SyntaxError:  # Sustainable_Metal_Cloud's Server custom.py, as published
                 got = None
         if got:
-            cited = f"{REPO.format(version)} @ {commits[version]} : {path}"
-            out.append({"source": r["source"], **got, "file": cited})
+            out.append({"source": r["source"], **got, "file": repos.cite(version, path)})
     # rows read by hand from files this parser does not read (Cisco's multi-node resolver
     # script, v4.1 classes registered under another system id) are kept as they are
     made = {o["source"] for o in out}
