@@ -601,9 +601,10 @@ def test_fp4_gemms_are_a_family_of_their_own():
     from kvjax.predict.gemm import fp4_bits, gemm_family
     from kvjax.predict.validate import corpus_fits
 
-    b200 = get_chip("b200")
-    assert (gemm_family(b200, "fp4"), gemm_family(b200, "fp8")) == ("b200 fp4", "b200")
+    b200 = get_chip("b200")  # one compute design with the B300: 2.25 dense BF16 PFLOPS, 148 SMs
+    b200_family = gemm_family(b200, "fp8")
+    assert (gemm_family(b200, "fp4"), b200_family) == ("b200/b300 fp4", "b200/b300")
     fit = corpus_fits()["matmul"]
-    assert fit.compute_efficiency_of("b200 fp4") < fit.compute_efficiency_of("b200")
+    assert fit.compute_efficiency_of("b200/b300 fp4") < fit.compute_efficiency_of(b200_family)
     assert fp4_bits("DeepGEMM (MXF4 SM100_MMA_MXF4_SS)") == 4.25
     assert fp4_bits("cuDNN NVFP4 (FlashInfer mm_fp4)") == fp4_bits(None) == 4.5

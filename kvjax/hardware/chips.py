@@ -30,6 +30,9 @@ def _chip(spec: ChipSpec) -> ChipSpec:
 HOPPER_SFU = 3.9 * TERA
 A100_SFU = 108 * 16 * 1.41e9  # 16 a clock an SM x 108 SMs x 1.41 GHz
 BLACKWELL_SFU_PER_BF16_FLOP = 16 / 8192
+# Blackwell Ultra (B300, GB300): "doubling SFU throughput over the standard NVIDIA Blackwell
+# architecture" (NVIDIA technical blog, 'Making Softmax More Efficient with NVIDIA Blackwell Ultra')
+BLACKWELL_ULTRA_SFU_PER_BF16_FLOP = 2 * BLACKWELL_SFU_PER_BF16_FLOP
 
 # GH100 (H100 SXM, H200, H800): 989 dense BF16 TFLOP/s (1979 sparse / 2), 132 SMs of 228 KiB
 # shared memory (XLA's h100_sxm spec: 233472), L2 52428800 B (the whitepaper's 50 MB)
@@ -237,6 +240,86 @@ _chip(
         date="2025",
         num_cores=148,
         special_function_ops_per_s=2500 * TERA * BLACKWELL_SFU_PER_BF16_FLOP,
+    )
+)
+# Blackwell Ultra, per GPU: the NVIDIA Blackwell Ultra datasheet's 'Individual GPU
+# Specifications' (sparse | dense tensor rates: the dense, or the sparse / 2 where one is
+# printed), its HGX B300 and GB300 NVL72 columns; XLA's GPU target specs (b300, gb300) for the
+# shared memory an SM and the L2. INT8 is left out: cut on Blackwell Ultra, and the datasheet's
+# 307 / 330 TOPS say neither dense nor sparse.
+_chip(
+    ChipSpec(
+        name="b300",
+        peak_flops_per_s={
+            "bf16": 2250 * TERA,  # FP16/BF16 4.5 PFLOPS sparse / 2
+            "f16": 2250 * TERA,
+            "fp8": 4500 * TERA,  # FP8/FP6 9 PFLOPS sparse / 2
+            "fp4": 14000 * TERA,  # FP4 18 | 14 PFLOPS
+            "f32": 75 * TERA,
+        },
+        bandwidth_bytes_per_s=7.7 * TERA,  # 270 GB HBM3E | 7.7 TB/s
+        memory_bytes=270 * GIGA,
+        power_watts=1100,  # configurable up to 1,100 W
+        interconnect_bytes_per_s=900 * GIGA,  # per direction; NVLink 5: 1.8 TB/s bidirectional
+        source="NVIDIA Blackwell Ultra datasheet (HGX B300 column, per GPU); XLA b300 spec",
+        date="2025",
+        # 148 SMs as the shipping B300 SXM6 reports them (published device queries; XLA's b300
+        # spec says 158, the blog's full die 160); 228 KiB of shared memory an SM and the L2
+        # from XLA's b300 spec (shared_memory_per_core 233472, l2_cache_size 135528448)
+        onchip_bytes_per_core=233472,
+        num_cores=148,
+        l2_bytes=135528448,
+        special_function_ops_per_s=2250 * TERA * BLACKWELL_ULTRA_SFU_PER_BF16_FLOP,
+    )
+)
+_chip(
+    ChipSpec(
+        name="gb300",
+        peak_flops_per_s={
+            "bf16": 2500 * TERA,  # FP16/BF16 5 PFLOPS sparse / 2 (the rack's 360 PF / 72 / 2)
+            "f16": 2500 * TERA,
+            "fp8": 5000 * TERA,  # FP8/FP6 10 PFLOPS sparse / 2
+            "fp4": 15000 * TERA,  # FP4 20 | 15 PFLOPS (the rack's 1,080 PF dense / 72)
+            "f32": 80 * TERA,
+        },
+        bandwidth_bytes_per_s=8.0 * TERA,  # 279 GB HBM3E | 8 TB/s
+        memory_bytes=279 * GIGA,
+        power_watts=1400,  # configurable up to 1,400 W
+        interconnect_bytes_per_s=900 * GIGA,  # per direction; NVLink 5: 1.8 TB/s bidirectional
+        source="NVIDIA Blackwell Ultra datasheet (GB300 NVL72 column, per GPU); XLA gb300 spec",
+        date="2025",
+        # XLA's gb300 spec, generated on the device: 152 cores, shared_memory_per_core 233472,
+        # l2_cache_size 135528448
+        onchip_bytes_per_core=233472,
+        num_cores=152,
+        l2_bytes=135528448,
+        special_function_ops_per_s=2500 * TERA * BLACKWELL_ULTRA_SFU_PER_BF16_FLOP,
+    )
+)
+_chip(
+    ChipSpec(
+        name="mi355x",  # CDNA 4
+        peak_flops_per_s={
+            "bf16": 2516.6 * TERA,  # 256 CUs x 2.4 GHz x 4,096 FLOPs a clock (AMD: 2.5 PFLOPS)
+            "f16": 2516.6 * TERA,
+            "fp8": 5033.2 * TERA,  # OCP FP8: 10.1 PFLOPS with structured sparsity / 2
+            "int8": 5033.2 * TERA,
+            "fp4": 10066.3 * TERA,  # MXFP4 / MXFP6: 10.1 PFLOPS, no sparsity
+            "f32": 157.3 * TERA,
+        },
+        bandwidth_bytes_per_s=8.0 * TERA,
+        memory_bytes=288 * GIGA,
+        power_watts=1400,
+        source=(
+            "AMD Instinct MI355X product page (peak rates, 288 GB HBM3E at 8 TB/s, 1,400 W); ROCm "
+            "documentation, GPU hardware specifications (ROCm/rocm-docs@2b48ffc7: 256 CUs, 160 "
+            "KiB LDS a CU, L2 32 MiB as 4 MiB an XCD, 256 MiB Infinity Cache)"
+        ),
+        date="2025",
+        # no interconnect: the Infinity Fabric's per-link rate was not found in a first-party
+        # source, so a tensor-parallel placement on the MI355X is refused by name
+        onchip_bytes_per_core=163840,
+        num_cores=256,
     )
 )
 _chip(
