@@ -33,15 +33,22 @@ from kvjax.serving.systems import read_systems
 
 OUT = Path("experiments/published/mlperf_engines.csv")
 HARNESS = "code/harness/harness_llm/main_llm.cc"  # v4.1: the scheduler policy's default
+NVIDIA = "nvidia"  # the source group of NVIDIA's own submissions (the others: mlperf-<submitter>)
 
 
 def block(text: str, accuracy: str) -> str | None:
-    """The settings of one accuracy target at MaxP (to the next WorkloadSetting)."""
+    """The settings of one accuracy target at MaxP (to the next WorkloadSetting); where the
+    target maps to a dict defined by name (deepseek-r1's `EXPORTS = {...: base}`), that dict."""
     head = re.search(rf"C\.AccuracyTarget\({re.escape(accuracy)}\), C\.PowerSetting\.MaxP\)", text)
     if head is None:
         return None
     end = text.find("C.WorkloadSetting(", head.end())
-    return text[head.end() : end if end >= 0 else len(text)]
+    part = text[head.end() : end if end >= 0 else len(text)]
+    named = re.match(r"\s*:\s*(\w+)\s*,?\s*\}?\s*$", part)
+    if named:
+        found = re.search(rf"^{named.group(1)} = \{{(.*?)^\}}", text, re.S | re.M)
+        return found.group(1) if found else None
+    return part
 
 
 def settings(text: str) -> dict | None:
@@ -141,7 +148,12 @@ def main() -> None:
     for r in read_systems():
         found = re.search(r"config: (\S+\.py)", r["quote"] or "")
         version = repos.version_of(r["file"])
-        if not (r["source_group"].startswith("mlperf-") and "_TRT" in r["source"] and found):
+        # NVIDIA's own v5.1 files are read as its partners' are (its v4.1 classes were read by
+        # hand, with the precision and placement they set, and are kept)
+        own = r["source_group"] == NVIDIA and version == "5.1"
+        if not (
+            (r["source_group"].startswith("mlperf-") or own) and "_TRT" in r["source"] and found
+        ):
             continue
         if r["source"] in seen or version is None:
             continue

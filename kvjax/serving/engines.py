@@ -122,19 +122,23 @@ def mlperf_engines() -> dict[str, dict[str, Any]]:
     """MLPerf TensorRT-LLM rows' engine settings by source, as their configuration files state
     them: the max batch, the tokens a step, and TensorRT-LLM's scheduler policy:
     GUARANTEED_NO_EVICT reserves each request's cache at admission, MAX_UTILIZATION admits
-    without and pauses a request when the cache runs out (kvjax: preemption by recompute)."""
+    without and pauses a request when the cache runs out (kvjax: preemption by recompute); a
+    file that turns chunked context off (`enable_chunked_context: False`) prefills each prompt
+    whole."""
     if not MLPERF_ENGINES_CSV.exists():
         return {}
-    return {
-        r["source"]: dict(
+    out = {}
+    for r in pd.read_csv(MLPERF_ENGINES_CSV, keep_default_na=False).to_dict("records"):
+        out[r["source"]] = dict(
             max_batch=int(r["max_batch"]),
             token_budget=int(r["max_num_tokens"]),
             reserve=r["batch_scheduler_policy"] != "max_util",
             free=float(r["kvcache_free_gpu_mem_frac"] or 0.9),
             util=1.0,
         )
-        for r in pd.read_csv(MLPERF_ENGINES_CSV, keep_default_na=False).to_dict("records")
-    }
+        if str(r["enable_chunked_context"]) == "False":
+            out[r["source"]]["chunked"] = False
+    return out
 
 
 @cache
