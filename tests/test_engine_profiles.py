@@ -153,3 +153,22 @@ def test_a_published_rows_own_command_line_over_its_engines_defaults():
         "--gpu-memory-utilization 0.98",
     ):
         assert flag in tpu["convention"]
+
+
+def test_sglang_jax_runs_sglangs_scheduler_on_its_stated_flags():
+    """sglang-jax's Qwen3-8B sweep on a v6e-4 states its memory fraction, chunk, running
+    requests and page over SGLang's scheduler (which SGLang-JAX ports): each setting is the
+    flag its command line, quoted in the row's convention, gives."""
+    from kvjax.serving.engines import engine_of
+    from kvjax.serving.systems import read_systems
+
+    rows = [r for r in read_systems() if r["implementation"] == "SGLang-JAX"]
+    assert len(rows) >= 18 and {r["chip"] for r in rows} == {"tpu-v6e"}
+    for row in rows:
+        engine, said = engine_of(row)
+        flags = dict(re.findall(r"--([a-z-]+)[= ]([0-9.]+)", row["convention"]))
+        assert engine["util"] == float(flags["mem-fraction-static"])
+        assert engine["token_budget"] == int(flags["chunked-prefill-size"])
+        assert engine["max_batch"] == int(flags["max-running-requests"])
+        assert engine["page_size"] == int(flags["page-size"])
+        assert engine["reserve"] is False and "over SGLang-JAX's defaults" in said

@@ -23,6 +23,7 @@ VLLM = "vLLM"
 AMD_VLLM = "AMD vLLM (ROCm)"
 SGLANG = "SGLang"
 VLLM_TPU = "vLLM (TPU)"  # vLLM's scheduler on its TPU backend (tpu-inference's Pallas kernels)
+SGLANG_JAX = "SGLang-JAX"  # SGLang's scheduler ported to JAX on TPUs (sgl-project/sglang-jax)
 # An implementation -> the pattern its own kernel and step rows' `implementation` text matches
 # (case-sensitive where an engine's name is a common word's prefix). A text that says another
 # library's kernel was only "run by" the engine is that library's.

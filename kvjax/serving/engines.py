@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from kvjax.hardware import get_chip
-from kvjax.predict.groups import AMD_VLLM, SGLANG, TENSORRT_LLM, VLLM, VLLM_TPU
+from kvjax.predict.groups import AMD_VLLM, SGLANG, SGLANG_JAX, TENSORRT_LLM, VLLM, VLLM_TPU
 from kvjax.serving.engine_profiles import PROFILES, get_profile
 
 # TensorRT-LLM as trtllm-bench runs it: max batch 4096, 8192 tokens a step (its max_num_tokens
@@ -38,6 +38,10 @@ PROFILE_DEFAULTS: dict[str, tuple[str, str]] = {
     VLLM: ("vllm-llm", "vllm"),
     VLLM_TPU: ("vllm-llm", "vllm"),
     SGLANG: ("sglang", "sglang"),
+    # SGLang-JAX runs SGLang's scheduler (sgl-project/sglang-jax@24f84739:
+    # python/sgl_jax/srt/managers/scheduler.py: max_running_requests, chunked_prefill_size;
+    # schedule_batch.py:386 `def reset_for_retract`): SGLang's defaults where a row states none
+    SGLANG_JAX: ("sglang", "sglang"),
 }
 # What a row's own command line states over its engine's defaults, by source prefix.
 ROW_OVERRIDES: dict[str, dict[str, Any]] = {
@@ -48,6 +52,12 @@ ROW_OVERRIDES: dict[str, dict[str, Any]] = {
     # tpu-recipes' Llama-3.3-70B on a v6e-8: `vllm serve ... --gpu-memory-utilization 0.98
     # --max-num-batched-tokens 512 --max-num-seqs 256 --no-enable-prefix-caching`
     "tpu-recipes:vllm-tpu:llama-3.3-70b:": dict(util=0.98, token_budget=512, max_batch=256),
+    # sglang-jax's Qwen3-8B benchmark on a v6e-4 (docs/performance/qwen3_benchmark.md):
+    # `sgl_jax.launch_server ... --mem-fraction-static=0.8 --chunked-prefill-size=2048
+    # --max-running-requests 256 --page-size=128 --disable-radix-cache`
+    "sglang-jax-qwen3-bench-2025-09:sgl-jax:": dict(
+        util=0.8, token_budget=2048, max_batch=256, page_size=128
+    ),
 }
 # Rows whose source states their own engine settings, by source prefix.
 ROW_ENGINES: dict[str, dict[str, Any]] = {
