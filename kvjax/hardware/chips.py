@@ -261,7 +261,10 @@ _chip(
         memory_bytes=270 * GIGA,
         power_watts=1100,  # configurable up to 1,100 W
         interconnect_bytes_per_s=900 * GIGA,  # per direction; NVLink 5: 1.8 TB/s bidirectional
-        source="NVIDIA Blackwell Ultra datasheet (HGX B300 column, per GPU); XLA b300 spec",
+        source=(
+            "NVIDIA Blackwell Ultra datasheet (HGX B300 column, per GPU; the PDF is not stored "
+            "here: its table as three repositories quote it alike); XLA b300 spec"
+        ),
         date="2025",
         # 148 SMs as the shipping B300 SXM6 reports them (published device queries; XLA's b300
         # spec says 158, the blog's full die 160); 228 KiB of shared memory an SM and the L2
@@ -286,7 +289,10 @@ _chip(
         memory_bytes=279 * GIGA,
         power_watts=1400,  # configurable up to 1,400 W
         interconnect_bytes_per_s=900 * GIGA,  # per direction; NVLink 5: 1.8 TB/s bidirectional
-        source="NVIDIA Blackwell Ultra datasheet (GB300 NVL72 column, per GPU); XLA gb300 spec",
+        source=(
+            "NVIDIA Blackwell Ultra datasheet (GB300 NVL72 column, per GPU; the PDF is not stored "
+            "here: its table as three repositories quote it alike); XLA gb300 spec"
+        ),
         date="2025",
         # XLA's gb300 spec, generated on the device: 152 cores, shared_memory_per_core 233472,
         # l2_cache_size 135528448
@@ -311,7 +317,9 @@ _chip(
         memory_bytes=288 * GIGA,
         power_watts=1400,
         source=(
-            "AMD Instinct MI355X product page (peak rates, 288 GB HBM3E at 8 TB/s, 1,400 W); ROCm "
+            "AMD Instinct MI355X product page (peak rates, 288 GB HBM3E at 8 TB/s, 1,400 W; the "
+            "page is not stored here: as third-party references quote it, the rates its 256 CUs "
+            "at 2.4 GHz give); ROCm "
             "documentation, GPU hardware specifications (ROCm/rocm-docs@2b48ffc7: 256 CUs, 160 "
             "KiB LDS a CU, L2 32 MiB as 4 MiB an XCD, 256 MiB Infinity Cache)"
         ),
